@@ -1,0 +1,3 @@
+from dp2ddp.cli import console_main
+
+console_main()

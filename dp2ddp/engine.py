@@ -1,0 +1,254 @@
+"""One engine applies what the rules and transforms propose.
+
+A rule (for `check`) or a transform (for `rewrite`) inspects the *original* tree and
+reports :class:`Finding` objects: ``(node, code, message, fix)``. A fix is a list of
+primitive :class:`Edit` objects against nodes of that original tree. This module applies
+any set of fixes to the tree in one pass, so `check --fix`, `rewrite` and the pre-commit
+hook all share the same logic and the same guarantees:
+
+* edits are keyed by node identity, never by text;
+* everything the edits do not touch is left byte-for-byte as it was;
+* imports are only added / removed through LibCST's ``AddImportsVisitor`` and
+  ``RemoveImportsVisitor``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+NodeOrFn = Union[cst.CSTNode, cst.RemovalSentinel, Callable[[cst.CSTNode], cst.CSTNode]]
+
+
+# --------------------------------------------------------------------------- edits
+
+
+@dataclass(frozen=True)
+class Replace:
+    """Replace ``node`` by ``new`` (a node, ``cst.RemoveFromParent()``, or a function of the
+    already-updated node, so that edits inside ``node`` are kept)."""
+
+    node: cst.CSTNode
+    new: NodeOrFn
+
+
+@dataclass(frozen=True)
+class InsertBefore:
+    stmt: cst.CSTNode  # a BaseStatement in a body
+    stmts: Tuple[cst.BaseStatement, ...]
+
+
+@dataclass(frozen=True)
+class InsertAfter:
+    stmt: cst.CSTNode
+    stmts: Tuple[cst.BaseStatement, ...]
+
+
+@dataclass(frozen=True)
+class Remove:
+    """Remove a statement; a block left empty gets ``pass``."""
+
+    stmt: cst.CSTNode
+
+
+@dataclass(frozen=True)
+class Guard:
+    """Put consecutive sibling statements ``stmts`` under ``if <test>:``."""
+
+    stmts: Tuple[cst.CSTNode, ...]
+    test: cst.BaseExpression
+
+
+@dataclass(frozen=True)
+class AddImport:
+    module: str
+    obj: Optional[str] = None
+    asname: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class RemoveImportIfUnused:
+    module: str
+    obj: Optional[str] = None
+    asname: Optional[str] = None
+
+
+Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, AddImport, RemoveImportIfUnused]
+
+
+@dataclass
+class Fix:
+    edits: List[Edit] = field(default_factory=list)
+    description: str = ""
+
+    def __bool__(self) -> bool:  # an empty fix is no fix
+        return bool(self.edits)
+
+
+@dataclass
+class Finding:
+    code: str
+    message: str
+    node: Optional[cst.CSTNode]
+    fix: Optional[Fix] = None
+    line: int = 1
+    col: int = 0  # 0-based, as LibCST reports it; printers add 1
+    severity: str = "warning"  # "warning" | "info" | "error"
+
+    @property
+    def fixable(self) -> bool:
+        return bool(self.fix)
+
+
+def locate(wrapper: MetadataWrapper, findings: Iterable[Finding]) -> List[Finding]:
+    """Fill in line/col from the wrapper's position metadata."""
+    positions = wrapper.resolve(PositionProvider)
+    out = []
+    for f in findings:
+        if f.node is not None and f.node in positions:
+            pos = positions[f.node]
+            pos = (pos() if type(pos).__name__ == "LazyValue" else pos).start
+            f.line, f.col = pos.line, pos.column
+        out.append(f)
+    out.sort(key=lambda f: (f.line, f.col, f.code))
+    return out
+
+
+# --------------------------------------------------------------------------- applying
+
+
+class _Applier(cst.CSTTransformer):
+    def __init__(self, edits: Sequence[Edit]) -> None:
+        super().__init__()
+        self.replace: Dict[cst.CSTNode, List[NodeOrFn]] = {}
+        self.before: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
+        self.after: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
+        self.remove: set = set()
+        self.guards: List[Guard] = []
+        self.guard_members: Dict[cst.CSTNode, Guard] = {}
+        # original statement -> the objects it became in the updated tree
+        self.results: Dict[cst.CSTNode, List[cst.CSTNode]] = {}
+        for e in edits:
+            if isinstance(e, Replace):
+                self.replace.setdefault(e.node, []).append(e.new)
+            elif isinstance(e, InsertBefore):
+                self.before.setdefault(e.stmt, []).extend(e.stmts)
+            elif isinstance(e, InsertAfter):
+                self.after.setdefault(e.stmt, []).extend(e.stmts)
+            elif isinstance(e, Remove):
+                self.remove.add(e.stmt)
+            elif isinstance(e, Guard):
+                if any(s in self.guard_members for s in e.stmts):
+                    continue  # overlapping guard: the first one wins
+                self.guards.append(e)
+                for s in e.stmts:
+                    self.guard_members[s] = e
+
+    def on_leave(self, original_node, updated_node):  # type: ignore[override]
+        result = updated_node
+        for new in self.replace.get(original_node, ()):
+            if isinstance(result, (cst.RemovalSentinel, cst.FlattenSentinel)):
+                break
+            result = new(result) if callable(new) else new
+        if original_node in self.remove:
+            result = cst.RemoveFromParent()
+        before = self.before.get(original_node)
+        after = self.after.get(original_node)
+        if before or after:
+            items: List[cst.CSTNode] = list(before or ())
+            if isinstance(result, cst.FlattenSentinel):
+                items.extend(result.nodes)
+            elif not isinstance(result, cst.RemovalSentinel):
+                items.append(result)
+            items.extend(after or ())
+            result = cst.FlattenSentinel(items)
+        if original_node in self.guard_members:
+            if isinstance(result, cst.FlattenSentinel):
+                self.results[original_node] = list(result.nodes)
+            elif isinstance(result, cst.RemovalSentinel):
+                self.results[original_node] = []
+            else:
+                self.results[original_node] = [result]
+        if isinstance(result, cst.IndentedBlock):
+            result = self._apply_guards(result)
+            if not result.body:
+                result = result.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
+        elif isinstance(result, cst.Module):
+            result = self._apply_guards(result)
+        return result
+
+    def _apply_guards(self, block):
+        body = list(block.body)
+        changed = False
+        for g in self.guards:
+            members: List[cst.CSTNode] = []
+            for s in g.stmts:
+                members.extend(self.results.get(s, []))
+            if not members:
+                continue
+            idx = [i for i, node in enumerate(body) if any(node is m for m in members)]
+            if not idx:
+                continue
+            lo, hi = min(idx), max(idx)
+            inner = body[lo : hi + 1]
+            first = inner[0]
+            leading = getattr(first, "leading_lines", ())
+            inner[0] = first.with_changes(leading_lines=()) if leading else first
+            guard_if = cst.If(
+                test=g.test,
+                body=cst.IndentedBlock(body=inner),
+                leading_lines=leading,
+            )
+            body[lo : hi + 1] = [guard_if]
+            changed = True
+        return block.with_changes(body=body) if changed else block
+
+
+def apply_edits(
+    wrapper: MetadataWrapper,
+    edits: Sequence[Edit],
+) -> cst.Module:
+    """Apply ``edits`` (against ``wrapper.module``) and return the new module."""
+    tree_edits = [e for e in edits if not isinstance(e, (AddImport, RemoveImportIfUnused))]
+    module = wrapper.module
+    if tree_edits:
+        module = module.visit(_Applier(tree_edits))
+    adds = [e for e in edits if isinstance(e, AddImport)]
+    removes = [e for e in edits if isinstance(e, RemoveImportIfUnused)]
+    if adds or removes:
+        context = CodemodContext()
+        for e in _unique(adds):
+            AddImportsVisitor.add_needed_import(context, e.module, e.obj, e.asname)
+        for e in _unique(removes):
+            RemoveImportsVisitor.remove_unused_import(context, e.module, e.obj, e.asname)
+        if removes:
+            module = RemoveImportsVisitor(context).transform_module(module)
+        if adds:
+            module = AddImportsVisitor(context).transform_module(module)
+    return module
+
+
+def _unique(items):
+    seen = set()
+    out = []
+    for i in items:
+        if i not in seen:
+            seen.add(i)
+            out.append(i)
+    return out
+
+
+def collect_edits(findings: Iterable[Finding]) -> List[Edit]:
+    """All edits of all fixes, each fix once (several findings may share one fix)."""
+    seen: set = set()
+    out: List[Edit] = []
+    for f in findings:
+        if f.fix and id(f.fix) not in seen:
+            seen.add(id(f.fix))
+            out.extend(f.fix.edits)
+    return out

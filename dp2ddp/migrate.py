@@ -1,0 +1,113 @@
+"""The DataParallel -> DistributedDataParallel migration: plan it, apply it.
+
+``plan_migration`` runs every transform of :mod:`dp2ddp.codemods` over one analysed
+module. Each transform *proposes* findings (notes about what changes, warnings about
+what does not); the edits of all of them form one :class:`~dp2ddp.engine.Fix` that the
+shared engine applies. `rewrite`, `check --fix` (rule DDP001) and the hooks all go
+through here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import libcst as cst
+
+from dp2ddp.analysis import Analysis
+from dp2ddp.engine import Finding, Fix, apply_edits, locate
+from dp2ddp.source import Source, parse
+
+# A finding with one of these severities stops the whole file from being migrated:
+# a half-migrated script (DDP set-up but a DataParallel wrap left behind) is worse
+# than the original.
+BLOCKING = "error"
+
+
+@dataclass
+class Options:
+    keep_batch_size: bool = False  # keep batch_size/num_workers per process instead of dividing
+    print_all_ranks: bool = False  # do not restrict print() to rank 0
+
+
+@dataclass
+class Migration:
+    findings: List[Finding] = field(default_factory=list)
+    fix: Optional[Fix] = None
+    blocked: bool = False
+    applicable: bool = False  # the file uses DataParallel at all
+
+    @property
+    def notes(self) -> List[Finding]:
+        return [f for f in self.findings if f.severity == "info"]
+
+    @property
+    def warnings(self) -> List[Finding]:
+        return [f for f in self.findings if f.severity != "info"]
+
+
+@dataclass
+class Result:
+    path: str
+    output: bytes
+    changed: bool
+    migration: Migration
+
+
+def quick_reject(data: bytes) -> bool:
+    """True when the file cannot possibly use DataParallel (byte-level pre-filter)."""
+    return b"DataParallel" not in data
+
+
+def plan_migration(an: Analysis, options: Optional[Options] = None) -> Migration:
+    from dp2ddp.codemods import TRANSFORMS
+    from dp2ddp.codemods.context import MigrationContext
+
+    options = options or Options()
+    ctx = MigrationContext(an, options)
+    if not ctx.applicable:
+        return Migration()
+    findings: List[Finding] = list(ctx.findings)
+    if not ctx.blocked:
+        for transform in TRANSFORMS:
+            findings.extend(transform(ctx))
+    findings = locate(an.wrapper, findings)
+    blocked = ctx.blocked or any(f.severity == BLOCKING for f in findings)
+    fix = None
+    if not blocked:
+        edits = [e for f in findings if f.fix for e in f.fix.edits] + list(ctx.extra_edits)
+        fix = Fix(edits=edits, description="migrate DataParallel to DistributedDataParallel")
+        for f in findings:
+            if f.fix is not None:
+                f.fix = fix
+    if blocked:
+        for f in findings:
+            f.fix = None
+        findings = [f for f in findings if f.severity != "info"]
+    return Migration(findings=findings, fix=fix, blocked=blocked, applicable=True)
+
+
+def migrate_module(module: cst.Module, path: str = "<string>", options: Optional[Options] = None):
+    """Return ``(new_module, migration)``; ``new_module is module`` when nothing changed."""
+    an = Analysis.from_module(module, path)
+    migration = plan_migration(an, options)
+    if migration.fix:
+        return apply_edits(an.wrapper, migration.fix.edits), migration
+    return module, migration
+
+
+def migrate_bytes(data: bytes, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
+    """Migrate one file's bytes. Raises :class:`dp2ddp.source.InputError` on bad input."""
+    if quick_reject(data):
+        return Result(path, data, False, Migration())
+    module = parse(Source(path, data))
+    new, migration = migrate_module(module, path, options)
+    out = new.bytes if new is not module else data
+    return Result(path, out, out != data, migration)
+
+
+def migrate_file(path: str, options: Optional[Options] = None) -> Result:
+    from dp2ddp.source import read_source
+
+    src = read_source(path)
+    return migrate_bytes(src.data, src.display, options)

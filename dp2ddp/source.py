@@ -1,0 +1,136 @@
+"""Reading, parsing and atomically writing Python source files.
+
+Every user mistake (missing file, undecodable bytes, syntax error) becomes a
+:class:`InputError` with a one-line message naming the file and line; nothing here ever
+leaves a half-written file behind.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+import tempfile
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import libcst as cst
+
+STDIN = "-"
+
+
+class InputError(Exception):
+    """A problem with the user's input: reported as one line, exit code 2."""
+
+    def __init__(self, path: str, line: Optional[int], message: str) -> None:
+        self.path, self.line, self.message = path, line, message
+        loc = f"{path}:{line}" if line else path
+        super().__init__(f"{loc}: {message}")
+
+
+@dataclass
+class Source:
+    path: str  # as given by the user ("-" for stdin)
+    data: bytes
+
+    @property
+    def display(self) -> str:
+        return "<stdin>" if self.path == STDIN else self.path
+
+
+def read_source(path: str) -> Source:
+    if path == STDIN:
+        return Source(STDIN, sys.stdin.buffer.read())
+    try:
+        with open(path, "rb") as fh:
+            return Source(path, fh.read())
+    except FileNotFoundError:
+        raise InputError(path, None, "no such file") from None
+    except IsADirectoryError:
+        raise InputError(path, None, "is a directory") from None
+    except PermissionError:
+        raise InputError(path, None, "permission denied") from None
+    except OSError as e:
+        raise InputError(path, None, e.strerror or str(e)) from None
+
+
+def _decode_check(src: Source) -> None:
+    """Raise InputError with the line of the first byte that does not decode."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(src.data).readline)
+    except SyntaxError as e:
+        raise InputError(src.display, getattr(e, "lineno", None) or 1, str(e.msg if hasattr(e, "msg") else e)) from None
+    try:
+        src.data.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = src.data[: e.start].count(b"\n") + 1
+        raise InputError(src.display, line, f"cannot decode byte 0x{src.data[e.start]:02x} as {encoding}") from None
+    except LookupError:
+        raise InputError(src.display, 1, f"unknown encoding {encoding!r}") from None
+
+
+def parse(src: Source) -> cst.Module:
+    _decode_check(src)
+    try:
+        return cst.parse_module(src.data)
+    except cst.ParserSyntaxError as e:
+        msg = e.message.strip().splitlines()[0] if e.message else "invalid syntax"
+        raise InputError(src.display, e.raw_line, f"syntax error: {msg}") from None
+    except Exception as e:  # libcst can raise other errors on exotic input
+        raise InputError(src.display, None, f"cannot parse: {e}".splitlines()[0]) from None
+
+
+def atomic_write(path: str, data: bytes, like: Optional[str] = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
+
+    The new file keeps the permission bits of ``like`` (or of ``path`` if it exists)."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    mode = None
+    for ref in (like, path):
+        if ref and os.path.exists(ref):
+            mode = stat.S_IMODE(os.stat(ref).st_mode)
+            break
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def iter_python_files(paths: List[str], exclude: Optional[List[str]] = None) -> Iterator[str]:
+    """Expand directories into their ``*.py`` files (sorted, skipping hidden folders and
+    virtual environments); files and ``-`` are passed through unchanged."""
+    import fnmatch
+
+    skip_dirs = {".git", ".hg", ".svn", ".venv", "venv", "__pycache__", "node_modules", ".tox", ".nox", "build", "dist"}
+    exclude = exclude or []
+
+    def excluded(p: str) -> bool:
+        norm = p.replace(os.sep, "/")
+        return any(fnmatch.fnmatch(norm, pat) or fnmatch.fnmatch(os.path.basename(norm), pat) or f"/{pat.strip('/')}/" in f"/{norm}/" for pat in exclude)
+
+    for p in paths:
+        if p != STDIN and os.path.isdir(p):
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in skip_dirs and not d.startswith(".") and not excluded(os.path.join(root, d)))
+                for name in sorted(files):
+                    if name.endswith(".py"):
+                        full = os.path.join(root, name)
+                        if not excluded(full):
+                            yield full
+        else:
+            yield p
