@@ -120,7 +120,17 @@ class Analysis:
 
     @cached_property
     def all_identifiers(self) -> Set[str]:
-        return {n.value for n in self.nodes_of(cst.Name)}
+        """Every variable-like name the module mentions (attribute names and keyword
+        argument names excluded: ``args.local_rank`` does not take ``local_rank``)."""
+        out = set()
+        for n in self.nodes_of(cst.Name):
+            parent = self.parent(n)
+            if isinstance(parent, cst.Attribute) and parent.attr is n:
+                continue
+            if isinstance(parent, cst.Arg) and parent.keyword is n:
+                continue
+            out.add(n.value)
+        return out
 
     def scope_of(self, node: cst.CSTNode):
         return _unlazy(self._scopes.get(node))

@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 NodeOrFn = Union[cst.CSTNode, cst.RemovalSentinel, Callable[[cst.CSTNode], cst.CSTNode]]
@@ -221,6 +219,10 @@ def apply_edits(
     adds = [e for e in edits if isinstance(e, AddImport)]
     removes = [e for e in edits if isinstance(e, RemoveImportIfUnused)]
     if adds or removes:
+        # libcst.codemod is slow to import (~60 ms): only when imports change
+        from libcst.codemod import CodemodContext
+        from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
+
         context = CodemodContext()
         for e in _unique(adds):
             AddImportsVisitor.add_needed_import(context, e.module, e.obj, e.asname)

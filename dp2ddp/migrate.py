@@ -97,10 +97,11 @@ def migrate_module(module: cst.Module, path: str = "<string>", options: Optional
 
 
 def migrate_bytes(data: bytes, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
-    """Migrate one file's bytes. Raises :class:`dp2ddp.source.InputError` on bad input."""
+    """Migrate one file's bytes. Raises :class:`dp2ddp.source.InputError` on bad input
+    (the file is always parsed, so a syntax error is reported even without DataParallel)."""
+    module = parse(Source(path, data))
     if quick_reject(data):
         return Result(path, data, False, Migration())
-    module = parse(Source(path, data))
     new, migration = migrate_module(module, path, options)
     out = new.bytes if new is not module else data
     return Result(path, out, out != data, migration)

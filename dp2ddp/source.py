@@ -15,9 +15,10 @@ import tempfile
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import TYPE_CHECKING, Iterator, List, Optional
 
-import libcst as cst
+if TYPE_CHECKING:  # libcst takes ~0.25 s to import: only when a file is really parsed
+    import libcst as cst
 
 STDIN = "-"
 
@@ -72,7 +73,9 @@ def _decode_check(src: Source) -> None:
         raise InputError(src.display, 1, f"unknown encoding {encoding!r}") from None
 
 
-def parse(src: Source) -> cst.Module:
+def parse(src: Source) -> "cst.Module":
+    import libcst as cst
+
     _decode_check(src)
     try:
         return cst.parse_module(src.data)

@@ -1,0 +1,184 @@
+"""`dp2ddp rewrite`: turn DataParallel scripts into DistributedDataParallel scripts.
+
+Never imports torch. All files are migrated in memory first; if any input is bad (missing,
+undecodable, syntax error) nothing at all is written and the exit code is 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from typing import List, Optional, Tuple
+
+import click
+
+from dp2ddp.source import STDIN, InputError, atomic_write, iter_python_files, read_source
+
+EXIT_OK, EXIT_NOT_MIGRATED, EXIT_USAGE = 0, 1, 2
+
+
+def default_output(path: str) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}_ddp{ext or '.py'}"
+
+
+def _fmt(display: str, f) -> str:
+    return f"{display}:{f.line}:{f.col + 1}: {f.code} {f.message}"
+
+
+@click.command("rewrite", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
+@click.option("-o", "--output", metavar="OUT", help="Write the migrated script here (one input only; '-' for stdout).")
+@click.option("--in-place", "-i", is_flag=True, help="Overwrite the inputs.")
+@click.option("--diff", "show_diff", is_flag=True, help="Print a unified diff and write nothing.")
+@click.option(
+    "--keep-batch-size",
+    is_flag=True,
+    help="Keep batch_size/num_workers per process (default: divide by the world size, keeping DataParallel's global batch).",
+)
+@click.option("--print-all-ranks", is_flag=True, help="Keep print() on every rank (default: rank 0 only).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Summary format.")
+@click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
+def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks, fmt, quiet) -> int:
+    """Rewrite DataParallel scripts into DistributedDataParallel scripts.
+
+    By default each PATH is written to <stem>_ddp.py beside it. Directories are searched
+    for *.py files; '-' reads standard input and writes standard output.
+
+    \b
+    Exit codes: 0 migrated (or nothing to migrate), 1 a file could not be migrated and
+    was left unchanged (see its warnings), 2 usage or input error (nothing written).
+    """
+    from dp2ddp.migrate import Options, migrate_bytes
+
+    modes = sum(bool(x) for x in (output, in_place, show_diff))
+    if modes > 1:
+        raise click.UsageError("use only one of -o/--output, --in-place and --diff")
+    files = list(iter_python_files(list(paths)))
+    if output and len(files) != 1:
+        raise click.UsageError("-o/--output takes exactly one input file")
+    if STDIN in files and len(files) > 1:
+        raise click.UsageError("'-' (standard input) cannot be combined with other paths")
+    if in_place and STDIN in files:
+        raise click.UsageError("--in-place cannot be used with standard input")
+    options = Options(keep_batch_size=keep_batch_size, print_all_ranks=print_all_ranks)
+
+    # phase 1: everything in memory
+    results = []
+    errors: List[str] = []
+    for path in files:
+        if path != STDIN and len(paths) and os.path.isdir(paths[0]) and path.endswith("_ddp.py"):
+            continue  # our own outputs when recursing
+        try:
+            src = read_source(path)
+            results.append((path, migrate_bytes(src.data, src.display, options)))
+        except InputError as e:
+            errors.append(str(e))
+    if errors:
+        for e in errors:
+            click.echo(f"error: {e}", err=True)
+        click.echo("error: nothing was written", err=True)
+        return EXIT_USAGE
+
+    # phase 2: write / print
+    status = EXIT_OK
+    report = []
+    for path, result in results:
+        display = "<stdin>" if path == STDIN else path
+        mig = result.migration
+        for w in mig.warnings:
+            click.echo(_fmt(display, w), err=True)
+        if mig.blocked:
+            status = EXIT_NOT_MIGRATED
+        dest = None
+        if show_diff:
+            if result.changed:
+                _print_diff(display, result.output, path)
+        elif path == STDIN or output == "-":
+            sys.stdout.buffer.write(result.output)
+            sys.stdout.buffer.flush()
+            dest = "-"
+        elif result.changed:
+            dest = path if in_place else (output or default_output(path))
+            atomic_write(dest, result.output, like=path)
+        report.append((display, dest, result))
+    if fmt == "json":
+        click.echo(json.dumps([_json_entry(d, dest, r) for d, dest, r in report], indent=2))
+    elif not quiet and not (output == "-" or STDIN in files):
+        _print_summary(report, show_diff, err=False)
+    elif not quiet:
+        _print_summary(report, show_diff, err=True)
+    return status
+
+
+def _print_diff(display: str, new: bytes, path: str) -> None:
+    old = read_source(path).data if path != STDIN else b""
+    try:
+        a = old.decode("utf-8").splitlines(keepends=True)
+        b = new.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        a = old.decode("latin-1").splitlines(keepends=True)
+        b = new.decode("latin-1").splitlines(keepends=True)
+    for line in difflib.unified_diff(a, b, fromfile=f"a/{display}", tofile=f"b/{display}"):
+        if not line.endswith(("\n", "\r")):
+            line += "\n"
+        color = "green" if line.startswith("+") and not line.startswith("+++") else "red" if line.startswith("-") and not line.startswith("---") else None
+        click.secho(line, nl=False, fg=color)
+
+
+def _json_entry(display, dest, result):
+    mig = result.migration
+
+    def item(f):
+        return {"line": f.line, "column": f.col + 1, "code": f.code, "message": f.message}
+
+    return {
+        "path": display,
+        "output": dest,
+        "changed": result.changed,
+        "migrated": result.changed and not mig.blocked,
+        "blocked": mig.blocked,
+        "changes": [item(f) for f in mig.notes],
+        "warnings": [item(f) for f in mig.warnings],
+        "launch": _launch(dest) if dest and dest != "-" and result.changed else None,
+    }
+
+
+def _launch(dest: str) -> dict:
+    return {
+        "gpu": f"torchrun --standalone --nproc_per_node=gpu {dest}",
+        "cpu": f"torchrun --standalone --nproc_per_node=2 {dest}",
+        "multi_node": f"dp2ddp template torchrun {dest} --nodes N",
+    }
+
+
+def _print_summary(report, show_diff: bool, err: bool) -> None:
+    echo = lambda msg="", **kw: click.secho(msg, err=err, **kw)  # noqa: E731
+    migrated = 0
+    for display, dest, result in report:
+        mig = result.migration
+        if not mig.applicable:
+            echo(f"{display}: no DataParallel found, nothing to migrate", dim=True)
+            continue
+        if mig.blocked:
+            echo(f"{display}: not migrated, left unchanged (see the warnings above)", fg="yellow")
+            continue
+        migrated += 1
+        where = "" if show_diff or dest in (None, "-") else f" -> {dest}"
+        echo(f"{display}{where}", bold=True)
+        for f in mig.notes:
+            echo(f"  {f.line:>4}  {f.message}")
+        if any(f.code == "DDP108" for f in mig.notes):
+            echo("  note: evaluation loaders stay whole on every rank: every rank evaluates the full set (correct, not sharded)")
+        if mig.warnings:
+            echo(f"  {len(mig.warnings)} warning(s): see above; those places were left as they were", fg="yellow")
+        if dest and dest != "-":
+            echo("  run it:")
+            echo(f"    torchrun --standalone --nproc_per_node=gpu {dest}    # one process per GPU (NCCL)")
+            echo(f"    torchrun --standalone --nproc_per_node=2 {dest}      # on CPU (gloo)")
+            echo(f"    python {dest}                                        # a world of one")
+            echo(f"  several machines: dp2ddp template torchrun|slurm|k8s {dest} --nodes N")
+    if len(report) > 1:
+        echo(f"{migrated} of {len(report)} file(s) migrated")

@@ -1,0 +1,95 @@
+"""Golden-file tests for every migration transform, plus real runs of every output.
+
+Layout: ``fixtures/<transform>/<case>.in.py`` -> ``<case>.out.py`` and, when the case
+produces warnings, ``<case>.txt`` (``path:line:col: CODE message`` lines, path relative to
+the fixture folder). Cases named ``noop_<why>`` must come out unchanged.
+``pytest --regen`` rewrites the golden files from the current output.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dp2ddp.migrate import Options, migrate_bytes
+from tests._scripts import copy_to, run_python, run_torchrun
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures"
+REWRITE_DIRS = {
+    "wrap_ddp": Options(),
+    "process_group": Options(),
+    "distributed_sampler": Options(),
+    "set_epoch": Options(),
+    "rank_zero": Options(),
+    "cuda_devices": Options(),
+    "styles": Options(),
+    "keep_batch_size": Options(keep_batch_size=True),
+    "print_all_ranks": Options(print_all_ranks=True),
+}
+CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
+RUNNABLE = [p for p in CASES if not p.name.startswith("noop_")]
+
+
+def _id(p: Path) -> str:
+    return f"{p.parent.name}/{p.name[: -len('.in.py')]}"
+
+
+def _migrate(path: Path):
+    return migrate_bytes(path.read_bytes(), path.name, REWRITE_DIRS[path.parent.name])
+
+
+def _warnings_text(result) -> str:
+    return "".join(f"{result.path}:{w.line}:{w.col + 1}: {w.code} {w.message}\n" for w in result.migration.warnings)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_fixture_output(case: Path, regen: bool) -> None:
+    result = _migrate(case)
+    expected_out = case.with_name(case.name.replace(".in.py", ".out.py"))
+    expected_txt = case.with_name(case.name.replace(".in.py", ".txt"))
+    warnings = _warnings_text(result)
+    if case.name.startswith("noop_"):
+        assert result.output == case.read_bytes(), "a no-op case must come out byte-identical"
+        assert not expected_out.exists()
+    if regen:
+        if not case.name.startswith("noop_"):
+            expected_out.write_bytes(result.output)
+        if warnings:
+            expected_txt.write_text(warnings)
+        elif expected_txt.exists():
+            expected_txt.unlink()
+        return
+    if not case.name.startswith("noop_"):
+        assert result.changed, "expected the migration to change this file"
+        assert result.output.decode(_encoding(case)) == expected_out.read_bytes().decode(_encoding(case))
+        assert result.output == expected_out.read_bytes()  # byte for byte: line endings, encoding
+    assert warnings == (expected_txt.read_text() if expected_txt.exists() else "")
+
+
+def _encoding(p: Path) -> str:
+    head = p.read_bytes()[:200]
+    return "latin-1" if b"latin-1" in head else "utf-8"
+
+
+@pytest.mark.parametrize("case", RUNNABLE, ids=_id)
+def test_fixture_idempotent_and_compiles(case: Path) -> None:
+    once = _migrate(case).output
+    compile(once, str(case), "exec")
+    twice = migrate_bytes(once, case.name, REWRITE_DIRS[case.parent.name])
+    assert twice.output == once, "rewriting the output again must change nothing"
+    assert "DataParallel(" not in once.decode(_encoding(case)).replace("DistributedDataParallel(", "")
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("case", RUNNABLE, ids=_id)
+def test_fixture_output_trains(case: Path, tmp_path: Path) -> None:
+    """The expected output really runs: under torchrun with 2 CPU ranks (gloo) and as plain python."""
+    expected_out = case.with_name(case.name.replace(".in.py", ".out.py"))
+    script = copy_to(expected_out, tmp_path / "torchrun")
+    r = run_torchrun(script, script.parent)
+    assert r.returncode == 0, r.stdout[-4000:]
+    script = copy_to(expected_out, tmp_path / "python")
+    r = run_python(script, script.parent)
+    assert r.returncode == 0, r.stdout[-4000:]
