@@ -13,7 +13,6 @@ from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type
 import libcst as cst
 from libcst.metadata import (
     MetadataWrapper,
-    ParentNodeProvider,
     PositionProvider,
     QualifiedName,
     QualifiedNameProvider,
@@ -65,12 +64,12 @@ class Analysis:
         self.wrapper = wrapper
         self.path = path
         self.module: cst.Module = wrapper.module
-        meta = wrapper.resolve_many([QualifiedNameProvider, ParentNodeProvider, ScopeProvider, PositionProvider])
+        meta = wrapper.resolve_many([QualifiedNameProvider, ScopeProvider, PositionProvider])
         self._qnames = meta[QualifiedNameProvider]
-        self._parents = meta[ParentNodeProvider]
         self._scopes = meta[ScopeProvider]
         self._positions = meta[PositionProvider]
         self.cache: Dict[str, object] = {}  # for transforms to share derived facts
+        self._by_type: Dict[tuple, List[cst.CSTNode]] = {}
 
     @classmethod
     def from_module(cls, module: cst.Module, path: str = "<string>") -> "Analysis":
@@ -138,21 +137,36 @@ class Analysis:
     # ------------------------------------------------------------------ structure
     @cached_property
     def _all_nodes(self) -> List[cst.CSTNode]:
-        out: List[cst.CSTNode] = []
+        return self._walk[0]
 
-        class _Collect(cst.CSTVisitor):
-            def on_visit(self, node: cst.CSTNode) -> bool:
-                out.append(node)
-                return True
+    @cached_property
+    def _parents(self) -> Dict[cst.CSTNode, cst.CSTNode]:
+        return self._walk[1]
 
-        self.module.visit(_Collect())
-        return out
+    @cached_property
+    def _walk(self):
+        """Every node in pre-order, and each node's parent, from one walk of the tree."""
+        nodes: List[cst.CSTNode] = []
+        parents: Dict[cst.CSTNode, cst.CSTNode] = {}
+        stack = [self.module]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            children = node.children
+            for child in children:
+                parents[child] = node
+            stack.extend(reversed(children))
+        return nodes, parents
 
     def nodes_of(self, *types: Type[cst.CSTNode]) -> List[cst.CSTNode]:
-        return [n for n in self._all_nodes if isinstance(n, types)]
+        key = types
+        cached = self._by_type.get(key)
+        if cached is None:
+            cached = self._by_type[key] = [n for n in self._all_nodes if isinstance(n, types)]
+        return cached
 
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-        return _unlazy(self._parents.get(node))
+        return self._parents.get(node)
 
     def ancestors(self, node: cst.CSTNode) -> Iterator[cst.CSTNode]:
         p = self.parent(node)

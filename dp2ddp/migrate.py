@@ -9,6 +9,7 @@ through here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -54,9 +55,15 @@ class Result:
     migration: Migration
 
 
+_DP_BYTES = re.compile(rb"(?<!Distributed)DataParallel")
+
+
 def quick_reject(data: bytes) -> bool:
-    """True when the file cannot possibly use DataParallel (byte-level pre-filter)."""
-    return b"DataParallel" not in data
+    """True when the file cannot possibly use DataParallel (byte-level pre-filter).
+
+    ``DistributedDataParallel`` alone does not count, so migrated files are not analysed
+    again; an ``import ... DataParallel`` or any other spelling still is."""
+    return _DP_BYTES.search(data) is None
 
 
 def plan_migration(an: Analysis, options: Optional[Options] = None) -> Migration:
@@ -92,7 +99,7 @@ def migrate_module(module: cst.Module, path: str = "<string>", options: Optional
     an = Analysis.from_module(module, path)
     migration = plan_migration(an, options)
     if migration.fix:
-        return apply_edits(an.wrapper, migration.fix.edits), migration
+        return apply_edits(an.wrapper, migration.fix.edits, an.ancestors), migration
     return module, migration
 
 

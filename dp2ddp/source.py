@@ -80,6 +80,13 @@ def parse(src: Source) -> "cst.Module":
     try:
         return cst.parse_module(src.data)
     except cst.ParserSyntaxError as e:
+        # CPython's own message is the one users know ("'(' was never closed")
+        try:
+            compile(src.data, src.display, "exec", dont_inherit=True)
+        except SyntaxError as se:
+            raise InputError(src.display, se.lineno or e.raw_line, f"syntax error: {se.msg}") from None
+        except Exception:
+            pass
         msg = e.message.strip().splitlines()[0] if e.message else "invalid syntax"
         raise InputError(src.display, e.raw_line, f"syntax error: {msg}") from None
     except Exception as e:  # libcst can raise other errors on exotic input

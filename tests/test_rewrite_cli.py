@@ -1,0 +1,162 @@
+"""`dp2ddp rewrite` as a user runs it: files, folders, stdin, errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dp2ddp.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DP_SCRIPT = (ROOT / "fixtures/wrap_ddp/wrap_then_to_device.in.py").read_text()
+BLOCKED = (ROOT / "fixtures/wrap_ddp/noop_dim_1.in.py").read_text()
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    p = tmp_path / "train.py"
+    p.write_text(DP_SCRIPT)
+    return p
+
+
+def test_default_writes_stem_ddp_beside_input_and_prints_launch(script: Path, capsys) -> None:
+    assert main(["rewrite", str(script)]) == 0
+    out = script.with_name("train_ddp.py")
+    assert out.exists() and "DistributedDataParallel(" in out.read_text()
+    assert script.read_text() == DP_SCRIPT  # input untouched
+    printed = capsys.readouterr().out
+    assert f"torchrun --standalone --nproc_per_node=2 {out}" in printed
+    assert "dp2ddp template" in printed
+
+
+def test_output_option_and_stdout(script: Path, tmp_path: Path, capsysbinary) -> None:
+    dest = tmp_path / "elsewhere.py"
+    assert main(["rewrite", str(script), "-o", str(dest)]) == 0
+    assert "DistributedDataParallel(" in dest.read_text()
+    capsysbinary.readouterr()
+    assert main(["rewrite", str(script), "-o", "-"]) == 0
+    assert capsysbinary.readouterr().out == dest.read_bytes()
+
+
+def test_in_place_keeps_file_mode(script: Path) -> None:
+    os.chmod(script, 0o755)
+    assert main(["rewrite", "--in-place", str(script)]) == 0
+    assert "DistributedDataParallel(" in script.read_text()
+    assert stat.S_IMODE(os.stat(script).st_mode) == 0o755
+    assert not list(script.parent.glob(".*.tmp"))
+
+
+def test_diff_writes_nothing(script: Path, capsys) -> None:
+    assert main(["rewrite", "--diff", str(script)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"--- a/{script}") and "+model = DistributedDataParallel(model" in out
+    assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
+
+
+def test_directory_recurses_and_skips_own_outputs(tmp_path: Path, capsys) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text(DP_SCRIPT)
+    (tmp_path / "pkg" / "plain.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "old_ddp.py").write_text(DP_SCRIPT)
+    assert main(["rewrite", str(tmp_path / "pkg")]) == 0
+    names = sorted(p.name for p in (tmp_path / "pkg").iterdir())
+    assert names == ["a.py", "a_ddp.py", "old_ddp.py", "plain.py"]
+    assert "plain.py: no DataParallel found" in capsys.readouterr().out
+
+
+def test_stdin_to_stdout() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dp2ddp", "rewrite", "-"], input=DP_SCRIPT.encode(), capture_output=True, cwd=ROOT
+    )
+    assert r.returncode == 0, r.stderr
+    assert b"DistributedDataParallel(model" in r.stdout
+    compile(r.stdout, "<stdout>", "exec")
+
+
+def test_blocked_file_exit_1_warning_format_nothing_written(tmp_path: Path, capsys) -> None:
+    p = tmp_path / "rnn.py"
+    p.write_text(BLOCKED)
+    assert main(["rewrite", str(p)]) == 1
+    err = capsys.readouterr().err
+    assert f"{p}:4:7: DDP101 DataParallel(dim=1)" in err
+    assert not (tmp_path / "rnn_ddp.py").exists()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"import torch\nmodel = torch.nn.DataParallel(\n", ":2: syntax error: '(' was never closed"),
+        (b"import torch\n# caf\xe9\nm = torch.nn.DataParallel(x)\n", ":2: cannot decode byte 0xe9 as utf-8"),
+    ],
+    ids=["syntax_error", "undecodable_bytes"],
+)
+def test_bad_input_one_line_error_and_nothing_written(tmp_path: Path, capsys, content: bytes, message: str) -> None:
+    good = tmp_path / "good.py"
+    good.write_text(DP_SCRIPT)
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(content)
+    assert main(["rewrite", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: {bad}") and message in err[0]
+    assert "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "good_ddp.py").exists(), "nothing may be written when an input is bad"
+
+
+def test_missing_file_and_usage_errors(tmp_path: Path, capsys) -> None:
+    assert main(["rewrite", str(tmp_path / "nope.py")]) == 2
+    assert f"{tmp_path / 'nope.py'}: no such file" in capsys.readouterr().err
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text(DP_SCRIPT)
+    b.write_text(DP_SCRIPT)
+    assert main(["rewrite", str(a), str(b), "-o", str(tmp_path / "x.py")]) == 2
+    assert main(["rewrite", str(a), "--in-place", "--diff"]) == 2
+    assert main(["rewrite"]) == 2
+
+
+def test_json_summary(script: Path, capsys) -> None:
+    assert main(["rewrite", "--format", "json", str(script)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[0]["migrated"] is True and data[0]["output"].endswith("train_ddp.py")
+    codes = {c["code"] for c in data[0]["changes"]}
+    assert {"DDP100", "DDP120"} <= codes
+    assert data[0]["launch"]["cpu"].startswith("torchrun --standalone --nproc_per_node=2")
+
+
+def test_failed_write_leaves_no_partial_file(script: Path, monkeypatch) -> None:
+    import dp2ddp.source as source
+
+    def boom(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(source.os, "replace", boom)
+    with pytest.raises(OSError):
+        main(["rewrite", "--in-place", str(script)])
+    assert script.read_text() == DP_SCRIPT
+    assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
+
+
+def test_rewrite_and_help_never_import_torch(script: Path) -> None:
+    code = (
+        "import sys; from dp2ddp.cli import main; "
+        f"rc = main(['rewrite', '-q', {str(script)!r}]); "
+        "assert rc == 0, rc; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.')]; "
+        "assert not bad, bad"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_version_and_help(capsys) -> None:
+    assert main(["--version"]) == 0
+    assert "dp2ddp" in capsys.readouterr().out
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for cmd in ("rewrite", "check", "verify", "template"):
+        assert cmd in out
