@@ -1,0 +1,1 @@
+"""`dp2ddp verify`: run a DataParallel script and its DDP migration side by side."""

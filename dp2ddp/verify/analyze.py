@@ -1,0 +1,293 @@
+"""Compare an original run with its migration: losses, replicas, speed, failures."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from dp2ddp.verify import stacks
+from dp2ddp.verify.advice import advise
+from dp2ddp.verify.runner import RunResult
+
+WINDOW = 5  # steps in the moving average of the tolerance path
+
+
+@dataclass
+class Options:
+    steps: int
+    warmup: int
+    rtol: float
+    stochastic_rtol: float
+    min_speedup: float
+    timeout: float
+    user_dirs: List[str]
+    nproc: int
+    nnodes: int
+
+
+def _per_step(run: RunResult) -> List[Tuple[Optional[float], int, float]]:
+    """(global loss, global samples, completion time) per step, over all ranks."""
+    ranks = [r for _, r in sorted(run.ranks.items()) if r.steps]
+    if not ranks:
+        return []
+    n = min(len(r.steps) for r in ranks)
+    out = []
+    for i in range(n):
+        recs = [r.steps[i] for r in ranks]
+        samples = [int(x.get("samples") or 0) for x in recs]
+        losses = [x.get("loss") for x in recs]
+        t = max(float(x["t"]) for x in recs)
+        if any(v is None for v in losses):
+            loss = None
+        elif all(samples):
+            loss = sum(v * s for v, s in zip(losses, samples)) / sum(samples)
+        else:
+            loss = sum(losses) / len(losses)
+        out.append((loss, sum(samples), t))
+    return out
+
+
+def throughput(per_step, warmup: int) -> Tuple[Optional[float], List[Optional[float]]]:
+    """Steady-state samples/s (steps after ``warmup`` only) and samples/s of each step."""
+    rates: List[Optional[float]] = [None]
+    for (_, s, t), (_, _, t0) in zip(per_step[1:], per_step):
+        rates.append(s / (t - t0) if t > t0 and s else None)
+    n = len(per_step)
+    if n < 2:
+        return None, rates
+    first = min(warmup, n - 2)  # keep at least one interval
+    samples = sum(s for _, s, _ in per_step[first + 1 :])
+    dt = per_step[-1][2] - per_step[first][2]
+    if dt <= 0 or not samples:
+        return None, rates
+    return samples / dt, rates
+
+
+def _moving(xs: List[float], w: int) -> List[float]:
+    out = []
+    for i in range(len(xs)):
+        seg = xs[max(0, i - w + 1) : i + 1]
+        out.append(sum(seg) / len(seg))
+    return out
+
+
+def _rel(a: float, b: float) -> float:
+    if a == b:
+        return 0.0
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / max(abs(a), abs(b), 1e-12)
+
+
+def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[str, Any]) -> None:
+    label = "original" if run.role == "original" else "migrated"
+    distributed = run.role == "migrated"
+    if run.hung:
+        locs = []
+        for rank, r in sorted(run.ranks.items()):
+            loc = stacks.locate(rank, r.stack, opts.user_dirs, distributed=distributed)
+            locs.append(loc.describe())
+        done = run.steps
+        problems.append(
+            f"{label} run hung: no rank completed a step for {opts.timeout:g} s (after step {done}); "
+            "all its processes were ended"
+        )
+        problems.extend("  " + line for line in locs)
+        if distributed:
+            problems.append(
+                "  a rank waiting in a collective while another is elsewhere means the ranks diverged; "
+                "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which collective"
+            )
+        details["hang"] = {"role": label, "after_step": done, "ranks": locs, "detected_after_s": round(run.hang_after_s, 2)}
+        return
+    if run.exit_code in (0, None):
+        return
+    errors = sorted((r.error for r in run.ranks.values() if r.error), key=lambda e: e["t"])
+    first = next(((rank, r.error) for rank, r in sorted(run.ranks.items(), key=lambda kv: (kv[1].error or {}).get("t", math.inf)) if r.error), None)
+    crash: Dict[str, Any] = {"role": label, "exit_code": run.exit_code}
+    if first is not None:
+        rank, err = first
+        who = f"rank {rank}" if distributed else "the script"
+        problems.append(f"{label} run crashed (exit code {run.exit_code}): {who} raised {err['type']}: {_first_line(err['message'])}")
+        crash.update(rank=rank, type=err["type"], message=err["message"], traceback=err["traceback"])
+        text = err["traceback"]
+        others = [e for e in errors if e is not err]
+        if others:
+            crash["other_ranks"] = [f"{e['type']}: {_first_line(e['message'])}" for e in others]
+    else:
+        fatal = next(((rank, r.fatal) for rank, r in sorted(run.ranks.items()) if r.fatal.strip()), None)
+        tail = run.log_tail(30)
+        if fatal:
+            crash.update(rank=fatal[0], traceback=fatal[1])
+            problems.append(f"{label} run crashed (exit code {run.exit_code}): rank {fatal[0]} died of a fatal signal")
+        else:
+            problems.append(f"{label} run failed (exit code {run.exit_code}); its output ends with:")
+            problems.extend("  " + line for line in tail.splitlines()[-8:])
+        crash["log_tail"] = tail
+        text = tail + (fatal[1] if fatal else "")
+    tips = advise(text)
+    crash["advice"] = tips
+    problems.extend("  advice: " + t for t in tips)
+    details.setdefault("crashes", []).append(crash)
+
+
+def _first_line(s: str) -> str:
+    s = s.strip().splitlines()
+    return s[0] if s else ""
+
+
+def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
+    problems: List[str] = []
+    notes: List[str] = []
+    details: Dict[str, Any] = {}
+    for run in (mig, orig):
+        _failure(run, opts, problems, details)
+
+    po, pm = _per_step(orig), _per_step(mig)
+    for run, per in ((orig, po), (mig, pm)):
+        if not per and run.exit_code == 0 and not run.hung:
+            problems.append(
+                f"no optimizer step was observed in the {run.role} run: the script is inference-only, or "
+                "its training loop does not call a torch.optim optimizer's step(); nothing to compare"
+            )
+
+    # what the model contains (seen in the first step's forward)
+    kinds = set()
+    for run in (orig, mig):
+        for r in run.ranks.values():
+            if r.steps:
+                kinds.update(r.steps[0].get("modules") or [])
+    stochastic = sorted(kinds & {"batchnorm", "dropout"})
+    if mig.ranks and any(r.steps for r in mig.ranks.values()) and "ddp" not in kinds:
+        problems.append("no DistributedDataParallel module was seen in the migrated run's forward pass")
+
+    n = min(len(po), len(pm))
+    if opts.steps:
+        n = min(n, opts.steps)
+    lo = [x[0] for x in po[:n]]
+    lm = [x[0] for x in pm[:n]]
+    pairs = [(a, b) for a, b in zip(lo, lm) if a is not None and b is not None]
+    diffs = [_rel(a, b) for a, b in pairs]
+    max_rel = max(diffs) if diffs else None
+    steps_compared = len(pairs)
+    if stochastic:
+        why = {
+            "batchnorm": "BatchNorm normalises each rank's batch on its own (DataParallel-on-one-device and "
+            "SyncBatchNorm use the whole batch)",
+            "dropout": "dropout masks come from each process's own random stream",
+        }
+        tol_desc = f"{WINDOW}-step moving average within {opts.stochastic_rtol:g} relative"
+        notes.append(
+            "losses compared with a tolerance (" + tol_desc + "): " + "; ".join(why[k] for k in stochastic)
+        )
+        ma = [_rel(a, b) for a, b in zip(_moving([p[0] for p in pairs], WINDOW), _moving([p[1] for p in pairs], WINDOW))]
+        measure = max(ma) if ma else None
+        tol = opts.stochastic_rtol
+    else:
+        measure, tol = max_rel, opts.rtol
+        tol_desc = f"every step within {opts.rtol:g} relative"
+    losses_agree = bool(steps_compared) and measure is not None and measure <= tol
+    first_bad = None
+    if steps_compared and not losses_agree:
+        if stochastic:
+            problems.append(f"losses disagree beyond the tolerance: {tol_desc} expected, worst {measure:.3g}")
+        else:
+            first_bad = next(i for i, d in enumerate(diffs) if d > tol) + 1
+            a, b = pairs[first_bad - 1]
+            problems.append(
+                f"losses disagree from step {first_bad}: original {a:.7g}, migrated {b:.7g} "
+                f"(relative difference {diffs[first_bad - 1]:.3g} > --rtol {opts.rtol:g})"
+            )
+
+    # global batch per step must match for the orders to line up
+    so = [x[1] for x in po[:n]]
+    sm = [x[1] for x in pm[:n]]
+    bad = next((i for i, (a, b) in enumerate(zip(so, sm)) if a != b and a and b), None)
+    if bad is not None:
+        problems.append(
+            f"step {bad + 1} used {so[bad]} samples in the original but {sm[bad]} over all migrated ranks: "
+            "the global batch differs (the per-process batch_size should be the original's divided by the world size)"
+        )
+
+    # DistributedSampler iterated again without set_epoch
+    for rank, r in sorted(mig.ranks.items()):
+        seen: Dict[int, List[int]] = {}
+        for ev in r.samplers:
+            if ev.get("kind") == "distributed" and ev.get("shuffle"):
+                seen.setdefault(ev["id"], []).append(ev["epoch"])
+        stuck = [eps for eps in seen.values() if len(eps) > 1 and len(set(eps)) < len(eps)]
+        if stuck:
+            problems.append(
+                f"a DistributedSampler was iterated {len(stuck[0])} times with epochs {stuck[0]}: "
+                "call loader.sampler.set_epoch(epoch) at the start of every epoch, or each epoch repeats the same order"
+            )
+            break
+
+    # replicas
+    ends = {rank: r.end for rank, r in sorted(mig.ranks.items())}
+    hashes = {rank: e.get("hash") for rank, e in ends.items() if e}
+    replicas_in_sync = bool(hashes) and len(ends) == len(hashes) and None not in hashes.values() and len(set(hashes.values())) == 1
+    mig_failed = mig.hung or mig.exit_code != 0
+    if hashes and None not in hashes.values() and len(set(hashes.values())) > 1 and not mig_failed:
+        norms = ", ".join(f"rank {k}: {ends[k].get('norm', 0):.9g}" for k in hashes)
+        problems.append(
+            "replicas out of sync: the ranks end with different parameters (norms " + norms + "); "
+            "is the model wrapped in DistributedDataParallel, and do all ranks start from the same weights?"
+        )
+    elif pm and not replicas_in_sync and not mig_failed:
+        problems.append("replica parameters could not be compared (no rank reported its parameters)")
+
+    # speed
+    sps_o, rates_o = throughput(po, opts.warmup)
+    sps_m, rates_m = throughput(pm, opts.warmup)
+    speedup = sps_m / sps_o if sps_o and sps_m else None
+    if speedup is not None and speedup < opts.min_speedup:
+        problems.append(
+            f"the migrated run is {'slower' if speedup < 1 else 'not fast enough'}: {sps_m:.1f} vs {sps_o:.1f} samples/s "
+            f"(speed-up {speedup:.2f} < --min-speedup {opts.min_speedup:g})"
+        )
+    if min(len(po), len(pm)) <= opts.warmup + 1 and po and pm:
+        notes.append(f"only {min(len(po), len(pm))} steps: throughput includes warm-up steps (raise --steps)")
+
+    failed_run = any(r.hung or r.exit_code != 0 for r in (orig, mig))
+    speed_ok = speedup is None or speedup >= opts.min_speedup
+    passed = (
+        not failed_run
+        and steps_compared > 0
+        and losses_agree
+        and replicas_in_sync
+        and speed_ok
+        and bad is None
+        and not any(p.startswith("no DistributedDataParallel") for p in problems)
+    )
+
+    def side(run: RunResult, per, sps):
+        return {
+            "steps": len(per),
+            "samples_per_s": sps,
+            "wall_s": round(run.wall_s, 3),
+            "exit_code": run.exit_code,
+            "hung": run.hung,
+            "ranks": len(run.ranks),
+        }
+
+    report: Dict[str, Any] = {
+        "verdict": "pass" if passed else "fail",
+        "losses_agree": losses_agree,
+        "max_rel_loss_diff": max_rel,
+        "steps_compared": steps_compared,
+        "replicas_in_sync": replicas_in_sync,
+        "speedup": speedup,
+        "min_speedup": opts.min_speedup,
+        "tolerance": {"kind": "stochastic" if stochastic else "exact", "rtol": tol, "rule": tol_desc, "why": stochastic},
+        "original": side(orig, po, sps_o),
+        "migrated": dict(side(mig, pm, sps_m), nproc=opts.nproc, nnodes=opts.nnodes),
+        "problems": problems,
+        "notes": notes,
+        "losses": {"original": [x[0] for x in po], "migrated": [x[0] for x in pm]},
+        "throughput": {"original": rates_o, "migrated": rates_m},
+        "replica_hashes": {str(k): v for k, v in hashes.items()},
+    }
+    report.update(details)
+    return report

@@ -1,0 +1,269 @@
+"""`dp2ddp verify`: run the original and the migrated script side by side and compare them."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import click
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@click.command(
+    "verify",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    short_help="Run original and migrated scripts side by side and compare them.",
+)
+@click.argument("original", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--migrated", type=click.Path(dir_okay=False, path_type=Path), help="The DDP script (default: <stem>_ddp.py beside ORIGINAL, else a fresh rewrite).")
+@click.option("--nproc", type=click.IntRange(min=1), help="Processes per node for the migrated run (default: GPU count, or 2 on CPU).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="torchrun agents on this machine (c10d rendezvous on 127.0.0.1).")
+@click.option("--steps", type=click.IntRange(min=0), default=50, show_default=True, help="Stop each run after K optimizer steps (0: the whole run).")
+@click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Steps left out of the throughput.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative tolerance per step for deterministic models.")
+@click.option("--stochastic-rtol", type=click.FloatRange(min=0), default=0.1, show_default=True, help="Tolerance on the moving-average loss for models with BatchNorm or dropout.")
+@click.option("--min-speedup", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Speed-up (migrated/original samples/s) needed to pass; 0 ignores speed.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds without a completed step before a run counts as hung.")
+@click.option("--startup-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, help="Before the first step (imports, data, rendezvous), the hang timeout is at least this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for random, NumPy and torch in every process.")
+@click.option("--json", "json_path", metavar="PATH", help="Write the report as JSON ('-' for stdout).")
+@click.option("--plot", "plot_path", metavar="PATH", help="Write loss curves and throughput as a PNG.")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), help="Scratch folder (kept); default: a temporary one, removed after a pass.")
+def verify(
+    original: Path,
+    script_args: tuple,
+    migrated: Optional[Path],
+    nproc: Optional[int],
+    nnodes: int,
+    steps: int,
+    warmup: int,
+    rtol: float,
+    stochastic_rtol: float,
+    min_speedup: float,
+    timeout: float,
+    startup_timeout: float,
+    seed: int,
+    json_path: Optional[str],
+    plot_path: Optional[str],
+    workdir: Optional[Path],
+) -> int:
+    """Run ORIGINAL (DataParallel, `python`) and its DDP migration (`torchrun`) on this machine,
+    compare their per-step losses and final replicas, and measure the speed-up.
+
+    Arguments after `--` go to both scripts. Exit 0 pass, 1 fail, 2 usage error."""
+    err = click.get_text_stream("stderr")
+    if not original.is_file():
+        click.echo(f"{original}: no such file", err=True)
+        return EXIT_USAGE
+    try:
+        import torch  # noqa: F401
+        import torch.distributed.run  # noqa: F401
+    except ImportError:
+        click.echo("dp2ddp verify needs torch: pip install 'dp2ddp[verify]'", err=True)
+        return EXIT_USAGE
+    if json_path and json_path != "-" and not Path(json_path).parent.exists():
+        click.echo(f"{json_path}: folder does not exist", err=True)
+        return EXIT_USAGE
+    if plot_path and not Path(plot_path).parent.exists():
+        click.echo(f"{plot_path}: folder does not exist", err=True)
+        return EXIT_USAGE
+
+    own_scratch = workdir is None
+    scratch = Path(tempfile.mkdtemp(prefix="dp2ddp-verify-")) if own_scratch else workdir
+    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = scratch.resolve()
+
+    migrated_content: Optional[bytes] = None
+    if migrated is None:
+        candidate = original.with_name(original.stem + "_ddp.py")
+        if candidate.is_file():
+            migrated = candidate
+        else:
+            rc = _rewrite(original)
+            if isinstance(rc, int):
+                _cleanup(scratch, own_scratch)
+                return rc
+            migrated, migrated_content = candidate, rc
+    elif not migrated.is_file():
+        click.echo(f"{migrated}: no such file", err=True)
+        return EXIT_USAGE
+    if original.resolve() == migrated.resolve():
+        click.echo(f"{migrated}: the migrated script is the original itself", err=True)
+        return EXIT_USAGE
+
+    if nproc is None:
+        import torch
+
+        nproc = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        nproc = nproc or 2
+
+    from dp2ddp.verify import analyze, report, runner, scratch as scratch_mod
+
+    tag = uuid.uuid4().hex[:12]
+    env = {}
+    original, migrated = original.resolve(), migrated.resolve()
+    mirror = scratch_mod.Mirror()
+    orig_script = scratch_mod.prepare(original, scratch / "original", mirror=mirror)
+    mig_script = scratch_mod.prepare(migrated, scratch / "migrated", migrated_content, mirror=mirror)
+    progress = _Progress(err, steps)
+    common = dict(args=list(script_args), tag=tag, steps=steps, timeout=timeout, startup_timeout=startup_timeout, seed=seed, env=env)
+    restore = _sigterm_as_interrupt()
+    try:
+        progress.begin("migrated", f"torchrun, {nnodes} node(s) x {nproc} process(es)")
+        mig = runner.run(
+            runner.RunSpec(role="migrated", script=mig_script, cwd=mig_script.parent, out=scratch / "probe", nproc=nproc, nnodes=nnodes, **common),
+            progress.update,
+        )
+        progress.end(mig)
+        sampler_seed = next(
+            (ev["seed"] for r in sorted(mig.ranks.values(), key=lambda r: r.rank) for ev in r.samplers if ev.get("kind") == "distributed"),
+            0,
+        )
+        progress.begin("original", "python")
+        orig = runner.run(
+            runner.RunSpec(role="original", script=orig_script, cwd=orig_script.parent, out=scratch / "probe", sampler_seed=sampler_seed, **common),
+            progress.update,
+        )
+        progress.end(orig)
+    except runner.Interrupted:
+        progress.close()
+        click.echo("Interrupted: every process verify started has been ended.", err=True)
+        _cleanup(scratch, own_scratch)
+        return EXIT_INTERRUPTED
+    finally:
+        restore()
+    opts = analyze.Options(
+        steps=steps,
+        warmup=warmup,
+        rtol=rtol,
+        stochastic_rtol=stochastic_rtol,
+        min_speedup=min_speedup,
+        timeout=timeout,
+        user_dirs=[str(scratch)],
+        nproc=nproc,
+        nnodes=nnodes,
+    )
+    rep = analyze.compare(orig, mig, opts)
+    touched = mirror.modified()
+    if touched:
+        rep["problems"].append("the runs changed linked input files in place: " + ", ".join(touched))
+        rep["verdict"] = "fail"
+    rep["original"]["script"] = str(original)
+    rep["migrated"]["script"] = str(migrated) + (" (rewritten by dp2ddp)" if migrated_content is not None else "")
+    rep["workdir"] = str(scratch)
+    if migrated_content is not None:
+        rep["notes"].append(f"migrated script rewritten from {original.name} into {mig_script}")
+    crash = next(iter(rep.get("crashes", [])), None)
+    if crash and crash.get("traceback"):
+        who = f"rank {crash['rank']}" if crash["role"] == "migrated" and "rank" in crash else crash["role"]
+        err.write(f"--- traceback of {who} ({crash['role']} run) ---\n{crash['traceback'].rstrip()}\n---\n")
+    report.show(rep, sys.stdout if json_path != "-" else err)
+    if json_path:
+        report.write_json(rep, json_path)
+    if plot_path:
+        report.plot(rep, plot_path)
+    passed = rep["verdict"] == "pass"
+    if passed and own_scratch:
+        _cleanup(scratch, True)
+    else:
+        click.echo(f"logs and records kept in {scratch}", err=True)
+    return EXIT_PASS if passed else EXIT_FAIL
+
+
+def _rewrite(original: Path):
+    """Migrate ORIGINAL in memory; returns the bytes, or an exit code with a message shown."""
+    from dp2ddp.source import InputError
+
+    try:
+        from dp2ddp.migrate import migrate_file
+
+        result = migrate_file(str(original))
+    except InputError as e:
+        click.echo(str(e), err=True)
+        return EXIT_USAGE
+    except NotImplementedError:
+        click.echo(f"{original}: the rewrite is not available; pass --migrated PATH", err=True)
+        return EXIT_USAGE
+    if result.migration.blocked:
+        reasons = "; ".join(f.message for f in result.migration.warnings[:3])
+        click.echo(f"{original}: cannot be rewritten automatically ({reasons}); pass --migrated PATH", err=True)
+        return EXIT_USAGE
+    if not result.changed:
+        click.echo(f"{original}: nothing to migrate (no DataParallel found); pass --migrated PATH", err=True)
+        return EXIT_USAGE
+    return result.output
+
+
+def _cleanup(scratch: Path, own: bool) -> None:
+    if own:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _sigterm_as_interrupt():
+    """While runs are going, SIGTERM to verify ends them like Ctrl-C does."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
+class _Progress:
+    """rich progress bars on a terminal, a few plain lines otherwise."""
+
+    def __init__(self, stream, steps: int) -> None:
+        self.stream, self.steps = stream, steps
+        self.tty = stream.isatty()
+        self.bar = None
+        self.task = None
+        self.last = 0.0
+
+    def begin(self, role: str, how: str) -> None:
+        self.role = role
+        self.t0 = time.monotonic()
+        if self.tty:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn(f"{role} ({how})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(file=self.stream), transient=False,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(role, total=self.steps or None)
+        else:
+            self.stream.write(f"verify: {role} run ({how}) started\n")
+            self.stream.flush()
+
+    def update(self, role: str, step: int, ranks) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step)
+        elif time.monotonic() - self.last > 5.0 and step:
+            self.last = time.monotonic()
+            total = f"/{self.steps}" if self.steps else ""
+            self.stream.write(f"verify: {role} step {step}{total}\n")
+            self.stream.flush()
+
+    def end(self, result) -> None:
+        self.close()
+        state = "hung" if result.hung else f"exit code {result.exit_code}"
+        self.stream.write(f"verify: {result.role} run: {result.steps} steps in {result.wall_s:.1f} s, {state}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

@@ -1,0 +1,392 @@
+"""The probe `dp2ddp verify` loads into every measured process (original and each rank).
+
+It never edits the user's code. It:
+
+* seeds ``random``, NumPy and torch identically in every run;
+* records each optimizer step (the loss that was back-propagated, the samples consumed,
+  a timestamp) as one JSON line in ``$DP2DDP_VERIFY_OUT/<role>-rank<R>.jsonl``; those
+  lines are also the heartbeat verify's hang detection watches;
+* in the original run, replaces the order of ``RandomSampler`` by the order of
+  ``DistributedSampler(num_replicas=1, seed=S)`` with its epoch advanced each time
+  iteration starts, which is the order of the union of the migrated ranks' batches;
+* stops the run after K optimizer steps (``SystemExit(0)`` from the step hook, so the
+  script's own ``finally``/``atexit`` clean-up still runs);
+* at exit, hashes the parameters the optimizers update;
+* dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks.
+
+Everything here is standard library until torch is imported by the script itself.
+"""
+
+import atexit
+import faulthandler
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+
+_S = None  # the probe state, once activated
+
+
+class _State:
+    def __init__(self, role):
+        env = os.environ
+        self.role = role
+        self.pid = os.getpid()
+        self.out = env["DP2DDP_VERIFY_OUT"]
+        self.rank = int(env.get("RANK", "0"))
+        self.world = int(env.get("WORLD_SIZE", "1"))
+        self.local_rank = int(env.get("LOCAL_RANK", "0"))
+        self.limit = int(env.get("DP2DDP_VERIFY_STEPS", "0") or 0)
+        self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
+        self.sampler_seed = int(env.get("DP2DDP_VERIFY_SAMPLER_SEED", "0") or 0)
+        base = os.path.join(self.out, "%s-rank%d" % (role, self.rank))
+        self.fd = os.open(base + ".jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.stack_file = open(base + ".stack", "w")
+        self.fatal_file = open(base + ".fatal", "w")
+        self.step = 0
+        self.losses = []  # detached loss tensors back-propagated since the last step
+        self.samples = 0  # samples fetched from DataLoaders since the last step
+        self.pending = []  # (record, cuda tensor, event) waiting for the device
+        self.primary = None  # id of the optimizer whose steps are counted
+        self.optimizers = []  # weak references
+        self.modules = set()  # kinds of modules seen in the first step's forward
+        self.forward_hook = None
+        self.finished = False
+        self.lock = threading.Lock()
+
+    def emit(self, rec):
+        os.write(self.fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+
+
+def activate(role):
+    global _S
+    if _S is not None:
+        return
+    os.environ["DP2DDP_VERIFY_ACTIVE"] = str(os.getpid())
+    _S = _State(role)
+    faulthandler.enable(file=_S.fatal_file, all_threads=True)
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=_S.stack_file, all_threads=True, chain=False)
+    random.seed(_S.seed)
+    _S.emit(
+        {
+            "ev": "start",
+            "t": time.time(),
+            "pid": os.getpid(),
+            "rank": _S.rank,
+            "world": _S.world,
+            "local_rank": _S.local_rank,
+            "argv": list(sys.argv),
+        }
+    )
+    _install_excepthook()
+    atexit.register(_finish, "exit")
+    sys.meta_path.insert(0, _PostImport({"torch": _on_torch, "numpy": _on_numpy}))
+
+
+# --------------------------------------------------------------------------- imports
+
+
+class _PostImport:
+    """Run a callback right after a module (torch, numpy) has been imported by the script."""
+
+    def __init__(self, callbacks):
+        self.callbacks = dict(callbacks)
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.callbacks:
+            return None
+        callback = self.callbacks.pop(name)
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if self.callbacks:
+                sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        real_exec = loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            try:
+                callback(module)
+            except Exception as e:
+                sys.stderr.write("dp2ddp verify: probe could not hook %s: %r\n" % (name, e))
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _on_numpy(np):
+    try:
+        np.random.seed(_S.seed)
+    except Exception:
+        pass
+
+
+def _on_torch(torch):
+    import torch.utils.data
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import dataloader
+
+    _S.emit({"ev": "torch", "t": time.time()})
+    torch.manual_seed(_S.seed)
+    register_optimizer_step_post_hook(_on_step)
+
+    real_backward = torch.autograd.backward
+
+    def backward(tensors, *args, **kwargs):
+        if os.getpid() == _S.pid:
+            t = tensors
+            if isinstance(t, (list, tuple)):
+                t = t[0] if len(t) else None
+            if isinstance(t, torch.Tensor):
+                t = t.detach()
+                if t.numel() != 1:
+                    t = t.float().mean()
+                _S.losses.append(t)
+        return real_backward(tensors, *args, **kwargs)
+
+    backward.__doc__ = real_backward.__doc__
+    torch.autograd.backward = backward
+
+    real_next = dataloader._BaseDataLoaderIter.__next__
+
+    def __next__(self):
+        batch = real_next(self)
+        if os.getpid() == _S.pid:
+            _S.samples += _batch_size(batch, torch.Tensor)
+        return batch
+
+    dataloader._BaseDataLoaderIter.__next__ = __next__
+
+    if _S.role == "original":
+        _patch_random_sampler(torch)
+    else:
+        _patch_distributed_sampler(torch)
+
+    bn = _BatchNorm
+    drop = _DropoutNd
+    wrappers = {"DataParallel": "dp", "DistributedDataParallel": "ddp"}
+
+    def forward_pre_hook(module, args):
+        if os.getpid() != _S.pid:
+            return None
+        if isinstance(module, bn) and module.training and type(module).__name__ != "SyncBatchNorm":
+            _S.modules.add("batchnorm")
+        elif isinstance(module, drop) and module.training and getattr(module, "p", 0) > 0:
+            _S.modules.add("dropout")
+        else:
+            kind = wrappers.get(type(module).__name__)
+            if kind:
+                _S.modules.add(kind)
+        return None
+
+    # Only during the first step (removed by _on_step): a global hook costs on every module call.
+    _S.forward_hook = register_module_forward_pre_hook(forward_pre_hook)
+
+
+def _batch_size(batch, tensor_type, depth=0):
+    if isinstance(batch, tensor_type):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if depth > 3:
+        return 0
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0], tensor_type, depth + 1)
+    if isinstance(batch, dict) and batch:
+        return _batch_size(next(iter(batch.values())), tensor_type, depth + 1)
+    return 0
+
+
+def _patch_random_sampler(torch):
+    from torch.utils.data import RandomSampler
+
+    real_iter = RandomSampler.__iter__
+    seed = _S.sampler_seed
+
+    def __iter__(self):
+        if self.replacement or self._num_samples is not None or os.getpid() != _S.pid:
+            yield from real_iter(self)
+            return
+        epoch = getattr(self, "_dp2ddp_epoch", 0)
+        self._dp2ddp_epoch = epoch + 1
+        n = len(self.data_source)
+        _S.emit({"ev": "sampler", "kind": "random", "id": id(self), "seed": seed, "epoch": epoch, "n": n})
+        # == DistributedSampler(num_replicas=1, rank=0, shuffle=True, seed=seed) at this epoch
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        yield from torch.randperm(n, generator=g).tolist()
+
+    RandomSampler.__iter__ = __iter__
+
+
+def _patch_distributed_sampler(torch):
+    from torch.utils.data.distributed import DistributedSampler
+
+    real_iter = DistributedSampler.__iter__
+
+    def __iter__(self):
+        if os.getpid() == _S.pid:
+            _S.emit(
+                {
+                    "ev": "sampler",
+                    "kind": "distributed",
+                    "id": id(self),
+                    "seed": self.seed,
+                    "epoch": self.epoch,
+                    "shuffle": bool(self.shuffle),
+                    "n": len(self.dataset),
+                    "replicas": self.num_replicas,
+                }
+            )
+        return real_iter(self)
+
+    DistributedSampler.__iter__ = __iter__
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _on_step(optimizer, args, kwargs):
+    s = _S
+    if os.getpid() != s.pid or s.finished:
+        return
+    if s.primary is None:
+        s.primary = id(optimizer)
+    if not any(r() is optimizer for r in s.optimizers):
+        import weakref
+
+        s.optimizers.append(weakref.ref(optimizer))
+    if id(optimizer) != s.primary:
+        return  # a second optimizer (GAN, ...): the primary one counts the steps
+    t = time.time()
+    s.step += 1
+    rec = {"ev": "step", "i": s.step, "t": t, "samples": s.samples, "nbw": len(s.losses)}
+    if s.step == 1:
+        if s.forward_hook is not None:
+            s.forward_hook.remove()
+            s.forward_hook = None
+        rec["modules"] = sorted(s.modules)
+    losses, s.losses, s.samples = s.losses, [], 0
+    _drain(block=False)
+    if not losses:
+        rec["loss"] = None
+        _emit_step(rec)
+    else:
+        import torch
+
+        loss = losses[0] if len(losses) == 1 else torch.stack([x.float() for x in losses]).mean()
+        if loss.device.type == "cpu":
+            rec["loss"] = float(loss)
+            _emit_step(rec)
+        else:  # do not synchronise the device: copy asynchronously, write when it is there
+            host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+            host.copy_(loss, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            s.pending.append((rec, host, ev))
+    if s.limit and s.step >= s.limit:
+        _finish("limit")
+        raise SystemExit(0)
+
+
+def _emit_step(rec):
+    if _S.pending:
+        _S.pending.append((rec, None, None))
+    else:
+        _S.emit(rec)
+
+
+def _drain(block):
+    s = _S
+    while s.pending:
+        rec, host, ev = s.pending[0]
+        if ev is not None:
+            if not block and not ev.query():
+                return
+            ev.synchronize()
+            v = float(host)
+            rec["loss"] = v
+        s.pending.pop(0)
+        s.emit(rec)
+
+
+def _param_digest():
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    count = 0
+    sq = 0.0
+    seen = set()
+    for ref in _S.optimizers:
+        opt = ref()
+        if opt is None:
+            continue
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                t = p.detach().cpu().contiguous().reshape(-1)
+                sq += float(t.double().pow(2).sum()) if t.is_floating_point() else 0.0
+                try:
+                    h.update(t.view(torch.uint8).numpy().tobytes())
+                except Exception:
+                    h.update(repr(t.tolist()).encode())
+                count += 1
+    return {"hash": h.hexdigest() if count else None, "params": count, "norm": sq ** 0.5}
+
+
+def _finish(why):
+    s = _S
+    if s is None or s.finished or os.getpid() != s.pid:
+        return
+    s.finished = True
+    try:
+        _drain(block=True)
+    except Exception:
+        pass
+    rec = {"ev": "end", "t": time.time(), "why": why, "steps": s.step, "modules": sorted(s.modules)}
+    try:
+        rec.update(_param_digest())
+    except Exception as e:
+        rec["digest_error"] = repr(e)
+    s.emit(rec)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _install_excepthook():
+    real = sys.excepthook
+
+    def excepthook(etype, value, tb):
+        try:
+            if os.getpid() == _S.pid:
+                _S.emit(
+                    {
+                        "ev": "error",
+                        "t": time.time(),
+                        "type": etype.__name__,
+                        "message": str(value),
+                        "traceback": "".join(traceback.format_exception(etype, value, tb)),
+                    }
+                )
+        except Exception:
+            pass
+        real(etype, value, tb)
+
+    sys.excepthook = excepthook

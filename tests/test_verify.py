@@ -1,0 +1,180 @@
+"""`dp2ddp verify` end to end: real `python` and `torchrun` runs of the fixtures on CPU."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.verify_helpers import FIXTURES, fixture, marker_env, survivors, verify
+
+pytestmark = pytest.mark.torchrun
+
+
+def test_deterministic_mlp_agrees_to_float_precision(tmp_path):
+    work = tmp_path / "proj"
+    work.mkdir()
+    for name in ("mlp.py", "mlp_ddp.py"):
+        shutil.copy(FIXTURES / name, work / name)
+    before = {p.name: p.read_bytes() for p in work.iterdir()}
+    plot = tmp_path / "curves.png"
+    code, rep, out, _ = verify(
+        tmp_path, str(work / "mlp.py"), "--steps", "16", "--min-speedup", "0", "--plot", str(plot), "--", "--epochs", "3"
+    )
+    assert code == 0, out
+    assert rep["verdict"] == "pass"
+    assert rep["losses_agree"] is True
+    assert rep["steps_compared"] == 16  # 2 epochs of 8 steps: the epoch change is covered
+    assert rep["max_rel_loss_diff"] < 1e-5
+    assert rep["replicas_in_sync"] is True
+    for key in ("original", "migrated"):
+        side = rep[key]
+        assert side["steps"] == 16 and side["exit_code"] == 0
+        assert side["samples_per_s"] > 0 and side["wall_s"] > 0
+    assert isinstance(rep["speedup"], float) and rep["speedup"] > 0
+    assert rep["problems"] == []
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the user's folder is untouched: the scripts' outputs (mlp.pt) went to the scratch folders
+    assert {p.name: p.read_bytes() for p in work.iterdir()} == before
+
+
+def test_missing_set_epoch_is_caught(tmp_path):
+    code, rep, out, _ = verify(
+        tmp_path, fixture("mlp.py"), "--migrated", fixture("mlp_no_set_epoch_ddp.py"), "--steps", "12", "--min-speedup", "0"
+    )
+    assert code == 1, out
+    assert rep["verdict"] == "fail" and rep["losses_agree"] is False
+    text = "\n".join(rep["problems"])
+    assert "losses disagree from step 9" in text  # first step of the second epoch (8 steps per epoch)
+    assert "set_epoch" in text
+
+
+def test_missing_ddp_wrap_leaves_replicas_out_of_sync(tmp_path):
+    code, rep, out, _ = verify(
+        tmp_path, fixture("mlp.py"), "--migrated", fixture("mlp_no_wrap_ddp.py"), "--steps", "6", "--min-speedup", "0"
+    )
+    assert code == 1, out
+    assert rep["replicas_in_sync"] is False
+    assert any("replicas out of sync" in p for p in rep["problems"])
+    assert len(set(rep["replica_hashes"].values())) == 2
+
+
+def test_batchnorm_model_uses_the_tolerance_path(tmp_path):
+    code, rep, out, _ = verify(tmp_path, fixture("bn.py"), "--steps", "24", "--min-speedup", "0")
+    assert code == 0, out
+    assert rep["tolerance"]["kind"] == "stochastic" and "batchnorm" in rep["tolerance"]["why"]
+    assert rep["max_rel_loss_diff"] > 1e-4  # not float-precision agreement: hence the tolerance
+    assert rep["losses_agree"] is True and rep["replicas_in_sync"] is True
+    assert any("BatchNorm" in n for n in rep["notes"])
+
+
+def test_stalled_rank_is_reported_as_a_hang(tmp_path):
+    timeout = 5
+    code, rep, out, _ = verify(tmp_path, fixture("stall.py"), "--steps", "20", "--timeout", str(timeout), "--min-speedup", "0")
+    assert code == 1, out
+    hang = rep["hang"]
+    assert hang["role"] == "migrated" and hang["after_step"] == 2
+    assert hang["detected_after_s"] <= timeout + 30
+    lines = hang["ranks"]
+    assert any(line.startswith("rank 1: stall_ddp.py:39 in <module> (time.sleep") for line in lines), lines
+    assert any(line.startswith("rank 0: stall_ddp.py:42 in <module> (loss.backward") for line in lines), lines
+    assert rep["migrated"]["exit_code"] is None and rep["migrated"]["hung"] is True
+    assert "rank 1: stall_ddp.py:39" in out
+
+
+def test_crashing_rank_shows_its_own_traceback(tmp_path):
+    code, rep, out, _ = verify(tmp_path, fixture("crash.py"), "--steps", "8", "--timeout", "30", "--min-speedup", "0")
+    assert code == 1, out
+    crash = rep["crashes"][0]
+    assert crash["role"] == "migrated" and crash["rank"] == 1 and crash["type"] == "ValueError"
+    assert 'crash_ddp.py", line 39' in crash["traceback"]
+    assert "--- traceback of rank 1" in out and "corrupt batch at step 2 on rank 1" in out
+    assert rep["migrated"]["exit_code"] not in (0, None)
+
+
+def test_unused_parameters_get_find_unused_parameters_advice(tmp_path):
+    code, rep, out, _ = verify(tmp_path, fixture("unused.py"), "--steps", "6", "--timeout", "30", "--min-speedup", "0")
+    assert code == 1, out
+    crash = rep["crashes"][0]
+    assert "Expected to have finished reduction" in crash["traceback"]
+    assert any("find_unused_parameters=True" in a for a in crash["advice"])
+
+
+def test_inference_only_script_is_not_a_pass(tmp_path):
+    code, rep, out, _ = verify(tmp_path, fixture("infer.py"), "--steps", "5", "--min-speedup", "0")
+    assert code == 1, out
+    assert rep["verdict"] == "fail" and rep["steps_compared"] == 0
+    assert any("no optimizer step was observed" in p for p in rep["problems"])
+
+
+def test_ctrl_c_leaves_no_process_behind(tmp_path):
+    env, value = marker_env()
+    work = tmp_path / "scratch"
+    cmd = [sys.executable, "-m", "dp2ddp", "verify", fixture("stall.py"), "--steps", "0", "--timeout", "300", "--workdir", str(work)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        probe = work / "probe" / "migrated-rank0.jsonl"
+        while time.monotonic() < deadline:  # wait until the ranks are training (and rank 1 stalls)
+            if probe.exists() and '"ev":"step"' in probe.read_text():
+                break
+            assert p.poll() is None, p.stdout.read()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the migrated run never started")
+        assert len(survivors(value)) >= 4  # verify, the torchrun agent, two ranks
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out
+    assert "Interrupted" in out
+    time.sleep(0.2)
+    assert survivors(value) == []
+
+
+def test_speedup_decides_its_part_of_the_verdict(tmp_path):
+    """Losses and replicas agree; only --min-speedup then decides. (The speed-up itself is a
+    measurement, not a test: benchmarks/bench_probe.py --speedup shows both fixtures' outcomes.)"""
+    code, rep, out, _ = verify(tmp_path, fixture("slow_data.py"), "--steps", "10", "--warmup", "2", "--min-speedup", "1000")
+    assert rep["losses_agree"] is True and rep["replicas_in_sync"] is True, out
+    assert rep["speedup"] is not None and rep["speedup"] > 0
+    assert code == 1 and rep["verdict"] == "fail"
+    assert [p for p in rep["problems"] if "--min-speedup 1000" in p], rep["problems"]
+    samples = 8 * 32  # steps 3..10 after the warm-up, 32 samples each
+    for side in ("original", "migrated"):
+        assert rep[side]["samples_per_s"] > 0
+    assert rep["steps_compared"] == 10 and samples
+
+
+@pytest.mark.skipif(
+    not (FIXTURES / "auto.py").exists(), reason="fixture missing"
+)
+def test_auto_rewrite_path(tmp_path):
+    """Without --migrated and without auto_ddp.py, verify rewrites the original itself.
+
+    Depends on dp2ddp.migrate.migrate_file (the rewrite issue): expected to pass once the
+    rewrite handles this plain training script."""
+    work = tmp_path / "proj"
+    work.mkdir()
+    shutil.copy(FIXTURES / "auto.py", work / "auto.py")
+    code, rep, out, _ = verify(tmp_path, str(work / "auto.py"), "--steps", "12", "--min-speedup", "0")
+    assert code == 0, out
+    assert rep["losses_agree"] is True and rep["replicas_in_sync"] is True
+    assert "rewritten by dp2ddp" in rep["migrated"]["script"]
+    assert sorted(p.name for p in work.iterdir()) == ["auto.py"]  # the rewrite went to the scratch folder
+
+
+def test_two_nodes_on_loopback_match_the_original(tmp_path):
+    code, rep, out, _ = verify(
+        tmp_path, fixture("mlp.py"), "--nnodes", "2", "--nproc", "1", "--steps", "12", "--min-speedup", "0"
+    )
+    assert code == 0, out
+    assert rep["migrated"]["nnodes"] == 2 and rep["migrated"]["ranks"] == 2
+    assert rep["losses_agree"] is True and rep["max_rel_loss_diff"] < 1e-5
+    assert rep["replicas_in_sync"] is True

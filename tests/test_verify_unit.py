@@ -1,0 +1,103 @@
+"""Fast checks of verify's pieces (no torchrun): stack parsing, advice, throughput, usage errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from dp2ddp.verify import advice, analyze, stacks
+
+DUMP = """Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/x/site-packages/torch/autograd/graph.py", line 841 in _engine_run_backward
+  File "/x/site-packages/torch/autograd/__init__.py", line 364 in backward
+  File "/x/probe/_dp2ddp_verify_probe.py", line 160 in backward
+  File "/x/site-packages/torch/_tensor.py", line 623 in backward
+  File "{script}", line 3 in <module>
+"""
+
+
+def test_hang_location_names_the_user_line_and_the_wait(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = 1\nloss.backward()\n")
+    loc = stacks.locate(0, DUMP.format(script=script), [str(tmp_path)])
+    assert loc.describe() == "rank 0: train.py:3 in <module> (loss.backward → all-reduce of gradients)"
+    plain = stacks.locate(0, DUMP.format(script=script), [str(tmp_path)], distributed=False)
+    assert "autograd backward" in plain.describe()
+
+
+def test_hang_location_without_a_stack():
+    assert stacks.locate(3, "", []).describe().startswith("rank 3: no Python stack")
+
+
+@pytest.mark.parametrize(
+    "text, word",
+    [
+        ("RuntimeError: Expected to have finished reduction in the prior iteration", "find_unused_parameters"),
+        ("RuntimeError: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 0", "set_device"),
+        ("ValueError: sampler option is mutually exclusive with shuffle", "shuffle"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate", "batch_size"),
+        ("RuntimeError: Detected mismatch between collectives on ranks", "TORCH_DISTRIBUTED_DEBUG=DETAIL"),
+    ],
+)
+def test_known_errors_map_to_advice(text, word):
+    assert any(word in a for a in advice.advise(text))
+
+
+def test_unknown_error_gets_no_advice():
+    assert advice.advise("ValueError: corrupt batch") == []
+
+
+def test_throughput_leaves_out_warmup():
+    # 3 slow warm-up steps, then 10 steps of 0.1 s with 32 samples each
+    per = [(1.0, 32, t) for t in (0.0, 1.0, 2.0)] + [(1.0, 32, 2.0 + 0.1 * i) for i in range(1, 11)]
+    sps, rates = analyze.throughput(per, warmup=2)
+    assert sps == pytest.approx(320.0)
+    assert rates[0] is None and rates[-1] == pytest.approx(320.0)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "dp2ddp", "verify", *args], capture_output=True, text=True)
+
+
+def test_missing_script_is_a_usage_error(tmp_path):
+    p = _cli(str(tmp_path / "nope.py"))
+    assert p.returncode == 2 and "no such file" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_missing_migrated_is_a_usage_error(tmp_path):
+    (tmp_path / "a.py").write_text("print(1)\n")
+    p = _cli(str(tmp_path / "a.py"), "--migrated", str(tmp_path / "b.py"))
+    assert p.returncode == 2 and "b.py: no such file" in p.stderr
+
+
+def test_script_without_dataparallel_cannot_be_rewritten(tmp_path):
+    (tmp_path / "a.py").write_text("print(1)\n")
+    p = _cli(str(tmp_path / "a.py"))
+    assert p.returncode == 2 and "nothing to migrate" in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.py"]
+
+
+def test_union_of_distributed_batches_is_the_single_replica_batch():
+    """The premise of the loss alignment, checked on torch itself."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data.distributed import DistributedSampler
+
+    ds, world, per_rank = list(range(96)), 2, 8
+    for epoch in range(3):
+        one = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=5)
+        one.set_epoch(epoch)
+        single = list(one)
+        ranks = []
+        for r in range(world):
+            s = DistributedSampler(ds, num_replicas=world, rank=r, shuffle=True, seed=5)
+            s.set_epoch(epoch)
+            ranks.append(list(s))
+        for k in range(len(ds) // (world * per_rank)):
+            union = sorted(i for idx in ranks for i in idx[k * per_rank : (k + 1) * per_rank])
+            assert union == sorted(single[k * world * per_rank : (k + 1) * world * per_rank])
+    assert torch is not None

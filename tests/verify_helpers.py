@@ -1,0 +1,58 @@
+"""Helpers for the `dp2ddp verify` tests: run the real command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures" / "verify"
+
+
+def marker_env() -> tuple:
+    """An environment with a unique marker every descendant of verify inherits."""
+    value = uuid.uuid4().hex
+    env = dict(os.environ, DP2DDP_TEST_MARKER=value, NO_COLOR="1")
+    return env, value
+
+
+def survivors(value: str) -> list:
+    """Live (non-zombie) processes carrying the marker."""
+    out = []
+    needle = f"DP2DDP_TEST_MARKER={value}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                if needle not in fh.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            out.append(int(name))
+    return out
+
+
+def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
+    """Run `dp2ddp verify ARGS --json ...`; return (exit code, report or None, stdout+stderr, seconds)."""
+    report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
+    env, value = marker_env()
+    cmd = [sys.executable, "-m", "dp2ddp", "verify", "--json", str(report), *args]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - t0
+    assert survivors(value) == [], "processes started by verify survived it"
+    data = json.loads(report.read_text()) if report.exists() else None
+    return p.returncode, data, p.stdout + p.stderr, took
+
+
+def fixture(name: str) -> str:
+    return str(FIXTURES / name)
