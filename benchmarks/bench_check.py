@@ -1,0 +1,81 @@
+"""Benchmark: `dp2ddp check` over torch's installed source tree vs `grep -rl DataParallel`.
+
+    python benchmarks/bench_check.py [--tree DIR] [--repeat N] [--skip-default]
+
+Measured in the same run, best of N wall-clock times:
+  * baseline: `grep -rl DataParallel TREE` (the whole tree, as in the issue), and
+    `grep -rl --include=*.py DataParallel TREE` (only the files check reads);
+  * `dp2ddp check --select DDP001 TREE`: the rule of the `dp2ddp-check` pre-commit hook;
+  * `dp2ddp check TREE`: all default rules (torch's own tree is full of real
+    torch.distributed code, so this one parses far more).
+Targets (issue 4): <= 2 s wall on a 2-core machine and <= 15x grep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+
+def torch_tree(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import torch, os; print(os.path.dirname(torch.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def best(cmd, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t)
+        if proc.returncode not in (0, 1):
+            raise SystemExit(f"{' '.join(cmd)} failed with exit {proc.returncode}")
+    return min(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tree", help="source tree (default: the installed torch package)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter with torch, to find its tree")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-default", action="store_true", help="only the DDP001 (pre-commit hook) run")
+    args = ap.parse_args()
+    tree = args.tree or torch_tree(args.python)
+    n_files = sum(1 for r, _d, fs in os.walk(tree) for f in fs if f.endswith(".py"))
+    check = [sys.executable, "-m", "dp2ddp", "check", "--exit-zero", "-q"]
+
+    # warm the page cache once so that every contender reads from memory
+    subprocess.run(["grep", "-rlq", "zzzz-not-there", tree], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = []
+    grep_all = best(["grep", "-rl", "DataParallel", tree], args.repeat)
+    grep_py = best(["grep", "-rl", "--include=*.py", "DataParallel", tree], args.repeat)
+    rows.append(("grep -rl DataParallel (baseline)", grep_all))
+    rows.append(("grep -rl --include=*.py DataParallel", grep_py))
+    hook = best(check + ["--select", "DDP001", tree], args.repeat)
+    rows.append(("dp2ddp check --select DDP001 (hook)", hook))
+    default = None
+    if not args.skip_default:
+        default = best(check + [tree], 1)
+        rows.append(("dp2ddp check (default rules)", default))
+
+    print(f"tree: {tree} ({n_files} .py files), cpus: {os.cpu_count()}")
+    for name, t in rows:
+        print(f"  {name:<40} {t:8.2f} s   {t / grep_all:6.1f}x grep   {t / grep_py:7.1f}x grep(*.py)")
+    ok = hook <= 2.0 and hook / grep_all <= 15
+    print(f"DDP001 hook run: {'meets' if ok else 'MISSES'} the target (<= 2 s and <= 15x grep)")
+    if default is not None:
+        ok_d = default <= 2.0 and default / grep_all <= 15
+        print(f"default rules:   {'meets' if ok_d else 'MISSES'} the target (<= 2 s and <= 15x grep)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

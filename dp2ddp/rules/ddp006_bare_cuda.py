@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import libcst as cst
+
+from dp2ddp.analysis import Analysis
+from dp2ddp.engine import Finding
+from dp2ddp.rules.base import DDP_CODE, Rule, Tokens, is_ddp_code, positional, string_value, terminal_identifier
+
+SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
+_LOCAL_RANK = re.compile(r"local_rank|LOCAL_RANK|localrank|local_process_index", re.IGNORECASE)
+
+
+class BareCudaDevice(Rule):
+    code = "DDP006"
+    name = "cuda-device-without-local-rank"
+    message = "bare `{what}` in DDP code without `torch.cuda.set_device(local_rank)`: every rank uses GPU 0"
+    what = (
+        "In DDP code that never calls `torch.cuda.set_device` and never reads the local rank, checks for "
+        "`.cuda()` without a device and for the device strings `\"cuda\"` / `\"cuda:0\"`."
+    )
+    why = (
+        "`.cuda()` and `\"cuda\"` mean the *current* device, which is GPU 0 unless the process selected "
+        "another one. Every rank then puts its model and batches on GPU 0: the job runs out of memory on GPU 0 "
+        "or NCCL fails with duplicate GPU errors, while the other GPUs stay idle."
+    )
+    fix_doc = (
+        "Read `local_rank = int(os.environ[\"LOCAL_RANK\"])`, call `torch.cuda.set_device(local_rank)` "
+        "before anything touches CUDA, and use `.to(local_rank)` / `f\"cuda:{local_rank}\"`."
+    )
+    needs = (DDP_CODE, Tokens("cuda"))
+    invalid = (
+        "import torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\nmodel = model.cuda()\n",
+        "import torch\nimport torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\ndevice = torch.device(\"cuda:0\")\n",
+    )
+    valid = (
+        "import os\n\nimport torch\nimport torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\n"
+        "torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"]))\nmodel = model.cuda()\n",
+        "import os\n\nimport torch\nimport torch.distributed as dist\n\nlocal_rank = int(os.environ[\"LOCAL_RANK\"])\n"
+        "dist.init_process_group(\"nccl\")\nmodel = model.to(f\"cuda:{local_rank}\")\n",
+        "import torch\n\nmodel = model.cuda()  # not DDP code\n",
+        "import torch.distributed as dist\n\nif tensor.device.type == \"cuda\":\n    pass\n",
+    )
+
+    def check(self, an: Analysis) -> Iterable[Finding]:
+        if not is_ddp_code(an):
+            return []
+        if an.calls(SET_DEVICE) or _mentions_local_rank(an):
+            return []
+        out = []
+        for call in an.nodes_of(cst.Call):
+            f = call.func
+            if isinstance(f, cst.Attribute) and f.attr.value == "cuda" and not positional(call) and not any(
+                a.keyword is not None and a.keyword.value == "device" for a in call.args
+            ):
+                if an.is_name(f, {"torch.cuda"}):
+                    continue  # the module torch.cuda is not called
+                out.append(self.finding(f.attr, self.message.format(what=".cuda()")))
+        for s in an.nodes_of(cst.SimpleString):
+            v = string_value(s)
+            if v not in ("cuda", "cuda:0"):
+                continue
+            parent = an.parent(s)
+            if isinstance(parent, (cst.Arg, cst.Assign, cst.AnnAssign, cst.IfExp, cst.Param)) or (
+                isinstance(parent, cst.Call)
+            ):
+                out.append(self.finding(s, self.message.format(what=f'"{v}"')))
+        return out
+
+
+def _mentions_local_rank(an: Analysis) -> bool:
+    key = "rules:local-rank"
+    if key not in an.cache:
+        found = False
+        for n in an.nodes_of(cst.Name, cst.Attribute, cst.SimpleString):
+            ident = terminal_identifier(n) if not isinstance(n, cst.SimpleString) else string_value(n)
+            if ident and _LOCAL_RANK.search(ident):
+                found = True
+                break
+        an.cache[key] = found
+    return an.cache[key]

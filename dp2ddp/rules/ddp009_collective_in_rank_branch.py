@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from typing import Iterable, List, Set
+
+import libcst as cst
+
+from dp2ddp.analysis import DDP_NAMES, Analysis
+from dp2ddp.engine import Finding
+from dp2ddp.rules.base import (
+    DDP_CODE,
+    COLLECTIVES,
+    Refs,
+    Rule,
+    Tokens,
+    if_branches,
+    is_ddp_forward,
+    rank_conditionals,
+)
+
+
+class CollectiveInRankBranch(Rule):
+    code = "DDP009"
+    name = "collective-in-rank-conditional"
+    message = "`{what}` inside a block only some ranks enter: the other ranks never join and the job hangs"
+    what = (
+        "Checks for collective calls (`dist.all_reduce`, `dist.barrier`, `dist.broadcast`, `all_gather`, "
+        "`new_group`, ...) and forward passes of a `DistributedDataParallel` model inside an `if` whose test "
+        "depends on the rank (`if rank == 0:`, `if dist.get_rank() == 0:`, `if is_main_process():`). A branch "
+        "is fine when every other branch of the same `if` makes the same collective call."
+    )
+    why = (
+        "A collective completes only when every rank of the group calls it. If only rank 0 enters the block, "
+        "rank 0 waits forever for the others (until the NCCL timeout, 30 minutes by default). A DDP forward "
+        "is a collective too: in training mode it synchronises buffers and prepares the gradient all-reduce, "
+        "so evaluating the wrapped model on rank 0 only hangs or desynchronises the ranks."
+    )
+    fix_doc = (
+        "Call the collective on every rank, outside the `if`; keep only the rank-specific work (printing, "
+        "saving) inside. Evaluate with `model.module(...)` (the unwrapped model) when only one rank runs it."
+    )
+    needs = (DDP_CODE, Refs(COLLECTIVES | set(DDP_NAMES)), Tokens("rank", "master", "main", "primary", "chief", "leader"))
+    invalid = (
+        "import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    save(model)\n    dist.barrier()\n",
+        "import torch.distributed as dist\n\ndef log(loss, rank):\n    if rank == 0:\n        dist.all_reduce(loss)\n"
+        "        print(loss.item())\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(net, device_ids=[rank])\n"
+        "if rank == 0:\n    out = model(batch)\n",
+    )
+    valid = (
+        "import torch.distributed as dist\n\ndist.all_reduce(loss)\nif dist.get_rank() == 0:\n    print(loss.item())\n",
+        "import torch.distributed as dist\n\nif rank == 0:\n    dist.broadcast(t, src=0)\nelse:\n    dist.broadcast(t, src=0)\n",
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(net, device_ids=[rank])\n"
+        "if rank == 0:\n    out = model.module(batch)\n",
+        "import torch.distributed as dist\n\nif world_size > 1:\n    dist.barrier()\n",
+    )
+
+    def check(self, an: Analysis) -> Iterable[Finding]:
+        out: List[Finding] = []
+        collectives = an.calls(COLLECTIVES)
+        for call in collectives:
+            ifs = list(rank_conditionals(an, call))
+            if not ifs:
+                continue
+            names = an.qnames(call.func) & COLLECTIVES
+            short = sorted(n.rsplit(".", 1)[1] for n in names)[0]
+            if all(_other_branches_call(an, node, branch, names) for node, branch in ifs):
+                continue
+            out.append(self.finding(call, self.message.format(what=f"{short}()")))
+        for call in an.nodes_of(cst.Call):
+            if is_ddp_forward(an, call) and next(rank_conditionals(an, call), None) is not None:
+                out.append(self.finding(call, self.message.format(what="DDP forward")))
+        return out
+
+
+def _other_branches_call(an: Analysis, node: cst.If, branch: cst.CSTNode, names: Set[str]) -> bool:
+    """Every branch of the if chain (an implicit empty ``else`` included) calls ``names``."""
+    branches = if_branches(node)
+    chain_has_else = _has_else(node)
+    if not chain_has_else:
+        return False
+    for b in branches:
+        if not any(an.is_name(c.func, names) for c in an.calls_in(b)):
+            return False
+    return True
+
+
+def _has_else(node: cst.If) -> bool:
+    cur = node.orelse
+    while isinstance(cur, cst.If):
+        cur = cur.orelse
+    return cur is not None

@@ -1,0 +1,369 @@
+"""`dp2ddp check` end to end: output formats, exit codes, selection, noqa, config,
+--fix/--diff, --new-only/--since, parallel runs, and that torch is never imported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dp2ddp.cli import main
+
+PY = sys.executable
+ROOT = Path(__file__).resolve().parent.parent
+
+DP_SCRIPT = textwrap.dedent(
+    """\
+    import torch
+    import torch.nn as nn
+
+    model = nn.DataParallel(Net()).cuda()
+    for x in data:
+        loss = model(x)
+    """
+)
+
+DDP_SCRIPT = textwrap.dedent(
+    """\
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist.init_process_group("gloo")
+    loader = DataLoader(ds, shuffle=True, sampler=DistributedSampler(ds))
+    torch.save(model.state_dict(), "m.pt")
+    """
+)
+
+
+def run(args, cwd=None, stdin=None, env=None):
+    """Run the real CLI in a subprocess: (rc, stdout, stderr)."""
+    proc = subprocess.run(
+        [PY, "-m", "dp2ddp", "check", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture
+def proj(tmp_path):
+    (tmp_path / "dp.py").write_text(DP_SCRIPT)
+    (tmp_path / "ddp.py").write_text(DDP_SCRIPT)
+    (tmp_path / "clean.py").write_text("import os\nprint(os.getcwd())\n")
+    return tmp_path
+
+
+def test_text_output_and_exit_codes(proj, capsys):
+    rc = main(["check", str(proj / "dp.py")])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert f"{proj / 'dp.py'}:4:9: DDP001 [*] `DataParallel` is used" in out
+    assert "Found 1 error." in out and "[*] 1 fixable with the `--fix` option." in out
+    assert "\x1b[" not in out  # no colour when stdout is not a terminal
+    assert main(["check", str(proj / "clean.py")]) == 0
+    assert "All checks passed!" in capsys.readouterr().out
+
+
+def test_directory_recursion_and_sorting(proj, capsys):
+    (proj / "sub").mkdir()
+    (proj / "sub" / "more.py").write_text(DP_SCRIPT)
+    rc = main(["check", str(proj)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    lines = [l for l in out.splitlines() if ": DDP" in l]
+    files = [l.split(":")[0] for l in lines]
+    assert files == sorted(files)
+    assert {Path(f).name for f in files} == {"dp.py", "ddp.py", "more.py"}
+    codes = {l.split()[1] for l in lines}
+    assert {"DDP001", "DDP003", "DDP004", "DDP008"} <= codes
+
+
+def test_select_ignore_prefix_all(proj, capsys):
+    assert main(["check", "--select", "DDP003", str(proj)]) == 1
+    out = capsys.readouterr().out
+    assert "DDP003" in out and "DDP001" not in out and "DDP004" not in out
+    assert main(["check", "--select", "ALL", "--ignore", "DDP0", str(proj)]) == 0
+    capsys.readouterr()
+    assert main(["check", "--ignore", "DDP001,DDP003", "--ignore", "DDP004", "--ignore", "DDP008", str(proj)]) == 0
+
+
+def test_unknown_code_is_a_usage_error(proj):
+    rc, out, err = run(["--select", "DDP999", str(proj)])
+    assert rc == 2
+    assert "unknown rule code 'DDP999'" in err and "DDP001" in err and "DDP015" in err
+    assert "Traceback" not in err
+
+
+def test_noqa(tmp_path, capsys):
+    src = DP_SCRIPT.replace("nn.DataParallel(Net()).cuda()", "nn.DataParallel(Net()).cuda()  # noqa: DDP001")
+    (tmp_path / "a.py").write_text(src)
+    (tmp_path / "b.py").write_text(DP_SCRIPT.replace(".cuda()", ".cuda()  # noqa"))
+    (tmp_path / "c.py").write_text(DP_SCRIPT.replace(".cuda()", ".cuda()  # noqa: DDP004"))
+    rc = main(["check", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "a.py" not in out and "b.py" not in out and "c.py:4:9: DDP001" in out
+
+
+def test_syntax_error_is_reported_and_does_not_stop_the_run(proj):
+    (proj / "broken.py").write_text("import torch.nn as nn\nnn.DataParallel(\n")
+    rc, out, err = run([str(proj)])
+    assert rc == 2
+    assert f"{proj / 'broken.py'}:" in out and "syntax error" in out
+    assert "dp.py:4:9: DDP001" in out  # the other files are still checked
+    assert "Traceback" not in out + err
+
+
+def test_missing_path(proj):
+    rc, out, err = run([str(proj / "nope.py"), str(proj / "dp.py")])
+    assert rc == 2
+    assert "nope.py: no such file or directory" in out and "DDP001" in out
+
+
+def test_json_output(proj, capsys):
+    assert main(["check", "--format", "json", str(proj)]) == 1
+    items = json.loads(capsys.readouterr().out)
+    dp = [i for i in items if i["code"] == "DDP001"][0]
+    assert dp["name"] == "data-parallel-usage"
+    assert dp["location"] == {"row": 4, "column": 9} and dp["end_location"]["row"] == 4
+    assert dp["fix"] is not None
+    assert Path(dp["filename"]).name == "dp.py"
+
+
+def test_sarif_output(proj, capsys):
+    assert main(["check", "--format", "sarif", str(proj)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["version"] == "2.1.0" and "sarif-2.1.0" in doc["$schema"]
+    run_ = doc["runs"][0]
+    rules = run_["tool"]["driver"]["rules"]
+    assert {r["id"] for r in rules} >= {"DDP001", "DDP015"}
+    res = run_["results"]
+    assert res and all(rules[r["ruleIndex"]]["id"] == r["ruleId"] for r in res)
+    region = res[0]["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] >= 1 and region["startColumn"] >= 1
+
+
+def test_github_output(proj, capsys):
+    assert main(["check", "--format", "github", str(proj / "dp.py")]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("::warning file=") and ",line=4,col=9," in out[0]
+    assert "title=dp2ddp (DDP001)::" in out[0]
+
+
+def test_statistics_and_exit_zero(proj, capsys):
+    assert main(["check", "--statistics", str(proj)]) == 1
+    out = capsys.readouterr().out
+    assert any(l.split("\t")[1:2] == ["DDP001"] and l.strip().startswith("1") for l in out.splitlines())
+    assert main(["check", "--exit-zero", str(proj)]) == 0
+
+
+def test_fix_dataloader_shuffle_and_diff(tmp_path, capsys):
+    f = tmp_path / "loader.py"
+    src = (
+        "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+        "loader = DataLoader(ds, shuffle=True, sampler=DistributedSampler(ds))\n"
+    )
+    f.write_text(src)
+    # --diff shows and does not write
+    assert main(["check", "--select", "DDP003", "--diff", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "-loader = DataLoader(ds, shuffle=True, sampler=DistributedSampler(ds))" in out
+    assert "+loader = DataLoader(ds, sampler=DistributedSampler(ds))" in out
+    assert f.read_text() == src
+    # --fix writes (exit 1: a file changed), then the file is clean
+    assert main(["check", "--select", "DDP003", "--fix", str(f)]) == 1
+    assert "1 fixed, 0 remaining" in capsys.readouterr().out
+    assert f.read_text() == src.replace("shuffle=True, ", "")
+    assert main(["check", "--select", "DDP003", str(f)]) == 0
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write leaves no temp file
+
+
+def test_fix_data_parallel_runs_the_migration(tmp_path, capsys):
+    """DDP001's fix is the whole DP->DDP migration (dp2ddp.migrate)."""
+    f = tmp_path / "train.py"
+    f.write_text(DP_SCRIPT)
+    rc = main(["check", "--select", "DDP001", "--fix", str(f)])
+    assert rc == 1
+    new = f.read_text()
+    assert "DataParallel(" not in new.replace("DistributedDataParallel(", "")
+    assert "nn.DataParallel" not in new
+    compile(new, str(f), "exec")
+    assert main(["check", "--select", "DDP001", str(f)]) == 0
+
+
+def test_stdin(proj):
+    rc, out, err = run(["-"], stdin=DP_SCRIPT)
+    assert rc == 1 and "<stdin>:4:9: DDP001" in out
+    rc, out, err = run(["--select", "DDP003", "--fix", "-"], stdin=DDP_SCRIPT)
+    assert rc == 1
+    assert "shuffle=True" not in out and "DataLoader(ds, sampler=DistributedSampler(ds))" in out
+    assert "1 fixed" in err
+
+
+def test_pyproject_config(proj, capsys):
+    (proj / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[tool.dp2ddp]\nignore = ["DDP004"]\nextend-select = ["DDP014"]\nexclude = ["sub"]\n'
+    )
+    (proj / "sub").mkdir()
+    (proj / "sub" / "legacy.py").write_text(DP_SCRIPT)
+    rc = main(["check", str(proj)])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "DDP004" not in out and "DDP014" in out and "legacy.py" not in out
+    # an excluded file passed explicitly (as pre-commit does) is skipped too
+    assert main(["check", str(proj / "sub" / "legacy.py")]) == 0
+    capsys.readouterr()
+    assert main(["check", "--no-config", str(proj / "sub" / "legacy.py")]) == 1
+
+
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ('[tool.dp2ddp]\nselect = ["NOPE1"]\n', "unknown rule code 'NOPE1'"),
+        ("[tool.dp2ddp]\nbogus = 1\n", "unknown option 'bogus'"),
+        ("[tool.dp2ddp]\nselect = 3\n", "must be a list of strings"),
+        ("[tool.dp2ddp\n", "invalid TOML"),
+    ],
+)
+def test_bad_config_is_exit_2(proj, body, needle):
+    (proj / "pyproject.toml").write_text(body)
+    rc, out, err = run([str(proj)])
+    assert rc == 2
+    assert "pyproject.toml" in err and needle in err
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- git
+
+
+def git(cwd, *args):
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def repo(tmp_path):
+    git(tmp_path, "init", "-q", "-b", "main")
+    (tmp_path / "legacy.py").write_text(DP_SCRIPT)
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-q", "-m", "legacy")
+    return tmp_path
+
+
+def test_new_only_flags_only_added_lines(repo):
+    legacy = repo / "legacy.py"
+    legacy.write_text(DP_SCRIPT + "print('touched')\n")
+    rc, out, err = run(["--new-only", "legacy.py"], cwd=repo)
+    assert rc == 0, out + err
+    assert "1 more finding on unchanged lines not shown" in out
+    legacy.write_text(DP_SCRIPT + "other = nn.DataParallel(Other())\n")
+    rc, out, err = run(["--new-only", "legacy.py"], cwd=repo)
+    assert rc == 1
+    assert "legacy.py:7:9: DDP001" in out and "legacy.py:4:" not in out
+    # an untracked file is all new
+    (repo / "fresh.py").write_text(DP_SCRIPT)
+    rc, out, err = run(["--new-only", "fresh.py"], cwd=repo)
+    assert rc == 1 and "fresh.py:4:9: DDP001" in out
+    # --no-new-only (what a hook's args can add) flags every occurrence
+    rc, out, err = run(["--new-only", "--no-new-only", "legacy.py"], cwd=repo)
+    assert rc == 1 and "legacy.py:4:9: DDP001" in out
+
+
+def test_since_rev(repo):
+    git(repo, "tag", "base")
+    (repo / "legacy.py").write_text(DP_SCRIPT + "other = nn.DataParallel(Other())\n")
+    git(repo, "commit", "-q", "-am", "more dp")
+    rc, out, err = run(["--since", "base", "."], cwd=repo)
+    assert rc == 1 and "legacy.py:7:9: DDP001" in out and "legacy.py:4:" not in out
+    rc, out, err = run(["--since", "HEAD", "."], cwd=repo)
+    assert rc == 0
+    rc, out, err = run(["--since", "no-such-rev", "."], cwd=repo)
+    assert rc == 2 and "unknown revision 'no-such-rev'" in err
+
+
+def test_new_only_outside_git_is_an_input_error(tmp_path):
+    (tmp_path / "a.py").write_text(DP_SCRIPT)
+    rc, out, err = run(["--new-only", str(tmp_path / "a.py")], cwd=tmp_path, env={"GIT_CEILING_DIRECTORIES": str(tmp_path.parent)})
+    assert rc == 2 and "not inside a git repository" in err
+
+
+# --------------------------------------------------------------------------- parallel, imports
+
+
+def test_parallel_equals_serial(tmp_path):
+    srcs = [DP_SCRIPT, DDP_SCRIPT, "import os\n", "x = 1\n"]
+    for i in range(40):
+        (tmp_path / f"f{i:02d}.py").write_text(srcs[i % len(srcs)])
+    rc1, serial, _ = run(["-j", "1", "--format", "json", str(tmp_path)])
+    rc2, parallel, _ = run(["-j", "2", "--format", "json", str(tmp_path)])
+    assert rc1 == rc2 == 1
+    assert json.loads(serial) == json.loads(parallel)
+    assert len(json.loads(serial)) >= 40
+
+
+def test_check_never_imports_torch(proj):
+    code = (
+        "import sys\n"
+        "from dp2ddp.cli import main\n"
+        f"rc = main(['check', '--select', 'ALL', {str(proj)!r}])\n"
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
+        "print('TORCH', bad)\n"
+        "sys.exit(0 if not bad else 3)\n"
+    )
+    proc = subprocess.run([PY, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "TORCH []" in proc.stdout
+    imported = [l.split("|")[-1].strip() for l in proc.stderr.splitlines() if l.startswith("import time:")]
+    assert "libcst" in imported and "torch" not in imported
+
+
+def test_prefilter_skips_parsing(tmp_path, monkeypatch):
+    """A file that cannot match is never parsed."""
+    import dp2ddp.lint as lint
+    import dp2ddp.source as source
+
+    calls = []
+    real = source.parse
+    monkeypatch.setattr(source, "parse", lambda src: calls.append(src.path) or real(src))
+    from dp2ddp.rules import select_rules
+
+    codes = [r.code for r in select_rules()]
+    # mentions DataParallel only in a docstring: rejected before LibCST
+    lint.lint_bytes(b'"""We used torch.nn.DataParallel."""\nimport torch\n', "doc.py", codes)
+    assert calls == []
+    lint.lint_bytes(DP_SCRIPT.encode(), "dp.py", codes)
+    assert calls == ["dp.py"]
+
+
+def test_color_on_tty_only(proj):
+    import pty
+
+    code = f"from dp2ddp.cli import main; main(['check', {str(proj / 'dp.py')!r}])"
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - child
+        os.execv(PY, [PY, "-c", code])
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    assert b"\x1b[" in b"".join(chunks)

@@ -1,0 +1,137 @@
+"""Every rule's VALID/INVALID examples, every fixture under fixtures/lint, and docs/rules.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from dp2ddp.analysis import Analysis
+from dp2ddp.lint import lint_bytes
+from dp2ddp.prefilter import Prefilter
+from dp2ddp.rules import BY_CODE, BY_NAME, RULES, UnknownCode, select_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures" / "lint"
+
+
+def _run(rule, src: str):
+    an = Analysis.from_module(cst.parse_module(src))
+    return [f for f in rule.check(an) if f.code == rule.code]
+
+
+EXAMPLES = [(r.code, kind, i) for r in RULES for kind in ("invalid", "valid") for i in range(len(getattr(r, kind)))]
+
+
+@pytest.mark.parametrize("code,kind,index", EXAMPLES, ids=[f"{c}-{k}-{i}" for c, k, i in EXAMPLES])
+def test_rule_examples(code, kind, index):
+    rule = BY_CODE[code]
+    src = getattr(rule, kind)[index]
+    findings = _run(rule, src)
+    if kind == "invalid":
+        assert findings, f"{code} misses its INVALID example #{index}:\n{src}"
+        # the pre-filter must let every INVALID example through (it is a necessary condition)
+        assert rule in Prefilter([rule]).candidates(src.encode()), f"pre-filter rejects {code} INVALID #{index}"
+    else:
+        assert not findings, f"{code} flags its VALID example #{index}: {[f.message for f in findings]}\n{src}"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
+def test_rule_metadata(rule):
+    assert rule.code.startswith("DDP0") and len(rule.code) == 6  # DDP1xx belongs to the migration's notes
+    assert rule.name == rule.name.lower() and " " not in rule.name and "_" not in rule.name
+    assert rule.what and rule.why and rule.fix_doc and rule.message
+    assert rule.invalid and rule.valid
+    assert rule.needs, "a rule without needs defeats the pre-filter"
+
+
+def test_codes_and_names_unique():
+    assert len({r.code for r in RULES}) == len(RULES)
+    assert len({r.name for r in RULES}) == len(RULES)
+
+
+def test_selection():
+    default = {r.code for r in select_rules()}
+    assert "DDP013" not in default and "DDP014" not in default and "DDP001" in default
+    assert {r.code for r in select_rules(["ALL"])} == {r.code for r in RULES}
+    assert {r.code for r in select_rules(["DDP00"])} == {f"DDP00{i}" for i in range(1, 10)}
+    assert {r.code for r in select_rules(["ALL"], ignore=["DDP01"])} == {f"DDP00{i}" for i in range(1, 10)}
+    assert {r.code for r in select_rules(["DDP001,DDP003"])} == {"DDP001", "DDP003"}
+    # a more specific select beats a broader ignore
+    assert {r.code for r in select_rules(["DDP001"], ignore=["DDP"])} == {"DDP001"}
+    with pytest.raises(UnknownCode) as e:
+        select_rules(["DDP999"])
+    assert "DDP001" in str(e.value)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+CASES = sorted(
+    p for p in FIXTURES.glob("*/*.py") if not p.name.endswith(".in.py") and not p.name.endswith(".out.py")
+)
+FIX_CASES = sorted(FIXTURES.glob("*/*.in.py"))
+
+
+def _rule_of(path: Path):
+    return BY_NAME[path.parent.name]
+
+
+def _render(diags) -> str:
+    return "".join(
+        f"{Path(d.path).name}:{d.line}:{d.col}: {d.code}{' [*]' if d.fixable else ''} {d.message}\n" for d in diags
+    )
+
+
+@pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.name}" for p in CASES])
+def test_fixture(path: Path, regen: bool):
+    rule = _rule_of(path)
+    data = path.read_bytes()
+    result = lint_bytes(data, str(path), [rule.code])
+    assert result.error is None, result.error
+    # the pre-filter is a necessary condition: it never hides a finding the rule makes
+    if _run(rule, data.decode()):
+        assert rule in Prefilter([rule]).candidates(data)
+    got = _render(result.diagnostics)
+    golden = path.with_suffix(".txt")
+    if regen:
+        golden.write_text(got)
+    assert golden.exists(), f"missing {golden}; run pytest --regen"
+    assert got == golden.read_text()
+
+
+@pytest.mark.parametrize("path", FIX_CASES, ids=[f"{p.parent.name}/{p.name}" for p in FIX_CASES])
+def test_fix_fixture(path: Path, regen: bool):
+    rule = _rule_of(path)
+    data = path.read_bytes()
+    before = lint_bytes(data, str(path), [rule.code])
+    assert any(d.fixable for d in before.diagnostics), "a fix case must have something to fix"
+    result = lint_bytes(data, str(path), [rule.code], fix=True)
+    assert result.error is None, result.error
+    assert result.output is not None and result.output != data
+    compile(result.output, str(path), "exec")
+    # fixed means fixed: no fixable finding of the rule is left
+    assert not [d for d in result.diagnostics if d.fixable]
+    golden = path.with_name(path.name[: -len(".in.py")] + ".out.py")
+    if regen:
+        golden.write_bytes(result.output)
+    assert golden.exists(), f"missing {golden}; run pytest --regen"
+    assert result.output == golden.read_bytes()
+
+
+def test_every_rule_has_a_fixture():
+    covered = {p.parent.name for p in CASES}
+    assert covered >= {r.name for r in RULES}
+
+
+# --------------------------------------------------------------------------- docs
+
+
+def test_docs_rules_md_is_up_to_date():
+    from dp2ddp.rules.docs import render
+
+    text = render()
+    for r in RULES:
+        assert f"## {r.code}: {r.name}" in text
+        assert r.invalid[0].strip() in text
+    assert (ROOT / "docs" / "rules.md").read_text() == text, "regenerate: python -m dp2ddp.rules.docs > docs/rules.md"
