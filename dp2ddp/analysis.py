@@ -64,10 +64,9 @@ class Analysis:
         self.wrapper = wrapper
         self.path = path
         self.module: cst.Module = wrapper.module
-        meta = wrapper.resolve_many([QualifiedNameProvider, ScopeProvider, PositionProvider])
+        meta = wrapper.resolve_many([QualifiedNameProvider, ScopeProvider])
         self._qnames = meta[QualifiedNameProvider]
         self._scopes = meta[ScopeProvider]
-        self._positions = meta[PositionProvider]
         self.cache: Dict[str, object] = {}  # for transforms to share derived facts
         self._by_type: Dict[tuple, List[cst.CSTNode]] = {}
 
@@ -173,6 +172,11 @@ class Analysis:
         while p is not None:
             yield p
             p = self.parent(p)
+
+    @cached_property
+    def _positions(self):
+        # only resolved when a position is really asked for (a finding is reported)
+        return self.wrapper.resolve(PositionProvider)
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
         pos = _unlazy(self._positions[node]).start

@@ -94,12 +94,74 @@ def plan_migration(an: Analysis, options: Optional[Options] = None) -> Migration
     return Migration(findings=findings, fix=fix, blocked=blocked, applicable=True)
 
 
+# What any transform looks at. A module-level function or class whose source has none of
+# these (and calls no function that is kept) cannot take part in the migration; it is
+# replaced by a stub while the module is analysed, which is what makes LibCST's scope
+# analysis affordable on large scripts, and put back untouched afterwards.
+_RELEVANT = re.compile(
+    r"DataParallel|[Dd]istributed|init_process_group|spawn|DataLoader|Dataset|[Ss]ampler|[Ll]oader"
+    r"|save|print|mkdir|makedirs|copy|cuda|CUDA|gpu|device|environ|isinstance|issubclass|parameters"
+    r"|epoch|\bfor\b[^\n]*\bin\s+(?!range\()"
+)
+
+
+def _prune(module: cst.Module):
+    """``(pruned_module, {stub: original}, line_shift)`` — see ``_RELEVANT``."""
+    texts = {}
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            texts[stmt] = module.code_for_node(stmt)
+    keep = {stmt for stmt, text in texts.items() if _RELEVANT.search(text)}
+    changed = True
+    while changed:  # keep callers of kept functions, so call graphs stay whole
+        changed = False
+        kept_names = [s.name.value for s in keep]
+        pattern = re.compile(r"\b(?:%s)\s*\(" % "|".join(map(re.escape, kept_names))) if kept_names else None
+        for stmt, text in texts.items():
+            if stmt not in keep and pattern is not None and pattern.search(text):
+                keep.add(stmt)
+                changed = True
+    stubs = {}
+    body = []
+    for stmt in module.body:
+        if stmt in texts and stmt not in keep:
+            stub = stmt.with_changes(body=cst.IndentedBlock([cst.SimpleStatementLine([cst.Expr(cst.Ellipsis())])]))
+            stubs[stub] = stmt
+            body.append(stub)
+        else:
+            body.append(stmt)
+    if not stubs:
+        return module, {}, None
+    pruned = module.with_changes(body=body)
+    return pruned, stubs, _line_shift(module, pruned, stubs, texts)
+
+
+def _line_shift(module, pruned, stubs, texts):
+    """Lines a stub hides, per top-level statement of the pruned module that follows it."""
+    shift, acc = {}, 0
+    for stmt in pruned.body:
+        shift[stmt] = acc
+        if stmt in stubs:
+            acc += texts[stubs[stmt]].count("\n") - pruned.code_for_node(stmt).count("\n")
+    return shift
+
+
 def migrate_module(module: cst.Module, path: str = "<string>", options: Optional[Options] = None):
     """Return ``(new_module, migration)``; ``new_module is module`` when nothing changed."""
-    an = Analysis.from_module(module, path)
+    pruned, stubs, shift = _prune(module)
+    an = Analysis.from_module(pruned, path)
     migration = plan_migration(an, options)
+    if shift:
+        for f in migration.findings:
+            top = f.node
+            while top is not None and an.parent(top) is not pruned:
+                top = an.parent(top)
+            f.line += shift.get(top, 0)
     if migration.fix:
-        return apply_edits(an.wrapper, migration.fix.edits, an.ancestors), migration
+        new = apply_edits(an.wrapper, migration.fix.edits, an.ancestors)
+        if stubs:
+            new = new.with_changes(body=[stubs.get(s, s) for s in new.body])
+        return new, migration
     return module, migration
 
 
