@@ -1,0 +1,42 @@
+# dp2ddp developer entry points. Both `make demo` and `make test` set up their own
+# virtual environment (.venv) on a fresh machine: torch is pinned through
+# constraints.txt (2.13.0, the CPU build available here) for our setup and CI only.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.dp2ddp-installed
+DEMO   ?= demo-out
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench docs clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+# Rewrite the bundled DataParallel example, train the result under torchrun on
+# CPU (2 ranks, gloo), then verify it against the original and draw the plot.
+demo: $(STAMP)
+	rm -rf $(DEMO) && mkdir -p $(DEMO)
+	cp examples/train_cifar_dp.py $(DEMO)/train.py
+	$(PY) -m dp2ddp rewrite $(DEMO)/train.py
+	cd $(DEMO) && OMP_NUM_THREADS=1 ../$(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_ddp.py --epochs 2
+	$(PY) -m dp2ddp verify $(DEMO)/train.py --steps 30 --min-speedup 0 --plot $(DEMO)/verify.png --json $(DEMO)/verify.json
+	@echo "demo: migrated script $(DEMO)/train_ddp.py, report $(DEMO)/verify.json, plot $(DEMO)/verify.png"
+
+# The whole test suite (what CI runs).
+test: $(STAMP)
+	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_rewrite.py
+	$(PY) benchmarks/bench_check.py
+	$(PY) benchmarks/bench_probe.py
+
+docs: $(STAMP)
+	$(PY) -m dp2ddp.rules.docs > docs/rules.md
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache
