@@ -150,7 +150,7 @@ def _launch(dest: str) -> dict:
     return {
         "gpu": f"torchrun --standalone --nproc_per_node=gpu {dest}",
         "cpu": f"torchrun --standalone --nproc_per_node=2 {dest}",
-        "multi_node": f"dp2ddp template torchrun {dest} --nodes N",
+        "multi_node": f"dp2ddp template torchrun {dest} --nodes N --gpus-per-node G",
     }
 
 
@@ -179,6 +179,7 @@ def _print_summary(report, show_diff: bool, err: bool) -> None:
             echo(f"    torchrun --standalone --nproc_per_node=gpu {dest}    # one process per GPU (NCCL)")
             echo(f"    torchrun --standalone --nproc_per_node=2 {dest}      # on CPU (gloo)")
             echo(f"    python {dest}                                        # a world of one")
-            echo(f"  several machines: dp2ddp template torchrun|slurm|k8s {dest} --nodes N")
+            echo(f"  several machines, SLURM or Kubernetes: dp2ddp template torchrun|slurm|k8s {dest} --nodes N --gpus-per-node G")
+            echo('  (see "Scaling out" in the README)')
     if len(report) > 1:
         echo(f"{migrated} of {len(report)} file(s) migrated")
