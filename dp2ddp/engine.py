@@ -228,11 +228,13 @@ def apply_edits(
     wrapper: MetadataWrapper,
     edits: Sequence[Edit],
     ancestors: Optional[Callable[[cst.CSTNode], Iterable[cst.CSTNode]]] = None,
+    before_imports: Optional[Callable[[cst.Module], cst.Module]] = None,
 ) -> cst.Module:
     """Apply ``edits`` (against ``wrapper.module``) and return the new module.
 
     ``ancestors`` (e.g. ``Analysis.ancestors``) lets the engine walk only the paths
-    that lead to edited nodes instead of the whole tree."""
+    that lead to edited nodes instead of the whole tree. ``before_imports`` sees the
+    tree after the statement edits and before the import visitors, which may copy it."""
     tree_edits = [e for e in edits if not isinstance(e, (AddImport, RemoveImportIfUnused))]
     module = wrapper.module
     if tree_edits:
@@ -247,6 +249,8 @@ def apply_edits(
                             break
                         on_path.add(a)
         module = module.visit(_Applier(tree_edits, on_path))
+    if before_imports is not None:
+        module = before_imports(module)
     adds = [e for e in edits if isinstance(e, AddImport)]
     removes = [e for e in edits if isinstance(e, RemoveImportIfUnused)]
     if adds or removes:

@@ -158,10 +158,11 @@ def migrate_module(module: cst.Module, path: str = "<string>", options: Optional
                 top = an.parent(top)
             f.line += shift.get(top, 0)
     if migration.fix:
-        new = apply_edits(an.wrapper, migration.fix.edits, an.ancestors)
-        if stubs:
-            new = new.with_changes(body=[stubs.get(s, s) for s in new.body])
-        return new, migration
+        def restore(tree: cst.Module) -> cst.Module:
+            # by identity, before the import visitors (which copy the tree) run
+            return tree.with_changes(body=[stubs.get(s, s) for s in tree.body]) if stubs else tree
+
+        return apply_edits(an.wrapper, migration.fix.edits, an.ancestors, before_imports=restore), migration
     return module, migration
 
 

@@ -8,6 +8,7 @@ the fixture folder). Cases named ``noop_<why>`` must come out unchanged.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ REWRITE_DIRS = {
 }
 CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 RUNNABLE = [p for p in CASES if not p.name.startswith("noop_")]
+TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def _id(p: Path) -> str:
@@ -89,6 +91,11 @@ def test_fixture_output_trains(case: Path, tmp_path: Path) -> None:
     expected_out = case.with_name(case.name.replace(".in.py", ".out.py"))
     script = copy_to(expected_out, tmp_path / "torchrun")
     r = run_torchrun(script, script.parent)
+    if r.returncode != 0 and TEARDOWN_ABORT in r.stdout:
+        # Seen 3 times in one CI run on a saturated 2-core machine, never reproduced in
+        # 100+ runs since: a gloo thread aborts while the process exits. One retry, loudly.
+        warnings.warn(f"{_id(case)}: rank aborted at exit ({TEARDOWN_ABORT!r}); retrying once")
+        r = run_torchrun(script, script.parent)
     assert r.returncode == 0, r.stdout[-4000:]
     script = copy_to(expected_out, tmp_path / "python")
     r = run_python(script, script.parent)
