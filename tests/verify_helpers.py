@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,9 @@ def survivors(value: str) -> list:
     return out
 
 
+TEARDOWN_ABORT = ("terminate called without an active exception", "Fatal Python error: Aborted")
+
+
 def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
     """Run `dp2ddp verify ARGS --json ...`; return (exit code, report or None, stdout+stderr, seconds)."""
     report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
@@ -50,6 +54,14 @@ def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
     p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
     took = time.monotonic() - t0
     assert survivors(value) == [], "processes started by verify survived it"
+    if p.returncode == 1 and any(sign in p.stdout + p.stderr for sign in TEARDOWN_ABORT):
+        # A gloo thread aborting while a rank's interpreter shuts down, seen only on a
+        # saturated 2-core machine (see tests/test_rewrite_fixtures.py). One retry, loudly.
+        warnings.warn(f"verify {' '.join(args)}: a rank aborted at exit; retrying once")
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+        took = time.monotonic() - t0
+        assert survivors(value) == [], "processes started by verify survived it"
     data = json.loads(report.read_text()) if report.exists() else None
     return p.returncode, data, p.stdout + p.stderr, took
 
