@@ -152,14 +152,8 @@ def test_speedup_decides_its_part_of_the_verdict(tmp_path):
     assert rep["steps_compared"] == 10 and samples
 
 
-@pytest.mark.skipif(
-    not (FIXTURES / "auto.py").exists(), reason="fixture missing"
-)
 def test_auto_rewrite_path(tmp_path):
-    """Without --migrated and without auto_ddp.py, verify rewrites the original itself.
-
-    Depends on dp2ddp.migrate.migrate_file (the rewrite issue): expected to pass once the
-    rewrite handles this plain training script."""
+    """Without --migrated and without auto_ddp.py, verify rewrites the original itself."""
     work = tmp_path / "proj"
     work.mkdir()
     shutil.copy(FIXTURES / "auto.py", work / "auto.py")
@@ -168,6 +162,18 @@ def test_auto_rewrite_path(tmp_path):
     assert rep["losses_agree"] is True and rep["replicas_in_sync"] is True
     assert "rewritten by dp2ddp" in rep["migrated"]["script"]
     assert sorted(p.name for p in work.iterdir()) == ["auto.py"]  # the rewrite went to the scratch folder
+
+
+def test_bundled_example_with_an_evaluation_loader_passes(tmp_path):
+    """The `make demo` script: its test loader (under no_grad) stays whole on every rank
+    after the rewrite, which must not count as training samples."""
+    work = tmp_path / "demo"
+    work.mkdir()
+    shutil.copy(FIXTURES.parent.parent / "examples" / "train_cifar_dp.py", work / "train.py")
+    code, rep, out, _ = verify(tmp_path, str(work / "train.py"), "--steps", "12", "--min-speedup", "0")
+    assert code == 0, out
+    assert rep["losses_agree"] is True and rep["replicas_in_sync"] is True
+    assert rep["steps_compared"] >= 9  # crosses the end of the first epoch (8 steps) and its evaluation
 
 
 def test_two_nodes_on_loopback_match_the_original(tmp_path):

@@ -165,7 +165,10 @@ def _on_torch(torch):
 
     def __next__(self):
         batch = real_next(self)
-        if os.getpid() == _S.pid:
+        # Training batches only: evaluation loops run under torch.no_grad(), and the
+        # migration keeps evaluation loaders whole on every rank, so counting them would
+        # make the migrated run's global batch look larger than the original's.
+        if os.getpid() == _S.pid and torch.is_grad_enabled():
             _S.samples += _batch_size(batch, torch.Tensor)
         return batch
 
