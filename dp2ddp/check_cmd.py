@@ -51,6 +51,14 @@ def _codes_option(name: str, help_: str):
 @click.option("--show-rules", is_flag=True, help="List the rules (code, name, default, fixable) and exit.")
 @click.option("--no-config", is_flag=True, help="Ignore [tool.dp2ddp] in pyproject.toml.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
+@click.option(
+    "--cache-dir",
+    envvar="DP2DDP_CACHE_DIR",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where to keep the result cache (env DP2DDP_CACHE_DIR; default: .dp2ddp_cache in the project root).",
+)
+@click.option("--no-cache", is_flag=True, envvar="DP2DDP_NO_CACHE", help="Neither read nor write the result cache.")
 def check(
     paths: Tuple[str, ...],
     codes_select: Tuple[str, ...],
@@ -67,6 +75,8 @@ def check(
     show_rules: bool,
     no_config: bool,
     jobs: Optional[int],
+    cache_dir: Optional[str],
+    no_cache: bool,
 ) -> int:
     """Lint PATH... (files or directories; `-` for stdin) for DataParallel usage and common
     DistributedDataParallel mistakes.
@@ -149,7 +159,10 @@ def check(
                 data=stdin_data if f == "-" else None,
             )
         )
-    results = lint.run_jobs(jobs_list, processes=jobs) if codes else [lint.FileResult(f) for f in files]
+    cache = None
+    if codes and jobs_list and not no_cache:
+        cache = lint.ResultCache(cache_dir or os.path.join(cfg.root, lint.CACHE_DIR_NAME), codes)
+    results = lint.run_jobs(jobs_list, processes=jobs, cache=cache) if codes else [lint.FileResult(f) for f in files]
     results.extend(lint.FileResult(m, error=f"{m}: no such file or directory") for m in missing)
 
     # ---- output

@@ -45,6 +45,9 @@ class FileResult:
     output: Optional[bytes] = None  # new contents when fixes changed the file
     hidden: int = 0  # findings dropped because they are on unchanged lines (--new-only)
     original: Optional[bytes] = None  # kept for --diff
+    cached: bool = False  # the findings came from the result cache
+    # for the result cache: (content digest, every finding of that content, before --new-only)
+    store: Optional[Tuple[str, List[Diagnostic]]] = None
 
 
 @dataclass
@@ -108,7 +111,39 @@ def lint_job(job: Job) -> FileResult:
             return FileResult(job.path, error=str(e))
     else:
         data = job.data
-    return lint_bytes(data, job.path, job.codes, lines=job.lines, fix=job.fix, write=job.write)
+    cache = _CACHE
+    digest = None
+    if cache is not None:
+        digest = content_digest(data)
+        hit = cache.get(digest)
+        # cached findings carry no fix: a file with something to fix is analysed again
+        if hit is not None and not (job.fix and any(d[7] for d in hit)):
+            return _from_cache(job.path, digest, hit, job.lines)
+    result = lint_bytes(data, job.path, job.codes, lines=job.lines, fix=job.fix, write=job.write)
+    if cache is None and result.store is not None:
+        result.store = None
+    elif result.store is not None and result.store[0] is None:
+        result.store = (digest, result.store[1])
+    return result
+
+
+def _from_cache(path: str, digest: str, entry: List[tuple], lines: Optional[Set[int]]) -> FileResult:
+    display = "<stdin>" if path == "-" else path
+    kept, hidden = _only_lines([Diagnostic(display, *t) for t in entry], lines)
+    result = FileResult(path, diagnostics=kept, hidden=hidden, cached=True)
+    result.store = (digest, None)  # seen: keeps the entry alive, nothing new to store
+    return result
+
+
+def _only_lines(diags: List[Diagnostic], lines: Optional[Set[int]], findings=None):
+    """The diagnostics (and their findings) on ``lines``; with the number dropped."""
+    if lines is None:
+        return (diags, 0) if findings is None else (diags, findings, 0)
+    keep = [i for i, d in enumerate(diags) if d.line in lines]
+    hidden = len(diags) - len(keep)
+    if findings is None:
+        return [diags[i] for i in keep], hidden
+    return [diags[i] for i in keep], [findings[i] for i in keep], hidden
 
 
 def lint_bytes(
@@ -119,19 +154,22 @@ def lint_bytes(
     fix: bool = False,
     write: bool = False,
 ) -> FileResult:
+    """Lint one file's bytes. ``result.store`` holds what the result cache may keep for
+    this content: every finding before ``lines`` filtered them (``None``: nothing)."""
     codes = tuple(codes)
     rules = _prefilter(codes).candidates(data)
     result = FileResult(path)
     if not rules:
+        result.store = (None, [])
         return result
     result.parsed = True
-    diags, fixes, error = _check(data, path, rules, lines)
+    everything, findings, an, error = _check(data, path, rules)
     if error:
         result.error = error
         return result
-    if fix and fixes is not None:
-        an, findings = fixes
-        _apply_fixes(result, data, path, an, findings, rules, lines)
+    diags, findings, hidden = _only_lines(everything, lines, findings)
+    if fix:
+        _apply_fixes(result, data, path, codes, an, findings, lines)
         if result.output is not None:
             result.original = data
             if write and path != "-":
@@ -139,12 +177,16 @@ def lint_bytes(
 
                 atomic_write(path, result.output)
             return result
-    result.diagnostics, result.hidden = diags
+        if result.error:
+            return result
+    result.diagnostics, result.hidden = diags, hidden
+    result.store = (None, everything)
     return result
 
 
-def _check(data: bytes, path: str, rules: Sequence[Rule], lines: Optional[Set[int]]):
-    """Returns ((diagnostics, hidden), (analysis, kept findings), error)."""
+def _check(data: bytes, path: str, rules: Sequence[Rule]):
+    """(diagnostics, their findings, analysis, error): every finding of ``rules`` that no
+    ``# noqa`` suppresses."""
     import libcst as cst
     from libcst.metadata import PositionProvider
 
@@ -156,26 +198,23 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], lines: Optional[Set[in
     try:
         module = parse(Source(path, data))
     except InputError as e:
-        return ([], 0), None, str(e)
+        return [], [], None, str(e)
     an = Analysis.from_module(module, display)
     findings = []
     for rule in rules:
         try:
             findings.extend(rule.check(an))
         except RecursionError:
-            return ([], 0), None, f"{display}: internal error in {rule.code}: file too deeply nested"
+            return [], [], None, f"{display}: internal error in {rule.code}: file too deeply nested"
         except Exception as e:  # a bug in a rule must not stop the run; say which
-            return ([], 0), None, f"{display}: internal error in {rule.code} ({type(e).__name__}: {e})"
+            return [], [], None, f"{display}: internal error in {rule.code} ({type(e).__name__}: {e})"
     findings = locate(an.wrapper, findings)
     text_lines = module.code.splitlines()
     positions = an.wrapper.resolve(PositionProvider)
-    kept, out, hidden = [], [], 0
+    kept, out = [], []
     for f in findings:
         line_text = text_lines[f.line - 1] if 0 < f.line <= len(text_lines) else ""
         if "noqa" in line_text and suppressed(f.code, line_text):
-            continue
-        if lines is not None and f.line not in lines:
-            hidden += 1
             continue
         kept.append(f)
         end_line, end_col = f.line, f.col
@@ -198,10 +237,10 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], lines: Optional[Set[in
                 severity=f.severity,
             )
         )
-    return (out, hidden), (an, kept), None
+    return out, kept, an, None
 
 
-def _apply_fixes(result: FileResult, data: bytes, path: str, an, findings, rules, lines) -> None:
+def _apply_fixes(result: FileResult, data: bytes, path: str, codes, an, findings, lines) -> None:
     import libcst as cst
 
     from dp2ddp.engine import apply_edits, collect_edits
@@ -222,11 +261,18 @@ def _apply_fixes(result: FileResult, data: bytes, path: str, an, findings, rules
         return
     result.output = new
     result.fixed = len(fixable)
-    # what is left after the fix, on the new text
-    (diags, hidden), _, error = _check(new, path, rules, None if lines is None else _shifted(data, new, lines))
-    result.diagnostics, result.hidden = diags, hidden
+    # what is left after the fix: exactly what checking the new text reports (the fix may
+    # add code that other rules look at, e.g. the DataParallel migration adds DDP code)
+    rules = _prefilter(tuple(codes)).candidates(new)
+    everything, error = [], None
+    if rules:
+        everything, _findings, _an, error = _check(new, path, rules)
     if error:
         result.error = error
+        return
+    kept_lines = None if lines is None else _shifted(data, new, lines)
+    result.diagnostics, result.hidden = _only_lines(everything, kept_lines)
+    result.store = (content_digest(new), everything)
 
 
 def _shifted(old: bytes, new: bytes, lines: Set[int]) -> Set[int]:
@@ -242,11 +288,191 @@ def _shifted(old: bytes, new: bytes, lines: Set[int]) -> Set[int]:
     return out
 
 
+# ---------------------------------------------------------------------------- result cache
+#
+# Like ruff's: the findings of a file are stored under the digest of its bytes, in one
+# file per "settings key" (dp2ddp version and sources, Python and LibCST versions, the
+# selected rules). Only the parent process writes, once at the end of a run, through a
+# temporary file and a rename; it merges with what another run may have written
+# meanwhile. Anything unreadable, truncated or of the wrong shape counts as a miss.
+
+CACHE_DIR_NAME = ".dp2ddp_cache"
+_MAX_AGE_DAYS = 30  # entries not seen for that long are dropped when the cache is written
+_CACHE: "Optional[ResultCache]" = None  # the cache the current run_jobs consults
+
+
+def content_digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _code_fingerprint() -> str:
+    """dp2ddp's version plus the size and mtime of its sources: an edited rule (editable
+    install) invalidates the cache like a new release does."""
+    import dp2ddp
+
+    root = os.path.dirname(os.path.abspath(dp2ddp.__file__))
+    parts = [dp2ddp.__version__]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", "templates", "verify"))
+        for f in sorted(filenames):
+            if f.endswith(".py"):
+                try:
+                    st = os.stat(os.path.join(dirpath, f))
+                except OSError:
+                    continue
+                parts.append(f"{os.path.relpath(os.path.join(dirpath, f), root)}:{st.st_size}:{st.st_mtime_ns}")
+    return "\n".join(parts)
+
+
+def settings_key(codes: Sequence[str]) -> str:
+    """Everything besides a file's bytes that its findings depend on."""
+    import hashlib
+    import platform
+
+    try:
+        import libcst
+
+        libcst_version = getattr(libcst, "__version__", "") or libcst.__name__
+    except Exception:  # pragma: no cover
+        libcst_version = "?"
+    material = "\0".join(
+        [
+            _code_fingerprint(),
+            platform.python_implementation(),
+            sys.version,
+            libcst_version,
+            ",".join(sorted(codes)),
+        ]
+    )
+    return hashlib.sha256(material.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def _valid_entry(value) -> Optional[List[tuple]]:
+    """A stored entry as a list of diagnostic tuples (no path); ``None`` if malformed."""
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[0], int) or not isinstance(value[1], list):
+        return None
+    out = []
+    for d in value[1]:
+        if not (isinstance(d, list) and len(d) == 9):
+            return None
+        line, col, end_line, end_col, code, name, message, fixable, severity = d
+        if not all(type(x) is int for x in (line, col, end_line, end_col)):
+            return None
+        if not all(isinstance(x, str) for x in (code, name, message, severity)) or not isinstance(fixable, bool):
+            return None
+        out.append((line, col, end_line, end_col, code, name, message, fixable, severity))
+    return out
+
+
+class ResultCache:
+    """Findings per file content, for one settings key, stored in ``directory``."""
+
+    def __init__(self, directory: str, codes: Sequence[str]) -> None:
+        import dp2ddp
+
+        self.directory = os.path.abspath(directory)
+        self.key = settings_key(codes)
+        self.path = os.path.join(self.directory, dp2ddp.__version__, f"check-{self.key}.json")
+        self.today = int(__import__("time").time() // 86400)
+        self.raw: Dict[str, list] = self._read()
+        self._valid: Dict[str, Optional[List[tuple]]] = {}
+
+    def _read(self) -> Dict[str, list]:
+        import json
+
+        try:
+            with open(self.path, "rb") as fh:
+                doc = json.loads(fh.read())
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            return {}  # no cache yet, or a damaged one: start afresh
+        if not isinstance(doc, dict) or doc.get("key") != self.key or not isinstance(doc.get("files"), dict):
+            return {}
+        return doc["files"]
+
+    def get(self, digest: str) -> Optional[List[tuple]]:
+        if digest not in self._valid:
+            self._valid[digest] = _valid_entry(self.raw.get(digest))
+        return self._valid[digest]
+
+    def save(self, results: Iterable[FileResult]) -> None:
+        """Store the new entries of ``results`` (and refresh the ones they used).
+        Never raises: a cache that cannot be written is just not written."""
+        import json
+        import tempfile
+
+        new: Dict[str, list] = {}
+        seen: Set[str] = set()
+        for r in results:
+            if r.store is None or r.store[0] is None:
+                continue
+            digest, diags = r.store
+            if diags is None:
+                entry = self.raw.get(digest)
+                if isinstance(entry, list) and entry and entry[0] != self.today:
+                    seen.add(digest)
+                continue
+            new[digest] = [self.today, [[d.line, d.col, d.end_line, d.end_col, d.code, d.name, d.message, d.fixable, d.severity] for d in diags]]
+        if not new and not seen:
+            return
+        try:
+            current = self._read()  # what another run may have stored meanwhile
+            merged = {**self.raw, **current}
+            for digest in seen:
+                if isinstance(merged.get(digest), list) and merged[digest]:
+                    merged[digest] = [self.today, merged[digest][1]] if len(merged[digest]) == 2 else merged[digest]
+            merged.update(new)
+            oldest = self.today - _MAX_AGE_DAYS
+            files = {k: v for k, v in merged.items() if isinstance(v, list) and v and isinstance(v[0], int) and v[0] >= oldest}
+            ensure_cache_dir(self.directory)
+            folder = os.path.dirname(self.path)
+            os.makedirs(folder, exist_ok=True)
+            data = json.dumps({"key": self.key, "files": files}, separators=(",", ":")).encode()
+            fd, tmp = tempfile.mkstemp(prefix=".check-", suffix=".tmp", dir=folder)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, self.path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError:
+            pass
+
+
+def ensure_cache_dir(directory: str) -> None:
+    """Create the cache folder with ruff's markers: a ``.gitignore`` that ignores the whole
+    folder (so it is never committed) and a ``CACHEDIR.TAG`` for backup tools."""
+    os.makedirs(directory, exist_ok=True)
+    gitignore = os.path.join(directory, ".gitignore")
+    if not os.path.exists(gitignore):
+        from dp2ddp.source import atomic_write
+
+        atomic_write(gitignore, b"# Automatically created by dp2ddp.\n*\n")
+    tag = os.path.join(directory, "CACHEDIR.TAG")
+    if not os.path.exists(tag):
+        from dp2ddp.source import atomic_write
+
+        atomic_write(
+            tag,
+            b"Signature: 8a477f597d28d172789f06886806bc55\n"
+            b"# This file is a cache directory tag created by dp2ddp.\n"
+            b"# For information about cache directory tags see https://bford.info/cachedir/\n",
+        )
+
+
 # ---------------------------------------------------------------------------- many files
 
 
-def _worker_init(parent: int) -> None:
+def _worker_init(parent: int, cache: "Optional[ResultCache]" = None) -> None:
     import signal
+
+    global _CACHE
+    _CACHE = cache  # already there after fork; pickled once per worker with spawn
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and reaps us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -262,8 +488,22 @@ def _worker_init(parent: int) -> None:
         os._exit(1)
 
 
-def run_jobs(jobs: List[Job], processes: Optional[int] = None) -> List[FileResult]:
-    """Lint all jobs; in a process pool when there are enough files for it to pay."""
+def run_jobs(jobs: List[Job], processes: Optional[int] = None, cache: Optional[ResultCache] = None) -> List[FileResult]:
+    """Lint all jobs; in a process pool when there are enough files for it to pay. With
+    ``cache``, files whose content is in it are not analysed, and the new results are
+    stored when all jobs are done."""
+    global _CACHE
+    _CACHE = cache
+    try:
+        results = _run_jobs(jobs, processes, cache)
+    finally:
+        _CACHE = None
+    if cache is not None:
+        cache.save(results)
+    return results
+
+
+def _run_jobs(jobs: List[Job], processes: Optional[int], cache: Optional[ResultCache]) -> List[FileResult]:
     if processes is None:
         processes = min(os.cpu_count() or 1, 8)
     if processes <= 1 or len(jobs) < 16 or any(j.data is not None for j in jobs):
@@ -280,7 +520,7 @@ def run_jobs(jobs: List[Job], processes: Optional[int] = None) -> List[FileResul
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, _on_term) if _main_thread() else None
-    pool = ctx.Pool(processes, initializer=_worker_init, initargs=(os.getpid(),))
+    pool = ctx.Pool(processes, initializer=_worker_init, initargs=(os.getpid(), cache))
     try:
         chunk = max(1, min(16, len(jobs) // (processes * 16)))
         results = pool.map(lint_job, jobs, chunksize=chunk)

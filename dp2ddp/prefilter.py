@@ -11,10 +11,13 @@ run only on what the previous one let through:
    (``import torch`` + ``.save``, ``from torch import save as s``, ...), found by a
    conservative scan of the import statements: whatever it misreads adds bindings,
    never removes them;
-3. names: Python's own (C) parser lists every dotted name the module can refer to,
-   through every import of every scope — a superset of what LibCST's
+3. names and shapes: Python's own (C) parser lists every dotted name the module can
+   refer to, through every import of every scope — a superset of what LibCST's
    ``QualifiedNameProvider`` resolves — so a name that only occurs in a docstring or a
-   comment no longer counts. Roughly ten times cheaper than the LibCST analysis it saves.
+   comment no longer counts; the same ``ast`` answers the rules' ``Shape`` needs
+   (e.g. "an ``if`` on the rank contains a collective call"), which are written as
+   supersets of what the rules report. Roughly ten times cheaper than the LibCST
+   analysis it saves.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from dp2ddp.rules.base import Refs, Rule, Tokens
+from dp2ddp.rules.base import Refs, Rule, Shape, Tokens
 
 _FROM = re.compile(
     rb"from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]*(\((?:[^)#]|#[^\n]*)*\)|[^\n;#]*(?:\\\r?\n[^\n;#]*)*)"
@@ -148,8 +151,10 @@ def _may_refer(data: bytes, bindings: Set[Tuple[bytes, bytes]], need: Refs, memo
 class NameFacts:
     """Every dotted name a module can refer to, from Python's ``ast`` (tier 3)."""
 
-    def __init__(self, tree: ast.AST, heads: Set[str]) -> None:
-        """``heads``: first components of the names asked about later (``torch``)."""
+    def __init__(self, tree: ast.AST, heads: Set[str], index: bool = False) -> None:
+        """``heads``: first components of the names asked about later (``torch``);
+        ``index``: also sort the nodes by type for the rules' shapes (:class:`AstIndex`)."""
+        by_type: Dict[type, List[ast.AST]] = {}
         bindings: Dict[str, Set[str]] = {}
         stars: Set[str] = set()
         names: Set[str] = set()  # used names
@@ -159,6 +164,12 @@ class NameFacts:
         imported: Set[str] = set()  # names of import statements
         chains: List[Tuple[str, Tuple[str, ...]]] = []
         for node in ast.walk(tree):
+            if index:
+                t = type(node)
+                if t in by_type:
+                    by_type[t].append(node)
+                else:
+                    by_type[t] = [node]
             if isinstance(node, ast.Call):
                 if isinstance(node.func, ast.Name) and node.func.id in _TYPE_CHECKS:
                     _mark(node, in_typecheck)
@@ -211,6 +222,7 @@ class NameFacts:
                 for a in attrs:
                     q = f"{q}.{a}"
                     pool.add(q)
+        self.index = AstIndex(tree, self, by_type) if index else None
         self.names = names
         self.typecheck_names = typecheck_names
         self.imported = imported
@@ -238,6 +250,24 @@ class NameFacts:
 _TYPE_CHECKS = frozenset({"isinstance", "issubclass"})
 
 
+class AstIndex:
+    """What a ``Shape`` test sees: the module's ``ast`` (``tree``), its nodes by type
+    (``of(ast.Call, ...)``) and the module's :class:`NameFacts` (``refers(Refs(...))``)."""
+
+    def __init__(self, tree: ast.AST, facts: "NameFacts", by_type: Dict[type, List[ast.AST]]) -> None:
+        self.tree = tree
+        self.facts = facts
+        self._by_type = by_type
+
+    def of(self, *types: type) -> List[ast.AST]:
+        if len(types) == 1:
+            return self._by_type.get(types[0], [])
+        return [n for t in types for n in self._by_type.get(t, [])]
+
+    def refers(self, need: Refs) -> bool:
+        return self.facts.refers(need)
+
+
 def _mark(call: ast.Call, out: Set[int]) -> None:
     """Ids of the nodes in ``call``'s arguments whose nearest enclosing call is ``call``
     (the same test the DataParallel rule makes on the LibCST tree)."""
@@ -251,19 +281,19 @@ def _mark(call: ast.Call, out: Set[int]) -> None:
 
 
 def _tokens(need) -> Tuple[bytes, ...]:
-    if isinstance(need, Tokens):
+    if isinstance(need, (Tokens, Shape)):
         return need.alternatives
     if isinstance(need, Refs):
         return tuple(sorted({n.rsplit(".", 1)[-1].encode() for n in need.names}))
     raise TypeError(need)
 
 
-def name_facts(data: bytes, heads: Set[str]) -> Optional[NameFacts]:
+def name_facts(data: bytes, heads: Set[str], index: bool = False) -> Optional[NameFacts]:
     try:
         tree = ast.parse(data)
+        return NameFacts(tree, heads, index)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None  # let LibCST parse it and report the error
-    return NameFacts(tree, heads)
 
 
 # Byte strings that several tokens contain: when a guard is absent, so are they.
@@ -291,7 +321,7 @@ class Prefilter:
                         token_hit[t] = False
         for rule, needs in self._needs:
             ok = True
-            for toks, _need in needs:
+            for toks, need in needs:
                 hit = False
                 for t in toks:
                     h = token_hit.get(t)
@@ -300,6 +330,11 @@ class Prefilter:
                     if h:
                         hit = True
                         break
+                if hit and isinstance(need, Shape) and need.pattern is not None:
+                    h = token_hit.get(need.pattern)
+                    if h is None:
+                        h = token_hit[need.pattern] = need.pattern.search(data) is not None
+                    hit = h
                 if not hit:
                     ok = False
                     break
@@ -324,22 +359,31 @@ class Prefilter:
                         break
             if ok:
                 tier2.append((rule, needs))
-        if not use_ast or not any(isinstance(n, Refs) for _r, needs in tier2 for _t, n in needs):
+        if not use_ast or not any(isinstance(n, (Refs, Shape)) for _r, needs in tier2 for _t, n in needs):
             return [r for r, _ in tier2]
-        facts = name_facts(data, self._heads) if tier2 else None
+        shapes = any(isinstance(n, Shape) for _r, needs in tier2 for _t, n in needs)
+        facts = name_facts(data, self._heads, index=shapes) if tier2 else None
         if facts is None:
             return [r for r, _ in tier2]
         exact: Dict[object, bool] = {}
         out = []
+        # names before shapes: a shape is the dearer test
         for rule, needs in tier2:
             ok = True
-            for _toks, need in needs:
-                if isinstance(need, Refs):
+            for _toks, need in sorted(needs, key=lambda n: isinstance(n[1], Shape)):
+                if isinstance(need, (Refs, Shape)):
                     if need not in exact:
-                        exact[need] = facts.refers(need)
+                        exact[need] = facts.refers(need) if isinstance(need, Refs) else _shape_holds(need, facts.index)
                     if not exact[need]:
                         ok = False
                         break
             if ok:
                 out.append(rule)
         return out
+
+
+def _shape_holds(shape: Shape, index: AstIndex) -> bool:
+    try:
+        return bool(shape.test(index))
+    except Exception:
+        return True  # cannot tell (or a bug in the shape): let LibCST decide

@@ -367,3 +367,145 @@ def test_color_on_tty_only(proj):
         chunks.append(data)
     os.waitpid(pid, 0)
     assert b"\x1b[" in b"".join(chunks)
+
+
+# --------------------------------------------------------------------------- result cache
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """Every test gets its own cache folder (never the checkout's .dp2ddp_cache)."""
+    monkeypatch.setenv("DP2DDP_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.delenv("DP2DDP_NO_CACHE", raising=False)
+
+
+def _cache_files(cache: Path):
+    return sorted(p for p in cache.rglob("check-*.json"))
+
+
+def _many(tmp_path, n=20):
+    srcs = [DP_SCRIPT, DDP_SCRIPT, "import os\n", "x = 1\n", "import torch.nn as nn\nnn.DataParallel(\n"]
+    for i in range(n):
+        (tmp_path / f"f{i:02d}.py").write_text(srcs[i % len(srcs)])
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "sarif", "github"])
+def test_cached_and_uncached_output_is_identical(tmp_path, fmt):
+    src = tmp_path / "src"
+    src.mkdir()
+    _many(src)
+    cache = tmp_path / "cache"
+    args = ["--format", fmt, str(src)]
+    rc0, uncached, _ = run(["--no-cache", *args])
+    assert not cache.exists()
+    rc1, cold, _ = run(["--cache-dir", str(cache), *args])
+    assert _cache_files(cache), "the cold run fills the cache"
+    before = {p: p.read_bytes() for p in _cache_files(cache)}
+    rc2, warm, _ = run(["--cache-dir", str(cache), *args])
+    assert rc0 == rc1 == rc2 == 2  # the syntax errors are reported, from the cache or not
+    assert uncached == cold == warm
+    assert {p: p.read_bytes() for p in _cache_files(cache)} == before  # nothing new to write
+
+
+def test_cache_is_used_and_keyed_by_content_and_rules(tmp_path, monkeypatch):
+    """A warm run does not analyse cached files; a changed file or a different rule
+    selection is a miss."""
+    import dp2ddp.lint as lint
+    from dp2ddp.rules import select_rules
+
+    (tmp_path / "dp.py").write_text(DP_SCRIPT)
+    codes = tuple(r.code for r in select_rules())
+    jobs = lambda: [lint.Job(str(tmp_path / "dp.py"), codes)]  # noqa: E731
+    cache_dir = tmp_path / "c"
+    first = lint.run_jobs(jobs(), processes=1, cache=lint.ResultCache(str(cache_dir), codes))
+    assert not first[0].cached and first[0].diagnostics
+    calls = []
+    real = lint.lint_bytes
+    monkeypatch.setattr(lint, "lint_bytes", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    second = lint.run_jobs(jobs(), processes=1, cache=lint.ResultCache(str(cache_dir), codes))
+    assert calls == [] and second[0].cached and second[0].diagnostics == first[0].diagnostics
+    # another selection: another key
+    lint.run_jobs([lint.Job(str(tmp_path / "dp.py"), ("DDP001",))], processes=1, cache=lint.ResultCache(str(cache_dir), ("DDP001",)))
+    assert calls == [str(tmp_path / "dp.py")]
+    # changed content: a miss
+    (tmp_path / "dp.py").write_text(DP_SCRIPT + "# changed\n")
+    lint.run_jobs(jobs(), processes=1, cache=lint.ResultCache(str(cache_dir), codes))
+    assert len(calls) == 2
+
+
+def test_cache_dir_default_gitignore_and_options(tmp_path, monkeypatch):
+    (tmp_path / "dp.py").write_text(DP_SCRIPT)
+    monkeypatch.delenv("DP2DDP_CACHE_DIR")
+    rc, out, _ = run([str(tmp_path / "dp.py")], cwd=tmp_path, env={"DP2DDP_CACHE_DIR": ""})
+    assert rc == 1
+    default = tmp_path / ".dp2ddp_cache"
+    assert (default / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert (default / "CACHEDIR.TAG").exists() and _cache_files(default)
+    # git ignores the whole folder
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert "dp.py" in status and ".dp2ddp_cache" not in status
+    # --no-cache and DP2DDP_NO_CACHE write nothing; DP2DDP_CACHE_DIR moves it
+    other = tmp_path / "other"
+    assert run(["--no-cache", str(tmp_path / "dp.py")], env={"DP2DDP_CACHE_DIR": str(other)})[0] == 1
+    assert run([str(tmp_path / "dp.py")], env={"DP2DDP_CACHE_DIR": str(other), "DP2DDP_NO_CACHE": "1"})[0] == 1
+    assert not other.exists()
+    assert run([str(tmp_path / "dp.py")], env={"DP2DDP_CACHE_DIR": str(other)})[0] == 1
+    assert _cache_files(other)
+
+
+@pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"key": 1}', b"[]", None])
+def test_corrupted_cache_is_ignored(tmp_path, garbage):
+    src = tmp_path / "src"
+    src.mkdir()
+    _many(src)
+    cache = tmp_path / "cache"
+    rc0, expected, _ = run(["--no-cache", "--format", "json", str(src)])
+    run(["--cache-dir", str(cache), str(src)])
+    for f in _cache_files(cache):
+        if garbage is None:  # well-formed JSON, wrong entries
+            doc = json.loads(f.read_text())
+            for k in doc["files"]:
+                doc["files"][k] = [doc["files"][k][0], [["x"] * 9]] if doc["files"][k][1] else "junk"
+            f.write_text(json.dumps(doc))
+        else:
+            f.write_bytes(garbage)
+    rc, got, err = run(["--cache-dir", str(cache), "--format", "json", str(src)])
+    assert (rc, got) == (rc0, expected) and "Traceback" not in err
+    rc, got, err = run(["--cache-dir", str(cache), "--format", "json", str(src)])  # repaired
+    assert (rc, got) == (rc0, expected)
+
+
+def test_fix_and_diff_work_from_a_warm_cache(tmp_path):
+    src = tmp_path / "train.py"
+    src.write_text("from torch.utils.data import DataLoader, DistributedSampler\n\nloader = DataLoader(ds, shuffle=True, sampler=DistributedSampler(ds))\n")
+    assert run(["--select", "DDP003", str(src)])[0] == 1  # fills the cache
+    rc, diff, _ = run(["--select", "DDP003", "--diff", str(src)])
+    assert rc == 1 and "-loader = DataLoader(ds, shuffle=True, sampler" in diff
+    rc, out, _ = run(["--select", "DDP003", "--fix", str(src)])
+    assert rc == 1 and "shuffle=True" not in src.read_text()
+    rc, out, _ = run(["--select", "DDP003", str(src)])
+    assert rc == 0 and "All checks passed!" in out
+
+
+def test_cache_survives_the_process_pool_and_new_only(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _many(src, 40)
+    cache = tmp_path / "cache"
+    r1 = run(["-j", "2", "--cache-dir", str(cache), "--format", "json", str(src)])
+    r2 = run(["-j", "2", "--cache-dir", str(cache), "--format", "json", str(src)])
+    r3 = run(["-j", "1", "--no-cache", "--format", "json", str(src)])
+    assert r1[:2] == r2[:2] == r3[:2]
+    assert len(_cache_files(cache)) == 1
+    # one entry per distinct content; the file that does not parse is never cached
+    assert len(json.loads(_cache_files(cache)[0].read_text())["files"]) == 4
+
+
+def test_new_only_from_a_warm_cache(repo):
+    legacy = repo / "legacy.py"
+    legacy.write_text(DP_SCRIPT + "other = nn.DataParallel(Other())\n")
+    expected = run(["--no-cache", "--new-only", "legacy.py"], cwd=repo)
+    assert expected[0] == 1
+    run(["legacy.py"], cwd=repo)  # all lines, fills the cache
+    assert run(["--new-only", "legacy.py"], cwd=repo) == expected

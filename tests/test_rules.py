@@ -135,3 +135,50 @@ def test_docs_rules_md_is_up_to_date():
         assert f"## {r.code}: {r.name}" in text
         assert r.invalid[0].strip() in text
     assert (ROOT / "docs" / "rules.md").read_text() == text, "regenerate: python -m dp2ddp.rules.docs > docs/rules.md"
+
+
+# --------------------------------------------------------------------------- pre-filter soundness
+
+ALL_SOURCES = [src for r in RULES for kind in ("invalid", "valid") for src in getattr(r, kind)] + [
+    p.read_text() for p in CASES + FIX_CASES
+]
+
+# spellings the pre-filter's byte patterns and ast shapes must not miss
+TRICKY = [
+    ("DDP006", "import torch.distributed as dist\nmodel = model.cuda(*args)\n"),
+    ("DDP006", "import torch.distributed as dist\nmodel = (model  # c\n    .cuda  # c\n    ())\n"),
+    ("DDP006", "import torch\nimport torch.distributed as dist\ndevice = torch.device(\"\\x63uda\")\n"),
+    ("DDP006", "import torch\nimport torch.distributed as dist\nx = t.to(device='cuda:0')\n"),
+    ("DDP006", "import torch.distributed as dist\ndef f(device=\"cuda\"):\n    pass\n"),
+    ("DDP009", "import torch.distributed as dist\nfrom torch.distributed import barrier as b\nif rank == 0:\n    b()\n"),
+    ("DDP009", "import torch.distributed as dist\nif x:\n    pass\nelif dist.get_rank() == 0:\n    for i in y:\n        dist.all_reduce(t)\n"),
+    ("DDP009", "import torch.distributed as dist\nif (\n    is_main_process()\n    and x[1:2]\n):\n    dist.barrier()\n"),
+    ("DDP010", "import torch.distributed as dist\nif n_gpu > 1:\n    loss = loss.mean(\n    )\n"),
+    ("DDP015", "import torch.distributed as dist\nimport torch.nn as nn\nc = nn.MSELoss(reduction = 'sum')\n"),
+    ("DDP003", "from torch.utils.data import DataLoader\nl = DataLoader(ds, shuffle = (True), batch_sampler=s)\n"),
+    ("DDP011", "import torch.distributed as dist\np.add_argument('--local-rank', type=int)\n"),
+]
+
+
+@pytest.mark.parametrize("code,src", TRICKY, ids=[f"{c}-{i}" for i, (c, _s) in enumerate(TRICKY)])
+def test_prefilter_lets_tricky_spellings_through(code, src):
+    rule = BY_CODE[code]
+    assert _run(rule, src), f"{code} should flag:\n{src}"
+    assert rule in Prefilter([rule]).candidates(src.encode())
+    assert rule in Prefilter(RULES).candidates(src.encode())
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
+def test_prefilter_is_sound_on_every_example_and_fixture(rule):
+    """Every rule over every example and fixture of every rule: when it finds something,
+    the pre-filter (alone or with all rules) lets the file through."""
+    both = Prefilter(RULES)
+    alone = Prefilter([rule])
+    for src in ALL_SOURCES:
+        try:
+            findings = _run(rule, src)
+        except cst.ParserSyntaxError:
+            continue
+        if findings:
+            assert rule in alone.candidates(src.encode()), src
+            assert rule in both.candidates(src.encode()), src

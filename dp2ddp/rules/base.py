@@ -15,7 +15,15 @@ is satisfied when *any* of its alternatives is present:
 * ``Tokens("a", "b")``: one of these byte strings occurs in the file;
 * ``Refs(names, prefix=False)``: the file may refer to one of these qualified names
   (checked against the file's imports, so ``from torch.nn import DataParallel as DP``
-  counts and a local variable called ``DataParallel`` does not).
+  counts and a local variable called ``DataParallel`` does not);
+* ``Shape(test, tokens)``: a structural condition on the file's Python ``ast``
+  (``test(index)`` with an :class:`dp2ddp.prefilter.AstIndex`), e.g. "an ``if`` on the
+  rank contains a collective call"; ``tokens`` are byte strings one of which the file
+  must contain (checked first, cheaply), and ``pattern`` a byte regex that must match
+  (also tier 1; write it so that comments and line continuations cannot hide a match —
+  see ``GAP``). Python's ``ast`` differs from LibCST's tree
+  (concatenated strings are joined, ``True`` is a constant): a shape must accept
+  everything the rule's ``check`` could report on, so write it as a superset.
 
 The requirements must be *necessary* conditions of the rule's ``check``: the pre-filter
 may let through a file that then has no finding, never the reverse.
@@ -23,9 +31,10 @@ may let through a file that then has no finding, never the reverse.
 
 from __future__ import annotations
 
+import ast as _ast
 import re
 from dataclasses import dataclass
-from typing import ClassVar, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, ClassVar, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 import libcst as cst
 
@@ -60,7 +69,24 @@ class Refs:
         object.__setattr__(self, "type_checks", type_checks)
 
 
-Need = object  # Tokens | Refs
+@dataclass(frozen=True)
+class Shape:
+    test: Callable[..., bool]  # (AstIndex) -> bool
+    alternatives: Tuple[bytes, ...]
+    pattern: Optional["re.Pattern[bytes]"] = None  # must also match the bytes (tier 1)
+
+    def __init__(self, test: Callable[..., bool], *alternatives: str, pattern: Optional[bytes] = None) -> None:
+        object.__setattr__(self, "test", test)
+        object.__setattr__(self, "alternatives", tuple(a.encode() for a in alternatives))
+        object.__setattr__(self, "pattern", re.compile(pattern) if pattern is not None else None)
+
+
+# between tokens: blanks, line continuations, comments (for byte patterns of Shapes)
+# (a comment runs to the end of its line: one way to match, so no backtracking blow-up)
+GAP = rb"(?:[ \t\r\n\f\\]|#[^\n]*(?![^\n]))*"
+
+
+Need = object  # Tokens | Refs | Shape
 
 # "DDP code": the module refers to torch.distributed.* or DistributedDataParallel.
 DIST_PREFIX = "torch.distributed"
@@ -401,3 +427,65 @@ def is_ddp_forward(an: Analysis, call: cst.Call) -> bool:
         return False
     wrapped = ddp_wrapped(an)
     return _var_key(an, call, name) in wrapped or (an.module, name) in wrapped
+
+
+# --------------------------------------------------------------------------- shapes (pre-filter)
+# Helpers for ``Shape`` tests. They look at Python's ``ast`` and must over-approximate
+# what the LibCST-based ``check`` methods find.
+
+RANK_WORD = _RANK_WORD
+
+
+def ast_terminal(node) -> Optional[str]:
+    if isinstance(node, _ast.Name):
+        return node.id
+    if isinstance(node, _ast.Attribute):
+        return node.attr
+    if isinstance(node, _ast.Call):
+        return ast_terminal(node.func)
+    return None
+
+
+def ast_words(expr) -> Iterator[str]:
+    """Every identifier and string constant in ``expr``: names, attributes, keyword
+    argument names, string literals (what LibCST's ``terminal_identifier`` can return)."""
+    for n in _ast.walk(expr):
+        if isinstance(n, _ast.Name):
+            yield n.id
+        elif isinstance(n, _ast.Attribute):
+            yield n.attr
+        elif isinstance(n, _ast.keyword) and n.arg:
+            yield n.arg
+        elif isinstance(n, _ast.Constant) and isinstance(n.value, str):
+            yield n.value
+
+
+def ast_kwarg(call, name: str):
+    for k in call.keywords:
+        if k.arg == name:
+            return k
+    return None
+
+
+def ast_walk_branch(stmts) -> Iterator:
+    """Nodes of ``stmts`` without entering functions, classes and lambdas (the LibCST
+    rules stop at those when they look for an enclosing ``if``)."""
+    todo = list(stmts)
+    while todo:
+        n = todo.pop()
+        yield n
+        for c in _ast.iter_child_nodes(n):
+            if not isinstance(c, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)):
+                todo.append(c)
+
+
+def import_aliases(index, names: Iterable[str]) -> Set[str]:
+    """Local names that ``from m import name as alias`` binds for the given short names
+    (the names themselves included)."""
+    names = set(names)
+    out = set(names)
+    for imp in index.of(_ast.ImportFrom):
+        for a in imp.names:
+            if a.name in names and a.asname:
+                out.add(a.asname)
+    return out

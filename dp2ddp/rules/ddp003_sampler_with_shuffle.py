@@ -6,7 +6,9 @@ import libcst as cst
 
 from dp2ddp.analysis import DATALOADER_NAMES, Analysis
 from dp2ddp.engine import Finding, Fix, Replace
-from dp2ddp.rules.base import Refs, Rule, Tokens, is_true, kwarg
+import ast
+
+from dp2ddp.rules.base import GAP, Refs, Rule, Shape, Tokens, ast_kwarg, is_true, kwarg
 
 
 class SamplerWithShuffle(Rule):
@@ -21,7 +23,11 @@ class SamplerWithShuffle(Rule):
     )
     fix_doc = "Remove `shuffle=True`; pass `shuffle=` to the sampler instead if needed."
     fixable = True
-    needs = (Refs(DATALOADER_NAMES), Tokens("shuffle"))
+    needs = (
+        Refs(DATALOADER_NAMES),
+        Tokens("sampler"),
+        Shape(lambda ix: _shape(ix), "shuffle", pattern=rb"\bshuffle" + GAP + rb"=" + rb"(?:[ \t\r\n\f\\(]|#[^\n]*)*" + rb"True\b"),
+    )
     invalid = (
         "from torch.utils.data import DataLoader\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
         "loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n",
@@ -45,6 +51,18 @@ class SamplerWithShuffle(Rule):
             fix = Fix([Replace(call, _drop_kwarg("shuffle"))], description="remove shuffle=True")
             out.append(self.finding(shuffle, fix=fix))
         return out
+
+
+def _shape(ix) -> bool:
+    """Pre-filter: some call has ``shuffle=True`` and a ``sampler=``/``batch_sampler=`` other than ``None``."""
+    for call in ix.of(ast.Call):
+        shuffle = ast_kwarg(call, "shuffle")
+        if shuffle is None or not (isinstance(shuffle.value, ast.Constant) and shuffle.value.value is True):
+            continue
+        sampler = ast_kwarg(call, "sampler") or ast_kwarg(call, "batch_sampler")
+        if sampler is not None and not (isinstance(sampler.value, ast.Constant) and sampler.value.value is None):
+            return True
+    return False
 
 
 def _drop_kwarg(name: str):

@@ -7,7 +7,9 @@ import libcst as cst
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Rule, Tokens, is_ddp_code, positional, string_value, terminal_identifier
+import ast
+
+from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, Tokens, is_ddp_code, positional, string_value, terminal_identifier
 
 SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
 _LOCAL_RANK = re.compile(r"local_rank|LOCAL_RANK|localrank|local_process_index", re.IGNORECASE)
@@ -30,7 +32,16 @@ class BareCudaDevice(Rule):
         "Read `local_rank = int(os.environ[\"LOCAL_RANK\"])`, call `torch.cuda.set_device(local_rank)` "
         "before anything touches CUDA, and use `.to(local_rank)` / `f\"cuda:{local_rank}\"`."
     )
-    needs = (DDP_CODE, Tokens("cuda"))
+    needs = (
+        DDP_CODE,
+        # `.cuda(`, or a literal "cuda" / "cuda:0" (or one that escapes could spell so)
+        Shape(
+            lambda ix: _shape(ix),
+            "cuda",
+            "\\",
+            pattern=rb"\." + GAP + rb"cuda" + GAP + rb"\(|(?:[\"']cuda(?::0)?[\"'])|[\"'][^\"'\n]{0,12}\\(?:[xuUN0-7]|\r?\n)",
+        ),
+    )
     invalid = (
         "import torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\nmodel = model.cuda()\n",
         "import torch\nimport torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\ndevice = torch.device(\"cuda:0\")\n",
@@ -68,6 +79,51 @@ class BareCudaDevice(Rule):
             ):
                 out.append(self.finding(s, self.message.format(what=f'"{v}"')))
         return out
+
+
+def _shape(ix) -> bool:
+    """Pre-filter: a ``.cuda()`` call without a device, or a string with ``cuda`` in it, and
+    no name or attribute spelled like the local rank (then the rule never reports)."""
+    for n in ix.of(ast.Name):
+        if _LOCAL_RANK.search(n.id):
+            return False
+    for n in ix.of(ast.Attribute):
+        if _LOCAL_RANK.search(n.attr):
+            return False
+    for call in ix.of(ast.Call):
+        f = call.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "cuda"
+            and not any(not isinstance(a, ast.Starred) for a in call.args)
+            and not any(k.arg == "device" for k in call.keywords)
+        ):
+            return True
+    # a "cuda" / "cuda:0" literal where the rule looks (an argument, an assigned value, a
+    # conditional expression, a parameter default); the rule never reports a part of an
+    # implicitly concatenated string, which ast joins into one constant
+    for call in ix.of(ast.Call):
+        if _is_cuda_literal(call.func):
+            return True
+        for a in call.args:
+            if _is_cuda_literal(a.value if isinstance(a, ast.Starred) else a):
+                return True
+        if any(_is_cuda_literal(k.value) for k in call.keywords):
+            return True
+    for node in ix.of(ast.Assign, ast.AnnAssign):
+        if _is_cuda_literal(node.value):
+            return True
+    for node in ix.of(ast.IfExp):
+        if _is_cuda_literal(node.test) or _is_cuda_literal(node.body) or _is_cuda_literal(node.orelse):
+            return True
+    for node in ix.of(ast.arguments):
+        if any(_is_cuda_literal(d) for d in node.defaults) or any(_is_cuda_literal(d) for d in node.kw_defaults):
+            return True
+    return False
+
+
+def _is_cuda_literal(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value in ("cuda", "cuda:0")
 
 
 def _mentions_local_rank(an: Analysis) -> bool:

@@ -6,12 +6,20 @@ import libcst as cst
 
 from dp2ddp.analysis import DDP_NAMES, Analysis
 from dp2ddp.engine import Finding
+import ast
+
 from dp2ddp.rules.base import (
     DDP_CODE,
     COLLECTIVES,
+    RANK_WORD,
     Refs,
     Rule,
+    Shape,
     Tokens,
+    ast_terminal,
+    ast_walk_branch,
+    ast_words,
+    import_aliases,
     if_branches,
     is_ddp_forward,
     rank_conditionals,
@@ -38,7 +46,11 @@ class CollectiveInRankBranch(Rule):
         "Call the collective on every rank, outside the `if`; keep only the rank-specific work (printing, "
         "saving) inside. Evaluate with `model.module(...)` (the unwrapped model) when only one rank runs it."
     )
-    needs = (DDP_CODE, Refs(COLLECTIVES | set(DDP_NAMES)), Tokens("rank", "master", "main", "primary", "chief", "leader"))
+    needs = (
+        DDP_CODE,
+        Refs(COLLECTIVES | set(DDP_NAMES)),
+        Shape(lambda ix: _shape(ix), "rank", "master", "main", "primary", "chief", "leader"),
+    )
     invalid = (
         "import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    save(model)\n    dist.barrier()\n",
         "import torch.distributed as dist\n\ndef log(loss, rank):\n    if rank == 0:\n        dist.all_reduce(loss)\n"
@@ -70,6 +82,37 @@ class CollectiveInRankBranch(Rule):
             if is_ddp_forward(an, call) and next(rank_conditionals(an, call), None) is not None:
                 out.append(self.finding(call, self.message.format(what="DDP forward")))
         return out
+
+
+_SHORT = frozenset(n.rsplit(".", 1)[1] for n in COLLECTIVES)
+_DDP = Refs(DDP_NAMES)
+
+
+def _shape(ix) -> bool:
+    """Pre-filter: an ``if`` whose test may depend on the rank holds, in one of its
+    branches (same function), a call that may be a collective — or any call of a name or
+    ``self.x`` when the module refers to DistributedDataParallel (a DDP forward)."""
+    collectives = import_aliases(ix, _SHORT)
+    get_rank = import_aliases(ix, {"get_rank"})
+    forwards = None
+    for node in ix.of(ast.If):
+        test = node.test
+        if not any(RANK_WORD.search(w) for w in ast_words(test)) and not any(
+            isinstance(c, ast.Call) and ast_terminal(c.func) in get_rank for c in ast.walk(test)
+        ):
+            continue
+        for n in ast_walk_branch(node.body + node.orelse):
+            if not isinstance(n, ast.Call):
+                continue
+            if ast_terminal(n.func) in collectives:
+                return True
+            f = n.func
+            if isinstance(f, ast.Name) or (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"):
+                if forwards is None:
+                    forwards = ix.refers(_DDP)
+                if forwards:
+                    return True
+    return False
 
 
 def _other_branches_call(an: Analysis, node: cst.If, branch: cst.CSTNode, names: Set[str]) -> bool:

@@ -7,7 +7,9 @@ import libcst as cst
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding, Fix, Remove
-from dp2ddp.rules.base import DDP_CODE, Rule, Tokens, is_ddp_code, terminal_identifier
+import ast
+
+from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, Tokens, ast_words, is_ddp_code, terminal_identifier
 
 _GPU_COUNT = re.compile(r"n_?gpus?$|num_?gpus?$|gpu_?count$|device_count$|world_size$", re.IGNORECASE)
 
@@ -28,7 +30,11 @@ class DPLossMean(Rule):
     )
     fix_doc = "Delete the `if` (the fix does this when the block holds nothing else)."
     fixable = True
-    needs = (DDP_CODE, Tokens("mean"), Tokens("gpu", "device_count", "world_size"))
+    needs = (
+        DDP_CODE,
+        Tokens("gpu", "device_count", "world_size"),
+        Shape(lambda ix: _shape(ix), "mean", pattern=rb"\." + GAP + rb"mean" + GAP + rb"\(" + GAP + rb"\)"),
+    )
     invalid = (
         "import torch.distributed as dist\n\nloss = criterion(model(x), y)\nif args.n_gpu > 1:\n"
         "    loss = loss.mean()  # mean() to average on multi-gpu.\nloss.backward()\n",
@@ -58,6 +64,27 @@ class DPLossMean(Rule):
                 fix = Fix([Remove(node)], description="remove the DataParallel loss averaging")
             out.append(self.finding(node, fix=fix))
         return out
+
+
+def _shape(ix) -> bool:
+    """Pre-filter: an ``if`` on something named like a GPU count whose body is only
+    assignments of ``<x>.mean()``."""
+    for node in ix.of(ast.If):
+        body = node.body
+        if not body or not all(
+            isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.value, ast.Call)
+            and isinstance(s.value.func, ast.Attribute)
+            and s.value.func.attr == "mean"
+            and not s.value.args
+            and not s.value.keywords
+            for s in body
+        ):
+            continue
+        if any(_GPU_COUNT.search(w) for w in ast_words(node.test)):
+            return True
+    return False
 
 
 def _tests_gpu_count(test: cst.BaseExpression) -> bool:

@@ -6,7 +6,9 @@ import libcst as cst
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Rule, Tokens, is_ddp_code, string_value
+import ast
+
+from dp2ddp.rules.base import DDP_CODE, Rule, Shape, Tokens, is_ddp_code, string_value
 
 
 class LocalRankArgparse(Rule):
@@ -23,7 +25,7 @@ class LocalRankArgparse(Rule):
         "Drop the flag and use `local_rank = int(os.environ[\"LOCAL_RANK\"])`. (DeepSpeed's launcher still "
         "passes `--local_rank`; suppress with `# noqa: DDP011` there.)"
     )
-    needs = (DDP_CODE, Tokens("local_rank", "local-rank"))
+    needs = (DDP_CODE, Shape(lambda ix: _shape(ix), "local_rank", "local-rank"))
     invalid = (
         "import argparse\n\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\n"
         "parser.add_argument(\"--local_rank\", type=int, default=0)\n",
@@ -44,3 +46,13 @@ class LocalRankArgparse(Rule):
                 if a.keyword is None and string_value(a.value) in ("--local_rank", "--local-rank"):
                     out.append(self.finding(a.value))
         return out
+
+
+def _shape(ix) -> bool:
+    """Pre-filter: ``<x>.add_argument("--local_rank" | "--local-rank", ...)``."""
+    for call in ix.of(ast.Call):
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument":
+            for a in call.args:
+                if isinstance(a, ast.Constant) and a.value in ("--local_rank", "--local-rank"):
+                    return True
+    return False

@@ -4,7 +4,9 @@ from typing import Iterable
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Rule, Tokens, is_ddp_code, kwarg, string_value
+import ast
+
+from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, Tokens, ast_kwarg, is_ddp_code, kwarg, string_value
 
 import libcst as cst
 
@@ -24,7 +26,7 @@ class SumReductionLoss(Rule):
         "Multiply the loss by `dist.get_world_size()` before `backward()` to keep DataParallel's scale, or "
         "switch to `reduction=\"mean\"` and retune the learning rate deliberately."
     )
-    needs = (DDP_CODE, Tokens("reduction"), Tokens("sum"))
+    needs = (DDP_CODE, Tokens("sum"), Shape(lambda ix: _shape(ix), "reduction", pattern=rb"\breduction" + GAP + rb"=(?!=)"))
     invalid = (
         "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n",
         "import torch.distributed as dist\nimport torch.nn.functional as F\n\nloss = F.mse_loss(out, y, reduction=\"sum\")\n",
@@ -45,3 +47,12 @@ class SumReductionLoss(Rule):
             if any(q.startswith("torch.nn.") for q in an.qnames(call.func)):
                 out.append(self.finding(arg))
         return out
+
+
+def _shape(ix) -> bool:
+    """Pre-filter: a call with ``reduction="sum"``."""
+    for call in ix.of(ast.Call):
+        k = ast_kwarg(call, "reduction")
+        if k is not None and isinstance(k.value, ast.Constant) and k.value.value == "sum":
+            return True
+    return False
