@@ -14,7 +14,6 @@ import libcst as cst
 from libcst.metadata import (
     MetadataWrapper,
     PositionProvider,
-    QualifiedName,
     QualifiedNameProvider,
     ScopeProvider,
 )
@@ -100,21 +99,6 @@ class Analysis:
                     continue
                 out.append(n)
         return out
-
-    def uses_any(self, names: Iterable[str]) -> bool:
-        names = frozenset(names)
-        return any(names & {q.name for q in _unlazy(qs)} for qs in self._qnames.values())
-
-    def bound_names(self, scope_node: Optional[cst.CSTNode] = None) -> Set[str]:
-        """Names assigned or imported in the scope of ``scope_node`` (module by default),
-        plus every name referenced anywhere in the module (to stay clear of them)."""
-        names: Set[str] = set()
-        scope = self.scope_of(scope_node or self.module)
-        if scope is None:
-            return names
-        for a in scope.assignments:
-            names.add(a.name)
-        return names
 
     @cached_property
     def all_identifiers(self) -> Set[str]:

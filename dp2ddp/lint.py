@@ -13,7 +13,7 @@ import difflib
 import os
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from dp2ddp.rules import BY_CODE, Rule
@@ -187,7 +187,6 @@ def lint_bytes(
 def _check(data: bytes, path: str, rules: Sequence[Rule]):
     """(diagnostics, their findings, analysis, error): every finding of ``rules`` that no
     ``# noqa`` suppresses."""
-    import libcst as cst
     from libcst.metadata import PositionProvider
 
     from dp2ddp.analysis import Analysis

@@ -10,7 +10,7 @@ import difflib
 import json
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import List
 
 import click
 

@@ -60,8 +60,7 @@ class MigrationContext:
 
     # ------------------------------------------------------------------ findings
     def note(self, node, code_: str, message: str) -> Finding:
-        f = Finding(code_, message, node, severity="info")
-        return f
+        return Finding(code_, message, node, severity="info")
 
     def warn(self, node, code_: str, message: str) -> Finding:
         return Finding(code_, message, node, severity="warning")
@@ -113,8 +112,6 @@ class MigrationContext:
                 while local in taken:
                     local, i = f"{base}{i}", i + 1
             asname = None if local == (obj or module) else local
-            if obj is None and asname is None and "." in module:
-                asname = None
             self.extra_edits.append(AddImport(module, obj, asname))
         self._names[key] = local
         return local
@@ -149,9 +146,6 @@ class MigrationContext:
         for k, v in values.items():
             out[k] = code(v) if isinstance(v, cst.CSTNode) else str(v)
         return out
-
-    def names(self, *keys: str) -> Dict[str, str]:
-        return {k: self.name(k) for k in keys}
 
     def rank0_test(self) -> cst.BaseExpression:
         return self.expr("{dist}.get_rank() == 0", dist=self.name("dist"))

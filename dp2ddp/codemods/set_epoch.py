@@ -57,21 +57,20 @@ class _Resolver:
 
     def _binds_locally(self, func: cst.FunctionDef, name: str) -> bool:
         scope = self.an.scope_of(func.body)
-        if scope is None:
+        if scope is None or name in self._declared_global(func):
             return False
-        return any(a.name == name for a in scope.assignments) and scope.parent is not None and not any(
-            name in g.names for g in self._globals(func)
-        )
+        return any(a.name == name for a in scope.assignments)
 
-    def _globals(self, func):
-        out = []
+    @staticmethod
+    def _declared_global(func: cst.FunctionDef) -> Set[str]:
+        names: Set[str] = set()
 
         class _V(cst.CSTVisitor):
             def visit_Global(self, node: cst.Global) -> None:
-                out.append(type("G", (), {"names": {n.name.value for n in node.names}})())
+                names.update(n.name.value for n in node.names)
 
         func.visit(_V())
-        return out
+        return names
 
     def params(self, func: cst.FunctionDef) -> List[str]:
         return [p.name.value for p in list(func.params.posonly_params) + list(func.params.params)]

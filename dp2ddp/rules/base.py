@@ -34,7 +34,7 @@ from __future__ import annotations
 import ast as _ast
 import re
 from dataclasses import dataclass
-from typing import Callable, ClassVar, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, ClassVar, FrozenSet, Iterable, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 

@@ -6,7 +6,7 @@ import libcst as cst
 
 from dp2ddp.analysis import DP_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import Refs, Rule, Tokens
+from dp2ddp.rules.base import Refs, Rule
 
 
 class DataParallelUsage(Rule):
@@ -45,7 +45,6 @@ class DataParallelUsage(Rule):
     def check(self, an: Analysis) -> Iterable[Finding]:
         refs = []
         for ref in an.refs(DP_NAMES):
-            parent = an.parent(ref)
             if _in_type_check(an, ref):
                 continue
             refs.append(ref)

@@ -9,7 +9,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, Tokens, is_ddp_code, positional, string_value, terminal_identifier
+from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, is_ddp_code, positional, string_value, terminal_identifier
 
 SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
 _LOCAL_RANK = re.compile(r"local_rank|LOCAL_RANK|localrank|local_process_index", re.IGNORECASE)

@@ -15,7 +15,6 @@ from dp2ddp.rules.base import (
     Refs,
     Rule,
     Shape,
-    Tokens,
     ast_terminal,
     ast_walk_branch,
     ast_words,

@@ -8,7 +8,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, Rule, Shape, Tokens, is_ddp_code, string_value
+from dp2ddp.rules.base import DDP_CODE, Rule, Shape, is_ddp_code, string_value
 
 
 class LocalRankArgparse(Rule):

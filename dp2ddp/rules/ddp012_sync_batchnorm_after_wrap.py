@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-import libcst as cst
 
 from dp2ddp.analysis import DDP_NAMES, Analysis
 from dp2ddp.engine import Finding
