@@ -31,6 +31,9 @@ import traceback
 _S = None  # the probe state, once activated
 
 
+FLUSH_S = 0.2  # longest a step record waits in the buffer
+
+
 class _State:
     def __init__(self, role):
         env = os.environ
@@ -45,6 +48,7 @@ class _State:
         self.sampler_seed = int(env.get("DP2DDP_VERIFY_SAMPLER_SEED", "0") or 0)
         base = os.path.join(self.out, "%s-rank%d" % (role, self.rank))
         self.fd = os.open(base + ".jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.buf = []
         self.stack_file = open(base + ".stack", "w")
         self.fatal_file = open(base + ".fatal", "w")
         self.step = 0
@@ -59,7 +63,36 @@ class _State:
         self.lock = threading.Lock()
 
     def emit(self, rec):
-        os.write(self.fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+        # Step records are batched: one write per step cost ~2 % of a 2 ms step. A daemon
+        # thread writes the batch every FLUSH_S seconds (also while the rank is stuck in a
+        # collective or a sleep), and any other record writes it at once, so the runner
+        # sees progress within FLUSH_S -- far below its timeouts.
+        with self.lock:
+            self.buf.append(rec)
+            if rec.get("ev") != "step":
+                self._write()
+
+    def flush(self):
+        with self.lock:
+            self._write()
+
+    def _write(self):
+        if self.buf:
+            data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self.buf)
+            self.buf = []
+            os.write(self.fd, data.encode())
+
+
+def _flusher():
+    while True:
+        time.sleep(FLUSH_S)
+        s = _S
+        if s is None or os.getpid() != s.pid:
+            return
+        try:
+            s.flush()
+        except OSError:
+            return
 
 
 def activate(role):
@@ -68,6 +101,7 @@ def activate(role):
         return
     os.environ["DP2DDP_VERIFY_ACTIVE"] = str(os.getpid())
     _S = _State(role)
+    threading.Thread(target=_flusher, name="dp2ddp-verify-flush", daemon=True).start()
     faulthandler.enable(file=_S.fatal_file, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=_S.stack_file, all_threads=True, chain=False)
