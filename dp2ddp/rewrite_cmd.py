@@ -69,8 +69,8 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks
     results = []
     errors: List[str] = []
     for path in files:
-        if path != STDIN and len(paths) and os.path.isdir(paths[0]) and path.endswith("_ddp.py"):
-            continue  # our own outputs when recursing
+        if path not in paths and path.endswith("_ddp.py"):
+            continue  # our own outputs, found by walking a folder (a file named explicitly is kept)
         try:
             src = read_source(path)
             results.append((path, migrate_bytes(src.data, src.display, options)))

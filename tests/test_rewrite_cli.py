@@ -70,6 +70,16 @@ def test_directory_recurses_and_skips_own_outputs(tmp_path: Path, capsys) -> Non
     assert "plain.py: no DataParallel found" in capsys.readouterr().out
 
 
+def test_explicit_ddp_named_file_is_not_skipped_beside_a_folder(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "skipped_ddp.py").write_text(DP_SCRIPT)
+    named = tmp_path / "legacy_ddp.py"  # a DP script that merely has this name
+    named.write_text(DP_SCRIPT)
+    assert main(["rewrite", str(tmp_path / "pkg"), str(named)]) == 0
+    assert (tmp_path / "legacy_ddp_ddp.py").exists()
+    assert not (tmp_path / "pkg" / "skipped_ddp_ddp.py").exists()
+
+
 def test_stdin_to_stdout() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "dp2ddp", "rewrite", "-"], input=DP_SCRIPT.encode(), capture_output=True, cwd=ROOT
