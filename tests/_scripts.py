@@ -11,6 +11,14 @@ from pathlib import Path
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
+# torch 2.13 (CPU, gloo): a rank sometimes aborts while its process exits, after all its work
+# is done (see the closing note of the rewrite issue). Tests retry only on these messages.
+TEARDOWN_ABORT = ("terminate called without an active exception", "Fatal Python error: Aborted")
+
+
+def aborted_at_exit(output: str) -> bool:
+    return any(sign in output for sign in TEARDOWN_ABORT)
+
 
 def _env() -> dict:
     env = dict(os.environ)

@@ -11,6 +11,8 @@ import uuid
 import warnings
 from pathlib import Path
 
+from tests._scripts import aborted_at_exit
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures" / "verify"
 
@@ -42,9 +44,6 @@ def survivors(value: str) -> list:
     return out
 
 
-TEARDOWN_ABORT = ("terminate called without an active exception", "Fatal Python error: Aborted")
-
-
 def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
     """Run `dp2ddp verify ARGS --json ...`; return (exit code, report or None, stdout+stderr, seconds)."""
     report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
@@ -55,7 +54,7 @@ def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
     took = time.monotonic() - t0
     assert survivors(value) == [], "processes started by verify survived it"
     for attempt in (1, 2):
-        if not (p.returncode == 1 and any(sign in p.stdout + p.stderr for sign in TEARDOWN_ABORT)):
+        if not (p.returncode == 1 and aborted_at_exit(p.stdout + p.stderr)):
             break
         # torch 2.13/gloo: a rank sometimes aborts while its interpreter shuts down (see
         # tests/test_rewrite_fixtures.py). Retried loudly, only for exactly this message.

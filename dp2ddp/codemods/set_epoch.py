@@ -178,7 +178,8 @@ def _find_epoch_loops(res: _Resolver, site: cst.CSTNode, expr_text: str, depth: 
         return []
     seen = seen | {func}
     out = []
-    h = res.handle_of(cst.parse_expression(expr_text), site)
+    expr = cst.parse_expression(expr_text)
+    h = res.handle_of(expr, site)
     for call in res.call_sites(func):
         if h is not None and h[0] is func:
             # a local or a parameter of func: map through the call's argument
@@ -187,7 +188,7 @@ def _find_epoch_loops(res: _Resolver, site: cst.CSTNode, expr_text: str, depth: 
                 continue
             out.extend(_find_epoch_loops(res, call, code(arg), depth + 1, seen))
         else:
-            caller_h = res.handle_of(cst.parse_expression(expr_text), call)
+            caller_h = res.handle_of(expr, call)
             if caller_h == h:
                 out.extend(_find_epoch_loops(res, call, expr_text, depth + 1, seen))
     return out
