@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests._scripts import guarded, retry_exit_abort, run_together
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "elastic" / "train_elastic.py"
 EPOCHS = 4
@@ -35,33 +35,6 @@ def _torchrun_shim(folder: Path) -> Path:
     shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m torch.distributed.run \"$@\"\n")
     shim.chmod(0o755)
     return folder
-
-
-def _run_all(cmds, cwd: Path, envs) -> list:
-    """Run the commands side by side, each in its own session; whatever happens, nothing
-    of them outlives the call."""
-    procs = [subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True) for cmd, env in zip(cmds, envs)]
-    results = []
-    try:
-        for proc in procs:
-            try:
-                out, _ = proc.communicate(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                for p in procs:
-                    os.killpg(p.pid, signal.SIGKILL)
-                out, _ = proc.communicate()
-                pytest.fail(f"{proc.args} timed out after {TIMEOUT}s:\n{out[-4000:]}")
-            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, None))
-    finally:
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if proc.returncode is None:
-                proc.communicate()
-    return results
 
 
 def _render_launcher(tmp_path: Path, script: Path, ckpt: Path, name: str) -> Path:
@@ -93,6 +66,7 @@ def test_migrated_script_survives_a_killed_worker(tmp_path):
            and not k.startswith(("PET_", "TORCHELASTIC_"))}
     env.update(PATH=f"{_torchrun_shim(tmp_path / 'bin')}{os.pathsep}{os.environ.get('PATH', '')}",
                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = guarded(env)
 
     # The launcher is the one users get from `dp2ddp template torchrun --max-restarts 1`.
     ckpt = tmp_path / "ckpt.pth"
@@ -104,11 +78,21 @@ def test_migrated_script_survives_a_killed_worker(tmp_path):
     # The reference: the same job without a failure, run alongside to save time.
     marker = tmp_path / "worker-killed"
     clean_ckpt = tmp_path / "clean.pth"
-    run, clean = _run_all(
-        [["bash", str(launcher)], ["bash", str(_render_launcher(tmp_path, script, clean_ckpt, "clean.sh"))]],
-        tmp_path,
-        [dict(env, FAIL_AT_EPOCH=str(FAIL_AT_EPOCH), FAIL_MARKER=str(marker)), env],
-    )
+    clean_launcher = _render_launcher(tmp_path, script, clean_ckpt, "clean.sh")
+
+    def attempt():
+        marker.unlink(missing_ok=True)
+        for path in (ckpt, clean_ckpt):
+            path.unlink(missing_ok=True)
+        return run_together(
+            [["bash", str(launcher)], ["bash", str(clean_launcher)]],
+            tmp_path,
+            [dict(env, FAIL_AT_EPOCH=str(FAIL_AT_EPOCH), FAIL_MARKER=str(marker)), env],
+            timeout=TIMEOUT,
+            fail_fast=False,
+        )
+
+    run, clean = retry_exit_abort(attempt, "elastic restart test")
     out = run.stdout
     assert run.returncode == 0, out[-6000:]
     assert marker.exists(), "the fault-injection hook never fired: no worker was killed"

@@ -8,13 +8,12 @@ the fixture folder). Cases named ``noop_<why>`` must come out unchanged.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
 
 from dp2ddp.migrate import Options, migrate_bytes
-from tests._scripts import aborted_at_exit, copy_to, run_python, run_torchrun
+from tests._scripts import copy_to, retry_exit_abort, run_python, run_torchrun
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -89,16 +88,7 @@ def test_fixture_output_trains(case: Path, tmp_path: Path) -> None:
     """The expected output really runs: under torchrun with 2 CPU ranks (gloo) and as plain python."""
     expected_out = case.with_name(case.name.replace(".in.py", ".out.py"))
     script = copy_to(expected_out, tmp_path / "torchrun")
-    r = run_torchrun(script, script.parent)
-    for attempt in (1, 2):
-        if r.returncode == 0 or not aborted_at_exit(r.stdout):
-            break
-        # torch 2.13 (CPU, gloo): a rank sometimes aborts while its process exits, after all
-        # its work is done, in about 2% of runs here; it happens as often with no
-        # destroy_process_group() at all, so it is not the migration's teardown. Retried
-        # loudly, only for exactly this message.
-        warnings.warn(f"{_id(case)}: rank aborted at exit; retry {attempt}")
-        r = run_torchrun(script, script.parent)
+    r = retry_exit_abort(lambda: run_torchrun(script, script.parent), _id(case))
     assert r.returncode == 0, r.stdout[-4000:]
     script = copy_to(expected_out, tmp_path / "python")
     r = run_python(script, script.parent)

@@ -15,18 +15,18 @@ import os
 import random
 import re
 import shlex
-import signal
 import socket
 import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 import pytest
 
 from dp2ddp.cli import main
+from tests._scripts import guarded, retry_exit_abort, run_together
 
 # Strings that would run something, end a line, or break quoting if pasted unquoted.
 NASTY = [
@@ -108,7 +108,7 @@ def clean_env(**extra: str) -> Dict[str, str]:
            and not k.startswith(("PET_", "TORCHELASTIC_", "SLURM_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra)
-    return env
+    return guarded(env)
 
 
 def make_bin(folder: Path, name: str, body: str) -> None:
@@ -137,37 +137,8 @@ def with_path(env: Dict[str, str], *folders: Path) -> Dict[str, str]:
     return dict(env, PATH=os.pathsep.join([*map(str, folders), env.get("PATH", "")]))
 
 
-def start(cmd: Sequence[str], cwd: Path, env: Dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def finish(procs: List[subprocess.Popen], timeout: int = TIMEOUT) -> List[subprocess.CompletedProcess]:
-    """Wait for every process; on timeout or error kill them all. Nothing outlives the call."""
-    results = []
-    try:
-        for p in procs:
-            try:
-                out, _ = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    os.killpg(q.pid, signal.SIGKILL)
-                out, _ = p.communicate()
-                pytest.fail(f"{p.args} timed out after {timeout}s:\n{out[-4000:]}")
-            results.append(subprocess.CompletedProcess(p.args, p.returncode, out, None))
-    finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if p.returncode is None:
-                p.communicate()
-    return results
-
-
 def run_bash(script: Path, cwd: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
-    return finish([start(["bash", str(script)], cwd, env)])[0]
+    return run_together([["bash", str(script)]], cwd, [env], timeout=TIMEOUT)[0]
 
 
 def recorded(record: Path) -> List[List[str]]:
@@ -579,7 +550,8 @@ def test_rendered_single_node_command_trains(capsys, tmp_path):
     capsys.readouterr()
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    res = run_bash(script, tmp_path, with_path(clean_env(OUT_DIR=str(out_dir)), torchrun_bin(tmp_path / "bin")))
+    env = with_path(clean_env(OUT_DIR=str(out_dir)), torchrun_bin(tmp_path / "bin"))
+    res = retry_exit_abort(lambda: run_bash(script, tmp_path, env), "torchrun launch script")
     assert res.returncode == 0, res.stdout[-4000:]
     check_ranks(out_dir, world=2, nodes=1, argv=args)
     assert not list(tmp_path.rglob("PWNED"))
@@ -600,8 +572,11 @@ def test_rendered_multi_node_command_trains_on_loopback(capsys, tmp_path, rendez
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     env = with_path(clean_env(OUT_DIR=str(out_dir)), torchrun_bin(tmp_path / "bin"))
-    agents = [start(["bash", str(script)], tmp_path, dict(env, NODE_RANK=str(node))) for node in range(2)]
-    results = finish(agents)
+    results = retry_exit_abort(
+        lambda: run_together([["bash", str(script)]] * 2, tmp_path, [dict(env, NODE_RANK=str(n)) for n in range(2)],
+                             timeout=TIMEOUT),
+        f"two agents ({rendezvous})",
+    )
     for res in results:
         assert res.returncode == 0, res.stdout[-4000:]
     check_ranks(out_dir, world=2, nodes=2, argv=["x y"])
@@ -627,6 +602,6 @@ def test_rendered_sbatch_trains_with_two_agents(capsys, tmp_path):
     out_dir.mkdir()
     env = with_path(clean_env(OUT_DIR=str(out_dir), SLURM_JOB_NODELIST="127.0.0.1,localhost",
                               SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID=str(os.getpid())), bin_dir)
-    res = run_bash(script, tmp_path, env)
+    res = retry_exit_abort(lambda: run_bash(script, tmp_path, env), "sbatch script")
     assert res.returncode == 0, res.stdout[-4000:]
     check_ranks(out_dir, world=2, nodes=2, argv=["--flag"])
