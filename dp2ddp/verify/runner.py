@@ -195,6 +195,9 @@ class _Reader:
                     pass
 
 
+# once one torchrun agent of a multi-node run has failed, how long the others get to end
+FAILED_PEER_GRACE_S = 5.0
+
 Progress = Callable[[str, int, Dict[int, Rank]], None]
 
 
@@ -208,6 +211,7 @@ def run(spec: RunSpec, progress: Optional[Progress] = None) -> RunResult:
     t0 = time.monotonic()
     reader.last_event = t0
     hung = interrupted = False
+    failed_at: Optional[float] = None
     last_step = -1
     try:
         for i, cmd in enumerate(cmds):
@@ -234,6 +238,10 @@ def run(spec: RunSpec, progress: Optional[Progress] = None) -> RunResult:
                 progress(spec.role, steps, reader.ranks)
             if done:
                 break
+            if failed_at is None and any(p.poll() not in (None, 0) for p in popen):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAILED_PEER_GRACE_S:
+                break  # an agent failed: its peers would wait minutes in torchrun's exit barrier
             limit = spec.timeout if steps else max(spec.timeout, spec.startup_timeout)
             if limit and time.monotonic() - reader.last_event > limit:
                 hung = True
