@@ -184,3 +184,32 @@ def test_two_nodes_on_loopback_match_the_original(tmp_path):
     assert rep["migrated"]["nnodes"] == 2 and rep["migrated"]["ranks"] == 2
     assert rep["losses_agree"] is True and rep["max_rel_loss_diff"] < 1e-5
     assert rep["replicas_in_sync"] is True
+
+
+LEAVE_BADLY = '''
+
+def _leave_badly():  # the rank on node 1 fails after its work; node 0 succeeds
+    if os.environ.get("RANK") == "1":
+        os._exit(3)
+
+
+atexit.register(_leave_badly)
+'''
+
+
+def test_a_failed_node_does_not_leave_the_other_waiting(tmp_path):
+    """torchrun's agent whose workers succeeded waits minutes in its exit barrier for a
+    failed peer; verify ends it and reports the failure, not a hang."""
+    text = (FIXTURES / "mlp_ddp.py").read_text()
+    anchor = "from torch.utils.data.distributed import DistributedSampler\n"
+    assert anchor in text and "import atexit" in text
+    shutil.copy(FIXTURES / "mlp.py", tmp_path / "mlp.py")
+    (tmp_path / "mlp_ddp.py").write_text(text.replace(anchor, anchor + LEAVE_BADLY, 1))
+    code, rep, out, _ = verify(
+        tmp_path, str(tmp_path / "mlp.py"), "--nnodes", "2", "--nproc", "1", "--steps", "6", "--timeout", "60",
+        "--min-speedup", "0",
+    )
+    assert code == 1, out
+    assert rep["migrated"]["hung"] is False, out
+    assert rep["migrated"]["exit_code"] not in (0, None)
+    assert any("migrated run failed" in p or "crashed" in p for p in rep["problems"]), rep["problems"]
