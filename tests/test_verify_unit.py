@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,87 @@ def test_union_of_distributed_batches_is_the_single_replica_batch():
             union = sorted(i for idx in ranks for i in idx[k * per_rank : (k + 1) * per_rank])
             assert union == sorted(single[k * world * per_rank : (k + 1) * world * per_rank])
     assert torch is not None
+
+
+PROBE_DIR = Path(__file__).resolve().parents[1] / "dp2ddp" / "verify" / "probe"
+
+PROBED = r"""
+import os, sys
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.randn(4, 1))
+opt = torch.optim.SGD([w], lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(24, 4)), batch_size=6)
+expected = []
+for k, (x,) in enumerate(loader):
+    if k == 3:
+        break
+    opt.zero_grad()
+    first = (x @ w).pow(2).mean()  # gradient accumulation: two backward calls a step
+    first.backward()
+    per_sample = (x @ w).abs().squeeze(1)  # a non-scalar loss
+    per_sample.backward(torch.ones_like(per_sample))
+    with torch.no_grad():
+        next(iter(loader))  # an evaluation batch: not counted
+        expected.append(float(torch.stack([first.detach(), per_sample.detach().float().mean()]).mean()))
+    opt.step()
+pid = os.fork()
+if pid == 0:  # a forked child trains too: it must not record
+    (x @ w).sum().backward()
+    opt.step()
+    os._exit(0)
+os.waitpid(pid, 0)
+nan = (w * float("nan")).sum()
+nan.backward()
+opt.step()
+print(expected)
+"""
+
+
+def _probe_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_probe_under_test", PROBE_DIR / "_dp2ddp_verify_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("loss", [0.1 + 0.2, 1e-30, -3.0, None, float("nan"), float("inf"), float("-inf")])
+def test_step_lines_are_what_json_dumps_writes(loss):
+    """The flush thread formats step lines itself (json.dumps is ~3x slower): same text."""
+    import json
+
+    probe = _probe_module()
+    for modules in (None, ["dp"]):
+        rec = {"ev": "step", "i": 3, "t": 1795296000.123456, "samples": 64, "nbw": 2}
+        if modules:
+            rec["modules"] = modules
+        rec["loss"] = loss
+        assert probe._step_line(3, 1795296000.123456, 64, 2, loss, modules) == json.dumps(rec, separators=(",", ":"))
+
+
+def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tmp_path):
+    import json
+    import os
+
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(PROBED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
+    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
+    expected = json.loads(p.stdout.strip().splitlines()[-1])
+    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["ev"] == "step"]
+    assert [r["i"] for r in steps] == [1, 2, 3, 4]  # none from the forked child
+    assert [r["loss"] for r in steps[:3]] == expected  # float32 mean, as before
+    assert [(r["nbw"], r["samples"]) for r in steps] == [(2, 6)] * 3 + [(1, 6)]  # the 4th batch was fetched before the break
+    assert steps[3]["loss"] != steps[3]["loss"]  # NaN survives the round trip
+    assert steps[0]["modules"] == [] and "modules" not in steps[1]
+    assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
+    end = recs[-1]
+    assert end["ev"] == "end" and end["steps"] == 4 and end["params"] == 1 and end["hash"]

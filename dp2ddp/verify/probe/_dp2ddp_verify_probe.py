@@ -15,10 +15,17 @@ It never edits the user's code. It:
 * dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks.
 
 Everything here is standard library until torch is imported by the script itself.
+
+Per step the probe runs three hooks (backward, DataLoader ``__next__``, optimizer step);
+they only append plain values: no syscalls (a fork handler replaces the pid check), no
+dicts, no JSON and no writes, which the flush thread does (benchmarks/bench_probe.py
+measures what is left).
 """
 
 import atexit
+import collections
 import faulthandler
+import functools
 import json
 import os
 import random
@@ -38,7 +45,7 @@ class _State:
     def __init__(self, role):
         env = os.environ
         self.role = role
-        self.pid = os.getpid()
+        self.on = True  # False in a forked child (DataLoader worker, ...): it must not record
         self.out = env["DP2DDP_VERIFY_OUT"]
         self.rank = int(env.get("RANK", "0"))
         self.world = int(env.get("WORLD_SIZE", "1"))
@@ -48,51 +55,67 @@ class _State:
         self.sampler_seed = int(env.get("DP2DDP_VERIFY_SAMPLER_SEED", "0") or 0)
         base = os.path.join(self.out, "%s-rank%d" % (role, self.rank))
         self.fd = os.open(base + ".jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.buf = []
+        self.buf = collections.deque()  # records not yet written: dicts, or _step_line tuples
         self.stack_file = open(base + ".stack", "w")
         self.fatal_file = open(base + ".fatal", "w")
         self.step = 0
-        self.losses = []  # detached loss tensors back-propagated since the last step
+        self.losses = []  # losses back-propagated since the last step: floats (CPU) or device tensors
         self.samples = 0  # samples fetched from DataLoaders since the last step
-        self.pending = []  # (record, cuda tensor, event) waiting for the device
+        self.pending = []  # (step tuple without loss, pinned host tensor, event) waiting for the device
         self.primary = None  # id of the optimizer whose steps are counted
+        self.primary_ref = None  # weak reference to it: the fast path of _on_step
         self.optimizers = []  # weak references
         self.modules = set()  # kinds of modules seen in the first step's forward
         self.forward_hook = None
         self.finished = False
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # serialises writes (main thread and flush thread)
 
     def emit(self, rec):
-        # Step records are batched: one write per step cost ~2 % of a 2 ms step. A daemon
+        # Step records are batched: one write per step cost ~2 % of a 2 ms step. The step
+        # hook appends to the deque without the lock (deque.append is atomic); a daemon
         # thread writes the batch every FLUSH_S seconds (also while the rank is stuck in a
         # collective or a sleep), and any other record writes it at once, so the runner
         # sees progress within FLUSH_S -- far below its timeouts.
-        with self.lock:
-            self.buf.append(rec)
-            if rec.get("ev") != "step":
-                self._write()
+        self.buf.append(rec)
+        self.flush()
 
     def flush(self):
         with self.lock:
-            self._write()
+            buf, lines = self.buf, []
+            while buf:
+                r = buf.popleft()
+                lines.append(_step_line(*r) if type(r) is tuple else json.dumps(r, separators=(",", ":")))
+            if lines:
+                os.write(self.fd, ("\n".join(lines) + "\n").encode())
 
-    def _write(self):
-        if self.buf:
-            data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in self.buf)
-            self.buf = []
-            os.write(self.fd, data.encode())
+
+def _step_line(i, t, samples, nbw, loss, modules):
+    """One step's JSON line, formatted directly (json.dumps costs about 3x more, in the flush
+    thread, which shares the GIL with the training loop)."""
+    if modules is not None:  # the first step only
+        rec = {"ev": "step", "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "loss": loss}
+        return json.dumps(rec, separators=(",", ":"))
+    if loss is None:
+        text = "null"
+    else:
+        text = repr(loss) if loss - loss == 0 else json.dumps(loss)  # NaN, Infinity as json writes them
+    return '{"ev":"step","i":%d,"t":%r,"samples":%d,"nbw":%d,"loss":%s}' % (i, t, samples, nbw, text)
 
 
 def _flusher():
     while True:
         time.sleep(FLUSH_S)
         s = _S
-        if s is None or os.getpid() != s.pid:
+        if s is None or not s.on:
             return
         try:
             s.flush()
         except OSError:
             return
+
+
+def _forked():
+    _S.on = False
 
 
 def activate(role):
@@ -101,6 +124,7 @@ def activate(role):
         return
     os.environ["DP2DDP_VERIFY_ACTIVE"] = str(os.getpid())
     _S = _State(role)
+    os.register_at_fork(after_in_child=_forked)
     threading.Thread(target=_flusher, name="dp2ddp-verify-flush", daemon=True).start()
     faulthandler.enable(file=_S.fatal_file, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
@@ -118,6 +142,7 @@ def activate(role):
         }
     )
     _install_excepthook()
+    atexit.register(_settle)  # atexit runs last-in first-out: this one after _finish
     atexit.register(_finish, "exit")
     sys.meta_path.insert(0, _PostImport({"torch": _on_torch, "numpy": _on_numpy}))
 
@@ -178,32 +203,32 @@ def _on_torch(torch):
     torch.manual_seed(_S.seed)
     register_optimizer_step_post_hook(_on_step)
 
+    Tensor = torch.Tensor
+    is_grad_enabled = torch.is_grad_enabled
     real_backward = torch.autograd.backward
 
+    @functools.wraps(real_backward)  # also sets __wrapped__, which the benchmark uses
     def backward(tensors, *args, **kwargs):
-        if os.getpid() == _S.pid:
+        if _S.on:
             t = tensors
             if isinstance(t, (list, tuple)):
                 t = t[0] if len(t) else None
-            if isinstance(t, torch.Tensor):
-                t = t.detach()
-                if t.numel() != 1:
-                    t = t.float().mean()
-                _S.losses.append(t)
+            if isinstance(t, Tensor):
+                _S.losses.append(_loss_value(t))
         return real_backward(tensors, *args, **kwargs)
 
-    backward.__doc__ = real_backward.__doc__
     torch.autograd.backward = backward
 
     real_next = dataloader._BaseDataLoaderIter.__next__
 
+    @functools.wraps(real_next)
     def __next__(self):
         batch = real_next(self)
         # Training batches only: evaluation loops run under torch.no_grad(), and the
         # migration keeps evaluation loaders whole on every rank, so counting them would
         # make the migrated run's global batch look larger than the original's.
-        if os.getpid() == _S.pid and torch.is_grad_enabled():
-            _S.samples += _batch_size(batch, torch.Tensor)
+        if _S.on and is_grad_enabled():
+            _S.samples += _batch_size(batch, Tensor)
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = __next__
@@ -218,7 +243,7 @@ def _on_torch(torch):
     wrappers = {"DataParallel": "dp", "DistributedDataParallel": "ddp"}
 
     def forward_pre_hook(module, args):
-        if os.getpid() != _S.pid:
+        if not _S.on:
             return None
         if isinstance(module, bn) and module.training and type(module).__name__ != "SyncBatchNorm":
             _S.modules.add("batchnorm")
@@ -234,9 +259,18 @@ def _on_torch(torch):
     _S.forward_hook = register_module_forward_pre_hook(forward_pre_hook)
 
 
+def _loss_value(t):
+    """What the step keeps of a back-propagated loss: a CPU loss becomes a float at once
+    (``item()`` costs less than ``detach()``, and holds no graph); a device loss stays a
+    detached tensor, so that nothing waits for the device before the step."""
+    if t.numel() != 1:
+        t = t.detach().float().mean()
+    return t.item() if t.is_cpu else t.detach()
+
+
 def _batch_size(batch, tensor_type, depth=0):
     if isinstance(batch, tensor_type):
-        return int(batch.shape[0]) if batch.dim() else 1
+        return batch.size(0) if batch.dim() else 1
     if depth > 3:
         return 0
     if isinstance(batch, (list, tuple)) and batch:
@@ -253,7 +287,7 @@ def _patch_random_sampler(torch):
     seed = _S.sampler_seed
 
     def __iter__(self):
-        if self.replacement or self._num_samples is not None or os.getpid() != _S.pid:
+        if self.replacement or self._num_samples is not None or not _S.on:
             yield from real_iter(self)
             return
         epoch = getattr(self, "_dp2ddp_epoch", 0)
@@ -274,7 +308,7 @@ def _patch_distributed_sampler(torch):
     real_iter = DistributedSampler.__iter__
 
     def __iter__(self):
-        if os.getpid() == _S.pid:
+        if _S.on:
             _S.emit(
                 {
                     "ev": "sampler",
@@ -297,52 +331,75 @@ def _patch_distributed_sampler(torch):
 
 def _on_step(optimizer, args, kwargs):
     s = _S
-    if os.getpid() != s.pid or s.finished:
+    if s.finished or not s.on:
         return
-    if s.primary is None:
-        s.primary = id(optimizer)
-    if not any(r() is optimizer for r in s.optimizers):
-        import weakref
-
-        s.optimizers.append(weakref.ref(optimizer))
-    if id(optimizer) != s.primary:
-        return  # a second optimizer (GAN, ...): the primary one counts the steps
+    ref = s.primary_ref
+    if ref is None or ref() is not optimizer:
+        if not _is_primary(s, optimizer):
+            return  # a second optimizer (GAN, ...): the primary one counts the steps
     t = time.time()
     s.step += 1
-    rec = {"ev": "step", "i": s.step, "t": t, "samples": s.samples, "nbw": len(s.losses)}
-    if s.step == 1:
-        if s.forward_hook is not None:
-            s.forward_hook.remove()
-            s.forward_hook = None
-        rec["modules"] = sorted(s.modules)
-    losses, s.losses, s.samples = s.losses, [], 0
-    _drain(block=False)
+    losses, s.losses = s.losses, []
+    samples, s.samples = s.samples, 0
+    modules = _first_step(s) if s.step == 1 else None
+    if s.pending:
+        _drain(block=False)
     if not losses:
-        rec["loss"] = None
-        _emit_step(rec)
+        loss = None
+    elif len(losses) == 1:
+        loss = losses[0]
     else:
+        loss = _mean_loss(losses)
+    rec = (s.step, t, samples, len(losses), loss, modules)  # formatted by _step_line
+    if loss is not None and type(loss) is not float:  # on a device: do not synchronise it
         import torch
 
-        loss = losses[0] if len(losses) == 1 else torch.stack([x.float() for x in losses]).mean()
-        if loss.device.type == "cpu":
-            rec["loss"] = float(loss)
-            _emit_step(rec)
-        else:  # do not synchronise the device: copy asynchronously, write when it is there
-            host = torch.empty((), dtype=loss.dtype, pin_memory=True)
-            host.copy_(loss, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            s.pending.append((rec, host, ev))
+        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss, non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record()
+        s.pending.append((rec, host, ev))
+    elif s.pending:
+        s.pending.append((rec, None, None))
+    else:
+        s.buf.append(rec)  # written by the flush thread
     if s.limit and s.step >= s.limit:
         _finish("limit")
         raise SystemExit(0)
 
 
-def _emit_step(rec):
-    if _S.pending:
-        _S.pending.append((rec, None, None))
-    else:
-        _S.emit(rec)
+def _is_primary(s, optimizer):
+    """Slow path of _on_step: remember every optimizer (for the digest); the first one to
+    step is the primary one, by id, as a weak reference for the fast path."""
+    import weakref
+
+    if s.primary is None:
+        s.primary = id(optimizer)
+    if not any(r() is optimizer for r in s.optimizers):
+        s.optimizers.append(weakref.ref(optimizer))
+    if id(optimizer) != s.primary:
+        return False
+    s.primary_ref = weakref.ref(optimizer)
+    return True
+
+
+def _first_step(s):
+    """Stop watching module calls (a global forward hook costs on every call); return the kinds seen."""
+    if s.forward_hook is not None:
+        s.forward_hook.remove()
+        s.forward_hook = None
+    return sorted(s.modules)
+
+
+def _mean_loss(losses):
+    """The mean loss of a step with several backward calls (gradient accumulation), in
+    float32: a float when all were CPU losses, else a tensor on their device."""
+    import torch
+
+    device = next((x.device for x in losses if type(x) is not float), None)
+    if device is None:
+        return float(torch.tensor(losses, dtype=torch.float32).mean())
+    return torch.stack([torch.as_tensor(x, dtype=torch.float32, device=device) for x in losses]).mean()
 
 
 def _drain(block):
@@ -353,10 +410,9 @@ def _drain(block):
             if not block and not ev.query():
                 return
             ev.synchronize()
-            v = float(host)
-            rec["loss"] = v
+            rec = rec[:4] + (float(host),) + rec[5:]
         s.pending.pop(0)
-        s.emit(rec)
+        s.buf.append(rec)
 
 
 def _param_digest():
@@ -389,7 +445,7 @@ def _param_digest():
 
 def _finish(why):
     s = _S
-    if s is None or s.finished or os.getpid() != s.pid:
+    if s is None or s.finished or not s.on:
         return
     s.finished = True
     try:
@@ -404,6 +460,17 @@ def _finish(why):
     s.emit(rec)
 
 
+def _settle():
+    """Let gloo's worker threads finish before Python finalizes. torch 2.13 keeps a Python
+    object in the state every all-reduce started inside ``backward()`` captures; the worker
+    thread frees the last one just after the main thread moved on, which needs the GIL, and a
+    thread asking for the GIL once finalization began is ended with ``pthread_exit`` — the
+    process aborts ("terminate called without an active exception"). Sleeping here, still
+    before finalization, hands the GIL over. See README, Known issues."""
+    if _S is not None and _S.on and "torch.distributed" in sys.modules:
+        time.sleep(0.2)
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -412,7 +479,7 @@ def _install_excepthook():
 
     def excepthook(etype, value, tb):
         try:
-            if os.getpid() == _S.pid:
+            if _S.on:
                 _S.emit(
                     {
                         "ev": "error",
