@@ -1,6 +1,6 @@
 """Benchmark: `dp2ddp check` over torch's installed source tree vs `grep -rl DataParallel`.
 
-    python benchmarks/bench_check.py [--tree DIR] [--repeat N] [--skip-default]
+    python benchmarks/bench_check.py [--tree DIR] [--repeat N] [--skip-default] [--verify-pruning]
 
 Measured in the same run, best of N wall-clock times:
   * baseline: `grep -rl DataParallel TREE` (the whole tree, as in the issue), and
@@ -11,6 +11,10 @@ Measured in the same run, best of N wall-clock times:
     every file is analysed) and warm (a second run over the same cache: nothing changed).
 The DDP001 and cold runs use --no-cache; the cache lives in a temporary folder.
 Targets (issue 4): <= 2 s wall on a 2-core machine and <= 15x grep.
+
+--verify-pruning also checks the tree once with the default rules without source pruning
+(``DP2DDP_NO_PRUNE=1``, see dp2ddp/prune_source.py) and compares the JSON reports: they
+must be identical.
 """
 
 from __future__ import annotations
@@ -45,12 +49,29 @@ def best(cmd, repeat: int) -> float:
     return min(times)
 
 
+def verify(check, tree: str) -> None:
+    """The default rules with and without source pruning report the same findings."""
+    reports = []
+    for env in ({}, {"DP2DDP_NO_PRUNE": "1"}):
+        t = time.perf_counter()
+        proc = subprocess.run(
+            check + ["--no-cache", "--format", "json", tree], capture_output=True, env={**os.environ, **env}
+        )
+        reports.append(proc.stdout)
+        print(f"  {'pruned' if not env else 'full':<7} {time.perf_counter() - t:8.2f} s, {len(proc.stdout)} bytes of JSON")
+    same = reports[0] == reports[1]
+    print(f"pruned == full over {tree}: {'yes' if same else 'NO'}")
+    if not same:
+        raise SystemExit(1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tree", help="source tree (default: the installed torch package)")
     ap.add_argument("--python", default=sys.executable, help="interpreter with torch, to find its tree")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-default", action="store_true", help="only the DDP001 (pre-commit hook) run")
+    ap.add_argument("--verify-pruning", action="store_true", help="compare with a run without source pruning")
     args = ap.parse_args()
     tree = args.tree or torch_tree(args.python)
     n_files = sum(1 for r, _d, fs in os.walk(tree) for f in fs if f.endswith(".py"))
@@ -80,6 +101,8 @@ def main() -> int:
     print(f"tree: {tree} ({n_files} .py files), cpus: {os.cpu_count()}")
     for name, t in rows:
         print(f"  {name:<40} {t:8.2f} s   {t / grep_all:6.1f}x grep   {t / grep_py:7.1f}x grep(*.py)")
+    if args.verify_pruning:
+        verify(check, tree)
     ok = hook <= 2.0 and hook / grep_all <= 15
     print(f"DDP001 hook run: {'meets' if ok else 'MISSES'} the target (<= 2 s and <= 15x grep)")
     for name, t in (("default rules, cold", default), ("default rules, warm", warm)):

@@ -90,6 +90,9 @@ def suppressed(code: str, line_text: str) -> bool:
 # ---------------------------------------------------------------------------- one file
 
 _PREFILTERS: Dict[Tuple[str, ...], object] = {}
+# prune function bodies the candidate rules cannot need before LibCST parses a file
+# (check only, never with --fix); False gives the unpruned reference (--verify-pruning)
+PRUNE = os.environ.get("DP2DDP_NO_PRUNE", "") == ""
 
 
 def _prefilter(codes: Tuple[str, ...]):
@@ -156,14 +159,35 @@ def lint_bytes(
 ) -> FileResult:
     """Lint one file's bytes. ``result.store`` holds what the result cache may keep for
     this content: every finding before ``lines`` filtered them (``None``: nothing)."""
+    import gc
+
+    # Python's ``ast`` and LibCST build hundreds of thousands of objects per big file;
+    # the cyclic GC would rescan them all at each of its full collections (about half of
+    # the analysis time). They die by reference counting when the file is done; what
+    # cycles are left are collected once the GC is back on.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _lint_bytes(data, path, codes, lines, fix, write)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     codes = tuple(codes)
-    rules = _prefilter(codes).candidates(data)
+    rules, facts = _prefilter(codes).analyse(data)
     result = FileResult(path)
     if not rules:
         result.store = (None, [])
         return result
     result.parsed = True
-    everything, findings, an, error = _check(data, path, rules)
+    pruned = None
+    if not fix and PRUNE and facts is not None:
+        from dp2ddp.prune_source import prune
+
+        pruned = prune(data, facts.tree, rules, facts.index)
+    everything, findings, an, error = _check(data, path, rules, pruned)
     if error:
         result.error = error
         return result
@@ -184,9 +208,11 @@ def lint_bytes(
     return result
 
 
-def _check(data: bytes, path: str, rules: Sequence[Rule]):
+def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes] = None):
     """(diagnostics, their findings, analysis, error): every finding of ``rules`` that no
-    ``# noqa`` suppresses."""
+    ``# noqa`` suppresses. With ``pruned`` (``data`` with the function bodies that the
+    rules cannot need blanked out, same lines: :mod:`dp2ddp.prune_source`), that is what
+    LibCST analyses; ``data`` is the fallback should it not parse."""
     from libcst.metadata import PositionProvider
 
     from dp2ddp.analysis import Analysis
@@ -194,8 +220,15 @@ def _check(data: bytes, path: str, rules: Sequence[Rule]):
     from dp2ddp.source import InputError, Source, parse
 
     display = "<stdin>" if path == "-" else path
+    module = None
+    if pruned is not None:
+        try:
+            module = parse(Source(path, pruned))
+        except InputError:
+            module = None  # cannot happen when pruning is right; the full file decides
     try:
-        module = parse(Source(path, data))
+        if module is None:
+            module = parse(Source(path, data))
     except InputError as e:
         return [], [], None, str(e)
     an = Analysis.from_module(module, display)

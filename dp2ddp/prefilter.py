@@ -222,6 +222,7 @@ class NameFacts:
                 for a in attrs:
                     q = f"{q}.{a}"
                     pool.add(q)
+        self.tree = tree
         self.index = AstIndex(tree, self, by_type) if index else None
         self.names = names
         self.typecheck_names = typecheck_names
@@ -312,6 +313,11 @@ class Prefilter:
 
     def candidates(self, data: bytes, use_ast: bool = True) -> List[Rule]:
         """The rules that could fire on ``data``."""
+        return self.analyse(data, use_ast)[0]
+
+    def analyse(self, data: bytes, use_ast: bool = True) -> Tuple[List[Rule], Optional["NameFacts"]]:
+        """The rules that could fire on ``data``, and the tier-3 facts when they were
+        computed (their ``tree`` is what :mod:`dp2ddp.prune_source` prunes with)."""
         tier1 = []
         token_hit: Dict[bytes, bool] = {}
         for g in _GUARDS:
@@ -341,7 +347,7 @@ class Prefilter:
             if ok:
                 tier1.append((rule, needs))
         if not tier1:
-            return []
+            return [], None
         bindings = None
         tier2 = []
         ref_cache: Dict[object, bool] = {}
@@ -360,11 +366,10 @@ class Prefilter:
             if ok:
                 tier2.append((rule, needs))
         if not use_ast or not any(isinstance(n, (Refs, Shape)) for _r, needs in tier2 for _t, n in needs):
-            return [r for r, _ in tier2]
-        shapes = any(isinstance(n, Shape) for _r, needs in tier2 for _t, n in needs)
-        facts = name_facts(data, self._heads, index=shapes) if tier2 else None
+            return [r for r, _ in tier2], None
+        facts = name_facts(data, self._heads, index=True) if tier2 else None
         if facts is None:
-            return [r for r, _ in tier2]
+            return [r for r, _ in tier2], None
         exact: Dict[object, bool] = {}
         out = []
         # names before shapes: a shape is the dearer test
@@ -379,7 +384,7 @@ class Prefilter:
                         break
             if ok:
                 out.append(rule)
-        return out
+        return out, facts if out else None
 
 
 def _shape_holds(shape: Shape, index: AstIndex) -> bool:

@@ -88,9 +88,111 @@ GAP = rb"(?:[ \t\r\n\f\\]|#[^\n]*(?![^\n]))*"
 
 Need = object  # Tokens | Refs | Shape
 
+
+# --------------------------------------------------------------------------- keep (source pruning)
+#
+# Before LibCST parses a file for `dp2ddp check`, :mod:`dp2ddp.prune_source` replaces the
+# bodies of the functions that cannot matter to the candidate rules by ``...`` (keeping
+# every line number). A rule says what it reads through ``keep``: a tuple of
+# :class:`Keep` items; a function is kept when one item holds for its source text. The
+# items must cover every function where the rule could report *and* every function whose
+# content its ``check`` reads elsewhere (a ``destroy_process_group`` that silences the
+# rule, the assignment of a DDP-wrapped model, ...). ``keep = None`` (the default): the
+# rule reads everything, so no function is pruned when it is a candidate.
+
+
+@dataclass(frozen=True)
+class Text:
+    """A function's source may hold one of: a match of ``words`` (a regex, matched
+    case-insensitively), a spelling that may resolve to one of ``refs`` (any import alias,
+    any dotted path; with ``prefix``, names below them too), the name of a variable
+    assigned a call of one of ``assigned`` (``x = DDP(m)`` -> ``x``; ``self.x`` -> ``x``);
+    with ``escapes``, also any string escape that could spell ``words``."""
+
+    words: Optional[str] = None
+    refs: FrozenSet[str] = frozenset()
+    prefix: bool = False
+    assigned: FrozenSet[str] = frozenset()
+    escapes: bool = False
+
+    def __init__(self, words=None, refs=(), prefix=False, assigned=(), escapes=False) -> None:
+        object.__setattr__(self, "words", words)
+        object.__setattr__(self, "refs", frozenset(refs))
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "assigned", frozenset(assigned))
+        object.__setattr__(self, "escapes", escapes)
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Keep the function around every ``ast`` node of ``types`` for which ``test(node,
+    names)`` holds. ``names`` (:class:`dp2ddp.prune_source.Names`) tells which identifiers
+    may resolve to given qualified names (``names.spellings(DDP_NAMES)``: last components
+    and import aliases) and which variables are assigned their calls. Like a shape, the
+    test must accept every node where the rule could report."""
+
+    types: Tuple[type, ...]
+    test: Callable[..., bool]
+
+    def __init__(self, types, test) -> None:
+        object.__setattr__(self, "types", tuple(types))
+        object.__setattr__(self, "test", test)
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Keep a function whose source satisfies every ``Text`` of ``requires``.
+
+    For a fact of the kind "the module has X somewhere" (``is_ddp_code``, ``_uses_cuda``)
+    one X is enough: ``witness`` is an exact test (on ``ast`` nodes of ASCII lines, the
+    same nodes LibCST sees) for such an X; when the module has one, only the functions
+    around one witness are kept (none if it is outside functions) and ``requires`` is
+    not used."""
+
+    requires: Tuple[Text, ...]
+    witness: Optional[Nodes] = None
+
+    def __init__(self, *requires: Text, witness: Optional[Nodes] = None) -> None:
+        object.__setattr__(self, "requires", tuple(requires))
+        object.__setattr__(self, "witness", witness)
+
+
+def calls_to(names, test: Optional[Callable[..., bool]] = None) -> Nodes:
+    """Keep the functions around the calls of something spelled like one of ``names``
+    (every call ``an.calls(names)`` can return), only those ``test(call)`` accepts if given."""
+
+    def accept(node, spelled) -> bool:
+        f = node.func
+        callee = f.id if isinstance(f, _ast.Name) else f.attr if isinstance(f, _ast.Attribute) else None
+        return callee in spelled.spellings(names) and (test is None or test(node))
+
+    return Nodes((_ast.Call,), accept)
+
+
 # "DDP code": the module refers to torch.distributed.* or DistributedDataParallel.
 DIST_PREFIX = "torch.distributed"
 DDP_CODE = Refs({DIST_PREFIX} | set(DDP_NAMES), prefix=True, imports=True)
+
+
+def _is_ddp_name(q: str) -> bool:
+    return q == DIST_PREFIX or q.startswith(DIST_PREFIX + ".") or any(q == n or q.startswith(n + ".") for n in DDP_NAMES)
+
+
+def _ddp_import(node, _spellings) -> bool:
+    """An import statement that makes ``is_ddp_code`` true (``all_qnames`` holds the
+    dotted names of every import statement)."""
+    if isinstance(node, _ast.Import):
+        return any(_is_ddp_name(a.name) for a in node.names)
+    if node.module and not node.level:
+        return _is_ddp_name(node.module) or any(_is_ddp_name(f"{node.module}.{a.name}") for a in node.names if a.name != "*")
+    return False
+
+
+# what ``is_ddp_code`` reads: one import of torch.distributed / DDP, or else every function
+# that may refer to them
+DDP_CONTEXT = Keep(
+    Text(refs={DIST_PREFIX} | set(DDP_NAMES), prefix=True), witness=Nodes((_ast.Import, _ast.ImportFrom), _ddp_import)
+)
 
 
 # --------------------------------------------------------------------------- rule
@@ -109,6 +211,8 @@ class Rule:
     severity: ClassVar[str] = "warning"  # "warning" | "info"
     fixable: ClassVar[bool] = False  # the rule can offer a fix (not always: see --fix)
     needs: ClassVar[Tuple[Need, ...]] = ()
+    keep: ClassVar[Optional[Tuple[object, ...]]] = None  # Keep / Nodes items; None: no pruning
+    keep_callers: ClassVar[bool] = False  # also keep the (transitive) callers of kept functions
 
     def check(self, an: Analysis) -> Iterable[Finding]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -229,6 +333,9 @@ _RANK_WORD = re.compile(
 )
 
 
+GET_RANK = frozenset({"torch.distributed.get_rank", "torch.distributed.distributed_c10d.get_rank"})
+
+
 def mentions_rank(an: Analysis, expr: cst.CSTNode) -> bool:
     """The expression depends on which rank runs it: ``rank == 0``, ``args.local_rank``,
     ``dist.get_rank()``, ``is_main_process()``, ``os.environ["RANK"]`` ..."""
@@ -246,7 +353,7 @@ def mentions_rank(an: Analysis, expr: cst.CSTNode) -> bool:
                     found = True
                     return False
             if isinstance(node, cst.Call) and an.is_name(
-                node.func, {"torch.distributed.get_rank", "torch.distributed.distributed_c10d.get_rank"}
+                node.func, GET_RANK
             ):
                 found = True
                 return False

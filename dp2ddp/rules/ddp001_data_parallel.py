@@ -30,6 +30,7 @@ class DataParallelUsage(Rule):
     )
     fixable = True
     needs = (Refs(DP_NAMES, type_checks=False),)
+    # keep = None: no pruning; the finding carries the whole-module migration fix
     invalid = (
         "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\n",
         "from torch.nn import DataParallel as DP\n\nnet = DP(net, device_ids=[0, 1])\n",

@@ -6,7 +6,7 @@ import libcst as cst
 
 from dp2ddp.analysis import DATALOADER_NAMES, DISTRIBUTED_SAMPLER_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import Refs, Rule, assigned_names, kwarg, scope_key, spelled
+from dp2ddp.rules.base import Keep, Refs, Rule, Text, assigned_names, kwarg, scope_key, spelled
 
 
 class SamplerSetEpochMissing(Rule):
@@ -24,6 +24,13 @@ class SamplerSetEpochMissing(Rule):
     )
     fix_doc = "Call `sampler.set_epoch(epoch)` (or `loader.sampler.set_epoch(epoch)`) at the start of each epoch."
     needs = (Refs(DISTRIBUTED_SAMPLER_NAMES),)
+    # loaders/samplers, `set_epoch`, functions using a module-level loader variable; the
+    # epoch loop's callees are followed, so callers of kept functions stay too
+    keep = (
+        Keep(Text(refs=DATALOADER_NAMES | DISTRIBUTED_SAMPLER_NAMES, assigned=DATALOADER_NAMES)),
+        Keep(Text(words=r"set_epoch")),
+    )
+    keep_callers = True
     invalid = (
         "from torch.utils.data import DataLoader, DistributedSampler\n\n"
         "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, batch_size=32, sampler=sampler)\n"

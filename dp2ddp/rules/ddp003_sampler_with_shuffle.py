@@ -8,7 +8,7 @@ from dp2ddp.analysis import DATALOADER_NAMES, Analysis
 from dp2ddp.engine import Finding, Fix, Replace
 import ast
 
-from dp2ddp.rules.base import GAP, Refs, Rule, Shape, Tokens, ast_kwarg, is_true, kwarg
+from dp2ddp.rules.base import GAP, Refs, Rule, calls_to, Shape, Tokens, ast_kwarg, is_true, kwarg
 
 
 class SamplerWithShuffle(Rule):
@@ -28,6 +28,7 @@ class SamplerWithShuffle(Rule):
         Tokens("sampler"),
         Shape(lambda ix: _shape(ix), "shuffle", pattern=rb"\bshuffle" + GAP + rb"=" + rb"(?:[ \t\r\n\f\\(]|#[^\n]*)*" + rb"True\b"),
     )
+    keep = (calls_to(DATALOADER_NAMES, lambda c: ast_kwarg(c, "shuffle") is not None),)
     invalid = (
         "from torch.utils.data import DataLoader\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
         "loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n",

@@ -4,7 +4,7 @@ from typing import Iterable
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, is_ddp_code, rank_guarded
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Refs, calls_to, Rule, is_ddp_code, rank_guarded
 
 SAVE = frozenset({"torch.save", "torch.serialization.save"})
 
@@ -27,6 +27,9 @@ class UnguardedSave(Rule):
         "(outside the `if`) before other ranks read the file."
     )
     needs = (DDP_CODE, Refs(SAVE))
+    # rank_guarded looks at the call sites of the enclosing function (and theirs)
+    keep = (calls_to(SAVE), DDP_CONTEXT)
+    keep_callers = True
     invalid = (
         "import torch\nimport torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\n"
         "for epoch in range(10):\n    train(epoch)\n    torch.save(model.module.state_dict(), \"ckpt.pt\")\n",

@@ -4,7 +4,7 @@ from typing import Iterable
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, has_star_kwargs, is_ddp_code, kwarg, positional
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Refs, ast_kwarg, calls_to, Rule, has_star_kwargs, is_ddp_code, kwarg, positional
 
 LOAD = frozenset({"torch.load", "torch.serialization.load"})
 
@@ -21,6 +21,7 @@ class LoadWithoutMapLocation(Rule):
     )
     fix_doc = 'Pass `map_location="cpu"` (then move to the local device) or `map_location=f"cuda:{local_rank}"`.'
     needs = (DDP_CODE, Refs(LOAD))
+    keep = (calls_to(LOAD, lambda c: ast_kwarg(c, "map_location") is None), DDP_CONTEXT)
     invalid = (
         "import torch\nimport torch.distributed as dist\n\nstate = torch.load(\"ckpt.pt\")\nmodel.load_state_dict(state)\n",
     )

@@ -9,7 +9,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, is_ddp_code, positional, string_value, terminal_identifier
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, GAP, Keep, Nodes, Rule, Text, Shape, is_ddp_code, positional, string_value, terminal_identifier
 
 SET_DEVICE = frozenset({"torch.cuda.set_device", "torch.cuda.device"})
 _LOCAL_RANK = re.compile(r"local_rank|LOCAL_RANK|localrank|local_process_index", re.IGNORECASE)
@@ -41,6 +41,18 @@ class BareCudaDevice(Rule):
             "\\",
             pattern=rb"\." + GAP + rb"cuda" + GAP + rb"\(|(?:[\"']cuda(?::0)?[\"'])|[\"'][^\"'\n]{0,12}\\(?:[xuUN0-7]|\r?\n)",
         ),
+    )
+    # findings (`.cuda`, "cuda" strings) and what silences the rule anywhere in the module:
+    # a set_device call, a name or string spelled like the local rank
+    keep = (
+        Nodes((ast.Call,), lambda n, _n: _bare_cuda_call(n) or _cuda_literal_in(n.func, *n.args, *n.keywords)),
+        Nodes((ast.Assign, ast.AnnAssign), lambda n, _n: _cuda_literal_in(n.value)),
+        Nodes((ast.IfExp,), lambda n, _n: _cuda_literal_in(n.test, n.body, n.orelse)),
+        Nodes((ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda), lambda n, _n: _cuda_literal_in(*n.args.defaults, *n.args.kw_defaults)),
+        Nodes((ast.ClassDef,), lambda n, _n: _cuda_literal_in(*n.bases, *n.keywords)),
+        Keep(Text(refs=SET_DEVICE)),
+        Nodes((ast.Name, ast.Attribute, ast.Constant), lambda n, _n: _local_rank_like(n)),
+        DDP_CONTEXT,
     )
     invalid = (
         "import torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\nmodel = model.cuda()\n",
@@ -120,6 +132,35 @@ def _shape(ix) -> bool:
         if any(_is_cuda_literal(d) for d in node.defaults) or any(_is_cuda_literal(d) for d in node.kw_defaults):
             return True
     return False
+
+
+def _bare_cuda_call(call) -> bool:
+    f = call.func
+    return (
+        isinstance(f, ast.Attribute)
+        and f.attr == "cuda"
+        and not any(not isinstance(a, ast.Starred) for a in call.args)
+        and not any(k.arg == "device" for k in call.keywords)
+    )
+
+
+def _cuda_literal_in(*nodes) -> bool:
+    """For pruning: one of ``nodes`` (an argument, keyword, value, default) is a "cuda" literal."""
+    for n in nodes:
+        if isinstance(n, (ast.Starred, ast.keyword)):
+            n = n.value
+        if _is_cuda_literal(n):
+            return True
+    return False
+
+
+def _local_rank_like(node) -> bool:
+    """For pruning: a name, attribute or string that ``_mentions_local_rank`` could see."""
+    if isinstance(node, ast.Name):
+        return bool(_LOCAL_RANK.search(node.id))
+    if isinstance(node, ast.Attribute):
+        return bool(_LOCAL_RANK.search(node.attr))
+    return isinstance(node.value, str) and bool(_LOCAL_RANK.search(node.value))
 
 
 def _is_cuda_literal(node) -> bool:

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import ast
+
 import libcst as cst
 
 from dp2ddp.analysis import DDP_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, Tokens, has_star_kwargs, kwarg, positional, string_value
+from dp2ddp.rules.base import DDP_CODE, Keep, Nodes, Refs, Rule, Text, Tokens, has_star_kwargs, kwarg, positional, string_value
 
 
 class DDPWithoutDeviceIds(Rule):
@@ -25,6 +27,14 @@ class DDPWithoutDeviceIds(Rule):
     )
     fix_doc = "Pass `device_ids=[local_rank]` (and `output_device=local_rank`). For CPU (gloo) training leave it out."
     needs = (DDP_CODE, Refs(DDP_NAMES), Tokens("cuda"))
+    # the DDP calls that lack device_ids, and one `.cuda` (``_uses_cuda``) or else any "cuda"
+    keep = (
+        Nodes((ast.Call,), lambda n, names: _bare_call(n, names.spellings(DDP_NAMES))),
+        Keep(
+            Text(words="cuda", escapes=True),
+            witness=Nodes((ast.Attribute,), lambda n, _s: n.attr == "cuda"),
+        ),
+    )
     invalid = (
         "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
         "model = DDP(model.cuda())\n",
@@ -59,3 +69,13 @@ def _uses_cuda(an: Analysis) -> bool:
         if "cuda" in "".join(p.value for p in s.parts if isinstance(p, cst.FormattedStringText)):
             return True
     return False
+
+
+def _bare_call(call: ast.Call, spellings) -> bool:
+    """For pruning: a call of something spelled like DDP that the rule could report."""
+    f = call.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    if name not in spellings:
+        return False
+    positional = [a for a in call.args if not isinstance(a, ast.Starred)]
+    return not any(k.arg in ("device_ids", None) for k in call.keywords) and len(positional) < 2

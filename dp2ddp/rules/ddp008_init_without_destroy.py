@@ -5,7 +5,7 @@ from typing import Iterable
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, all_qnames
+from dp2ddp.rules.base import DDP_CODE, Keep, Refs, Text, calls_to, Rule, all_qnames
 
 INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 DESTROY = frozenset(
@@ -28,6 +28,7 @@ class InitWithoutDestroy(Rule):
         "register it once: `atexit.register(dist.destroy_process_group)`."
     )
     needs = (DDP_CODE, Refs(INIT))
+    keep = (calls_to(INIT), Keep(Text(refs=DESTROY)))
     invalid = ("import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    train()\n",)
     valid = (
         "import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    try:\n        train()\n"

@@ -11,6 +11,8 @@ import ast
 from dp2ddp.rules.base import (
     DDP_CODE,
     COLLECTIVES,
+    GET_RANK,
+    Nodes,
     RANK_WORD,
     Refs,
     Rule,
@@ -49,6 +51,12 @@ class CollectiveInRankBranch(Rule):
         DDP_CODE,
         Refs(COLLECTIVES | set(DDP_NAMES)),
         Shape(lambda ix: _shape(ix), "rank", "master", "main", "primary", "chief", "leader"),
+    )
+    # every `if` on the rank with a collective or a call of a DDP-wrapped variable in a
+    # branch, and the assignments of DDP-wrapped ``self.`` attributes (``ddp_wrapped``)
+    keep = (
+        Nodes((ast.If,), lambda n, names: _rank_if(n, names)),
+        Nodes((ast.Assign, ast.AnnAssign, ast.AugAssign), lambda n, names: _wraps(n, names)),
     )
     invalid = (
         "import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    save(model)\n    dist.barrier()\n",
@@ -112,6 +120,41 @@ def _shape(ix) -> bool:
                 if forwards:
                     return True
     return False
+
+
+def _rank_if(node: ast.If, names) -> bool:
+    """For pruning: ``node`` tests something about the rank and a branch (same function)
+    calls something spelled like a collective or a DDP-wrapped variable."""
+    get_rank = names.spellings(GET_RANK)
+    if not any(RANK_WORD.search(w) for w in ast_words(node.test)) and not any(
+        isinstance(c, ast.Call) and ast_terminal(c.func) in get_rank for c in ast.walk(node.test)
+    ):
+        return False
+    collectives = names.spellings(COLLECTIVES)
+    wrapped = names.assigned(DDP_NAMES)
+    for n in ast_walk_branch(node.body + node.orelse):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if ast_terminal(f) in collectives:
+                return True
+            if isinstance(f, ast.Name) and f.id in wrapped:
+                return True
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self" and f.attr in wrapped:
+                return True
+    return False
+
+
+def _wraps(node, names) -> bool:
+    """For pruning: ``self.x = <something spelled like DDP>(...)``, which a forward in
+    another method can see (a plain variable wrapped in a function is only seen there,
+    and that function is kept when it holds a forward)."""
+    v = node.value
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return (
+        isinstance(v, ast.Call)
+        and ast_terminal(v.func) in names.spellings(DDP_NAMES)
+        and any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" for t in targets)
+    )
 
 
 def _other_branches_call(an: Analysis, node: cst.If, branch: cst.CSTNode, names: Set[str]) -> bool:

@@ -9,7 +9,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding, Fix, Remove
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, Tokens, ast_words, is_ddp_code, terminal_identifier
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, GAP, Keep, Rule, Text, Shape, Tokens, ast_words, is_ddp_code, terminal_identifier
 
 _GPU_COUNT = re.compile(r"n_?gpus?$|num_?gpus?$|gpu_?count$|device_count$|world_size$", re.IGNORECASE)
 
@@ -35,6 +35,7 @@ class DPLossMean(Rule):
         Tokens("gpu", "device_count", "world_size"),
         Shape(lambda ix: _shape(ix), "mean", pattern=rb"\." + GAP + rb"mean" + GAP + rb"\(" + GAP + rb"\)"),
     )
+    keep = (Keep(Text(words=r"\bmean\b")), DDP_CONTEXT)
     invalid = (
         "import torch.distributed as dist\n\nloss = criterion(model(x), y)\nif args.n_gpu > 1:\n"
         "    loss = loss.mean()  # mean() to average on multi-gpu.\nloss.backward()\n",

@@ -8,7 +8,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, Rule, Shape, is_ddp_code, string_value
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Keep, Rule, Text, Shape, is_ddp_code, string_value
 
 
 class LocalRankArgparse(Rule):
@@ -26,6 +26,7 @@ class LocalRankArgparse(Rule):
         "passes `--local_rank`; suppress with `# noqa: DDP011` there.)"
     )
     needs = (DDP_CODE, Shape(lambda ix: _shape(ix), "local_rank", "local-rank"))
+    keep = (Keep(Text(words="add_argument"), Text(words="local.rank", escapes=True)), DDP_CONTEXT)
     invalid = (
         "import argparse\n\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\n"
         "parser.add_argument(\"--local_rank\", type=int, default=0)\n",

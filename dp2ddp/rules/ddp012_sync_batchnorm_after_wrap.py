@@ -5,7 +5,7 @@ from typing import Iterable
 
 from dp2ddp.analysis import DDP_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, assigned_names, positional, scope_key, spelled
+from dp2ddp.rules.base import DDP_CODE, Refs, calls_to, Rule, assigned_names, positional, scope_key, spelled
 
 CONVERT = frozenset(
     {
@@ -31,6 +31,8 @@ class SyncBatchNormAfterWrap(Rule):
     )
     fix_doc = "Convert before wrapping: `model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[local_rank])`."
     needs = (DDP_CODE, Refs(CONVERT), Refs(DDP_NAMES))
+    # the wraps it compares with are in the same function (or module level) as the conversion
+    keep = (calls_to(CONVERT),)
     invalid = (
         "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
         "model = DDP(model, device_ids=[rank])\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",

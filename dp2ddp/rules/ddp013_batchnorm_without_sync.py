@@ -4,7 +4,7 @@ from typing import Iterable
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, all_qnames, is_ddp_code
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Keep, Refs, Text, Rule, all_qnames, is_ddp_code
 
 BATCHNORM = frozenset(
     f"{mod}.{cls}"
@@ -34,6 +34,7 @@ class BatchNormWithoutSync(Rule):
     default = False
     severity = "info"
     needs = (DDP_CODE, Refs(BATCHNORM))
+    keep = (Keep(Text(refs=BATCHNORM)), Keep(Text(refs=SYNC, prefix=True)), DDP_CONTEXT)
     invalid = ("import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n",)
     valid = (
         "import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n"

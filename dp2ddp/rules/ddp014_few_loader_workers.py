@@ -6,7 +6,7 @@ import libcst as cst
 
 from dp2ddp.analysis import DATALOADER_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Refs, Rule, has_star_kwargs, is_ddp_code, kwarg
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Keep, Refs, Text, Rule, has_star_kwargs, is_ddp_code, kwarg
 
 
 class FewLoaderWorkers(Rule):
@@ -25,6 +25,7 @@ class FewLoaderWorkers(Rule):
     fix_doc = "Pass `num_workers=` a few per process (e.g. `os.cpu_count() // local_world_size`) and `pin_memory=True`."
     default = False
     needs = (DDP_CODE, Refs(DATALOADER_NAMES))
+    keep = (Keep(Text(refs=DATALOADER_NAMES)), DDP_CONTEXT)
     invalid = (
         "import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size=32)\n",
         "import torch.distributed as dist\nfrom torch.utils.data import DataLoader\n\n"

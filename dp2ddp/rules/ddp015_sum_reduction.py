@@ -6,7 +6,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, GAP, Rule, Shape, Tokens, ast_kwarg, is_ddp_code, kwarg, string_value
+from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, GAP, Nodes, Rule, Shape, Tokens, ast_kwarg, is_ddp_code, kwarg, string_value
 
 import libcst as cst
 
@@ -27,6 +27,7 @@ class SumReductionLoss(Rule):
         "switch to `reduction=\"mean\"` and retune the learning rate deliberately."
     )
     needs = (DDP_CODE, Tokens("sum"), Shape(lambda ix: _shape(ix), "reduction", pattern=rb"\breduction" + GAP + rb"=(?!=)"))
+    keep = (Nodes((ast.Call,), lambda c, _n: ast_kwarg(c, "reduction") is not None), DDP_CONTEXT)
     invalid = (
         "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n",
         "import torch.distributed as dist\nimport torch.nn.functional as F\n\nloss = F.mse_loss(out, y, reduction=\"sum\")\n",

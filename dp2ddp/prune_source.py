@@ -1,0 +1,299 @@
+"""Source pruning for `dp2ddp check`: blank out the functions no candidate rule can need.
+
+LibCST's parse and metadata are the dear part of checking a big module, and most of a
+big module (torch's test suites are classes with hundreds of methods) is functions that
+have nothing to do with the rules that the pre-filter let through. Before LibCST sees
+the file, the *body* of every function that no rule's :class:`~dp2ddp.rules.base.Keep`
+item holds for is replaced by ``...`` on its first line followed by as many empty lines
+as it had: every kept line keeps its number and its text, so the findings need no
+remapping and their ``# noqa`` comments are where they were. Decorators, parameters,
+defaults and annotations stay (they run in the enclosing scope).
+
+Why that cannot change a finding, given correct ``keep`` declarations:
+
+* a function body is its own scope; it can change how names outside it resolve only
+  through ``global``/``nonlocal``, so a function holding either statement is kept;
+* a function is kept when its text matches a rule's item (a superset test: spellings of
+  qualified names through every import of the module, case-insensitive words, string
+  escapes), and so is every function that contains a kept one (its text contains it);
+* with ``keep_callers``, every function calling a kept function by name is kept too,
+  transitively (the rules follow module functions and ``self.`` methods by name);
+* only bodies that start on a line of their own are replaced (``def f(): return 1`` is
+  left alone), and the file is only pruned when Python's ``ast`` parsed it (the tree
+  the pre-filter built) from UTF-8 without a coding declaration, so ``ast`` line
+  numbers are the file's lines.
+
+``tests/test_check_prune.py`` checks pruned == full on every example and fixture, and
+``benchmarks/bench_check.py --verify-pruning`` on a whole tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+from dp2ddp.rules.base import Nodes, Rule, Text
+
+# between the parts of a dotted name: blanks, line continuations, comments (a comment
+# runs to the end of its line: one way to match, so no backtracking blow-up on "# # #")
+_GAP = r"(?:[ \t\r\n\f\\]|#[^\r\n]*(?![^\r\n]))*"
+# a string escape that could spell a letter (``"\x63uda"``), or a continued string line
+_ESCAPE = r"\\(?:[xuUN0-7]|\r?\n|\r)"
+_CALL = re.compile(r"([^\W\d]\w*)" + _GAP + r"\(")
+_NEWLINE = re.compile(r"\r\n|\r|\n")
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def prunable(rules: Sequence[Rule]) -> bool:
+    """Every rule says what it reads (no rule has ``keep = None``)."""
+    return bool(rules) and all(r.keep is not None for r in rules)
+
+
+def prune(data: bytes, tree: Optional[ast.AST], rules: Sequence[Rule], index=None) -> Optional[bytes]:
+    """``data`` with the bodies of the functions that ``rules`` cannot need replaced by
+    ``...`` (same lines); ``None`` when nothing is pruned or pruning is not safe here.
+    ``index``: the pre-filter's nodes by type (``AstIndex``), else one is built."""
+    if tree is None or not prunable(rules) or b"coding" in b"\n".join(data.split(b"\n", 2)[:2]):
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    defs = list(_functions(tree.body, None))
+    if not defs:
+        return None
+    starts = [0] + [m.end() for m in _NEWLINE.finditer(text)]
+    lines = [text[starts[k] : starts[k + 1] if k + 1 < len(starts) else len(text)] for k in range(len(starts))]
+    spans = [(starts[d.lineno - 1], starts[d.end_lineno] if d.end_lineno < len(starts) else len(text)) for d, _p in defs]
+    pos = {id(d): i for i, (d, _p) in enumerate(defs)}
+    parent = [pos[id(p)] if p is not None else None for _d, p in defs]
+    names = Names(tree, index)
+    # the innermost function whose body holds each line (outer functions come first)
+    owner: List[Optional[int]] = [None] * (len(lines) + 2)
+    for i, (d, _p) in enumerate(defs):
+        for k in range(d.body[0].lineno, d.end_lineno + 1):
+            owner[k] = i
+
+    def chain(i: Optional[int]) -> Set[int]:
+        out = set()
+        while i is not None:
+            out.add(i)
+            i = parent[i]
+        return out
+
+    def around(node) -> Set[int]:
+        return chain(owner[node.lineno])
+
+    kept: Set[int] = set()  # kept for their content
+    seeds: Set[int] = set()  # ... by rules that follow calls
+    texts = []
+    for rule in rules:
+        got: Set[int] = set()
+        for item in rule.keep:
+            if isinstance(item, Nodes):
+                for node in names.of(item.types):
+                    if item.test(node, names):
+                        got |= around(node)
+                continue
+            if item.witness is not None:
+                w = _witness(item.witness, names, lines, owner)
+                if w is not None:
+                    got |= around(w)
+                    continue
+            texts.append([_pattern(t, names) for t in item.requires])
+        kept |= got
+        if rule.keep_callers:
+            seeds |= got
+    if texts:
+        for i, (a, b) in enumerate(spans):
+            body = text[a:b]
+            if any(all(p is not None and p.search(body) for p in item) for item in texts):
+                kept.add(i)
+                seeds.add(i)  # a text match holds for the callers' rules too (cheap superset)
+    if any(r.keep_callers for r in rules) and seeds:
+        for i in _callers(text, defs, spans, seeds):
+            kept |= chain(i)
+    # ``global`` / ``nonlocal`` bind names outside the function: never blank one out
+    for node in names.of((ast.Global, ast.Nonlocal)):
+        kept |= around(node)
+    changed = False
+    stubbed: Set[int] = set()
+    for i, (d, _p) in enumerate(defs):  # outer functions first
+        if parent[i] is not None and parent[i] in stubbed:
+            stubbed.add(i)  # gone with its parent's body
+            continue
+        if i in kept:
+            continue
+        first = d.body[0]
+        row = first.lineno - 1
+        line = lines[row]
+        indent = len(line) - len(line.lstrip(" \t\f"))
+        if indent != first.col_offset or first.lineno <= d.lineno:
+            continue  # the body starts on the header's line
+        for k in range(row, d.end_lineno):
+            ending = _NEWLINE.search(lines[k])
+            lines[k] = ending.group() if ending else ""
+        ending = _NEWLINE.search(line)
+        lines[row] = line[:indent] + "..." + (ending.group() if ending else "")
+        stubbed.add(i)
+        changed = True
+    return "".join(lines).encode("utf-8") if changed else None
+
+
+def _witness(nodes: Nodes, names: "Names", lines: List[str], owner) -> Optional[ast.AST]:
+    """A node that ``nodes.test`` accepts, on ASCII lines (``ast`` and LibCST spell it
+    alike), preferably outside functions; ``None`` if there is none."""
+    found = None
+    for node in names.of(nodes.types):
+        if nodes.test(node, names) and all(lines[k].isascii() for k in range(node.lineno - 1, node.end_lineno)):
+            if owner[node.lineno] is None:
+                return node
+            found = found or node
+    return found
+
+
+def _functions(stmts, parent) -> Iterator[Tuple[ast.AST, Optional[ast.AST]]]:
+    """Every function definition under ``stmts`` with its nearest enclosing function,
+    outer ones first (statements only: a function cannot sit inside an expression)."""
+    for s in stmts:
+        if isinstance(s, _DEFS):
+            yield s, parent
+            yield from _functions(s.body, s)
+            continue
+        for name in ("body", "orelse", "finalbody"):
+            sub = getattr(s, name, None)
+            if isinstance(sub, list):
+                yield from _functions(sub, parent)
+        for h in getattr(s, "handlers", ()) or ():
+            yield from _functions(h.body, parent)
+        for c in getattr(s, "cases", ()) or ():
+            yield from _functions(c.body, parent)
+
+
+class Names:
+    """What the keep items are evaluated with: the module's import bindings (every scope),
+    its nodes by type, and which identifiers may stand for given qualified names."""
+
+    def __init__(self, tree: ast.AST, index=None) -> None:
+        self.tree = tree
+        self._index = index
+        self._by_type: Optional[Dict[type, List[ast.AST]]] = None
+        self.bindings: Set[Tuple[str, str]] = set()
+        self._spellings: Dict[frozenset, Set[str]] = {}
+        self._assigned: Dict[frozenset, Set[str]] = {}
+        for node in self.of((ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    head = a.name.split(".", 1)[0]
+                    self.bindings.add((a.asname, a.name) if a.asname else (head, head))
+            elif node.module and not node.level:
+                for a in node.names:
+                    if a.name != "*":
+                        self.bindings.add((a.asname or a.name, f"{node.module}.{a.name}"))
+
+    def of(self, types: Tuple[type, ...]) -> List[ast.AST]:
+        """The module's nodes of ``types``."""
+        if self._index is not None:
+            return self._index.of(*types)
+        if self._by_type is None:
+            self._by_type = {}
+            for n in ast.walk(self.tree):
+                self._by_type.setdefault(type(n), []).append(n)
+        return [n for t in types for n in self._by_type.get(t, [])]
+
+    def spellings(self, names) -> Set[str]:
+        """Identifiers a reference to one of ``names`` can end with: their last
+        components and the local names that imports bind to them."""
+        key = frozenset(names)
+        if key not in self._spellings:
+            out = {n.rsplit(".", 1)[-1] for n in key}
+            out |= {local for local, qual in self.bindings if qual in key}
+            self._spellings[key] = out
+        return self._spellings[key]
+
+    def assigned(self, names) -> Set[str]:
+        """Names (``x``, and ``x`` of ``self.x``) assigned a call whose callee is spelled
+        like one of ``names`` (what ``assigned_names`` finds, by spelling)."""
+        key = frozenset(names)
+        if key not in self._assigned:
+            spellings = self.spellings(key)
+            out: Set[str] = set()
+            for n in self.of((ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                v = n.value
+                if not isinstance(v, ast.Call):
+                    continue
+                f = v.func
+                callee = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if callee not in spellings:
+                    continue
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    if isinstance(t, ast.Name):
+                        out.add(t.id)
+                    elif isinstance(t, ast.Attribute):
+                        out.add(t.attr)
+            self._assigned[key] = out
+        return self._assigned[key]
+
+
+def _ref_patterns(names, prefix: bool, bindings) -> Tuple[List[str], Set[str]]:
+    """Regexes for every spelling that may resolve to one of ``names``: the dotted path
+    itself (a module-level variable spelled like its head), and ``local.rest`` for every
+    import binding of a prefix; plus the local names bound to the names themselves."""
+    out: List[str] = []
+    aliases: Set[str] = set()
+
+    def chain(parts: Sequence[str]) -> str:
+        return r"\b" + (_GAP + r"\." + _GAP).join(map(re.escape, parts)) + r"\b"
+
+    for name in names:
+        out.append(chain(name.split(".")))
+        for local, qual in bindings:
+            if qual == name or (prefix and qual.startswith(name + ".")):
+                aliases.add(local)
+            elif name.startswith(qual + "."):
+                out.append(chain([local] + name[len(qual) + 1 :].split(".")))
+    return out, aliases
+
+
+def _pattern(t: Text, facts: Names) -> Optional["re.Pattern[str]"]:
+    alts: List[str] = []
+    if t.words:
+        alts.append(f"(?:{t.words})")
+    if t.escapes:
+        alts.append(_ESCAPE)
+    if t.refs:
+        chains, aliases = _ref_patterns(sorted(t.refs), t.prefix, facts.bindings)
+        alts.extend(chains)
+        if aliases:
+            alts.append(r"\b(?:%s)\b" % "|".join(map(re.escape, sorted(aliases))))
+    if t.assigned:
+        names = facts.assigned(t.assigned)
+        if names:
+            alts.append(r"\b(?:%s)\b" % "|".join(map(re.escape, sorted(names))))
+    if not alts:
+        return None
+    return re.compile("|".join(alts), re.IGNORECASE if t.words else 0)
+
+
+def _callers(text: str, defs, spans, seeds: Set[int]) -> Set[int]:
+    """The functions whose text calls (``name(``) one of ``seeds`` or, transitively, of
+    these callers."""
+    calls = [(m.start(), m.group(1)) for m in _CALL.finditer(text)]
+    offsets = [c[0] for c in calls]
+    called: List[Set[str]] = []
+    for a, b in spans:
+        lo, hi = bisect.bisect_left(offsets, a), bisect.bisect_left(offsets, b)
+        called.append({calls[k][1] for k in range(lo, hi)})
+    out: Set[int] = set()
+    names = {defs[i][0].name for i in seeds}
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(defs)):
+            if i not in out and i not in seeds and not called[i].isdisjoint(names):
+                out.add(i)
+                names.add(defs[i][0].name)
+                changed = True
+    return out
