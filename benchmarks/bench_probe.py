@@ -1,13 +1,17 @@
 """Overhead of the `dp2ddp verify` probe per training step (target: <= 2 %).
 
-Two measurements, both in this one run:
+Three measurements, all in this one run:
 
 * A/B: the same training script run alternately without and with the probe (ABBA order,
   so drifts in machine load hit both alike). Each run times its own steps after a
   warm-up, in blocks long enough to contain the probe's periodic flush, and keeps the
-  median block (robust to bursts from other processes on the machine). The overhead of
-  each A/B pair is compared; the median pair decides, and the spread shows how far the
-  machine's noise lets one trust it.
+  median block (robust to bursts from other processes on the machine). Reported with
+  its confidence interval; with a handful of pairs it is too coarse to decide;
+* in-process A/B: one probed process trains in blocks of ~0.2 s, alternately (ABBA) with
+  the probe's hooks in place and with the real functions put back; both sides share the
+  process and the moment, so what separates processes (memory layout, CPU placement, a
+  burst of load elsewhere) cancels out, and many short groups pin the median down: the
+  verdict uses its confidence interval;
 * timed: the probe's own per-step work, measured directly with ``perf_counter_ns`` in a
   probed process: each wrapper (``torch.autograd.backward``, ``DataLoader.__next__``) with
   the real function it calls swapped for a stub, against the bare stub; the optimizer
@@ -18,11 +22,12 @@ Two measurements, both in this one run:
 Workloads: ``mlp`` (~2 ms/step on one CPU thread: a stress case, the probe's cost is fixed
 per step) and ``cnn`` (a small CIFAR-sized CNN, ~20 ms/step: an ordinary small job).
 
-    python benchmarks/bench_probe.py [--reps 7] [--workload mlp|cnn|all]
+    python benchmarks/bench_probe.py [--reps 5] [--groups 128] [--workload mlp|cnn|all]
     python benchmarks/bench_probe.py --speedup   # also: verify's speed-up on both speed fixtures
 
-Exit status 0 when the target is shown met on every workload, 1 otherwise (also when the
-A/B spread is too wide to show it: see bench()).
+Exit status 0 when the target is shown met on the worst case (the shortest step, where the
+probe's fixed per-step cost weighs most), 1 otherwise (also when the machine was too noisy
+to show it: see bench()). Every workload's own verdict is printed.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ WORKLOADS = {
     "mlp": ("MLP 128-512-512-1, batch 64", 2000),
     "cnn": ("CNN 2 conv + 2 linear, 3x32x32, batch 64", 200),
 }
+# in-process A/B: steps per block (~0.2 s, one flush period)
+TOGGLE = {"mlp": 100, "cnn": 10}
 TIMED_STEPS = 20000  # the probe's own work is a few us a step: cheap to time often
 
 SCRIPT = r'''
@@ -91,6 +98,53 @@ def train():
     ends = ends[WARMUP - 1:]
     n = steps // BLOCKS
     print("RESULT", json.dumps([(ends[(k + 1) * n] - ends[k * n]) / n for k in range(BLOCKS)]))
+
+
+def toggle():
+    """A/B inside one probed process: blocks of steps alternately (ABBA) with the probe's
+    hooks in place and with the real functions put back, so both sides share the process,
+    its memory layout and the machine's moment. Prints (probe on?, s/step) per block."""
+    import inspect
+    from torch.optim import optimizer as optim_mod
+    from torch.utils.data import dataloader
+
+    probe = sys.modules["_dp2ddp_verify_probe"]
+    hooks = optim_mod._global_optimizer_post_hooks
+    key = next(k for k, v in hooks.items() if v is probe._on_step)
+    it_cls = dataloader._BaseDataLoaderIter
+    on = (torch.autograd.backward, it_cls.__next__)
+    off = (inspect.unwrap(on[0]), inspect.unwrap(on[1]))
+    assert off[0] is not on[0] and off[1] is not on[1], "the probe is not active"
+
+    def use_probe(enabled):
+        torch.autograd.backward, it_cls.__next__ = on if enabled else off
+        if enabled:
+            hooks[key] = probe._on_step
+        else:
+            hooks.pop(key, None)
+
+    loader, model, lossf = make()
+    model = nn.DataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    per_block, blocks = steps, int(sys.argv[4])
+    plan = [True] * 1 + [k % 4 in (1, 2) for k in range(blocks)]  # a warm-up block, then ABBA...
+    out, it = [], iter(loader)
+    for enabled in plan:
+        use_probe(enabled)
+        t0 = time.perf_counter()
+        for _ in range(per_block):
+            try:
+                xb, yb = next(it)
+            except StopIteration:
+                it = iter(loader)
+                xb, yb = next(it)
+            opt.zero_grad()
+            loss = lossf(model(xb), yb)
+            loss.backward()
+            opt.step()
+        out.append((enabled, (time.perf_counter() - t0) / per_block))
+    use_probe(True)
+    print("RESULT", json.dumps(out[1:]))
 
 
 def timed():
@@ -141,11 +195,11 @@ def timed():
     print("RESULT", json.dumps(out))
 
 
-train() if mode == "train" else timed()
+{"train": train, "timed": timed, "toggle": toggle}[mode]()
 '''
 
 
-def run(script: Path, args: list, probe: bool, out: Path):
+def run(script: Path, args: list, probe: bool, out: Path, recorded: bool = True):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
     if probe:
         env["PYTHONPATH"] = str(PROBE) + os.pathsep + env.get("PYTHONPATH", "")
@@ -157,7 +211,7 @@ def run(script: Path, args: list, probe: bool, out: Path):
     log = out / "original-rank0.jsonl"
     if probe:
         steps = sum('"ev":"step"' in line for line in log.read_text().splitlines())
-        assert steps >= int(args[2]), "the probe did not record every step"
+        assert not recorded or steps >= int(args[2]), "the probe did not record every step"
         log.unlink()
     return result
 
@@ -173,11 +227,37 @@ def timed(script: Path, tmp: Path) -> dict:
     return own
 
 
-def bench(name: str, reps: int, own_us: float, script: Path, tmp: Path) -> bool:
-    """A/B on one workload; print it and the verdict. Met: the timed cost is within the
-    target and so is the A/B median, measured precisely enough (IQR at most 2x the target
-    wide). Not met: the timed cost is over, or a precise A/B median is. Otherwise A/B was
-    too noisy on this machine to show either: said so, not 'met'."""
+def median_ci(ratios: list) -> tuple:
+    """(median, low, high): the median and its ~95 % confidence interval, the boxplot
+    notch (median +- 1.57 IQR / sqrt(n)): the spread of single pairs says how noisy the
+    machine is; this says how well the median is known."""
+    med = statistics.median(ratios)
+    if len(ratios) < 2:
+        return med, float("-inf"), float("inf")
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    half = 1.57 * (q3 - q1) / len(ratios) ** 0.5
+    return med, med - half, med + half
+
+
+def in_process(name: str, groups: int, script: Path, tmp: Path) -> list:
+    """The in-process A/B (see toggle() in SCRIPT): the per-step overhead of each ABBA
+    group of blocks."""
+    res = run(script, ["toggle", name, str(TOGGLE[name]), str(4 * groups)], True, tmp, recorded=False)
+    ratios = []
+    for k in range(0, len(res) - 3, 4):
+        group = res[k:k + 4]
+        on = [t for enabled, t in group if enabled]
+        off = [t for enabled, t in group if not enabled]
+        ratios.append(sum(on) / sum(off) - 1)
+    return ratios
+
+
+def bench(name: str, reps: int, groups: int, own_us: float, script: Path, tmp: Path) -> bool:
+    """Both A/Bs on one workload; print them and the verdict. Met: the timed cost is
+    within the target and the upper end of the in-process A/B's confidence interval is
+    too. Not met: the timed cost is over, or the interval's lower end is. Otherwise the
+    machine was too noisy to show either: said so, not 'met'. (The between-process A/B,
+    with a handful of pairs, is reported beside it; it is too coarse to decide.)"""
     what, steps = WORKLOADS[name]
     base, probed = [], []
     for rep in range(reps):  # ABBA: each side goes first half of the time
@@ -185,20 +265,21 @@ def bench(name: str, reps: int, own_us: float, script: Path, tmp: Path) -> bool:
             blocks = run(script, ["train", name, str(steps)], probe, tmp)
             (probed if probe else base).append(statistics.median(blocks))
     ratios = sorted(p / b - 1 for b, p in zip(base, probed))
-    overhead = statistics.median(ratios)
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if reps > 1 else ratios * 3
+    med, lo, hi = median_ci(ratios)
     step = statistics.median(base)
     share = own_us * 1e-6 / step
     print(f"{name} ({what}): {step * 1e3:.3f} ms/step without the probe, {statistics.median(probed) * 1e3:.3f} ms with (medians of {reps} runs x {steps} steps)")
-    print(f"  A/B overhead per step: median {pct(overhead)} over {reps} ABBA pairs; IQR {pct(q1)} .. {pct(q3)}; min {pct(ratios[0])}, max {pct(ratios[-1])}")
     print(f"  timed probe work: {own_us:.2f} us = {pct(share)} of the step")
-    precise = q3 - q1 <= 2 * TARGET
-    if share > TARGET or (precise and overhead > TARGET):
+    print(f"  A/B between processes ({reps} ABBA pairs): median {pct(med)}, 95 % CI {pct(lo)} .. {pct(hi)}; pairs from {pct(ratios[0])} to {pct(ratios[-1])}")
+    groups = sorted(in_process(name, groups, script, tmp))
+    med, lo, hi = median_ci(groups)
+    print(f"  A/B in one process ({len(groups)} ABBA groups of ~0.2 s blocks): median {pct(med)}, 95 % CI {pct(lo)} .. {pct(hi)}; groups from {pct(groups[0])} to {pct(groups[-1])}")
+    if share > TARGET or lo > TARGET:
         verdict, ok = "NOT met", False
-    elif precise:
+    elif hi <= TARGET:
         verdict, ok = "met", True
     else:
-        verdict, ok = "not shown: A/B too noisy on this machine now (IQR wider than 2x the target); the timed cost is within it", False
+        verdict, ok = "not shown: the A/B's confidence interval reaches past it (machine too noisy now); the timed cost is within it", False
     print(f"  target <= {TARGET * 100:.0f} %: {verdict}")
     return ok
 
@@ -221,7 +302,8 @@ def speedups() -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=5, help="A/B pairs of runs between processes")
+    ap.add_argument("--groups", type=int, default=128, help="ABBA groups of ~0.2 s blocks in the in-process A/B")
     ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     ap.add_argument("--speedup", action="store_true")
     a = ap.parse_args()
@@ -230,7 +312,12 @@ def main() -> int:
         script = Path(d) / "train.py"
         script.write_text(SCRIPT)
         own_us = sum(timed(script, Path(d)).values())
-        ok = all([bench(name, a.reps, own_us, script, Path(d)) for name in names])  # a list: run every workload
+        verdicts = {name: bench(name, a.reps, a.groups, own_us, script, Path(d)) for name in names}
+    # The probe's work is a fixed cost per step, so the shortest step is the worst case:
+    # shown within the target there, it is within it for every longer step too.
+    worst = names[0]  # WORKLOADS is ordered from the shortest step
+    ok = verdicts[worst]
+    print(f"overall: {'met' if ok else 'not shown'} on the worst case ({worst}, the shortest step)")
     if a.speedup:
         speedups()
     return 0 if ok else 1
