@@ -102,36 +102,16 @@ def _shape(ix) -> bool:
     for n in ix.of(ast.Attribute):
         if _LOCAL_RANK.search(n.attr):
             return False
-    for call in ix.of(ast.Call):
-        f = call.func
-        if (
-            isinstance(f, ast.Attribute)
-            and f.attr == "cuda"
-            and not any(not isinstance(a, ast.Starred) for a in call.args)
-            and not any(k.arg == "device" for k in call.keywords)
-        ):
-            return True
-    # a "cuda" / "cuda:0" literal where the rule looks (an argument, an assigned value, a
-    # conditional expression, a parameter default); the rule never reports a part of an
-    # implicitly concatenated string, which ast joins into one constant
-    for call in ix.of(ast.Call):
-        if _is_cuda_literal(call.func):
-            return True
-        for a in call.args:
-            if _is_cuda_literal(a.value if isinstance(a, ast.Starred) else a):
-                return True
-        if any(_is_cuda_literal(k.value) for k in call.keywords):
-            return True
-    for node in ix.of(ast.Assign, ast.AnnAssign):
-        if _is_cuda_literal(node.value):
-            return True
-    for node in ix.of(ast.IfExp):
-        if _is_cuda_literal(node.test) or _is_cuda_literal(node.body) or _is_cuda_literal(node.orelse):
-            return True
-    for node in ix.of(ast.arguments):
-        if any(_is_cuda_literal(d) for d in node.defaults) or any(_is_cuda_literal(d) for d in node.kw_defaults):
-            return True
-    return False
+    # a bare .cuda() call, or a "cuda" / "cuda:0" literal where the rule looks (an argument,
+    # an assigned value, a conditional expression, a parameter default); the rule never
+    # reports a part of an implicitly concatenated string, which ast joins into one constant
+    if any(_bare_cuda_call(c) or _cuda_literal_in(c.func, *c.args, *c.keywords) for c in ix.of(ast.Call)):
+        return True
+    if any(_cuda_literal_in(n.value) for n in ix.of(ast.Assign, ast.AnnAssign)):
+        return True
+    if any(_cuda_literal_in(n.test, n.body, n.orelse) for n in ix.of(ast.IfExp)):
+        return True
+    return any(_cuda_literal_in(*n.defaults, *n.kw_defaults) for n in ix.of(ast.arguments))
 
 
 def _bare_cuda_call(call) -> bool:
@@ -145,7 +125,7 @@ def _bare_cuda_call(call) -> bool:
 
 
 def _cuda_literal_in(*nodes) -> bool:
-    """For pruning: one of ``nodes`` (an argument, keyword, value, default) is a "cuda" literal."""
+    """One of ``nodes`` (an argument, keyword, value, default) is a "cuda" literal."""
     for n in nodes:
         if isinstance(n, (ast.Starred, ast.keyword)):
             n = n.value
