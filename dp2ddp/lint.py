@@ -432,7 +432,8 @@ class ResultCache:
         """Store the new entries of ``results`` (and refresh the ones they used).
         Never raises: a cache that cannot be written is just not written."""
         import json
-        import tempfile
+
+        from dp2ddp.source import atomic_write
 
         new: Dict[str, list] = {}
         seen: Set[str] = set()
@@ -458,20 +459,9 @@ class ResultCache:
             oldest = self.today - _MAX_AGE_DAYS
             files = {k: v for k, v in merged.items() if isinstance(v, list) and v and isinstance(v[0], int) and v[0] >= oldest}
             ensure_cache_dir(self.directory)
-            folder = os.path.dirname(self.path)
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
             data = json.dumps({"key": self.key, "files": files}, separators=(",", ":")).encode()
-            fd, tmp = tempfile.mkstemp(prefix=".check-", suffix=".tmp", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                os.replace(tmp, self.path)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+            atomic_write(self.path, data)
         except OSError:
             pass
 
@@ -479,16 +469,14 @@ class ResultCache:
 def ensure_cache_dir(directory: str) -> None:
     """Create the cache folder with ruff's markers: a ``.gitignore`` that ignores the whole
     folder (so it is never committed) and a ``CACHEDIR.TAG`` for backup tools."""
+    from dp2ddp.source import atomic_write
+
     os.makedirs(directory, exist_ok=True)
     gitignore = os.path.join(directory, ".gitignore")
     if not os.path.exists(gitignore):
-        from dp2ddp.source import atomic_write
-
         atomic_write(gitignore, b"# Automatically created by dp2ddp.\n*\n")
     tag = os.path.join(directory, "CACHEDIR.TAG")
     if not os.path.exists(tag):
-        from dp2ddp.source import atomic_write
-
         atomic_write(
             tag,
             b"Signature: 8a477f597d28d172789f06886806bc55\n"
