@@ -8,10 +8,9 @@ import subprocess
 import sys
 import time
 import uuid
-import warnings
 from pathlib import Path
 
-from tests._scripts import aborted_at_exit
+from tests._scripts import retry_exit_abort
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures" / "verify"
@@ -49,22 +48,20 @@ def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
     report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
     env, value = marker_env()
     cmd = [sys.executable, "-m", "dp2ddp", "verify", "--json", str(report), *args]
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
-    took = time.monotonic() - t0
-    assert survivors(value) == [], "processes started by verify survived it"
-    for attempt in (1, 2):
-        if not (p.returncode == 1 and aborted_at_exit(p.stdout + p.stderr)):
-            break
-        # torch 2.13/gloo: a rank sometimes aborts while its interpreter shuts down (see
-        # tests/test_rewrite_fixtures.py). Retried loudly, only for exactly this message.
-        warnings.warn(f"verify {' '.join(args)}: a rank aborted at exit; retry {attempt}")
+    took = 0.0
+
+    def attempt() -> subprocess.CompletedProcess:
+        nonlocal took
         t0 = time.monotonic()
         p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
         took = time.monotonic() - t0
         assert survivors(value) == [], "processes started by verify survived it"
+        return subprocess.CompletedProcess(cmd, p.returncode, p.stdout + p.stderr, "")
+
+    # torch 2.13/gloo exit race (see tests/_scripts.py): retried loudly, only on its message
+    p = retry_exit_abort(attempt, f"verify {' '.join(args)}")
     data = json.loads(report.read_text()) if report.exists() else None
-    return p.returncode, data, p.stdout + p.stderr, took
+    return p.returncode, data, p.stdout, took
 
 
 def fixture(name: str) -> str:
