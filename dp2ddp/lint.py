@@ -186,7 +186,7 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     if not fix and PRUNE and facts is not None:
         from dp2ddp.prune_source import prune
 
-        pruned = prune(data, facts.tree, rules, facts.index)
+        pruned = prune(data, facts, rules)
     everything, findings, an, error = _check(data, path, rules, pruned)
     if error:
         result.error = error

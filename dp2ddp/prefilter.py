@@ -151,9 +151,11 @@ def _may_refer(data: bytes, bindings: Set[Tuple[bytes, bytes]], need: Refs, memo
 class NameFacts:
     """Every dotted name a module can refer to, from Python's ``ast`` (tier 3)."""
 
-    def __init__(self, tree: ast.AST, heads: Set[str], index: bool = False) -> None:
-        """``heads``: first components of the names asked about later (``torch``);
-        ``index``: also sort the nodes by type for the rules' shapes (:class:`AstIndex`)."""
+    def __init__(self, tree: ast.AST, heads: Set[str]) -> None:
+        """``heads``: first components of the names asked about later (``torch``). The
+        nodes are also sorted by type, for the rules' shapes and for pruning
+        (:class:`AstIndex`); ``bindings`` maps each name the imports bind (every scope)
+        to the qualified names it may stand for."""
         by_type: Dict[type, List[ast.AST]] = {}
         bindings: Dict[str, Set[str]] = {}
         stars: Set[str] = set()
@@ -164,12 +166,11 @@ class NameFacts:
         imported: Set[str] = set()  # names of import statements
         chains: List[Tuple[str, Tuple[str, ...]]] = []
         for node in ast.walk(tree):
-            if index:
-                t = type(node)
-                if t in by_type:
-                    by_type[t].append(node)
-                else:
-                    by_type[t] = [node]
+            t = type(node)
+            if t in by_type:
+                by_type[t].append(node)
+            else:
+                by_type[t] = [node]
             if isinstance(node, ast.Call):
                 if isinstance(node.func, ast.Name) and node.func.id in _TYPE_CHECKS:
                     _mark(node, in_typecheck)
@@ -223,7 +224,8 @@ class NameFacts:
                     q = f"{q}.{a}"
                     pool.add(q)
         self.tree = tree
-        self.index = AstIndex(tree, self, by_type) if index else None
+        self.index = AstIndex(tree, self, by_type)
+        self.bindings = bindings
         self.names = names
         self.typecheck_names = typecheck_names
         self.imported = imported
@@ -289,10 +291,10 @@ def _tokens(need) -> Tuple[bytes, ...]:
     raise TypeError(need)
 
 
-def name_facts(data: bytes, heads: Set[str], index: bool = False) -> Optional[NameFacts]:
+def name_facts(data: bytes, heads: Set[str]) -> Optional[NameFacts]:
     try:
         tree = ast.parse(data)
-        return NameFacts(tree, heads, index)
+        return NameFacts(tree, heads)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None  # let LibCST parse it and report the error
 
@@ -317,7 +319,7 @@ class Prefilter:
 
     def analyse(self, data: bytes, use_ast: bool = True) -> Tuple[List[Rule], Optional["NameFacts"]]:
         """The rules that could fire on ``data``, and the tier-3 facts when they were
-        computed (their ``tree`` is what :mod:`dp2ddp.prune_source` prunes with)."""
+        computed (what :mod:`dp2ddp.prune_source` prunes with)."""
         tier1 = []
         token_hit: Dict[bytes, bool] = {}
         for g in _GUARDS:
@@ -367,7 +369,7 @@ class Prefilter:
                 tier2.append((rule, needs))
         if not use_ast or not any(isinstance(n, (Refs, Shape)) for _r, needs in tier2 for _t, n in needs):
             return [r for r, _ in tier2], None
-        facts = name_facts(data, self._heads, index=True) if tier2 else None
+        facts = name_facts(data, self._heads) if tier2 else None
         if facts is None:
             return [r for r, _ in tier2], None
         exact: Dict[object, bool] = {}

@@ -32,9 +32,12 @@ from __future__ import annotations
 import ast
 import bisect
 import re
-from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from dp2ddp.rules.base import Nodes, Rule, Text
+
+if TYPE_CHECKING:
+    from dp2ddp.prefilter import NameFacts
 
 # between the parts of a dotted name: blanks, line continuations, comments (a comment
 # runs to the end of its line: one way to match, so no backtracking blow-up on "# # #")
@@ -51,16 +54,17 @@ def prunable(rules: Sequence[Rule]) -> bool:
     return bool(rules) and all(r.keep is not None for r in rules)
 
 
-def prune(data: bytes, tree: Optional[ast.AST], rules: Sequence[Rule], index=None) -> Optional[bytes]:
+def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> Optional[bytes]:
     """``data`` with the bodies of the functions that ``rules`` cannot need replaced by
     ``...`` (same lines); ``None`` when nothing is pruned or pruning is not safe here.
-    ``index``: the pre-filter's nodes by type (``AstIndex``), else one is built."""
-    if tree is None or not prunable(rules) or b"coding" in b"\n".join(data.split(b"\n", 2)[:2]):
+    ``facts``: what the pre-filter's third tier found (its ``ast``, nodes by type, imports)."""
+    if facts is None or not prunable(rules) or b"coding" in b"\n".join(data.split(b"\n", 2)[:2]):
         return None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    tree = facts.tree
     defs = list(_functions(tree.body, None))
     if not defs:
         return None
@@ -69,7 +73,7 @@ def prune(data: bytes, tree: Optional[ast.AST], rules: Sequence[Rule], index=Non
     spans = [(starts[d.lineno - 1], starts[d.end_lineno] if d.end_lineno < len(starts) else len(text)) for d, _p in defs]
     pos = {id(d): i for i, (d, _p) in enumerate(defs)}
     parent = [pos[id(p)] if p is not None else None for _d, p in defs]
-    names = Names(tree, index)
+    names = Names(facts)
     # the innermost function whose body holds each line (outer functions come first)
     owner: List[Optional[int]] = [None] * (len(lines) + 2)
     for i, (d, _p) in enumerate(defs):
@@ -176,32 +180,15 @@ class Names:
     """What the keep items are evaluated with: the module's import bindings (every scope),
     its nodes by type, and which identifiers may stand for given qualified names."""
 
-    def __init__(self, tree: ast.AST, index=None) -> None:
-        self.tree = tree
-        self._index = index
-        self._by_type: Optional[Dict[type, List[ast.AST]]] = None
-        self.bindings: Set[Tuple[str, str]] = set()
+    def __init__(self, facts: "NameFacts") -> None:
+        self._index = facts.index
+        self.bindings: Set[Tuple[str, str]] = {(local, q) for local, qs in facts.bindings.items() for q in qs}
         self._spellings: Dict[frozenset, Set[str]] = {}
         self._assigned: Dict[frozenset, Set[str]] = {}
-        for node in self.of((ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    head = a.name.split(".", 1)[0]
-                    self.bindings.add((a.asname, a.name) if a.asname else (head, head))
-            elif node.module and not node.level:
-                for a in node.names:
-                    if a.name != "*":
-                        self.bindings.add((a.asname or a.name, f"{node.module}.{a.name}"))
 
     def of(self, types: Tuple[type, ...]) -> List[ast.AST]:
         """The module's nodes of ``types``."""
-        if self._index is not None:
-            return self._index.of(*types)
-        if self._by_type is None:
-            self._by_type = {}
-            for n in ast.walk(self.tree):
-                self._by_type.setdefault(type(n), []).append(n)
-        return [n for t in types for n in self._by_type.get(t, [])]
+        return self._index.of(*types)
 
     def spellings(self, names) -> Set[str]:
         """Identifiers a reference to one of ``names`` can end with: their last

@@ -294,7 +294,7 @@ def test_pruned_equals_full_on_context_cases(name, monkeypatch):
 def _pruned(src: str, codes=DEFAULT) -> str:
     data = src.encode()
     rules, facts = Prefilter([r for r in RULES if r.code in codes]).analyse(data)
-    out = prune(data, facts.tree if facts else None, rules)
+    out = prune(data, facts, rules)
     return (out or data).decode()
 
 
