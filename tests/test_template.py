@@ -26,7 +26,7 @@ from typing import Dict, List
 import pytest
 
 from dp2ddp.cli import main
-from tests._scripts import guarded, retry_exit_abort, run_together
+from tests._scripts import guarded, retry_exit_abort, run, run_together
 
 # Strings that would run something, end a line, or break quoting if pasted unquoted.
 NASTY = [
@@ -138,7 +138,7 @@ def with_path(env: Dict[str, str], *folders: Path) -> Dict[str, str]:
 
 
 def run_bash(script: Path, cwd: Path, env: Dict[str, str]) -> subprocess.CompletedProcess:
-    return run_together([["bash", str(script)]], cwd, [env], timeout=TIMEOUT)[0]
+    return run(["bash", str(script)], cwd, timeout=TIMEOUT, env=env)
 
 
 def recorded(record: Path) -> List[List[str]]:
