@@ -34,7 +34,7 @@ import bisect
 import re
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from dp2ddp.rules.base import Nodes, Rule, Text
+from dp2ddp.rules.base import Nodes, Rule, Text, callee_spelling
 
 if TYPE_CHECKING:
     from dp2ddp.prefilter import NameFacts
@@ -211,9 +211,7 @@ class Names:
                 v = n.value
                 if not isinstance(v, ast.Call):
                     continue
-                f = v.func
-                callee = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-                if callee not in spellings:
+                if callee_spelling(v) not in spellings:
                     continue
                 for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
                     if isinstance(t, ast.Name):

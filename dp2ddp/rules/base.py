@@ -157,14 +157,18 @@ class Keep:
         object.__setattr__(self, "witness", witness)
 
 
+def callee_spelling(call: "_ast.Call") -> Optional[str]:
+    """The identifier a call's callee ends with (``f`` of ``f(...)`` and ``a.b.f(...)``)."""
+    f = call.func
+    return f.id if isinstance(f, _ast.Name) else f.attr if isinstance(f, _ast.Attribute) else None
+
+
 def calls_to(names, test: Optional[Callable[..., bool]] = None) -> Nodes:
     """Keep the functions around the calls of something spelled like one of ``names``
     (every call ``an.calls(names)`` can return), only those ``test(call)`` accepts if given."""
 
     def accept(node, spelled) -> bool:
-        f = node.func
-        callee = f.id if isinstance(f, _ast.Name) else f.attr if isinstance(f, _ast.Attribute) else None
-        return callee in spelled.spellings(names) and (test is None or test(node))
+        return callee_spelling(node) in spelled.spellings(names) and (test is None or test(node))
 
     return Nodes((_ast.Call,), accept)
 

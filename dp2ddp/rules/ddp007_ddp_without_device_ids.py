@@ -8,7 +8,7 @@ import libcst as cst
 
 from dp2ddp.analysis import DDP_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Keep, Nodes, Refs, Rule, Text, Tokens, has_star_kwargs, kwarg, positional, string_value
+from dp2ddp.rules.base import DDP_CODE, Keep, Nodes, Refs, Rule, Text, Tokens, callee_spelling, has_star_kwargs, kwarg, positional, string_value
 
 
 class DDPWithoutDeviceIds(Rule):
@@ -73,9 +73,7 @@ def _uses_cuda(an: Analysis) -> bool:
 
 def _bare_call(call: ast.Call, spellings) -> bool:
     """For pruning: a call of something spelled like DDP that the rule could report."""
-    f = call.func
-    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-    if name not in spellings:
+    if callee_spelling(call) not in spellings:
         return False
     positional = [a for a in call.args if not isinstance(a, ast.Starred)]
     return not any(k.arg in ("device_ids", None) for k in call.keywords) and len(positional) < 2
