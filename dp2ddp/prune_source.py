@@ -77,7 +77,7 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
     # the innermost function whose body holds each line (outer functions come first)
     owner: List[Optional[int]] = [None] * (len(lines) + 2)
     for i, (d, _p) in enumerate(defs):
-        for k in range(d.body[0].lineno, d.end_lineno + 1):
+        for k in range(_first_line(d.body[0]), d.end_lineno + 1):
             owner[k] = i
 
     def chain(i: Optional[int]) -> Set[int]:
@@ -131,10 +131,10 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
         if i in kept:
             continue
         first = d.body[0]
-        row = first.lineno - 1
+        row = _first_line(first) - 1
         line = lines[row]
         indent = len(line) - len(line.lstrip(" \t\f"))
-        if indent != first.col_offset or first.lineno <= d.lineno:
+        if indent != first.col_offset or row < d.lineno:
             continue  # the body starts on the header's line
         for k in range(row, d.end_lineno):
             ending = _NEWLINE.search(lines[k])
@@ -144,6 +144,13 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
         stubbed.add(i)
         changed = True
     return "".join(lines).encode("utf-8") if changed else None
+
+
+def _first_line(stmt: ast.stmt) -> int:
+    """The line a statement starts on: its first decorator's for a decorated definition
+    (``ast`` gives the ``def``/``class`` line as ``lineno``)."""
+    decorators = getattr(stmt, "decorator_list", None)
+    return min([stmt.lineno] + [d.lineno for d in decorators]) if decorators else stmt.lineno
 
 
 def _witness(nodes: Nodes, names: "Names", lines: List[str], owner) -> Optional[ast.AST]:

@@ -323,6 +323,19 @@ def test_pruning_leaves_global_and_one_liners_alone():
     assert "def a(): return 1" in out and "return x  # unrelated" not in out
 
 
+def test_a_body_that_starts_with_a_decorated_definition_is_blanked_from_its_decorator():
+    """``ast`` puts a decorated ``def`` on its ``def`` line; blanking from there once left
+    the decorator dangling (torch's rpc_test.py), so LibCST re-parsed the whole file."""
+    src = textwrap.dedent(CONTEXT["destroy-elsewhere"]) + (
+        "\n\nclass T:\n    def test_x(self):\n        @decorate(a=1)\n        @other\n"
+        "        def inner(self):\n            return 1\n\n        return inner\n"
+    )
+    out = _pruned(src)
+    ast.parse(out)
+    assert "@decorate" not in out and "return inner" not in out
+    assert len(out.splitlines()) == len(src.splitlines())
+
+
 def test_no_pruning_when_a_rule_does_not_declare_what_it_reads():
     src = "import torch.nn as nn\n\nmodel = nn.DataParallel(m)\n" + UNRELATED
     assert _pruned(src, ("DDP001",)) == src  # DDP001 keeps everything (its fix reads the module)
