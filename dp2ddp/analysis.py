@@ -11,12 +11,7 @@ from functools import cached_property
 from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type
 
 import libcst as cst
-from libcst.metadata import (
-    MetadataWrapper,
-    PositionProvider,
-    QualifiedNameProvider,
-    ScopeProvider,
-)
+from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
 DP_NAMES = frozenset(
     {
@@ -63,9 +58,11 @@ class Analysis:
         self.wrapper = wrapper
         self.path = path
         self.module: cst.Module = wrapper.module
-        meta = wrapper.resolve_many([QualifiedNameProvider, ScopeProvider])
-        self._qnames = meta[QualifiedNameProvider]
-        self._scopes = meta[ScopeProvider]
+        # QualifiedNameProvider is one more walk of the whole tree that stores, for every
+        # node, ``scope.get_qualified_names_for(node)`` to be computed on demand; asking the
+        # scope directly for the few nodes the rules look at gives the same names.
+        self._scopes = wrapper.resolve(ScopeProvider)
+        self._qnames: Dict[cst.CSTNode, Set[str]] = {}
         self.cache: Dict[str, object] = {}  # for transforms to share derived facts
         self._by_type: Dict[tuple, List[cst.CSTNode]] = {}
 
@@ -75,7 +72,12 @@ class Analysis:
 
     # ------------------------------------------------------------------ names
     def qnames(self, node: cst.CSTNode) -> Set[str]:
-        return {q.name for q in _unlazy(self._qnames.get(node, ()))}
+        """What ``QualifiedNameProvider`` gives for ``node``, by name."""
+        out = self._qnames.get(node)
+        if out is None:
+            scope = _unlazy(self._scopes.get(node))
+            out = self._qnames[node] = {q.name for q in scope.get_qualified_names_for(node)} if scope else set()
+        return out
 
     def is_name(self, node: cst.CSTNode, names: Iterable[str]) -> bool:
         names = names if isinstance(names, (set, frozenset)) else set(names)

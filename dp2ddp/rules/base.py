@@ -15,7 +15,9 @@ is satisfied when *any* of its alternatives is present:
 * ``Tokens("a", "b")``: one of these byte strings occurs in the file;
 * ``Refs(names, prefix=False)``: the file may refer to one of these qualified names
   (checked against the file's imports, so ``from torch.nn import DataParallel as DP``
-  counts and a local variable called ``DataParallel`` does not);
+  counts and a local variable called ``DataParallel`` does not); with ``called=True``,
+  the file may *call* one of them (for a rule that reports nothing unless
+  ``an.calls(names)`` finds something; ``prefix`` does not apply);
 * ``Shape(test, tokens)``: a structural condition on the file's Python ``ast``
   (``test(index)`` with an :class:`dp2ddp.prefilter.AstIndex`), e.g. "an ``if`` on the
   rank contains a collective call"; ``tokens`` are byte strings one of which the file
@@ -59,14 +61,21 @@ class Refs:
     prefix: bool = False  # match the names themselves and anything below them
     imports: bool = False  # an import statement of the name counts, not only uses
     type_checks: bool = True  # a use directly inside isinstance()/issubclass() counts
+    called: bool = False  # only a call of the name counts (``an.calls(names)`` may be non-empty)
 
     def __init__(
-        self, names: Iterable[str], prefix: bool = False, imports: bool = False, type_checks: bool = True
+        self,
+        names: Iterable[str],
+        prefix: bool = False,
+        imports: bool = False,
+        type_checks: bool = True,
+        called: bool = False,
     ) -> None:
         object.__setattr__(self, "names", frozenset(names))
         object.__setattr__(self, "prefix", prefix)
         object.__setattr__(self, "imports", imports)
         object.__setattr__(self, "type_checks", type_checks)
+        object.__setattr__(self, "called", called)
 
 
 @dataclass(frozen=True)
@@ -240,9 +249,20 @@ def all_qnames(an: Analysis) -> Set[str]:
     dotted names of its imports."""
 
     def compute() -> Set[str]:
-        out: Set[str] = set()
+        out = set(import_qnames(an))
         for node in an.nodes_of(cst.Name, cst.Attribute):
             out |= an.qnames(node)
+        return out
+
+    return _cached(an, "qnames", compute)
+
+
+def import_qnames(an: Analysis) -> Set[str]:
+    """The dotted names of the module's import statements (part of ``all_qnames``, and
+    far cheaper: no name resolution)."""
+
+    def compute() -> Set[str]:
+        out: Set[str] = set()
         for imp in an.nodes_of(cst.Import):
             for alias in imp.names:
                 out.add(_dotted(alias.name))
@@ -256,7 +276,7 @@ def all_qnames(an: Analysis) -> Set[str]:
                     out.add(f"{mod}.{_dotted(alias.name)}")
         return out
 
-    return _cached(an, "qnames", compute)
+    return _cached(an, "import-qnames", compute)
 
 
 def _dotted(node: cst.CSTNode) -> str:
@@ -271,10 +291,11 @@ def is_ddp_code(an: Analysis) -> bool:
     """The module uses torch.distributed or DistributedDataParallel (by qualified name)."""
 
     def compute() -> bool:
-        for q in all_qnames(an):
-            if q in DDP_NAMES or q == DIST_PREFIX or q.startswith(DIST_PREFIX + "."):
-                return True
-        return False
+        # the imports first: they usually decide it without resolving a single name
+        def ddp(q: str) -> bool:
+            return q in DDP_NAMES or q == DIST_PREFIX or q.startswith(DIST_PREFIX + ".")
+
+        return any(ddp(q) for q in import_qnames(an)) or any(ddp(q) for q in all_qnames(an))
 
     return _cached(an, "ddp", compute)
 
