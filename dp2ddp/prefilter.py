@@ -151,12 +151,15 @@ def _may_refer(data: bytes, bindings: Set[Tuple[bytes, bytes]], need: Refs, memo
 class NameFacts:
     """Every dotted name a module can refer to, from Python's ``ast`` (tier 3)."""
 
-    def __init__(self, tree: ast.AST, heads: Set[str]) -> None:
+    def __init__(self, tree: ast.AST, heads: Set[str], source: bytes = b"") -> None:
         """``heads``: first components of the names asked about later (``torch``). The
         nodes are also sorted by type, for the rules' shapes and for pruning
         (:class:`AstIndex`); ``bindings`` maps each name the imports bind (every scope)
-        to the qualified names it may stand for."""
+        to the qualified names it may stand for; ``called`` holds what ``names`` holds for
+        the callees of calls only. ``source``: the bytes ``tree`` was parsed from."""
         by_type: Dict[type, List[ast.AST]] = {}
+        callees: Set[int] = set()
+        called: Set[str] = set()
         bindings: Dict[str, Set[str]] = {}
         stars: Set[str] = set()
         names: Set[str] = set()  # used names
@@ -172,6 +175,7 @@ class NameFacts:
             else:
                 by_type[t] = [node]
             if isinstance(node, ast.Call):
+                callees.add(id(node.func))
                 if isinstance(node.func, ast.Name) and node.func.id in _TYPE_CHECKS:
                     _mark(node, in_typecheck)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -185,9 +189,9 @@ class NameFacts:
                     attrs.append(cur.attr)
                     cur = cur.value
                 if isinstance(cur, ast.Name):
-                    chains.append((cur.id, tuple(reversed(attrs)), id(node) in in_typecheck))
+                    chains.append((cur.id, tuple(reversed(attrs)), id(node) in in_typecheck, id(node) in callees))
             elif isinstance(node, ast.Name):
-                chains.append((node.id, (), id(node) in in_typecheck))
+                chains.append((node.id, (), id(node) in in_typecheck, id(node) in callees))
                 if node.id in _TYPE_CHECKS and not isinstance(node.ctx, ast.Load):
                     shadowed = True
             elif isinstance(node, ast.Import):
@@ -209,9 +213,9 @@ class NameFacts:
                     q = f"{node.module}.{a.name}"
                     imported.add(q)
                     bindings.setdefault(a.asname or a.name, set()).add(q)
-        seen: Set[Tuple[str, Tuple[str, ...], bool]] = set()
+        seen: Set[Tuple[str, Tuple[str, ...], bool, bool]] = set()
         for chain in chains:
-            head, attrs, typecheck = chain
+            head, attrs, typecheck, callee = chain
             if (head not in bindings and head not in heads) or chain in seen:
                 continue
             seen.add(chain)
@@ -223,7 +227,11 @@ class NameFacts:
                 for a in attrs:
                     q = f"{q}.{a}"
                     pool.add(q)
+                if callee:
+                    called.add(q)
         self.tree = tree
+        self.source = source
+        self.called = called
         self.index = AstIndex(tree, self, by_type)
         self.bindings = bindings
         self.names = names
@@ -232,6 +240,10 @@ class NameFacts:
         self.stars = stars
 
     def refers(self, need: Refs) -> bool:
+        if need.called:
+            return not self.called.isdisjoint(need.names) or any(
+                t.startswith(star + ".") for star in self.stars for t in need.names
+            )
         pools = [self.names]
         if need.imports:
             pools.append(self.imported)
@@ -294,7 +306,7 @@ def _tokens(need) -> Tuple[bytes, ...]:
 def name_facts(data: bytes, heads: Set[str]) -> Optional[NameFacts]:
     try:
         tree = ast.parse(data)
-        return NameFacts(tree, heads)
+        return NameFacts(tree, heads, data)
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None  # let LibCST parse it and report the error
 

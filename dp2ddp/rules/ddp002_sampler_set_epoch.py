@@ -23,7 +23,7 @@ class SamplerSetEpochMissing(Rule):
         "which usually costs accuracy."
     )
     fix_doc = "Call `sampler.set_epoch(epoch)` (or `loader.sampler.set_epoch(epoch)`) at the start of each epoch."
-    needs = (Refs(DISTRIBUTED_SAMPLER_NAMES),)
+    needs = (Refs(DISTRIBUTED_SAMPLER_NAMES, called=True),)
     # loaders/samplers, `set_epoch`, functions using a module-level loader variable; the
     # epoch loop's callees are followed, so callers of kept functions stay too
     keep = (

@@ -24,7 +24,7 @@ class SamplerWithShuffle(Rule):
     fix_doc = "Remove `shuffle=True`; pass `shuffle=` to the sampler instead if needed."
     fixable = True
     needs = (
-        Refs(DATALOADER_NAMES),
+        Refs(DATALOADER_NAMES, called=True),
         Tokens("sampler"),
         Shape(lambda ix: _shape(ix), "shuffle", pattern=rb"\bshuffle" + GAP + rb"=" + rb"(?:[ \t\r\n\f\\(]|#[^\n]*)*" + rb"True\b"),
     )

@@ -26,7 +26,7 @@ class UnguardedSave(Rule):
         "`model.module.state_dict()` so that the checkpoint loads without DDP. Call `dist.barrier()` "
         "(outside the `if`) before other ranks read the file."
     )
-    needs = (DDP_CODE, Refs(SAVE))
+    needs = (DDP_CODE, Refs(SAVE, called=True))
     # rank_guarded looks at the call sites of the enclosing function (and theirs)
     keep = (calls_to(SAVE), DDP_CONTEXT)
     keep_callers = True

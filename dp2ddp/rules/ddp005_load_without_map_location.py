@@ -20,7 +20,7 @@ class LoadWithoutMapLocation(Rule):
         "copy of the weights on the wrong device."
     )
     fix_doc = 'Pass `map_location="cpu"` (then move to the local device) or `map_location=f"cuda:{local_rank}"`.'
-    needs = (DDP_CODE, Refs(LOAD))
+    needs = (DDP_CODE, Refs(LOAD, called=True))
     keep = (calls_to(LOAD, lambda c: ast_kwarg(c, "map_location") is None), DDP_CONTEXT)
     invalid = (
         "import torch\nimport torch.distributed as dist\n\nstate = torch.load(\"ckpt.pt\")\nmodel.load_state_dict(state)\n",

@@ -27,7 +27,7 @@ class InitWithoutDestroy(Rule):
         "Call `dist.destroy_process_group()` at the end of the training function (in a `finally:`), or "
         "register it once: `atexit.register(dist.destroy_process_group)`."
     )
-    needs = (DDP_CODE, Refs(INIT))
+    needs = (DDP_CODE, Refs(INIT, called=True))
     keep = (calls_to(INIT), Keep(Text(refs=DESTROY)))
     invalid = ("import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    train()\n",)
     valid = (

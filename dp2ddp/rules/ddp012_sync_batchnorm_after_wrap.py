@@ -30,7 +30,7 @@ class SyncBatchNormAfterWrap(Rule):
         "DDP reduces gradients for, so training silently diverges across ranks (or fails on unused parameters)."
     )
     fix_doc = "Convert before wrapping: `model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[local_rank])`."
-    needs = (DDP_CODE, Refs(CONVERT), Refs(DDP_NAMES))
+    needs = (DDP_CODE, Refs(CONVERT, called=True), Refs(DDP_NAMES, called=True))
     # the wraps it compares with are in the same function (or module level) as the conversion
     keep = (calls_to(CONVERT),)
     invalid = (
