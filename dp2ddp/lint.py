@@ -542,8 +542,12 @@ def _run_jobs(jobs: List[Job], processes: Optional[int], cache: Optional[ResultC
     previous = signal.signal(signal.SIGTERM, _on_term) if _main_thread() else None
     pool = ctx.Pool(processes, initializer=_worker_init, initargs=(os.getpid(), cache))
     try:
-        chunk = max(1, min(16, len(jobs) // (processes * 16)))
-        results = pool.map(lint_job, jobs, chunksize=chunk)
+        # biggest files first, handed out one at a time: a 10,000-line file drawn last
+        # (or in one chunk with another) would keep one worker busy while the rest idle
+        order = sorted(range(len(jobs)), key=lambda i: -_size(jobs[i].path))
+        results: List[Optional[FileResult]] = [None] * len(jobs)
+        for i, result in pool.imap_unordered(_indexed_job, [(i, jobs[i]) for i in order], chunksize=1):
+            results[i] = result
         pool.close()
     except BaseException:
         pool.terminate()
@@ -553,6 +557,17 @@ def _run_jobs(jobs: List[Job], processes: Optional[int], cache: Optional[ResultC
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return results
+
+
+def _indexed_job(item: Tuple[int, Job]) -> Tuple[int, FileResult]:
+    return item[0], lint_job(item[1])
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _main_thread() -> bool:

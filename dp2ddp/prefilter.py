@@ -168,7 +168,7 @@ class NameFacts:
         shadowed = False
         imported: Set[str] = set()  # names of import statements
         chains: List[Tuple[str, Tuple[str, ...]]] = []
-        for node in ast.walk(tree):
+        for node in _walk(tree):
             t = type(node)
             if t in by_type:
                 by_type[t].append(node)
@@ -230,6 +230,7 @@ class NameFacts:
                 if callee:
                     called.add(q)
         self.tree = tree
+        self._counts: Optional[Dict[str, int]] = None  # bindings per name, when first asked
         self.source = source
         self.called = called
         self.index = AstIndex(tree, self, by_type)
@@ -262,6 +263,56 @@ class NameFacts:
         return False
 
 
+    def definite(self, names, called: bool = False) -> bool:
+        """The module *certainly* refers to (with ``called``: calls) one of ``names`` as
+        LibCST resolves them: the opposite of the supersets above, for a rule that one such
+        reference silences (a ``destroy_process_group`` anywhere, a ``set_device`` call).
+
+        Counted: an import statement of a name (LibCST's ``all_qnames`` holds those), and
+        a dotted use ``head.a.b`` whose ``head`` the module binds exactly once, in every
+        scope and by every kind of binding, with a module-level ``import m as head`` /
+        ``import head`` / ``from m import x as head`` on an earlier line: every scope
+        then resolves ``head`` to that import."""
+        names = frozenset(names)
+        tree = self.tree
+        if not called:
+            for node in self.index.of(ast.Import):
+                if any(a.name in names for a in node.names):
+                    return True
+            for node in self.index.of(ast.ImportFrom):
+                if node.module and not node.level and (
+                    node.module in names or any(f"{node.module}.{a.name}" in names for a in node.names)
+                ):
+                    return True
+        imports = _module_imports(tree)
+        heads = {n.split(".", 1)[0] for n in names} | {
+            local for local, (qual, _line) in imports.items() if any(n == qual or n.startswith(qual + ".") for n in names)
+        }
+        heads &= set(imports)
+        if not heads:
+            return False
+        if self._counts is None:
+            self._counts = _binding_counts(self.index)
+        heads = {h for h in heads if self._counts.get(h) == 1}
+        if not heads:
+            return False
+        targets = [c.func for c in self.index.of(ast.Call)] if called else self.index.of(ast.Attribute, ast.Name)
+        for node in targets:
+            attrs = []
+            cur = node
+            while isinstance(cur, ast.Attribute):
+                attrs.append(cur.attr)
+                cur = cur.value
+            if not isinstance(cur, ast.Name) or cur.id not in heads:
+                continue
+            qual, line = imports[cur.id]
+            if cur.lineno <= line:
+                continue
+            if ".".join([qual] + attrs[::-1]) in names:
+                return True
+        return False
+
+
 _TYPE_CHECKS = frozenset({"isinstance", "issubclass"})
 
 
@@ -281,6 +332,101 @@ class AstIndex:
 
     def refers(self, need: Refs) -> bool:
         return self.facts.refers(need)
+
+
+def _module_imports(tree: ast.Module) -> Dict[str, Tuple[str, int]]:
+    """{local name: (qualified name, line)} of the imports in module-level code (blocks of
+    ``if``/``try``/``with``/loops included, functions and classes not); ``import a.b``
+    without ``as`` binds ``a`` in a way this does not model, so it is left out."""
+    out: Dict[str, Tuple[str, int]] = {}
+    todo = list(tree.body)
+    while todo:
+        s = todo.pop()
+        if isinstance(s, ast.Import):
+            for a in s.names:
+                if a.asname:
+                    out[a.asname] = (a.name, s.lineno)
+                elif "." not in a.name:
+                    out[a.name] = (a.name, s.lineno)
+        elif isinstance(s, ast.ImportFrom):
+            if s.module and not s.level:
+                for a in s.names:
+                    if a.name != "*":
+                        out[a.asname or a.name] = (f"{s.module}.{a.name}", s.lineno)
+        elif not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for sub in getattr(s, field, ()) or ():
+                    todo.extend(sub.body if isinstance(sub, (ast.ExceptHandler, ast.match_case)) else [sub])
+    return out
+
+
+def _binding_counts(index: "AstIndex") -> Dict[str, int]:
+    """How many times each name is bound anywhere in the module, by any kind of binding
+    (assignment and deletion targets, parameters, definitions, imports, ``except ... as``,
+    ``global``/``nonlocal``, match captures, type parameters)."""
+    out: Dict[str, int] = {}
+
+    def add(name) -> None:
+        out[name] = out.get(name, 0) + 1
+
+    for node in index.of(ast.Name):
+        if not isinstance(node.ctx, ast.Load):
+            add(node.id)
+    for node in index.of(ast.arg):
+        add(node.arg)
+    for node in index.of(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+        add(node.name)
+    for node in index.of(ast.alias):
+        add(node.asname or node.name.split(".", 1)[0])
+    for node in index.of(ast.Global, ast.Nonlocal):
+        for n in node.names:
+            add(n)
+    for node in index.of(ast.ExceptHandler, *_CAPTURES):
+        for field in ("name", "rest"):
+            v = getattr(node, field, None)
+            if isinstance(v, str):
+                add(v)
+    return out
+
+
+# nodes that bind a name in a field called ``name`` or ``rest`` (match patterns, and the
+# type parameters of Python 3.12)
+_CAPTURES = tuple(
+    getattr(ast, n) for n in ("MatchAs", "MatchStar", "MatchMapping", "TypeVar", "ParamSpec", "TypeVarTuple") if hasattr(ast, n)
+)
+
+# fields that never hold a node worth indexing: names and flags, and the expression
+# contexts and operators (singletons that would be most of the nodes walked)
+_SKIP = frozenset({"ctx", "op", "id", "attr", "arg", "asname", "module", "level", "type_comment", "kind", "conversion", "simple", "is_async"})
+_FIELDS: Dict[type, Tuple[str, ...]] = {}
+
+
+def _walk(tree: ast.AST) -> List[ast.AST]:
+    """The nodes of ``tree`` in pre-order (a node before its children, children in
+    source order), without ``Load``/``Store`` contexts and operators; faster than
+    ``ast.walk``, and the pre-filter walks every tree it parses."""
+    out: List[ast.AST] = []
+    todo = [tree]
+    pop, push, AST = todo.pop, todo.append, ast.AST
+    while todo:
+        node = pop()
+        out.append(node)
+        t = type(node)
+        fields = _FIELDS.get(t)
+        if fields is None:
+            fields = _FIELDS[t] = tuple(f for f in t._fields if f not in _SKIP)
+        children = []
+        for f in fields:
+            v = getattr(node, f, None)
+            if type(v) is list:
+                for x in v:
+                    if isinstance(x, AST):
+                        children.append(x)
+            elif isinstance(v, AST):
+                children.append(v)
+        for x in reversed(children):
+            push(x)
+    return out
 
 
 def _mark(call: ast.Call, out: Set[int]) -> None:

@@ -168,6 +168,48 @@ def test_prefilter_lets_tricky_spellings_through(code, src):
     assert rule in Prefilter(RULES).candidates(src.encode())
 
 
+# where the pre-filter *rejects* a file because something certainly silences the rule
+# (a destroy_process_group reference, a set_device call, a local-rank string): the near
+# misses, where the silencer is not certain for LibCST, must still be let through
+SILENCER_EDGES = [
+    # the silencer is used before the import, shadowed, rebound or only looks like one
+    "import torch.distributed as dist\ndist.init_process_group('gloo')\ndef f(dist):\n    dist.destroy_process_group()\n",
+    "import torch.distributed as dist\ndist.init_process_group('gloo')\nclass C:\n    import os as dist\n    dist.destroy_process_group\n",
+    "import torch.distributed as dist\nimport os as d\ndist.init_process_group('gloo')\nd.destroy_process_group()\n",
+    "import torch.distributed as dist\ndist.init_process_group('gloo')\n[dist.destroy_process_group() for dist in x]\n",
+    "import torch.distributed as dist\ndist.init_process_group('gloo')\n(dist := x).destroy_process_group()\n",
+    "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\ndef g(torch):\n    torch.cuda.set_device(0)\n",
+    "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\ntorch.cuda.set_device\n",
+    "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nx = 'local_' 'rank'\n",
+    "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nx = f\"{a}'local_rank'\"\n",
+    "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nx = b'local_rank'\n",
+]
+# ... and these the pre-filter may reject (what LibCST certainly resolves)
+SILENCED = [
+    ("DDP008", "import torch.distributed as dist\ndist.init_process_group('gloo')\ndef f():\n    dist.destroy_process_group()\n"),
+    ("DDP008", "import torch\ntorch.distributed.init_process_group('gloo')\natexit.register(torch.distributed.destroy_process_group)\n"),
+    ("DDP008", "import torch.distributed as dist\nfrom torch.distributed import destroy_process_group\ndist.init_process_group('gloo')\n"),
+    ("DDP006", "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\ndef g():\n    torch.cuda.set_device(0)\n"),
+    ("DDP006", "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nr = os.environ['LOCAL_RANK']\n"),
+    ("DDP006", 'import torch.distributed as dist\ndist.init_process_group("nccl")\nm = m.cuda()\ndef f():\n    """Reads\n    LOCAL_RANK."""\n'),
+]
+
+
+@pytest.mark.parametrize("src", SILENCER_EDGES, ids=[f"edge-{i}" for i in range(len(SILENCER_EDGES))])
+def test_prefilter_lets_uncertain_silencers_through(src):
+    fired = [r for r in (BY_CODE["DDP006"], BY_CODE["DDP008"]) if _run(r, src)]
+    assert fired, "an edge case must be one where LibCST reports"
+    for rule in fired:
+        assert rule in Prefilter([rule]).candidates(src.encode()), f"{rule.code}:\n{src}"
+
+
+@pytest.mark.parametrize("code,src", SILENCED, ids=[f"{c}-{i}" for i, (c, _s) in enumerate(SILENCED)])
+def test_prefilter_rejects_certainly_silenced_files(code, src):
+    rule = BY_CODE[code]
+    assert not _run(rule, src)  # LibCST agrees there is nothing to report...
+    assert rule not in Prefilter([rule]).candidates(src.encode())  # ... and it is not even parsed
+
+
 @pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
 def test_prefilter_is_sound_on_every_example_and_fixture(rule):
     """Every rule over every example and fixture of every rule: when it finds something,

@@ -95,7 +95,12 @@ class BareCudaDevice(Rule):
 
 def _shape(ix) -> bool:
     """Pre-filter: a ``.cuda()`` call without a device, or a string with ``cuda`` in it, and
-    no name or attribute spelled like the local rank (then the rule never reports)."""
+    no name, attribute or plain string spelled like the local rank and no certain
+    ``set_device`` call (then the rule never reports)."""
+    return _may_report(ix) and not _plain_string_mentions_local_rank(ix) and not ix.facts.definite(SET_DEVICE, called=True)
+
+
+def _may_report(ix) -> bool:
     for n in ix.of(ast.Name):
         if _LOCAL_RANK.search(n.id):
             return False
@@ -112,6 +117,49 @@ def _shape(ix) -> bool:
     if any(_cuda_literal_in(n.test, n.body, n.orelse) for n in ix.of(ast.IfExp)):
         return True
     return any(_cuda_literal_in(*n.defaults, *n.kw_defaults) for n in ix.of(ast.arguments))
+
+
+_QUOTED = re.compile(rb"[rRuU]?(\'\'\'|\"\"\"|'|\")")
+
+
+def _plain_string_mentions_local_rank(ix) -> bool:
+    """A string literal that LibCST also sees as one ``SimpleString`` with that text: a
+    single token without escapes, one-line unless triple-quoted (``ast`` joins ``"a" "b"``
+    into one constant, and f-string text is no ``SimpleString``)."""
+    source = ix.facts.source
+    if source.startswith(b"\xef\xbb\xbf") or b"coding" in b"\n".join(source.split(b"\n", 2)[:2]):
+        return False  # ast's columns are not offsets into these bytes
+    parts = {id(v) for j in ix.of(ast.JoinedStr) for v in j.values}
+    lines = None
+    for n in ix.of(ast.Constant):
+        if not isinstance(n.value, str) or id(n) in parts or not _LOCAL_RANK.search(n.value):
+            continue
+        if lines is None:
+            lines = source.splitlines()
+        if n.end_lineno > len(lines):
+            continue
+        if n.lineno == n.end_lineno:
+            token = lines[n.lineno - 1][n.col_offset : n.end_col_offset]
+        else:
+            token = b"\n".join(
+                [lines[n.lineno - 1][n.col_offset :], *lines[n.lineno : n.end_lineno - 1], lines[n.end_lineno - 1][: n.end_col_offset]]
+            )
+        m = _QUOTED.match(token)
+        if m is None:
+            continue
+        q = m.group(1)
+        if len(q) == 1 and n.lineno != n.end_lineno:
+            continue
+        inner = token[m.end() : len(token) - len(q)]
+        if (
+            len(token) >= m.end() + len(q)
+            and token.endswith(q)
+            and q not in inner
+            and b"\\" not in inner
+            and _LOCAL_RANK.search(inner.decode("utf-8", "replace"))
+        ):
+            return True
+    return False
 
 
 def _bare_cuda_call(call) -> bool:

@@ -5,7 +5,7 @@ from typing import Iterable
 
 from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Keep, Refs, Text, calls_to, Rule, all_qnames
+from dp2ddp.rules.base import DDP_CODE, Keep, Refs, Shape, Text, calls_to, Rule, all_qnames
 
 INIT = frozenset({"torch.distributed.init_process_group", "torch.distributed.distributed_c10d.init_process_group"})
 DESTROY = frozenset(
@@ -27,7 +27,9 @@ class InitWithoutDestroy(Rule):
         "Call `dist.destroy_process_group()` at the end of the training function (in a `finally:`), or "
         "register it once: `atexit.register(dist.destroy_process_group)`."
     )
-    needs = (DDP_CODE, Refs(INIT, called=True))
+    # a module that certainly refers to destroy_process_group is silent (an exact test: the
+    # shape may only say "no finding" when there is none)
+    needs = (DDP_CODE, Refs(INIT, called=True), Shape(lambda ix: not ix.facts.definite(DESTROY), "init_process_group"))
     keep = (calls_to(INIT), Keep(Text(refs=DESTROY)))
     invalid = ("import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    train()\n",)
     valid = (
