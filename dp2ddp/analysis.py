@@ -7,11 +7,13 @@ Transforms (``dp2ddp.codemods``) and lint rules (``dp2ddp.rules``) receive an
 
 from __future__ import annotations
 
+import ast
 from functools import cached_property
 from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider, ScopeProvider
+from libcst.metadata.position_provider import PositionProvidingCodegenState
 
 DP_NAMES = frozenset(
     {
@@ -54,8 +56,15 @@ def code(node: cst.CSTNode) -> str:
 class Analysis:
     """Metadata and structural helpers over ``wrapper.module``."""
 
-    def __init__(self, wrapper: MetadataWrapper, path: str = "<string>") -> None:
+    def __init__(self, wrapper: MetadataWrapper, path: str = "<string>", tree: Optional[ast.Module] = None) -> None:
+        """``tree``: Python's ``ast`` of a text with the same lines as the module's (when
+        the caller has one), so that positions are computed one top-level statement at a
+        time instead of for the whole module (:meth:`range_of`)."""
         self.wrapper = wrapper
+        self._tree = tree
+        self._ranges: Dict[cst.CSTNode, CodeRange] = {}
+        self._starts: Optional[Dict[cst.CSTNode, int]] = None
+        self._placed: Set[cst.CSTNode] = set()
         self.path = path
         self.module: cst.Module = wrapper.module
         # QualifiedNameProvider is one more walk of the whole tree that stores, for every
@@ -67,8 +76,8 @@ class Analysis:
         self._by_type: Dict[tuple, List[cst.CSTNode]] = {}
 
     @classmethod
-    def from_module(cls, module: cst.Module, path: str = "<string>") -> "Analysis":
-        return cls(MetadataWrapper(module, unsafe_skip_copy=True), path)
+    def from_module(cls, module: cst.Module, path: str = "<string>", tree: Optional[ast.Module] = None) -> "Analysis":
+        return cls(MetadataWrapper(module, unsafe_skip_copy=True), path, tree)
 
     # ------------------------------------------------------------------ names
     def qnames(self, node: cst.CSTNode) -> Set[str]:
@@ -165,8 +174,40 @@ class Analysis:
         return self.wrapper.resolve(PositionProvider)
 
     def position(self, node: cst.CSTNode) -> Tuple[int, int]:
-        pos = _unlazy(self._positions[node]).start
+        pos = self.range_of(node).start
         return pos.line, pos.column
+
+    def range_of(self, node: cst.CSTNode) -> CodeRange:
+        """What ``PositionProvider`` gives for ``node``. With the ``ast`` of the same lines,
+        only the top-level statement that holds ``node`` is generated (LibCST's own
+        position-recording code generation, started on that statement's first line, which
+        ``ast`` knows): a finding in a 10,000-line module costs its statement, not the module."""
+        got = self._ranges.get(node)
+        if got is not None:
+            return got
+        top = node
+        parent = self.parent(top)
+        while parent is not None and parent is not self.module:
+            top, parent = parent, self.parent(parent)
+        starts = self._statement_starts() if parent is self.module else None
+        if starts is None or top not in starts or top in self._placed:
+            return _unlazy(self._positions[node])
+        state = PositionProvidingCodegenState(
+            default_indent=self.module.default_indent,
+            default_newline=self.module.default_newline,
+            provider=_Ranges(self._ranges),
+        )
+        state.line = starts[top]
+        top._codegen(state)
+        self._placed.add(top)
+        return self._ranges[node]
+
+    def _statement_starts(self) -> Optional[Dict[cst.CSTNode, int]]:
+        """The line where the code of each top-level statement begins (its leading blank
+        and comment lines included), from ``ast``; ``None`` if the two trees disagree."""
+        if self._starts is None and self._tree is not None:
+            self._starts = _statement_starts(self.module, self._tree) or {}
+        return self._starts or None
 
     def statement_of(self, node: cst.CSTNode) -> Optional[cst.BaseStatement]:
         """The statement (a child of a block body) that contains ``node``."""
@@ -330,6 +371,38 @@ class Analysis:
         if outer is inner:
             return True
         return any(a is outer for a in self.ancestors(inner))
+
+
+class _Ranges:
+    """Where ``PositionProvidingCodegenState`` records the ranges it computes."""
+
+    __slots__ = ("_computed",)
+
+    def __init__(self, computed: Dict[cst.CSTNode, CodeRange]) -> None:
+        self._computed = computed
+
+
+def _statement_starts(module: cst.Module, tree: ast.Module) -> Optional[Dict[cst.CSTNode, int]]:
+    out: Dict[cst.CSTNode, int] = {}
+    body = tree.body
+    k = 0
+    for stmt in module.body:
+        if k >= len(body):
+            return None
+        a = body[k]
+        line = min([a.lineno] + [d.lineno for d in getattr(a, "decorator_list", ())])
+        lead = len(stmt.leading_lines)
+        decorators = getattr(stmt, "decorators", ())
+        if decorators:
+            lead += len(decorators[0].leading_lines)
+        if isinstance(stmt, cst.SimpleStatementLine):
+            k += len(stmt.body)
+        else:
+            if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) != isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+                return None
+            k += 1
+        out[stmt] = line - lead
+    return out if k == len(body) else None
 
 
 def _unlazy(value):

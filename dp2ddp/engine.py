@@ -103,15 +103,20 @@ class Finding:
         return bool(self.fix)
 
 
-def locate(wrapper: MetadataWrapper, findings: Iterable[Finding]) -> List[Finding]:
-    """Fill in line/col from the wrapper's position metadata."""
-    positions = wrapper.resolve(PositionProvider)
+def locate(wrapper: MetadataWrapper, findings: Iterable[Finding], range_of=None) -> List[Finding]:
+    """Fill in line/col from the wrapper's position metadata (or from ``range_of(node)``,
+    :meth:`dp2ddp.analysis.Analysis.range_of`, which gives the same positions)."""
+    positions = wrapper.resolve(PositionProvider) if range_of is None else None
     out = []
     for f in findings:
-        if f.node is not None and f.node in positions:
-            pos = positions[f.node]
-            pos = (pos() if type(pos).__name__ == "LazyValue" else pos).start
-            f.line, f.col = pos.line, pos.column
+        if f.node is not None:
+            if range_of is not None:
+                pos = range_of(f.node).start
+                f.line, f.col = pos.line, pos.column
+            elif f.node in positions:
+                pos = positions[f.node]
+                pos = (pos() if type(pos).__name__ == "LazyValue" else pos).start
+                f.line, f.col = pos.line, pos.column
         out.append(f)
     out.sort(key=lambda f: (f.line, f.col, f.code))
     return out

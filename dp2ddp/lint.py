@@ -187,7 +187,7 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
         from dp2ddp.prune_source import prune
 
         pruned = prune(data, facts, rules)
-    everything, findings, an, error = _check(data, path, rules, pruned)
+    everything, findings, an, error = _check(data, path, rules, pruned, facts.tree if facts is not None else None)
     if error:
         result.error = error
         return result
@@ -208,22 +208,23 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     return result
 
 
-def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes] = None):
+def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes] = None, tree=None):
     """(diagnostics, their findings, analysis, error): every finding of ``rules`` that no
     ``# noqa`` suppresses. With ``pruned`` (``data`` with the function bodies that the
     rules cannot need blanked out, same lines: :mod:`dp2ddp.prune_source`), that is what
-    LibCST analyses; ``data`` is the fallback should it not parse."""
-    from libcst.metadata import PositionProvider
-
+    LibCST analyses; ``data`` is the fallback should it not parse. ``tree``: Python's
+    ``ast`` of ``data`` (same lines as ``pruned``), for positions by statement."""
     from dp2ddp.analysis import Analysis
     from dp2ddp.engine import locate
     from dp2ddp.source import InputError, Source, parse
 
     display = "<stdin>" if path == "-" else path
     module = None
+    parsed = data
     if pruned is not None:
         try:
             module = parse(Source(path, pruned))
+            parsed = pruned
         except InputError:
             module = None  # cannot happen when pruning is right; the full file decides
     try:
@@ -231,7 +232,7 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes
             module = parse(Source(path, data))
     except InputError as e:
         return [], [], None, str(e)
-    an = Analysis.from_module(module, display)
+    an = Analysis.from_module(module, display, tree)
     findings = []
     for rule in rules:
         try:
@@ -240,9 +241,9 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes
             return [], [], None, f"{display}: internal error in {rule.code}: file too deeply nested"
         except Exception as e:  # a bug in a rule must not stop the run; say which
             return [], [], None, f"{display}: internal error in {rule.code} ({type(e).__name__}: {e})"
-    findings = locate(an.wrapper, findings)
-    text_lines = module.code.splitlines()
-    positions = an.wrapper.resolve(PositionProvider)
+    findings = locate(an.wrapper, findings, an.range_of)
+    # the module's text (what module.code would generate again, at a cost)
+    text_lines = parsed.decode(module.encoding).splitlines() if findings else []
     kept, out = [], []
     for f in findings:
         line_text = text_lines[f.line - 1] if 0 < f.line <= len(text_lines) else ""
@@ -250,10 +251,9 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes
             continue
         kept.append(f)
         end_line, end_col = f.line, f.col
-        if f.node is not None and f.node in positions:
-            pos = positions[f.node]
-            pos = pos() if type(pos).__name__ == "LazyValue" else pos
-            end_line, end_col = pos.end.line, pos.end.column
+        if f.node is not None:
+            end = an.range_of(f.node).end
+            end_line, end_col = end.line, end.column
         rule = BY_CODE.get(f.code)
         out.append(
             Diagnostic(
