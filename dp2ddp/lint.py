@@ -90,9 +90,14 @@ def suppressed(code: str, line_text: str) -> bool:
 # ---------------------------------------------------------------------------- one file
 
 _PREFILTERS: Dict[Tuple[str, ...], object] = {}
-# prune function bodies the candidate rules cannot need before LibCST parses a file
-# (check only, never with --fix); False gives the unpruned reference (--verify-pruning)
-PRUNE = os.environ.get("DP2DDP_NO_PRUNE", "") == ""
+# The shortcuts of `check`, each verified to give the same report
+# (benchmarks/bench_check.py --verify runs the whole torch tree both ways):
+# DP2DDP_NO_PRUNE=1: LibCST reads whole files (no function bodies blanked, see
+# dp2ddp/prune_source.py); DP2DDP_REFERENCE=1: no shortcut at all — only the byte and
+# import tiers of the pre-filter (no ast tier, no pruning), positions from LibCST's
+# PositionProvider over the whole module.
+REFERENCE = os.environ.get("DP2DDP_REFERENCE", "") not in ("", "0")
+PRUNE = os.environ.get("DP2DDP_NO_PRUNE", "") == "" and not REFERENCE
 
 
 def _prefilter(codes: Tuple[str, ...]):
@@ -176,7 +181,7 @@ def lint_bytes(
 
 def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     codes = tuple(codes)
-    rules, facts = _prefilter(codes).analyse(data)
+    rules, facts = _prefilter(codes).analyse(data, use_ast=not REFERENCE)
     result = FileResult(path)
     if not rules:
         result.store = (None, [])

@@ -17,7 +17,9 @@ run only on what the previous one let through:
    comment no longer counts; the same ``ast`` answers the rules' ``Shape`` needs
    (e.g. "an ``if`` on the rank contains a collective call"), which are written as
    supersets of what the rules report. Roughly ten times cheaper than the LibCST
-   analysis it saves.
+   analysis it saves. A shape may also use an *exact* fact to say "no finding":
+   :meth:`NameFacts.definite` (the module certainly refers to, or calls, a name as
+   LibCST resolves it), for rules that one such reference silences.
 """
 
 from __future__ import annotations
