@@ -265,39 +265,50 @@ class NameFacts:
         return False
 
 
-    def definite(self, names, called: bool = False) -> bool:
+    def definite(self, names, called: bool = False, prefix: bool = False) -> bool:
         """The module *certainly* refers to (with ``called``: calls) one of ``names`` as
-        LibCST resolves them: the opposite of the supersets above, for a rule that one such
-        reference silences (a ``destroy_process_group`` anywhere, a ``set_device`` call).
+        LibCST resolves them (with ``prefix``: or to a name below one of them): the
+        opposite of the supersets above, for a rule that one such reference silences (a
+        ``destroy_process_group`` anywhere, a ``set_device`` call).
 
         Counted: an import statement of a name (LibCST's ``all_qnames`` holds those), and
         a dotted use ``head.a.b`` whose ``head`` the module binds exactly once, in every
         scope and by every kind of binding, with a module-level ``import m as head`` /
         ``import head`` / ``from m import x as head`` on an earlier line: every scope
         then resolves ``head`` to that import."""
+        return self.certain(names, called, prefix) is not None
+
+    def certain(self, names, called: bool = False, prefix: bool = False) -> Optional[ast.AST]:
+        """The node that makes :meth:`definite` true: the import statement, or the use."""
         names = frozenset(names)
-        tree = self.tree
+        below = tuple(n + "." for n in names) if prefix else ()
+
+        def match(q: str) -> bool:
+            return q in names or (prefix and q.startswith(below))
+
         if not called:
             for node in self.index.of(ast.Import):
-                if any(a.name in names for a in node.names):
-                    return True
+                if any(match(a.name) for a in node.names):
+                    return node
             for node in self.index.of(ast.ImportFrom):
                 if node.module and not node.level and (
-                    node.module in names or any(f"{node.module}.{a.name}" in names for a in node.names)
+                    match(node.module) or any(match(f"{node.module}.{a.name}") for a in node.names)
                 ):
-                    return True
-        imports = _module_imports(tree)
+                    return node
+        imports = _module_imports(self.tree)
         heads = {n.split(".", 1)[0] for n in names} | {
-            local for local, (qual, _line) in imports.items() if any(n == qual or n.startswith(qual + ".") for n in names)
+            local
+            for local, (qual, _line) in imports.items()
+            if match(qual) or any(n.startswith(qual + ".") for n in names)
         }
         heads &= set(imports)
         if not heads:
-            return False
+            return None
         if self._counts is None:
             self._counts = _binding_counts(self.index)
         heads = {h for h in heads if self._counts.get(h) == 1}
         if not heads:
-            return False
+            return None
         targets = [c.func for c in self.index.of(ast.Call)] if called else self.index.of(ast.Attribute, ast.Name)
         for node in targets:
             attrs = []
@@ -310,9 +321,9 @@ class NameFacts:
             qual, line = imports[cur.id]
             if cur.lineno <= line:
                 continue
-            if ".".join([qual] + attrs[::-1]) in names:
-                return True
-        return False
+            if match(".".join([qual] + attrs[::-1])):
+                return node
+        return None
 
 
 _TYPE_CHECKS = frozenset({"isinstance", "issubclass"})

@@ -12,7 +12,9 @@ defaults and annotations stay (they run in the enclosing scope).
 Why that cannot change a finding, given correct ``keep`` declarations:
 
 * a function body is its own scope; it can change how names outside it resolve only
-  through ``global``/``nonlocal``, so a function holding either statement is kept;
+  through ``global`` (so a function holding one for a name that an import binds, or a
+  builtin, is kept: other module-level names never resolve to what the rules look
+  for) and ``nonlocal`` (kept whenever the function whose name it binds is);
 * a function is kept when its text matches a rule's item (a superset test: spellings of
   qualified names through every import of the module, case-insensitive words, string
   escapes), and so is every function that contains a kept one (its text contains it);
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import builtins
 import re
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
@@ -103,6 +106,8 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
                 continue
             if item.witness is not None:
                 w = _witness(item.witness, names, lines, owner)
+                if w is None and item.certain is not None:
+                    w = names.certain(item.certain, lines)
                 if w is not None:
                     got |= around(w)
                     continue
@@ -119,9 +124,23 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
     if any(r.keep_callers for r in rules) and seeds:
         for i in _callers(text, defs, spans, seeds):
             kept |= chain(i)
-    # ``global`` / ``nonlocal`` bind names outside the function: never blank one out
-    for node in names.of((ast.Global, ast.Nonlocal)):
-        kept |= around(node)
+    # ``global`` binds names of the module: never blank out one that binds a name an
+    # import binds or a builtin (those the rules resolve to qualified names; any other
+    # module-level name only ever resolves to the module's own). ``nonlocal`` binds a
+    # name of the enclosing function: keep the function whenever that one is kept (with
+    # the enclosing function blanked, both the binding and what it binds are gone)
+    imported = {local for local, _q in names.bindings}
+    for node in names.of((ast.Global,)):
+        if any(n in imported or hasattr(builtins, n) for n in node.names):
+            kept |= around(node)
+    inner = [owner[node.lineno] for node in names.of((ast.Nonlocal,))]
+    changed = True
+    while changed:
+        changed = False
+        for i in inner:
+            if i is not None and i not in kept and parent[i] in kept:
+                kept.add(i)
+                changed = True
     changed = False
     stubbed: Set[int] = set()
     for i, (d, _p) in enumerate(defs):  # outer functions first
@@ -188,10 +207,19 @@ class Names:
     its nodes by type, and which identifiers may stand for given qualified names."""
 
     def __init__(self, facts: "NameFacts") -> None:
+        self._facts = facts
         self._index = facts.index
         self.bindings: Set[Tuple[str, str]] = {(local, q) for local, qs in facts.bindings.items() for q in qs}
         self._spellings: Dict[frozenset, Set[str]] = {}
         self._assigned: Dict[frozenset, Set[str]] = {}
+
+    def certain(self, refs, lines: List[str]) -> Optional[ast.AST]:
+        """A node through which LibCST certainly resolves one of ``refs.names``, on ASCII
+        lines (so that LibCST spells its names alike); ``None`` if there is none."""
+        node = self._facts.certain(refs.names, prefix=refs.prefix)
+        if node is None or not all(lines[k].isascii() for k in range(node.lineno - 1, node.end_lineno)):
+            return None
+        return node
 
     def of(self, types: Tuple[type, ...]) -> List[ast.AST]:
         """The module's nodes of ``types``."""

@@ -264,6 +264,51 @@ CONTEXT = {
             dist.init_process_group("nccl")
             torch.save(m, "x")
         """,
+    "global-rebinds-a-builtin": """
+        import torch
+        import torch.distributed as dist
+
+        def setup():
+            global isinstance
+            isinstance = lambda *a: True
+
+        def main():
+            dist.init_process_group("nccl")
+            torch.save(m, "x")
+        """,
+    "global-of-a-plain-module-name": """
+        import torch
+        import torch.distributed as dist
+        counter = 0
+
+        def bump():
+            global counter
+            counter = counter + 1
+
+        def main():
+            dist.init_process_group("nccl")
+            torch.save(m, "x")
+        """,
+    "nonlocal-in-kept-and-blanked-functions": """
+        import torch
+        import torch.distributed as dist
+
+        def main():
+            dist = None
+            def rebind():
+                nonlocal dist
+                import torch.distributed as dist
+            rebind()
+            dist.init_process_group("nccl")
+            torch.save(m, "x")
+
+        def unrelated():
+            n = 0
+            def inc():
+                nonlocal n
+                n += 1
+            return inc
+        """,
     "noqa-and-one-liners": """
         import torch.distributed as dist
         def a(): return 1
@@ -330,6 +375,18 @@ def test_pruning_keeps_callers_for_rules_that_follow_calls():
 def test_pruning_leaves_global_and_one_liners_alone():
     out = _pruned(textwrap.dedent(CONTEXT["global-rebinds-a-module-name"]))
     assert "global dist" in out
+    out = _pruned(textwrap.dedent(CONTEXT["global-rebinds-a-builtin"]))
+    assert "global isinstance" in out
+
+
+def test_pruning_blanks_globals_the_rules_never_resolve_and_follows_nonlocal():
+    """``global counter`` only binds a name no rule resolves to a qualified name; a
+    ``nonlocal`` is kept exactly when the function whose name it binds is."""
+    out = _pruned(textwrap.dedent(CONTEXT["global-of-a-plain-module-name"]))
+    assert "global counter" not in out and 'dist.init_process_group("nccl")' in out
+    out = _pruned(textwrap.dedent(CONTEXT["nonlocal-in-kept-and-blanked-functions"]))
+    assert "nonlocal dist" in out  # main is kept: the rebinding in rebind() stays
+    assert "nonlocal n" not in out  # unrelated() is blanked, inc() with it
     out = _pruned(textwrap.dedent(CONTEXT["noqa-and-one-liners"]))
     assert "def a(): return 1" in out and "return x  # unrelated" not in out
 

@@ -156,14 +156,18 @@ class Keep:
     one X is enough: ``witness`` is an exact test (on ``ast`` nodes of ASCII lines, the
     same nodes LibCST sees) for such an X; when the module has one, only the functions
     around one witness are kept (none if it is outside functions) and ``requires`` is
-    not used."""
+    not used. ``certain``: if no ``witness`` node is found, a use of one of these names
+    that LibCST certainly resolves so (:meth:`dp2ddp.prefilter.NameFacts.certain`)
+    serves as the witness."""
 
     requires: Tuple[Text, ...]
     witness: Optional[Nodes] = None
+    certain: Optional[Refs] = None  # names whose certain use (NameFacts.certain) is a witness too
 
-    def __init__(self, *requires: Text, witness: Optional[Nodes] = None) -> None:
+    def __init__(self, *requires: Text, witness: Optional[Nodes] = None, certain: Optional[Refs] = None) -> None:
         object.__setattr__(self, "requires", tuple(requires))
         object.__setattr__(self, "witness", witness)
+        object.__setattr__(self, "certain", certain)
 
 
 def callee_spelling(call: "_ast.Call") -> Optional[str]:
@@ -204,7 +208,9 @@ def _ddp_import(node, _spellings) -> bool:
 # what ``is_ddp_code`` reads: one import of torch.distributed / DDP, or else every function
 # that may refer to them
 DDP_CONTEXT = Keep(
-    Text(refs={DIST_PREFIX} | set(DDP_NAMES), prefix=True), witness=Nodes((_ast.Import, _ast.ImportFrom), _ddp_import)
+    Text(refs={DIST_PREFIX} | set(DDP_NAMES), prefix=True),
+    witness=Nodes((_ast.Import, _ast.ImportFrom), _ddp_import),
+    certain=Refs({DIST_PREFIX} | set(DDP_NAMES), prefix=True),
 )
 
 
