@@ -14,7 +14,8 @@ Why that cannot change a finding, given correct ``keep`` declarations:
 * a function body is its own scope; it can change how names outside it resolve only
   through ``global`` (so a function holding one for a name that an import binds, or a
   builtin, is kept: other module-level names never resolve to what the rules look
-  for) and ``nonlocal`` (kept whenever the function whose name it binds is);
+  for) and ``nonlocal`` (kept, with the functions around it, whenever one of the
+  functions around it is kept);
 * a function is kept when its text matches a rule's item (a superset test: spellings of
   qualified names through every import of the module, case-insensitive words, string
   escapes), and so is every function that contains a kept one (its text contains it);
@@ -127,8 +128,9 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
     # ``global`` binds names of the module: never blank out one that binds a name an
     # import binds or a builtin (those the rules resolve to qualified names; any other
     # module-level name only ever resolves to the module's own). ``nonlocal`` binds a
-    # name of the enclosing function: keep the function whenever that one is kept (with
-    # the enclosing function blanked, both the binding and what it binds are gone)
+    # name of an enclosing function: while any enclosing function is kept, keep the
+    # function and every function around it (with the outermost one blanked, both the
+    # binding and what it binds are gone)
     imported = {local for local, _q in names.bindings}
     for node in names.of((ast.Global,)):
         if any(n in imported or hasattr(builtins, n) for n in node.names):
@@ -138,8 +140,8 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
     while changed:
         changed = False
         for i in inner:
-            if i is not None and i not in kept and parent[i] in kept:
-                kept.add(i)
+            if i is not None and i not in kept and not chain(parent[i]).isdisjoint(kept):
+                kept |= chain(i)
                 changed = True
     changed = False
     stubbed: Set[int] = set()

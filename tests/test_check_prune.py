@@ -308,6 +308,16 @@ CONTEXT = {
                 nonlocal n
                 n += 1
             return inc
+
+        def two_levels():
+            dist = None
+            def outer():
+                def inner():
+                    nonlocal dist
+                    import torch.distributed as dist
+                inner()
+            outer()
+            dist.init_process_group("gloo")
         """,
     "noqa-and-one-liners": """
         import torch.distributed as dist
@@ -387,6 +397,7 @@ def test_pruning_blanks_globals_the_rules_never_resolve_and_follows_nonlocal():
     out = _pruned(textwrap.dedent(CONTEXT["nonlocal-in-kept-and-blanked-functions"]))
     assert "nonlocal dist" in out  # main is kept: the rebinding in rebind() stays
     assert "nonlocal n" not in out  # unrelated() is blanked, inc() with it
+    assert out.count("nonlocal dist") == 2  # inner() rebinds two_levels()'s dist through outer()
     out = _pruned(textwrap.dedent(CONTEXT["noqa-and-one-liners"]))
     assert "def a(): return 1" in out and "return x  # unrelated" not in out
 
