@@ -8,6 +8,7 @@ Transforms (``dp2ddp.codemods``) and lint rules (``dp2ddp.rules``) receive an
 from __future__ import annotations
 
 import ast
+import re
 from functools import cached_property
 from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple, Type
 
@@ -56,12 +57,17 @@ def code(node: cst.CSTNode) -> str:
 class Analysis:
     """Metadata and structural helpers over ``wrapper.module``."""
 
-    def __init__(self, wrapper: MetadataWrapper, path: str = "<string>", tree: Optional[ast.Module] = None) -> None:
-        """``tree``: Python's ``ast`` of a text with the same lines as the module's (when
-        the caller has one), so that positions are computed one top-level statement at a
-        time instead of for the whole module (:meth:`range_of`)."""
+    def __init__(
+        self, wrapper: MetadataWrapper, path: str = "<string>", tree: Optional[ast.Module] = None, text: Optional[str] = None
+    ) -> None:
+        """``tree``: Python's ``ast`` of a text with the same lines as the module's, and
+        ``text``: the module's text (when the caller has them), so that positions are
+        computed one top-level statement at a time instead of for the whole module
+        (:meth:`range_of`)."""
         self.wrapper = wrapper
-        self._tree = tree
+        self._tree = tree if text is not None else None
+        self._text = text
+        self._line_offsets: Optional[List[int]] = None
         self._ranges: Dict[cst.CSTNode, CodeRange] = {}
         self._starts: Optional[Dict[cst.CSTNode, int]] = None
         self._placed: Set[cst.CSTNode] = set()
@@ -76,8 +82,10 @@ class Analysis:
         self._by_type: Dict[tuple, List[cst.CSTNode]] = {}
 
     @classmethod
-    def from_module(cls, module: cst.Module, path: str = "<string>", tree: Optional[ast.Module] = None) -> "Analysis":
-        return cls(MetadataWrapper(module, unsafe_skip_copy=True), path, tree)
+    def from_module(
+        cls, module: cst.Module, path: str = "<string>", tree: Optional[ast.Module] = None, text: Optional[str] = None
+    ) -> "Analysis":
+        return cls(MetadataWrapper(module, unsafe_skip_copy=True), path, tree, text)
 
     # ------------------------------------------------------------------ names
     def qnames(self, node: cst.CSTNode) -> Set[str]:
@@ -192,15 +200,29 @@ class Analysis:
         starts = self._statement_starts() if parent is self.module else None
         if starts is None or top not in starts or top in self._placed:
             return _unlazy(self._positions[node])
+        self._placed.add(top)
+        ranges: Dict[cst.CSTNode, CodeRange] = {}
         state = PositionProvidingCodegenState(
             default_indent=self.module.default_indent,
             default_newline=self.module.default_newline,
-            provider=_Ranges(self._ranges),
+            provider=_Ranges(ranges),
         )
         state.line = starts[top]
         top._codegen(state)
-        self._placed.add(top)
+        # the statement's code must be the text on those lines: ast's line for it can be
+        # later than LibCST's start (``@(`` / ``@\`` decorators, a lone ``\`` line before
+        # it); then the whole module's positions decide
+        if not self._text_at(starts[top], "".join(state.tokens)):
+            return _unlazy(self._positions[node])
+        self._ranges.update(ranges)
         return self._ranges[node]
+
+    def _text_at(self, line: int, code: str) -> bool:
+        """The module's text, from the start of ``line``, begins with ``code``."""
+        if self._line_offsets is None:
+            self._line_offsets = [0] + [m.end() for m in _NEWLINE.finditer(self._text)]
+        offsets = self._line_offsets
+        return 0 < line <= len(offsets) and self._text.startswith(code, offsets[line - 1])
 
     def _statement_starts(self) -> Optional[Dict[cst.CSTNode, int]]:
         """The line where the code of each top-level statement begins (its leading blank
@@ -371,6 +393,9 @@ class Analysis:
         if outer is inner:
             return True
         return any(a is outer for a in self.ancestors(inner))
+
+
+_NEWLINE = re.compile(r"\r\n?|\n")  # lines as LibCST counts them
 
 
 class _Ranges:

@@ -213,6 +213,9 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     return result
 
 
+_LINES = re.compile(r"\r\n?|\n")
+
+
 def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes] = None, tree=None):
     """(diagnostics, their findings, analysis, error): every finding of ``rules`` that no
     ``# noqa`` suppresses. With ``pruned`` (``data`` with the function bodies that the
@@ -237,7 +240,8 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes
             module = parse(Source(path, data))
     except InputError as e:
         return [], [], None, str(e)
-    an = Analysis.from_module(module, display, tree)
+    text = parsed.decode(module.encoding)
+    an = Analysis.from_module(module, display, tree, text)
     findings = []
     for rule in rules:
         try:
@@ -247,8 +251,9 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes
         except Exception as e:  # a bug in a rule must not stop the run; say which
             return [], [], None, f"{display}: internal error in {rule.code} ({type(e).__name__}: {e})"
     findings = locate(an.wrapper, findings, an.range_of)
-    # the module's text (what module.code would generate again, at a cost)
-    text_lines = parsed.decode(module.encoding).splitlines() if findings else []
+    # the module's text (what module.code would generate again, at a cost), cut into
+    # lines as LibCST counts them (str.splitlines also cuts at \x0c, \u2028, ...)
+    text_lines = _LINES.split(text) if findings else []
     kept, out = [], []
     for f in findings:
         line_text = text_lines[f.line - 1] if 0 < f.line <= len(text_lines) else ""

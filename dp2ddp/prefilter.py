@@ -233,6 +233,7 @@ class NameFacts:
                     called.add(q)
         self.tree = tree
         self._counts: Optional[Dict[str, int]] = None  # bindings per name, when first asked
+        self._lines: Optional[List[bytes]] = None
         self.source = source
         self.called = called
         self.index = AstIndex(tree, self, by_type)
@@ -265,6 +266,15 @@ class NameFacts:
         return False
 
 
+    def ascii(self, node: ast.AST) -> bool:
+        """``node``'s lines are ASCII, so its identifiers are spelled in ``ast`` as in the
+        file: ``ast`` applies NFKC to identifiers (``ｄist`` becomes ``dist``), LibCST does not."""
+        if self._lines is None:
+            self._lines = self.source.splitlines()
+        lines = self._lines
+        end = getattr(node, "end_lineno", None) or node.lineno
+        return end <= len(lines) and all(lines[k].isascii() for k in range(node.lineno - 1, end))
+
     def definite(self, names, called: bool = False, prefix: bool = False) -> bool:
         """The module *certainly* refers to (with ``called``: calls) one of ``names`` as
         LibCST resolves them (with ``prefix``: or to a name below one of them): the
@@ -288,17 +298,20 @@ class NameFacts:
 
         if not called:
             for node in self.index.of(ast.Import):
-                if any(match(a.name) for a in node.names):
+                if any(match(a.name) for a in node.names) and self.ascii(node):
                     return node
             for node in self.index.of(ast.ImportFrom):
-                if node.module and not node.level and (
-                    match(node.module) or any(match(f"{node.module}.{a.name}") for a in node.names)
+                if (
+                    node.module
+                    and not node.level
+                    and (match(node.module) or any(match(f"{node.module}.{a.name}") for a in node.names))
+                    and self.ascii(node)
                 ):
                     return node
-        imports = _module_imports(self.tree)
+        imports = {local: v for local, v in _module_imports(self.tree).items() if self.ascii(v[2])}
         heads = {n.split(".", 1)[0] for n in names} | {
             local
-            for local, (qual, _line) in imports.items()
+            for local, (qual, _line, _node) in imports.items()
             if match(qual) or any(n.startswith(qual + ".") for n in names)
         }
         heads &= set(imports)
@@ -318,8 +331,8 @@ class NameFacts:
                 cur = cur.value
             if not isinstance(cur, ast.Name) or cur.id not in heads:
                 continue
-            qual, line = imports[cur.id]
-            if cur.lineno <= line:
+            qual, line, _node = imports[cur.id]
+            if cur.lineno <= line or not self.ascii(node):
                 continue
             if match(".".join([qual] + attrs[::-1])):
                 return node
@@ -347,25 +360,25 @@ class AstIndex:
         return self.facts.refers(need)
 
 
-def _module_imports(tree: ast.Module) -> Dict[str, Tuple[str, int]]:
-    """{local name: (qualified name, line)} of the imports in module-level code (blocks of
+def _module_imports(tree: ast.Module) -> Dict[str, Tuple[str, int, ast.stmt]]:
+    """{local name: (qualified name, line, statement)} of the imports in module-level code (blocks of
     ``if``/``try``/``with``/loops included, functions and classes not); ``import a.b``
     without ``as`` binds ``a`` in a way this does not model, so it is left out."""
-    out: Dict[str, Tuple[str, int]] = {}
+    out: Dict[str, Tuple[str, int, ast.stmt]] = {}
     todo = list(tree.body)
     while todo:
         s = todo.pop()
         if isinstance(s, ast.Import):
             for a in s.names:
                 if a.asname:
-                    out[a.asname] = (a.name, s.lineno)
+                    out[a.asname] = (a.name, s.lineno, s)
                 elif "." not in a.name:
-                    out[a.name] = (a.name, s.lineno)
+                    out[a.name] = (a.name, s.lineno, s)
         elif isinstance(s, ast.ImportFrom):
             if s.module and not s.level:
                 for a in s.names:
                     if a.name != "*":
-                        out[a.asname or a.name] = (f"{s.module}.{a.name}", s.lineno)
+                        out[a.asname or a.name] = (f"{s.module}.{a.name}", s.lineno, s)
         elif not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for field in ("body", "orelse", "finalbody", "handlers", "cases"):
                 for sub in getattr(s, field, ()) or ():

@@ -107,8 +107,9 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
                 continue
             if item.witness is not None:
                 w = _witness(item.witness, names, lines, owner)
-                if w is None and item.certain is not None:
-                    w = names.certain(item.certain, lines)
+                for refs in item.certain:
+                    if w is None:
+                        w = names.certain(refs, lines)
                 if w is not None:
                     got |= around(w)
                     continue

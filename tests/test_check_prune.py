@@ -319,6 +319,49 @@ CONTEXT = {
             outer()
             dist.init_process_group("gloo")
         """,
+    "a-name-below-ddp-is-no-ddp-code": """
+        from torch.nn.DistributedDataParallel.sub import y
+        import torch
+
+
+        def f():
+            x = 1
+            torch.distributed.barrier()
+
+
+        torch.save(model, "x")
+        torch.load("x")
+        model = model.cuda()
+        """,
+    "local-rank-parameter-in-a-nested-function": """
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+
+
+        def outer():
+            x = 1
+            def main(local_rank=0):
+                return x
+
+
+        model = model.cuda()
+        """,
+    "local-rank-keyword-argument": """
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+
+
+        def helper():
+            x = 1
+            configure(local_rank=x)
+
+
+        model = model.cuda()
+        """,
     "noqa-and-one-liners": """
         import torch.distributed as dist
         def a(): return 1
@@ -438,3 +481,49 @@ def test_dotted_name_patterns_do_not_backtrack_on_comments():
     t = time.perf_counter()
     _pruned(src)
     assert time.perf_counter() - t < 5
+
+
+# what LibCST's PositionProvider and str-based line handling would get wrong on their own:
+# source, and the (line, code) of what is reported
+REFERENCE_CASES = {
+    "decorator-in-parentheses": (
+        "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        "dist.destroy_process_group()\n\n\n@(\n    staticmethod\n)\ndef f():\n    model = model.cuda()\n",
+        [(11, "DDP006")],
+    ),
+    "decorator-after-a-continued-at": (
+        "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        "dist.destroy_process_group()\n@\\\nstaticmethod\ndef f():\n    model = model.cuda()\n",
+        [(8, "DDP006")],
+    ),
+    "noqa-under-a-parenthesized-decorator": (
+        "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        "dist.destroy_process_group()\n@(\n  staticmethod)\ndef f():\n    model = model.cuda()  # noqa: DDP006\n"
+        "x = model.cuda()\n",
+        [(9, "DDP006")],
+    ),
+    "form-feed-in-a-blanked-body": (
+        "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        "dist.destroy_process_group()\n\ndef helper():\n    x = 1\n    # page\x0cbreak\n    return 1\n\n"
+        "model = model.cuda()  # noqa: DDP006\nx = model.cuda()\n",
+        [(12, "DDP006")],
+    ),
+    "line-separator-in-a-blanked-body": (
+        "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\n"
+        "dist.destroy_process_group()\n\ndef helper():\n    x = 1\n    # sep \u2028 x\n    return 1\n\n"
+        "# noqa: DDP006\nmodel = model.cuda()\n",
+        [(12, "DDP006")],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE_CASES))
+def test_shortcuts_equal_the_reference_run(name, monkeypatch):
+    """Every shortcut of check (ast tier, pruning, positions by statement) against
+    DP2DDP_REFERENCE (none of them): the same diagnostics, on the right lines, with
+    ``# noqa`` read on the line LibCST counts."""
+    src, expected = REFERENCE_CASES[name]
+    fast = _lint(src, ALL, True, monkeypatch)
+    assert [(d[0], d[4]) for d in fast[0]] == expected
+    monkeypatch.setattr(lint, "REFERENCE", True)
+    assert fast == _lint(src, ALL, False, monkeypatch)

@@ -183,6 +183,11 @@ SILENCER_EDGES = [
     "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nx = 'local_' 'rank'\n",
     "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nx = f\"{a}'local_rank'\"\n",
     "import torch.distributed as dist\ndist.init_process_group('nccl')\nm = m.cuda()\nx = b'local_rank'\n",
+    # ast applies NFKC to identifiers (a fullwidth "ｄist" is "dist" there), LibCST does not
+    "import torch.distributed as dist\ndist.init_process_group('nccl')\n\uff44ist.destroy_process_group()\n",
+    "import torch.distributed as dist\nfrom torch.distributed import \uff44estroy_process_group\ndist.init_process_group('nccl')\n",
+    "import torch\nimport torch.distributed as dist\ndist.init_process_group('nccl')\ntorch.cuda.\uff53et_device(0)\nm = m.cuda()\n",
+    "import torch.distributed as dist\ndist.init_process_group('nccl')\n\uff4cocal_rank = 0\nm = m.cuda()\n",
 ]
 # ... and these the pre-filter may reject (what LibCST certainly resolves)
 SILENCED = [

@@ -156,15 +156,15 @@ class Keep:
     one X is enough: ``witness`` is an exact test (on ``ast`` nodes of ASCII lines, the
     same nodes LibCST sees) for such an X; when the module has one, only the functions
     around one witness are kept (none if it is outside functions) and ``requires`` is
-    not used. ``certain``: if no ``witness`` node is found, a use of one of these names
-    that LibCST certainly resolves so (:meth:`dp2ddp.prefilter.NameFacts.certain`)
-    serves as the witness."""
+    not used. ``certain``: if no ``witness`` node is found, a use of a name of one of
+    these ``Refs`` that LibCST certainly resolves so
+    (:meth:`dp2ddp.prefilter.NameFacts.certain`) serves as the witness."""
 
     requires: Tuple[Text, ...]
     witness: Optional[Nodes] = None
-    certain: Optional[Refs] = None  # names whose certain use (NameFacts.certain) is a witness too
+    certain: Tuple[Refs, ...] = ()  # names whose certain use (NameFacts.certain) is a witness too
 
-    def __init__(self, *requires: Text, witness: Optional[Nodes] = None, certain: Optional[Refs] = None) -> None:
+    def __init__(self, *requires: Text, witness: Optional[Nodes] = None, certain: Tuple[Refs, ...] = ()) -> None:
         object.__setattr__(self, "requires", tuple(requires))
         object.__setattr__(self, "witness", witness)
         object.__setattr__(self, "certain", certain)
@@ -192,7 +192,8 @@ DDP_CODE = Refs({DIST_PREFIX} | set(DDP_NAMES), prefix=True, imports=True)
 
 
 def _is_ddp_name(q: str) -> bool:
-    return q == DIST_PREFIX or q.startswith(DIST_PREFIX + ".") or any(q == n or q.startswith(n + ".") for n in DDP_NAMES)
+    """What ``is_ddp_code`` accepts (a name *below* DistributedDataParallel is not DDP code)."""
+    return q in DDP_NAMES or q == DIST_PREFIX or q.startswith(DIST_PREFIX + ".")
 
 
 def _ddp_import(node, _spellings) -> bool:
@@ -210,7 +211,7 @@ def _ddp_import(node, _spellings) -> bool:
 DDP_CONTEXT = Keep(
     Text(refs={DIST_PREFIX} | set(DDP_NAMES), prefix=True),
     witness=Nodes((_ast.Import, _ast.ImportFrom), _ddp_import),
-    certain=Refs({DIST_PREFIX} | set(DDP_NAMES), prefix=True),
+    certain=(Refs({DIST_PREFIX}, prefix=True), Refs(DDP_NAMES)),
 )
 
 
@@ -298,10 +299,7 @@ def is_ddp_code(an: Analysis) -> bool:
 
     def compute() -> bool:
         # the imports first: they usually decide it without resolving a single name
-        def ddp(q: str) -> bool:
-            return q in DDP_NAMES or q == DIST_PREFIX or q.startswith(DIST_PREFIX + ".")
-
-        return any(ddp(q) for q in import_qnames(an)) or any(ddp(q) for q in all_qnames(an))
+        return any(_is_ddp_name(q) for q in import_qnames(an)) or any(_is_ddp_name(q) for q in all_qnames(an))
 
     return _cached(an, "ddp", compute)
 

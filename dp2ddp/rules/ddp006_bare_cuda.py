@@ -51,7 +51,9 @@ class BareCudaDevice(Rule):
         Nodes((ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda), lambda n, _n: _cuda_literal_in(*n.args.defaults, *n.args.kw_defaults)),
         Nodes((ast.ClassDef,), lambda n, _n: _cuda_literal_in(*n.bases, *n.keywords)),
         Keep(Text(refs=SET_DEVICE)),
-        Nodes((ast.Name, ast.Attribute, ast.Constant), lambda n, _n: _local_rank_like(n)),
+        # any text spelled like the local rank: _mentions_local_rank reads every Name
+        # (parameters and keyword names too) and every string
+        Keep(Text(words=_LOCAL_RANK.pattern, escapes=True)),
         DDP_CONTEXT,
     )
     invalid = (
@@ -101,11 +103,12 @@ def _shape(ix) -> bool:
 
 
 def _may_report(ix) -> bool:
+    # (on ASCII lines only: ast normalizes ``ｌocal_rank`` to ``local_rank``, LibCST does not)
     for n in ix.of(ast.Name):
-        if _LOCAL_RANK.search(n.id):
+        if _LOCAL_RANK.search(n.id) and ix.facts.ascii(n):
             return False
     for n in ix.of(ast.Attribute):
-        if _LOCAL_RANK.search(n.attr):
+        if _LOCAL_RANK.search(n.attr) and ix.facts.ascii(n):
             return False
     # a bare .cuda() call, or a "cuda" / "cuda:0" literal where the rule looks (an argument,
     # an assigned value, a conditional expression, a parameter default); the rule never
@@ -180,15 +183,6 @@ def _cuda_literal_in(*nodes) -> bool:
         if _is_cuda_literal(n):
             return True
     return False
-
-
-def _local_rank_like(node) -> bool:
-    """For pruning: a name, attribute or string that ``_mentions_local_rank`` could see."""
-    if isinstance(node, ast.Name):
-        return bool(_LOCAL_RANK.search(node.id))
-    if isinstance(node, ast.Attribute):
-        return bool(_LOCAL_RANK.search(node.attr))
-    return isinstance(node.value, str) and bool(_LOCAL_RANK.search(node.value))
 
 
 def _is_cuda_literal(node) -> bool:
