@@ -362,6 +362,20 @@ CONTEXT = {
 
         model = model.cuda()
         """,
+    "local-rank-spelled-with-an-escape": """
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl")
+
+
+        def helper():
+            x = 1
+            return "\\x6cocal_rank"
+
+
+        model = model.cuda()
+        """,
     "noqa-and-one-liners": """
         import torch.distributed as dist
         def a(): return 1

@@ -51,9 +51,10 @@ class BareCudaDevice(Rule):
         Nodes((ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda), lambda n, _n: _cuda_literal_in(*n.args.defaults, *n.args.kw_defaults)),
         Nodes((ast.ClassDef,), lambda n, _n: _cuda_literal_in(*n.bases, *n.keywords)),
         Keep(Text(refs=SET_DEVICE)),
-        # any text spelled like the local rank: _mentions_local_rank reads every Name
-        # (parameters and keyword names too) and every string
-        Keep(Text(words=_LOCAL_RANK.pattern, escapes=True)),
+        # what _mentions_local_rank reads: every Name (parameters and keyword names too),
+        # by its text, and every string, by its value (escapes can spell it)
+        Keep(Text(words=_LOCAL_RANK.pattern)),
+        Nodes((ast.Constant,), lambda n, _n: isinstance(n.value, str) and bool(_LOCAL_RANK.search(n.value))),
         DDP_CONTEXT,
     )
     invalid = (
