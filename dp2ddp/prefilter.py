@@ -28,7 +28,7 @@ import ast
 import re
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from dp2ddp.rules.base import Refs, Rule, Shape, Tokens
+from dp2ddp.rules.base import Folded, Refs, Rule, Shape, Tokens
 
 _FROM = re.compile(
     rb"from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]*(\((?:[^)#]|#[^\n]*)*\)|[^\n;#]*(?:\\\r?\n[^\n;#]*)*)"
@@ -495,7 +495,7 @@ class Prefilter:
         self._needs = [(r, [(_tokens(n), n) for n in r.needs]) for r in self.rules]
         self._heads = {name.split(".", 1)[0] for r in self.rules for n in r.needs if isinstance(n, Refs) for name in n.names}
         tokens = {t for _r, needs in self._needs for toks, _n in needs for t in toks}
-        self._guard_of = {t: g for t in tokens for g in _GUARDS if g in t}
+        self._guard_of = {t: g for t in tokens if type(t) is not Folded for g in _GUARDS if g in t}
 
     def candidates(self, data: bytes, use_ast: bool = True) -> List[Rule]:
         """The rules that could fire on ``data``."""
@@ -505,7 +505,8 @@ class Prefilter:
         """The rules that could fire on ``data``, and the tier-3 facts when they were
         computed (what :mod:`dp2ddp.prune_source` prunes with)."""
         tier1 = []
-        token_hit: Dict[bytes, bool] = {}
+        token_hit: Dict[object, bool] = {}
+        lower: Optional[bytes] = None  # data.lower(), for case-insensitive tokens
         for g in _GUARDS:
             if g not in data:
                 for t, guard in self._guard_of.items():
@@ -516,9 +517,16 @@ class Prefilter:
             for toks, need in needs:
                 hit = False
                 for t in toks:
-                    h = token_hit.get(t)
+                    folded = type(t) is Folded
+                    key = ("i", t) if folded else t
+                    h = token_hit.get(key)
                     if h is None:
-                        h = token_hit[t] = t in data
+                        if folded:
+                            if lower is None:
+                                lower = data.lower()
+                            h = token_hit[key] = bytes(t) in lower
+                        else:
+                            h = token_hit[key] = t in data
                     if h:
                         hit = True
                         break

@@ -157,6 +157,10 @@ TRICKY = [
     ("DDP015", "import torch.distributed as dist\nimport torch.nn as nn\nc = nn.MSELoss(reduction = 'sum')\n"),
     ("DDP003", "from torch.utils.data import DataLoader\nl = DataLoader(ds, shuffle = (True), batch_sampler=s)\n"),
     ("DDP011", "import torch.distributed as dist\np.add_argument('--local-rank', type=int)\n"),
+    # the rank and GPU-count words are matched in any case
+    ("DDP009", "import os\nimport torch.distributed as dist\nif os.environ['RANK'] == '0':\n    dist.barrier()\n"),
+    ("DDP009", "import torch.distributed as dist\nif IS_MASTER:\n    dist.barrier()\n"),
+    ("DDP010", "import torch.distributed as dist\nif N_GPU > 1:\n    loss = loss.mean()\n"),
 ]
 
 

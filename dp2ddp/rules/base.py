@@ -12,7 +12,8 @@ byte-level pre-filter (:mod:`dp2ddp.lint`) derives from it, so a file that canno
 is never parsed. Each entry of ``needs`` is a requirement that must hold; a requirement
 is satisfied when *any* of its alternatives is present:
 
-* ``Tokens("a", "b")``: one of these byte strings occurs in the file;
+* ``Tokens("a", "b")``: one of these byte strings occurs in the file (with
+  ``ignore_case=True``, in any case: for a rule that matches names case-insensitively);
 * ``Refs(names, prefix=False)``: the file may refer to one of these qualified names
   (checked against the file's imports, so ``from torch.nn import DataParallel as DP``
   counts and a local variable called ``DataParallel`` does not); with ``called=True``,
@@ -47,12 +48,20 @@ from dp2ddp.engine import Finding, Fix
 # --------------------------------------------------------------------------- needs
 
 
+class Folded(bytes):
+    """A token matched case-insensitively (lower case; the file is lowered to match it)."""
+
+
+def _token_bytes(alternatives, ignore_case: bool) -> Tuple[bytes, ...]:
+    return tuple(Folded(a.lower().encode()) if ignore_case else a.encode() for a in alternatives)
+
+
 @dataclass(frozen=True)
 class Tokens:
     alternatives: Tuple[bytes, ...]
 
-    def __init__(self, *alternatives: str) -> None:
-        object.__setattr__(self, "alternatives", tuple(a.encode() for a in alternatives))
+    def __init__(self, *alternatives: str, ignore_case: bool = False) -> None:
+        object.__setattr__(self, "alternatives", _token_bytes(alternatives, ignore_case))
 
 
 @dataclass(frozen=True)
@@ -84,9 +93,11 @@ class Shape:
     alternatives: Tuple[bytes, ...]
     pattern: Optional["re.Pattern[bytes]"] = None  # must also match the bytes (tier 1)
 
-    def __init__(self, test: Callable[..., bool], *alternatives: str, pattern: Optional[bytes] = None) -> None:
+    def __init__(
+        self, test: Callable[..., bool], *alternatives: str, pattern: Optional[bytes] = None, ignore_case: bool = False
+    ) -> None:
         object.__setattr__(self, "test", test)
-        object.__setattr__(self, "alternatives", tuple(a.encode() for a in alternatives))
+        object.__setattr__(self, "alternatives", _token_bytes(alternatives, ignore_case))
         object.__setattr__(self, "pattern", re.compile(pattern) if pattern is not None else None)
 
 

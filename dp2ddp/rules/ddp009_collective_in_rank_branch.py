@@ -50,7 +50,8 @@ class CollectiveInRankBranch(Rule):
     needs = (
         DDP_CODE,
         Refs(COLLECTIVES | set(DDP_NAMES)),
-        Shape(lambda ix: _shape(ix), "rank", "master", "main", "primary", "chief", "leader"),
+        # RANK_WORD matches in any case (os.environ["RANK"], IS_MASTER)
+        Shape(lambda ix: _shape(ix), "rank", "master", "main", "primary", "chief", "leader", ignore_case=True),
     )
     # every `if` on the rank with a collective or a call of a DDP-wrapped variable in a
     # branch, and the assignments of DDP-wrapped ``self.`` attributes (``ddp_wrapped``)

@@ -32,7 +32,7 @@ class DPLossMean(Rule):
     fixable = True
     needs = (
         DDP_CODE,
-        Tokens("gpu", "device_count", "world_size"),
+        Tokens("gpu", "device_count", "world_size", ignore_case=True),  # _GPU_COUNT ignores case
         Shape(lambda ix: _shape(ix), "mean", pattern=rb"\." + GAP + rb"mean" + GAP + rb"\(" + GAP + rb"\)"),
     )
     keep = (Keep(Text(words=r"\bmean\b")), DDP_CONTEXT)
