@@ -38,7 +38,21 @@ _IMPORT = re.compile(
 )
 _ALIAS = re.compile(rb"([\w.]+|\*)(?:\s+as\s+(\w+))?")
 _WORDCHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
-_SPACE = frozenset(b" \t\r\n\\")
+_SPACE = frozenset(b" \t\r\n\f\\")
+# what the import scan and the attribute tests read: line continuations joined, form feeds
+# as blanks, and no blanks (or a comment without quotes) around a dot, so that
+# ``from torch . distributed import x``, ``from \\<newline> torch...`` and
+# ``(torch.  # c<newline> distributed)`` read like their plain spellings
+_CONTINUATION = re.compile(rb"\\(?:\r\n|\r|\n)")
+_AROUND_DOT = re.compile(rb"[ \t]*\.[ \t]*(?:#[^\r\n'\"]*(?=[\r\n]|$))?")
+
+
+def _normalized(data: bytes) -> bytes:
+    if b"\\" in data:
+        data = _CONTINUATION.sub(b" ", data)
+    if b"\f" in data:
+        data = data.replace(b"\f", b" ")
+    return _AROUND_DOT.sub(b".", data)
 
 
 def _starts_word(data: bytes, i: int) -> bool:
@@ -184,6 +198,8 @@ class NameFacts:
                 shadowed = shadowed or node.name in _TYPE_CHECKS
             elif isinstance(node, ast.alias):
                 shadowed = shadowed or (node.asname or node.name) in _TYPE_CHECKS
+            elif isinstance(node, ast.arg):
+                shadowed = shadowed or node.arg in _TYPE_CHECKS
             if isinstance(node, ast.Attribute):
                 attrs = []
                 cur: ast.AST = node
@@ -523,8 +539,10 @@ class Prefilter:
                     if h is None:
                         if folded:
                             if lower is None:
-                                lower = data.lower()
-                            h = token_hit[key] = bytes(t) in lower
+                                # Unicode case folding also maps other letters to ASCII
+                                # (U+212A KELVIN SIGN is a "k"): non-ASCII text may match
+                                lower = data.lower() if data.isascii() else b""
+                            h = token_hit[key] = not lower or bytes(t) in lower
                         else:
                             h = token_hit[key] = t in data
                     if h:
@@ -552,8 +570,9 @@ class Prefilter:
                 if isinstance(need, Refs):
                     if need not in ref_cache:
                         if bindings is None:
-                            bindings = import_bindings(data)
-                        ref_cache[need] = _may_refer(data, bindings, need, memo)
+                            norm = _normalized(data)
+                            bindings = import_bindings(norm)
+                        ref_cache[need] = _may_refer(norm, bindings, need, memo)
                     if not ref_cache[need]:
                         ok = False
                         break

@@ -268,7 +268,8 @@ def _ref_patterns(names, prefix: bool, bindings) -> Tuple[List[str], Set[str]]:
     aliases: Set[str] = set()
 
     def chain(parts: Sequence[str]) -> str:
-        return r"\b" + (_GAP + r"\." + _GAP).join(map(re.escape, parts)) + r"\b"
+        # ``(nn).BatchNorm2d``, ``(torch.cuda).set_device``: closing parentheses before a dot
+        return r"\b" + (_GAP + r"(?:\)" + _GAP + r")*\." + _GAP).join(map(re.escape, parts)) + r"\b"
 
     for name in names:
         out.append(chain(name.split(".")))

@@ -8,6 +8,7 @@ import libcst as cst
 import pytest
 
 from dp2ddp.analysis import Analysis
+from dp2ddp import lint
 from dp2ddp.lint import lint_bytes
 from dp2ddp.prefilter import Prefilter
 from dp2ddp.rules import BY_CODE, BY_NAME, RULES, UnknownCode, select_rules
@@ -233,3 +234,52 @@ def test_prefilter_is_sound_on_every_example_and_fixture(rule):
         if findings:
             assert rule in alone.candidates(src.encode()), src
             assert rule in both.candidates(src.encode()), src
+
+
+# spellings that once slipped past the pre-filter or the pruning (a review against the
+# rules run on the whole file): continuations, form feeds and comments in dotted names,
+# escapes, lone CR line endings, Unicode case folding, shadowed isinstance, class keyword
+# arguments, `import a.b.f as x`, parenthesised name heads
+EXOTIC = [
+    ('attr_comment', 'import torch\n\n(torch.  # c\n    distributed).init_process_group("nccl")\ntorch.save(m, "x")\n'),
+    ('attr_ff', 'import torch\n\ntorch.\x0cdistributed.init_process_group("nccl")\ntorch.save(m, "x")\n'),
+    ('classarg_ddp006', 'import torch.distributed as dist\n\nclass A(B, device="cuda"):\n    pass\n'),
+    ('coll_alias_ddp009', 'import torch.distributed as dist\nimport torch.distributed.barrier as bar\n\nif rank == 0:\n    bar()\n'),
+    ('cr_ddp003', 'from torch.utils.data import DataLoader\r\rloader = DataLoader(ds, sampler=s, shuffle  # c\r    = True)\r'),
+    ('cr_ddp006', 'import torch.distributed as dist\r\rdist.init_process_group("nccl")\rmodel = (model.cuda  # c\r    )()\r'),
+    ('cr_ddp010', 'import torch.distributed as dist\r\rif args.n_gpu > 1:\r    loss = loss.mean(  # c\r    )\rloss.backward()\r'),
+    ('cr_ddp015', 'import torch.distributed as dist\rimport torch.nn as nn\r\rc = nn.CrossEntropyLoss(reduction  # c\r    ="sum")\r'),
+    ('cr_imp', 'import os, \\\r    torch.distributed as dist\rimport torch\r\rdist.init_process_group("nccl")\rtorch.save(m, "x")\r'),
+    ('esc_ddp007', 'from torch.nn.parallel import DistributedDataParallel as DDP\n\ndev = "\\x63uda"\nmodel = DDP(model)\n'),
+    ('esc_ddp011', 'import argparse\n\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\nparser.add_argument("--local\\x5frank", type=int, default=0)\n'),
+    ('esc_ddp015', 'import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction="\\x73um")\n'),
+    ('from_cont', 'import torch\nfrom \\\n    torch.distributed import init_process_group\n\ninit_process_group("nccl")\ntorch.save(m, "x")\n'),
+    ('from_cont2', 'import torch\nfrom torch.distributed \\\n    import init_process_group\n\ninit_process_group("nccl")\ntorch.save(m, "x")\n'),
+    ('from_spacedot', 'import torch\nfrom torch . distributed import init_process_group as ipg\n\nipg("nccl")\ntorch.save(m, "x")\n'),
+    ('getrank_alias_ddp009', 'import torch.distributed as dist\nimport torch.distributed.get_rank as gr\n\nif gr() == 0:\n    dist.barrier()\n'),
+    ('imp_cont', 'import torch\nimport \\\n    torch.distributed as dist\n\ndist.init_process_group("nccl")\ntorch.save(m, "x")\n'),
+    ('imp_ff', 'import torch\nimport\x0ctorch.distributed as dist\n\ndist.init_process_group("nccl")\ntorch.save(m, "x")\n'),
+    ('isinst_lambda_ddp001', 'import torch.nn as nn\n\nf = lambda m, isinstance: isinstance(m, nn.DataParallel)\n'),
+    ('isinst_param_ddp001', 'import torch.nn as nn\n\ndef unwrap(m, isinstance):\n    return isinstance(m, nn.DataParallel)\n'),
+    ('kelvin_ddp009', 'import torch.distributed as dist\n\nif ranK == 0:\n    dist.barrier()\n'),
+    ('longs_ddp010', 'import torch.distributed as dist\n\nif world_ſize > 1:\n    loss = loss.mean()\n'),
+    ('prune_ddp004', 'import torch\n\ndef setup():\n    (torch).distributed.init_process_group("nccl")\n\ndef other(torch):\n    pass\n\ntorch.save(m, "x")\n'),
+    ('prune_ddp006', 'import torch\nimport torch.distributed as dist\n\ndef setup():\n    (torch.cuda).set_device(0)\n\ndef other(torch):\n    pass\n\ndist.init_process_group("nccl")\nmodel = model.cuda()\n'),
+    ('prune_ddp008', 'import torch.distributed as dist\n\ndef cleanup():\n    (dist).destroy_process_group()\n\ndef other(dist):\n    pass\n\ndist.init_process_group("nccl")\n'),
+    ('prune_ddp013', 'import torch.distributed as dist\nimport torch.nn as nn\n\ndef build():\n    return (nn).BatchNorm2d(64)\n'),
+    ('prune_ddp013b', 'import torch.distributed as dist\nimport torch.nn as nn\n\ndef convert(m):\n    return (nn).SyncBatchNorm.convert_sync_batchnorm(m)\n\nlayer = nn.BatchNorm2d(64)\n'),
+    ('prune_ddp014', 'import torch.distributed as dist\nfrom torch.utils import data\n\ndef make(ds):\n    return (data).DataLoader(ds, batch_size=32)\n'),
+]
+
+
+@pytest.mark.parametrize("src", [s for _n, s in EXOTIC], ids=[n for n, _s in EXOTIC])
+def test_check_reports_what_the_rules_find_on_exotic_spellings(src):
+    """``check`` (pre-filter, pruning, positions by statement) against every rule run on
+    the whole file with no shortcut: the same findings, for all rules and for each alone."""
+    data = src.encode()
+    diags, _f, _an, err = lint._check(data, "t.py", RULES)
+    assert err is None
+    truth = sorted((d.line, d.col, d.code) for d in diags)  # empty where check once added one
+    for codes in [tuple(r.code for r in RULES)] + [(r.code,) for r in RULES]:
+        got = sorted((d.line, d.col, d.code) for d in lint.lint_bytes(data, "t.py", codes).diagnostics)
+        assert got == [t for t in truth if t[2] in codes], codes

@@ -103,7 +103,7 @@ class Shape:
 
 # between tokens: blanks, line continuations, comments (for byte patterns of Shapes)
 # (a comment runs to the end of its line: one way to match, so no backtracking blow-up)
-GAP = rb"(?:[ \t\r\n\f\\]|#[^\n]*(?![^\n]))*"
+GAP = rb"(?:[ \t\r\n\f\\]|#[^\r\n]*(?![^\r\n]))*"
 
 
 Need = object  # Tokens | Refs | Shape
@@ -634,5 +634,9 @@ def import_aliases(index, names: Iterable[str]) -> Set[str]:
     for imp in index.of(_ast.ImportFrom):
         for a in imp.names:
             if a.name in names and a.asname:
+                out.add(a.asname)
+    for imp in index.of(_ast.Import):  # import torch.distributed.barrier as b
+        for a in imp.names:
+            if a.asname and a.name.rsplit(".", 1)[-1] in names:
                 out.add(a.asname)
     return out

@@ -26,7 +26,7 @@ class SamplerWithShuffle(Rule):
     needs = (
         Refs(DATALOADER_NAMES, called=True),
         Tokens("sampler"),
-        Shape(lambda ix: _shape(ix), "shuffle", pattern=rb"\bshuffle" + GAP + rb"=" + rb"(?:[ \t\r\n\f\\(]|#[^\n]*)*" + rb"True\b"),
+        Shape(lambda ix: _shape(ix), "shuffle", pattern=rb"\bshuffle" + GAP + rb"=" + rb"(?:[ \t\r\n\f\\(]|#[^\r\n]*)*" + rb"True\b"),
     )
     keep = (calls_to(DATALOADER_NAMES, lambda c: ast_kwarg(c, "shuffle") is not None),)
     invalid = (

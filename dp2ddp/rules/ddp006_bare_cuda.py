@@ -39,7 +39,7 @@ class BareCudaDevice(Rule):
             lambda ix: _shape(ix),
             "cuda",
             "\\",
-            pattern=rb"\." + GAP + rb"cuda" + GAP + rb"\(|(?:[\"']cuda(?::0)?[\"'])|[\"'][^\"'\n]{0,12}\\(?:[xuUN0-7]|\r?\n)",
+            pattern=rb"\." + GAP + rb"cuda" + GAP + rb"(?:\)" + GAP + rb")*\(|(?:[\"']cuda(?::0)?[\"'])|[\"'][^\"'\r\n]{0,12}\\(?:[xuUN0-7]|\r?\n|\r)",
         ),
     )
     # findings (`.cuda`, "cuda" strings) and what silences the rule anywhere in the module:
@@ -119,6 +119,8 @@ def _may_report(ix) -> bool:
     if any(_cuda_literal_in(n.value) for n in ix.of(ast.Assign, ast.AnnAssign)):
         return True
     if any(_cuda_literal_in(n.test, n.body, n.orelse) for n in ix.of(ast.IfExp)):
+        return True
+    if any(_cuda_literal_in(*n.bases, *n.keywords) for n in ix.of(ast.ClassDef)):  # LibCST: Arg nodes
         return True
     return any(_cuda_literal_in(*n.defaults, *n.kw_defaults) for n in ix.of(ast.arguments))
 

@@ -26,7 +26,7 @@ class DDPWithoutDeviceIds(Rule):
         "device-mismatch errors in the first forward."
     )
     fix_doc = "Pass `device_ids=[local_rank]` (and `output_device=local_rank`). For CPU (gloo) training leave it out."
-    needs = (DDP_CODE, Refs(DDP_NAMES, called=True), Tokens("cuda"))
+    needs = (DDP_CODE, Refs(DDP_NAMES, called=True), Tokens("cuda", "\\"))  # "\\x63uda" is "cuda" too
     # the DDP calls that lack device_ids, and one `.cuda` (``_uses_cuda``) or else any "cuda"
     keep = (
         Nodes((ast.Call,), lambda n, names: _bare_call(n, names.spellings(DDP_NAMES))),

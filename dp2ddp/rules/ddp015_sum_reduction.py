@@ -26,7 +26,7 @@ class SumReductionLoss(Rule):
         "Multiply the loss by `dist.get_world_size()` before `backward()` to keep DataParallel's scale, or "
         "switch to `reduction=\"mean\"` and retune the learning rate deliberately."
     )
-    needs = (DDP_CODE, Tokens("sum"), Shape(lambda ix: _shape(ix), "reduction", pattern=rb"\breduction" + GAP + rb"=(?!=)"))
+    needs = (DDP_CODE, Tokens("sum", "\\"), Shape(lambda ix: _shape(ix), "reduction", pattern=rb"\breduction" + GAP + rb"=(?!=)"))
     keep = (Nodes((ast.Call,), lambda c, _n: ast_kwarg(c, "reduction") is not None), DDP_CONTEXT)
     invalid = (
         "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n",
