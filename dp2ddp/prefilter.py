@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from dp2ddp.rules.base import Folded, Refs, Rule, Shape, Tokens
 
 _FROM = re.compile(
-    rb"from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]*(\((?:[^)#]|#[^\n]*)*\)|[^\n;#]*(?:\\\r?\n[^\n;#]*)*)"
+    rb"from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]*(\((?:[^)#]|#[^\r\n]*)*\)|[^\r\n;#]*(?:\\(?:\r\n|\r|\n)[^\r\n;#]*)*)"
 )
 _IMPORT = re.compile(
     rb"import[ \t]+([\w.]+(?:[ \t]+as[ \t]+\w+)?(?:[ \t]*,[ \t]*(?:\\\r?\n[ \t]*)?[\w.]+(?:[ \t]+as[ \t]+\w+)?)*)"

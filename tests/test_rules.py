@@ -241,6 +241,11 @@ def test_prefilter_is_sound_on_every_example_and_fixture(rule):
 # escapes, lone CR line endings, Unicode case folding, shadowed isinstance, class keyword
 # arguments, `import a.b.f as x`, parenthesised name heads
 EXOTIC = [
+    (
+        "cr_from_imports",
+        "from torch import distributed as dist\rfrom torch.utils.data import DataLoader\rclass T:\r"
+        "    def run(self):\r\r        loader = DataLoader(ds, batch_size=32)\r\r\rT().run()\r",
+    ),
     ('attr_comment', 'import torch\n\n(torch.  # c\n    distributed).init_process_group("nccl")\ntorch.save(m, "x")\n'),
     ('attr_ff', 'import torch\n\ntorch.\x0cdistributed.init_process_group("nccl")\ntorch.save(m, "x")\n'),
     ('classarg_ddp006', 'import torch.distributed as dist\n\nclass A(B, device="cuda"):\n    pass\n'),
