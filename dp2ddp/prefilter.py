@@ -30,21 +30,21 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from dp2ddp.rules.base import Folded, Refs, Rule, Shape, Tokens
 
+# a dotted name, blanks allowed around its dots (``torch . distributed``)
+_DOTTED = rb"\w+(?:[ \t]*\.[ \t]*\w+)*"
 _FROM = re.compile(
-    rb"from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]*(\((?:[^)#]|#[^\r\n]*)*\)|[^\r\n;#]*(?:\\(?:\r\n|\r|\n)[^\r\n;#]*)*)"
+    rb"from[ \t]+(\.*(?:" + _DOTTED + rb")?)[ \t]+import[ \t]*(\((?:[^)#]|#[^\r\n]*)*\)|[^\r\n;#]*(?:\\(?:\r\n|\r|\n)[^\r\n;#]*)*)"
 )
 _IMPORT = re.compile(
-    rb"import[ \t]+([\w.]+(?:[ \t]+as[ \t]+\w+)?(?:[ \t]*,[ \t]*(?:\\\r?\n[ \t]*)?[\w.]+(?:[ \t]+as[ \t]+\w+)?)*)"
+    rb"import[ \t]+(" + _DOTTED + rb"(?:[ \t]+as[ \t]+\w+)?(?:[ \t]*,[ \t]*(?:\\\r?\n[ \t]*)?" + _DOTTED + rb"(?:[ \t]+as[ \t]+\w+)?)*)"
 )
-_ALIAS = re.compile(rb"([\w.]+|\*)(?:\s+as\s+(\w+))?")
+_ALIAS = re.compile(rb"(" + _DOTTED + rb"|\*)(?:\s+as\s+(\w+))?")
+_BLANKS = re.compile(rb"[ \t]+")
 _WORDCHARS = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _SPACE = frozenset(b" \t\r\n\f\\")
-# what the import scan and the attribute tests read: line continuations joined, form feeds
-# as blanks, and no blanks (or a comment without quotes) around a dot, so that
-# ``from torch . distributed import x``, ``from \\<newline> torch...`` and
-# ``(torch.  # c<newline> distributed)`` read like their plain spellings
+# what the import scan and the attribute tests read: line continuations joined and form
+# feeds as blanks (``from \\<newline> torch...``, ``torch.<FF>distributed``)
 _CONTINUATION = re.compile(rb"\\(?:\r\n|\r|\n)")
-_AROUND_DOT = re.compile(rb"[ \t]*\.[ \t]*(?:#[^\r\n'\"]*(?=[\r\n]|$))?")
 
 
 def _normalized(data: bytes) -> bytes:
@@ -52,7 +52,7 @@ def _normalized(data: bytes) -> bytes:
         data = _CONTINUATION.sub(b" ", data)
     if b"\f" in data:
         data = data.replace(b"\f", b" ")
-    return _AROUND_DOT.sub(b".", data)
+    return data
 
 
 def _starts_word(data: bytes, i: int) -> bool:
@@ -67,9 +67,9 @@ def import_bindings(data: bytes) -> Set[Tuple[bytes, bytes]]:
         for m in _FROM.finditer(data):
             if not _starts_word(data, m.start()):
                 continue
-            mod = m.group(1)
+            mod = _BLANKS.sub(b"", m.group(1))
             for a in _ALIAS.finditer(m.group(2)):
-                name, asname = a.group(1), a.group(2)
+                name, asname = _BLANKS.sub(b"", a.group(1)), a.group(2)
                 if name in (b"as", b"import"):
                     continue
                 if name == b"*":
@@ -80,7 +80,7 @@ def import_bindings(data: bytes) -> Set[Tuple[bytes, bytes]]:
         if not _starts_word(data, m.start()):
             continue
         for a in _ALIAS.finditer(m.group(1)):
-            name, asname = a.group(1), a.group(2)
+            name, asname = _BLANKS.sub(b"", a.group(1)), a.group(2)
             if name == b"as":
                 continue
             if asname:
@@ -92,17 +92,27 @@ def import_bindings(data: bytes) -> Set[Tuple[bytes, bytes]]:
 
 
 def _has_attr(data: bytes, name: bytes) -> bool:
-    """``.name`` occurs (spaces and line continuations allowed after the dot)."""
+    """``.name`` occurs (blanks, line breaks and continuations allowed after the dot, and
+    a comment: ``(torch.  # c<newline> distributed)``)."""
     i = data.find(name)
     n = len(name)
     while i != -1:
         end = i + n
         if end == len(data) or data[end] not in _WORDCHARS:
             j = i - 1
+            crossed = False
             while j >= 0 and data[j] in _SPACE:
+                crossed = crossed or data[j] in (0x0A, 0x0D)
                 j -= 1
             if j >= 0 and data[j] == 0x2E:  # "."
                 return True
+            if crossed and j >= 0:
+                # the line we landed on may end in a comment after a dot
+                start = max(data.rfind(b"\n", 0, j + 1), data.rfind(b"\r", 0, j + 1)) + 1
+                line = data[start : j + 1]
+                k = line.find(b"#")
+                if k >= 0 and line[:k].rstrip(b" \t\f").endswith(b"."):
+                    return True
         i = data.find(name, i + 1)
     return False
 
@@ -511,7 +521,7 @@ class Prefilter:
         self._needs = [(r, [(_tokens(n), n) for n in r.needs]) for r in self.rules]
         self._heads = {name.split(".", 1)[0] for r in self.rules for n in r.needs if isinstance(n, Refs) for name in n.names}
         tokens = {t for _r, needs in self._needs for toks, _n in needs for t in toks}
-        self._guard_of = {t: g for t in tokens if type(t) is not Folded for g in _GUARDS if g in t}
+        self._guard_of = {t: g for t in tokens if type(t) is bytes for g in _GUARDS if g in t}
 
     def candidates(self, data: bytes, use_ast: bool = True) -> List[Rule]:
         """The rules that could fire on ``data``."""
@@ -537,7 +547,9 @@ class Prefilter:
                     key = ("i", t) if folded else t
                     h = token_hit.get(key)
                     if h is None:
-                        if folded:
+                        if isinstance(t, re.Pattern):
+                            h = token_hit[key] = t.search(data) is not None
+                        elif folded:
                             if lower is None:
                                 # Unicode case folding also maps other letters to ASCII
                                 # (U+212A KELVIN SIGN is a "k"): non-ASCII text may match

@@ -48,12 +48,23 @@ from dp2ddp.engine import Finding, Fix
 # --------------------------------------------------------------------------- needs
 
 
+# a backslash escape that can spell a letter in a string ("\x63uda" is "cuda"), or a
+# line continuation inside a one-line string: an alternative for Tokens of values that a
+# rule evaluates (one regex, searched only when the plain spellings are absent)
+ESCAPE = re.compile(rb"\\(?:[xuUN0-7]|\r?\n|\r)")
+
+
 class Folded(bytes):
     """A token matched case-insensitively (lower case; the file is lowered to match it)."""
 
 
 def _token_bytes(alternatives, ignore_case: bool) -> Tuple[bytes, ...]:
-    return tuple(Folded(a.lower().encode()) if ignore_case else a.encode() for a in alternatives)
+    """Byte strings (case-folded with ``ignore_case``); a compiled byte regex (``ESCAPE``)
+    is kept as it is and searched."""
+    return tuple(
+        a if isinstance(a, re.Pattern) else Folded(a.lower().encode()) if ignore_case else a.encode()
+        for a in alternatives
+    )
 
 
 @dataclass(frozen=True)

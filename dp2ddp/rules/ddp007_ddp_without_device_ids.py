@@ -8,7 +8,7 @@ import libcst as cst
 
 from dp2ddp.analysis import DDP_NAMES, Analysis
 from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, Keep, Nodes, Refs, Rule, Text, Tokens, callee_spelling, has_star_kwargs, kwarg, positional, string_value
+from dp2ddp.rules.base import ESCAPE, DDP_CODE, Keep, Nodes, Refs, Rule, Text, Tokens, callee_spelling, has_star_kwargs, kwarg, positional, string_value
 
 
 class DDPWithoutDeviceIds(Rule):
@@ -26,7 +26,7 @@ class DDPWithoutDeviceIds(Rule):
         "device-mismatch errors in the first forward."
     )
     fix_doc = "Pass `device_ids=[local_rank]` (and `output_device=local_rank`). For CPU (gloo) training leave it out."
-    needs = (DDP_CODE, Refs(DDP_NAMES, called=True), Tokens("cuda", "\\"))  # "\\x63uda" is "cuda" too
+    needs = (DDP_CODE, Refs(DDP_NAMES, called=True), Tokens("cuda", ESCAPE))  # "\\x63uda" is "cuda" too
     # the DDP calls that lack device_ids, and one `.cuda` (``_uses_cuda``) or else any "cuda"
     keep = (
         Nodes((ast.Call,), lambda n, names: _bare_call(n, names.spellings(DDP_NAMES))),

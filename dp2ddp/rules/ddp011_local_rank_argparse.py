@@ -8,7 +8,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Keep, Rule, Text, Shape, is_ddp_code, string_value
+from dp2ddp.rules.base import ESCAPE, DDP_CODE, DDP_CONTEXT, Keep, Rule, Text, Shape, is_ddp_code, string_value
 
 
 class LocalRankArgparse(Rule):
@@ -25,7 +25,7 @@ class LocalRankArgparse(Rule):
         "Drop the flag and use `local_rank = int(os.environ[\"LOCAL_RANK\"])`. (DeepSpeed's launcher still "
         "passes `--local_rank`; suppress with `# noqa: DDP011` there.)"
     )
-    needs = (DDP_CODE, Shape(lambda ix: _shape(ix), "local_rank", "local-rank", "\\"))
+    needs = (DDP_CODE, Shape(lambda ix: _shape(ix), "local_rank", "local-rank", ESCAPE))
     keep = (Keep(Text(words="add_argument"), Text(words="local.rank", escapes=True)), DDP_CONTEXT)
     invalid = (
         "import argparse\n\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\n"

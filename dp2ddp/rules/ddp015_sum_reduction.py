@@ -6,7 +6,7 @@ from dp2ddp.analysis import Analysis
 from dp2ddp.engine import Finding
 import ast
 
-from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, GAP, Nodes, Rule, Shape, Tokens, ast_kwarg, is_ddp_code, kwarg, string_value
+from dp2ddp.rules.base import ESCAPE, DDP_CODE, DDP_CONTEXT, GAP, Nodes, Rule, Shape, Tokens, ast_kwarg, is_ddp_code, kwarg, string_value
 
 import libcst as cst
 
@@ -26,7 +26,7 @@ class SumReductionLoss(Rule):
         "Multiply the loss by `dist.get_world_size()` before `backward()` to keep DataParallel's scale, or "
         "switch to `reduction=\"mean\"` and retune the learning rate deliberately."
     )
-    needs = (DDP_CODE, Tokens("sum", "\\"), Shape(lambda ix: _shape(ix), "reduction", pattern=rb"\breduction" + GAP + rb"=(?!=)"))
+    needs = (DDP_CODE, Tokens("sum", ESCAPE), Shape(lambda ix: _shape(ix), "reduction", pattern=rb"\breduction" + GAP + rb"=(?!=)"))
     keep = (Nodes((ast.Call,), lambda c, _n: ast_kwarg(c, "reduction") is not None), DDP_CONTEXT)
     invalid = (
         "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n",
