@@ -217,12 +217,26 @@ class Analysis:
         self._ranges.update(ranges)
         return self._ranges[node]
 
-    def _text_at(self, line: int, code: str) -> bool:
-        """The module's text, from the start of ``line``, begins with ``code``."""
+    def _offsets(self) -> List[int]:
+        """Where each line of the module's text starts, lines cut as LibCST counts them
+        (``str.splitlines`` also cuts at ``\x0c``, ``\u2028``, ...)."""
         if self._line_offsets is None:
             self._line_offsets = [0] + [m.end() for m in _NEWLINE.finditer(self._text)]
-        offsets = self._line_offsets
+        return self._line_offsets
+
+    def _text_at(self, line: int, code: str) -> bool:
+        """The module's text, from the start of ``line``, begins with ``code``."""
+        offsets = self._offsets()
         return 0 < line <= len(offsets) and self._text.startswith(code, offsets[line - 1])
+
+    def line_text(self, line: int) -> str:
+        """The text of ``line`` (1-based, without its line break; ``""`` past the end).
+        Needs the ``text`` the analysis was made with."""
+        offsets = self._offsets()
+        if not 0 < line <= len(offsets):
+            return ""
+        end = offsets[line] if line < len(offsets) else len(self._text)
+        return self._text[offsets[line - 1] : end].rstrip("\r\n")
 
     def _statement_starts(self) -> Optional[Dict[cst.CSTNode, int]]:
         """The line where the code of each top-level statement begins (its leading blank

@@ -213,9 +213,6 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     return result
 
 
-_LINES = re.compile(r"\r\n?|\n")
-
-
 def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes] = None, tree=None):
     """(diagnostics, their findings, analysis, error): every finding of ``rules`` that no
     ``# noqa`` suppresses. With ``pruned`` (``data`` with the function bodies that the
@@ -251,12 +248,9 @@ def _check(data: bytes, path: str, rules: Sequence[Rule], pruned: Optional[bytes
         except Exception as e:  # a bug in a rule must not stop the run; say which
             return [], [], None, f"{display}: internal error in {rule.code} ({type(e).__name__}: {e})"
     findings = locate(an.wrapper, findings, an.range_of)
-    # the module's text (what module.code would generate again, at a cost), cut into
-    # lines as LibCST counts them (str.splitlines also cuts at \x0c, \u2028, ...)
-    text_lines = _LINES.split(text) if findings else []
     kept, out = [], []
     for f in findings:
-        line_text = text_lines[f.line - 1] if 0 < f.line <= len(text_lines) else ""
+        line_text = an.line_text(f.line)  # from the parsed text: module.code would generate it again
         if "noqa" in line_text and suppressed(f.code, line_text):
             continue
         kept.append(f)

@@ -258,8 +258,12 @@ class NameFacts:
                 if callee:
                     called.add(q)
         self.tree = tree
-        self._counts: Optional[Dict[str, int]] = None  # bindings per name, when first asked
+        # computed when first asked: bindings per name, module-level imports, source
+        # lines, spellings of names
+        self._counts: Optional[Dict[str, int]] = None
+        self._imports: Optional[Dict[str, Tuple[str, int, ast.stmt]]] = None
         self._lines: Optional[List[bytes]] = None
+        self._spellings: Dict[frozenset, Set[str]] = {}
         self.source = source
         self.called = called
         self.index = AstIndex(tree, self, by_type)
@@ -291,15 +295,30 @@ class NameFacts:
                 return True
         return False
 
+    @property
+    def lines(self) -> List[bytes]:
+        """The source's lines (as ``ast`` counts them: cut at CR, LF and CRLF)."""
+        if self._lines is None:
+            self._lines = self.source.splitlines()
+        return self._lines
 
     def ascii(self, node: ast.AST) -> bool:
         """``node``'s lines are ASCII, so its identifiers are spelled in ``ast`` as in the
         file: ``ast`` applies NFKC to identifiers (``ｄist`` becomes ``dist``), LibCST does not."""
-        if self._lines is None:
-            self._lines = self.source.splitlines()
-        lines = self._lines
+        lines = self.lines
         end = getattr(node, "end_lineno", None) or node.lineno
         return end <= len(lines) and all(lines[k].isascii() for k in range(node.lineno - 1, end))
+
+    def spellings(self, names) -> Set[str]:
+        """Identifiers a reference to one of the qualified ``names`` can end with: their
+        last components and the local names that imports (any scope) bind to them."""
+        key = frozenset(names)
+        out = self._spellings.get(key)
+        if out is None:
+            out = {n.rsplit(".", 1)[-1] for n in key}
+            out |= {local for local, quals in self.bindings.items() if not quals.isdisjoint(key)}
+            self._spellings[key] = out
+        return out
 
     def definite(self, names, called: bool = False, prefix: bool = False) -> bool:
         """The module *certainly* refers to (with ``called``: calls) one of ``names`` as
@@ -334,7 +353,9 @@ class NameFacts:
                     and self.ascii(node)
                 ):
                     return node
-        imports = {local: v for local, v in _module_imports(self.tree).items() if self.ascii(v[2])}
+        if self._imports is None:
+            self._imports = {local: v for local, v in _module_imports(self.tree).items() if self.ascii(v[2])}
+        imports = self._imports
         heads = {n.split(".", 1)[0] for n in names} | {
             local
             for local, (qual, _line, _node) in imports.items()

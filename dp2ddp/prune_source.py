@@ -106,10 +106,10 @@ def prune(data: bytes, facts: "Optional[NameFacts]", rules: Sequence[Rule]) -> O
                         got |= around(node)
                 continue
             if item.witness is not None:
-                w = _witness(item.witness, names, lines, owner)
+                w = _witness(item.witness, names, owner)
                 for refs in item.certain:
                     if w is None:
-                        w = names.certain(refs, lines)
+                        w = names.certain(refs)
                 if w is not None:
                     got |= around(w)
                     continue
@@ -175,12 +175,12 @@ def _first_line(stmt: ast.stmt) -> int:
     return min([stmt.lineno] + [d.lineno for d in decorators]) if decorators else stmt.lineno
 
 
-def _witness(nodes: Nodes, names: "Names", lines: List[str], owner) -> Optional[ast.AST]:
+def _witness(nodes: Nodes, names: "Names", owner) -> Optional[ast.AST]:
     """A node that ``nodes.test`` accepts, on ASCII lines (``ast`` and LibCST spell it
     alike), preferably outside functions; ``None`` if there is none."""
     found = None
     for node in names.of(nodes.types):
-        if nodes.test(node, names) and all(lines[k].isascii() for k in range(node.lineno - 1, node.end_lineno)):
+        if nodes.test(node, names) and names.ascii(node):
             if owner[node.lineno] is None:
                 return node
             found = found or node
@@ -213,30 +213,22 @@ class Names:
         self._facts = facts
         self._index = facts.index
         self.bindings: Set[Tuple[str, str]] = {(local, q) for local, qs in facts.bindings.items() for q in qs}
-        self._spellings: Dict[frozenset, Set[str]] = {}
         self._assigned: Dict[frozenset, Set[str]] = {}
+        self.ascii = facts.ascii  # the node's lines are ASCII (ast and LibCST spell it alike)
 
-    def certain(self, refs, lines: List[str]) -> Optional[ast.AST]:
-        """A node through which LibCST certainly resolves one of ``refs.names``, on ASCII
-        lines (so that LibCST spells its names alike); ``None`` if there is none."""
-        node = self._facts.certain(refs.names, prefix=refs.prefix)
-        if node is None or not all(lines[k].isascii() for k in range(node.lineno - 1, node.end_lineno)):
-            return None
-        return node
+    def certain(self, refs) -> Optional[ast.AST]:
+        """A node (on ASCII lines) through which LibCST certainly resolves one of
+        ``refs.names``; ``None`` if there is none."""
+        return self._facts.certain(refs.names, prefix=refs.prefix)
 
     def of(self, types: Tuple[type, ...]) -> List[ast.AST]:
         """The module's nodes of ``types``."""
         return self._index.of(*types)
 
     def spellings(self, names) -> Set[str]:
-        """Identifiers a reference to one of ``names`` can end with: their last
-        components and the local names that imports bind to them."""
-        key = frozenset(names)
-        if key not in self._spellings:
-            out = {n.rsplit(".", 1)[-1] for n in key}
-            out |= {local for local, qual in self.bindings if qual in key}
-            self._spellings[key] = out
-        return self._spellings[key]
+        """Identifiers a reference to one of ``names`` can end with (see
+        :meth:`dp2ddp.prefilter.NameFacts.spellings`)."""
+        return self._facts.spellings(names)
 
     def assigned(self, names) -> Set[str]:
         """Names (``x``, and ``x`` of ``self.x``) assigned a call whose callee is spelled

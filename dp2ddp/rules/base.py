@@ -635,19 +635,3 @@ def ast_walk_branch(stmts) -> Iterator:
         for c in _ast.iter_child_nodes(n):
             if not isinstance(c, (_ast.FunctionDef, _ast.AsyncFunctionDef, _ast.ClassDef, _ast.Lambda)):
                 todo.append(c)
-
-
-def import_aliases(index, names: Iterable[str]) -> Set[str]:
-    """Local names that ``from m import name as alias`` binds for the given short names
-    (the names themselves included)."""
-    names = set(names)
-    out = set(names)
-    for imp in index.of(_ast.ImportFrom):
-        for a in imp.names:
-            if a.name in names and a.asname:
-                out.add(a.asname)
-    for imp in index.of(_ast.Import):  # import torch.distributed.barrier as b
-        for a in imp.names:
-            if a.asname and a.name.rsplit(".", 1)[-1] in names:
-                out.add(a.asname)
-    return out

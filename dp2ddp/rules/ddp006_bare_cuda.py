@@ -136,12 +136,10 @@ def _plain_string_mentions_local_rank(ix) -> bool:
     if source.startswith(b"\xef\xbb\xbf") or b"coding" in b"\n".join(source.split(b"\n", 2)[:2]):
         return False  # ast's columns are not offsets into these bytes
     parts = {id(v) for j in ix.of(ast.JoinedStr) for v in j.values}
-    lines = None
     for n in ix.of(ast.Constant):
         if not isinstance(n.value, str) or id(n) in parts or not _LOCAL_RANK.search(n.value):
             continue
-        if lines is None:
-            lines = source.splitlines()
+        lines = ix.facts.lines
         if n.end_lineno > len(lines):
             continue
         if n.lineno == n.end_lineno:

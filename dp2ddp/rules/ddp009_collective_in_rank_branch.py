@@ -20,7 +20,6 @@ from dp2ddp.rules.base import (
     ast_terminal,
     ast_walk_branch,
     ast_words,
-    import_aliases,
     if_branches,
     is_ddp_forward,
     rank_conditionals,
@@ -92,22 +91,26 @@ class CollectiveInRankBranch(Rule):
         return out
 
 
-_SHORT = frozenset(n.rsplit(".", 1)[1] for n in COLLECTIVES)
 _DDP = Refs(DDP_NAMES)
+
+
+def _tests_rank(test, get_rank) -> bool:
+    """The ``if`` test may depend on the rank (what ``mentions_rank`` can see): a word like
+    the rank, or a call spelled like ``get_rank`` (one of ``get_rank``)."""
+    return any(RANK_WORD.search(w) for w in ast_words(test)) or any(
+        isinstance(c, ast.Call) and ast_terminal(c.func) in get_rank for c in ast.walk(test)
+    )
 
 
 def _shape(ix) -> bool:
     """Pre-filter: an ``if`` whose test may depend on the rank holds, in one of its
     branches (same function), a call that may be a collective — or any call of a name or
     ``self.x`` when the module refers to DistributedDataParallel (a DDP forward)."""
-    collectives = import_aliases(ix, _SHORT)
-    get_rank = import_aliases(ix, {"get_rank"})
+    collectives = ix.facts.spellings(COLLECTIVES)
+    get_rank = ix.facts.spellings(GET_RANK)
     forwards = None
     for node in ix.of(ast.If):
-        test = node.test
-        if not any(RANK_WORD.search(w) for w in ast_words(test)) and not any(
-            isinstance(c, ast.Call) and ast_terminal(c.func) in get_rank for c in ast.walk(test)
-        ):
+        if not _tests_rank(node.test, get_rank):
             continue
         for n in ast_walk_branch(node.body + node.orelse):
             if not isinstance(n, ast.Call):
@@ -126,10 +129,7 @@ def _shape(ix) -> bool:
 def _rank_if(node: ast.If, names) -> bool:
     """For pruning: ``node`` tests something about the rank and a branch (same function)
     calls something spelled like a collective or a DDP-wrapped variable."""
-    get_rank = names.spellings(GET_RANK)
-    if not any(RANK_WORD.search(w) for w in ast_words(node.test)) and not any(
-        isinstance(c, ast.Call) and ast_terminal(c.func) in get_rank for c in ast.walk(node.test)
-    ):
+    if not _tests_rank(node.test, names.spellings(GET_RANK)):
         return False
     collectives = names.spellings(COLLECTIVES)
     wrapped = names.assigned(DDP_NAMES)
