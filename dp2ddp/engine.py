@@ -81,26 +81,45 @@ Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, AddImport, Remov
 
 @dataclass
 class Fix:
+    """Edits against a LibCST tree. Detection runs on the semantic model (``ast``), where no
+    LibCST node exists yet: such a fix carries ``build(bridge) -> edits``, called once the
+    tree is parsed (:func:`build_fixes`), with a :class:`dp2ddp.model.bridge.Bridge` that
+    finds the LibCST node of any model node."""
+
     edits: List[Edit] = field(default_factory=list)
     description: str = ""
+    build: Optional[Callable[..., List[Edit]]] = None
 
     def __bool__(self) -> bool:  # an empty fix is no fix
-        return bool(self.edits)
+        return bool(self.edits) or self.build is not None
 
 
 @dataclass
 class Finding:
     code: str
     message: str
-    node: Optional[cst.CSTNode]
+    node: Optional[object] = None  # a model (ast) node, or a LibCST node
     fix: Optional[Fix] = None
     line: int = 1
-    col: int = 0  # 0-based, as LibCST reports it; printers add 1
+    col: int = 0  # 0-based, in characters; printers add 1
     severity: str = "warning"  # "warning" | "info" | "error"
+    end_line: int = 0
+    end_col: int = 0
 
     @property
     def fixable(self) -> bool:
         return bool(self.fix)
+
+
+def build_fixes(findings: Iterable[Finding], bridge) -> None:
+    """Turn every lazy fix into edits against ``bridge``'s tree (each fix once)."""
+    seen: set = set()
+    for f in findings:
+        fix = f.fix
+        if fix is not None and fix.build is not None and id(fix) not in seen:
+            seen.add(id(fix))
+            fix.edits = list(fix.build(bridge))
+            fix.build = None
 
 
 def locate(wrapper: MetadataWrapper, findings: Iterable[Finding], range_of=None) -> List[Finding]:
@@ -165,6 +184,15 @@ class _Applier(cst.CSTTransformer):
             result = new(result) if callable(new) else new
         if original_node in self.remove:
             result = cst.RemoveFromParent()
+        if original_node in self.guard_members:
+            # the statement itself, without what is inserted before or after it: inserted
+            # statements stay outside the guard
+            if isinstance(result, cst.FlattenSentinel):
+                self.results[original_node] = list(result.nodes)
+            elif isinstance(result, cst.RemovalSentinel):
+                self.results[original_node] = []
+            else:
+                self.results[original_node] = [result]
         before = self.before.get(original_node)
         after = self.after.get(original_node)
         if before or after:
@@ -175,13 +203,6 @@ class _Applier(cst.CSTTransformer):
                 items.append(result)
             items.extend(after or ())
             result = cst.FlattenSentinel(items)
-        if original_node in self.guard_members:
-            if isinstance(result, cst.FlattenSentinel):
-                self.results[original_node] = list(result.nodes)
-            elif isinstance(result, cst.RemovalSentinel):
-                self.results[original_node] = []
-            else:
-                self.results[original_node] = [result]
         if isinstance(result, cst.IndentedBlock):
             result = self._apply_guards(result)
             if not result.body:
@@ -202,17 +223,21 @@ class _Applier(cst.CSTTransformer):
             idx = [i for i, node in enumerate(body) if any(node is m for m in members)]
             if not idx:
                 continue
-            lo, hi = min(idx), max(idx)
-            inner = body[lo : hi + 1]
-            first = inner[0]
-            leading = getattr(first, "leading_lines", ())
-            inner[0] = first.with_changes(leading_lines=()) if leading else first
-            guard_if = cst.If(
-                test=g.test,
-                body=cst.IndentedBlock(body=inner),
-                leading_lines=leading,
-            )
-            body[lo : hi + 1] = [guard_if]
+            # contiguous runs of members: anything inserted between two of them splits the guard
+            runs: List[List[int]] = []
+            for i in idx:
+                if runs and runs[-1][-1] == i - 1:
+                    runs[-1].append(i)
+                else:
+                    runs.append([i])
+            for run in reversed(runs):
+                lo, hi = run[0], run[-1]
+                inner = body[lo : hi + 1]
+                first = inner[0]
+                leading = getattr(first, "leading_lines", ())
+                inner[0] = first.with_changes(leading_lines=()) if leading else first
+                guard_if = cst.If(test=g.test, body=cst.IndentedBlock(body=inner), leading_lines=leading)
+                body[lo : hi + 1] = [guard_if]
             changed = True
         return block.with_changes(body=body) if changed else block
 
@@ -230,7 +255,7 @@ def _targets(edit: Edit) -> Tuple[cst.CSTNode, ...]:
 
 
 def apply_edits(
-    wrapper: MetadataWrapper,
+    wrapper: Union[MetadataWrapper, cst.Module],
     edits: Sequence[Edit],
     ancestors: Optional[Callable[[cst.CSTNode], Iterable[cst.CSTNode]]] = None,
     before_imports: Optional[Callable[[cst.Module], cst.Module]] = None,
@@ -241,7 +266,7 @@ def apply_edits(
     that lead to edited nodes instead of the whole tree. ``before_imports`` sees the
     tree after the statement edits and before the import visitors, which may copy it."""
     tree_edits = [e for e in edits if not isinstance(e, (AddImport, RemoveImportIfUnused))]
-    module = wrapper.module
+    module = wrapper if isinstance(wrapper, cst.Module) else wrapper.module
     if tree_edits:
         on_path = None
         if ancestors is not None:

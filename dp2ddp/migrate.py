@@ -1,10 +1,14 @@
 """The DataParallel -> DistributedDataParallel migration: plan it, apply it.
 
-``plan_migration`` runs every transform of :mod:`dp2ddp.codemods` over one analysed
-module. Each transform *proposes* findings (notes about what changes, warnings about
-what does not); the edits of all of them form one :class:`~dp2ddp.engine.Fix` that the
-shared engine applies. `rewrite`, `check --fix` (rule DDP001) and the hooks all go
-through here.
+:func:`plan` runs every transform of :mod:`dp2ddp.codemods` over one module's semantic
+model. Each transform *proposes* findings (notes about what changes, warnings about what
+does not, errors that stop the file); their edits — against LibCST nodes found through
+the bridge — form one fix that the shared engine applies. `rewrite`, `check --fix`
+(rule DDP001) and the hooks all go through here.
+
+The rule for every transform: the migrated script runs wherever the original ran (plain
+python on CPU, one GPU, several GPUs under torchrun) and does what it did; where that
+cannot be guaranteed, the file is left as it was and the reason is an ``error`` finding.
 """
 
 from __future__ import annotations
@@ -13,15 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import libcst as cst
+from dp2ddp.engine import Edit, Finding, Fix, apply_edits
+from dp2ddp.source import InputError, Source
 
-from dp2ddp.analysis import Analysis
-from dp2ddp.engine import Finding, Fix, apply_edits, locate
-from dp2ddp.source import Source, parse
-
-# A finding with one of these severities stops the whole file from being migrated:
-# a half-migrated script (DDP set-up but a DataParallel wrap left behind) is worse
-# than the original.
 BLOCKING = "error"
 
 
@@ -34,9 +32,9 @@ class Options:
 @dataclass
 class Migration:
     findings: List[Finding] = field(default_factory=list)
-    fix: Optional[Fix] = None
+    edits: List[Edit] = field(default_factory=list)
     blocked: bool = False
-    applicable: bool = False  # the file uses DataParallel at all
+    applicable: bool = False  # the file uses DataParallel at all (or may: see DDP107)
 
     @property
     def notes(self) -> List[Finding]:
@@ -45,6 +43,15 @@ class Migration:
     @property
     def warnings(self) -> List[Finding]:
         return [f for f in self.findings if f.severity != "info"]
+
+    @property
+    def fix(self) -> Optional[Fix]:
+        return Fix(list(self.edits), "migrate DataParallel to DistributedDataParallel") if self.edits else None
+
+    @property
+    def clean(self) -> bool:
+        """Migrated with nothing left for a human (exit code 0)."""
+        return not self.blocked and not self.warnings
 
 
 @dataclass
@@ -55,130 +62,138 @@ class Result:
     migration: Migration
 
 
-_DP_BYTES = re.compile(rb"(?<!Distributed)DataParallel")
+_DP_BYTES = re.compile(rb"(?<!Distributed)DataParallel|data_parallel")
 
 
 def quick_reject(data: bytes) -> bool:
-    """True when the file cannot possibly use DataParallel (byte-level pre-filter).
-
-    ``DistributedDataParallel`` alone does not count, so migrated files are not analysed
-    again; an ``import ... DataParallel`` or any other spelling still is."""
+    """True when the file cannot possibly use DataParallel (byte-level gate: every
+    DataParallel spelling contains one of these identifiers; ``DistributedDataParallel``
+    alone does not count, so migrated files are not analysed again)."""
     return _DP_BYTES.search(data) is None
 
 
-def plan_migration(an: Analysis, options: Optional[Options] = None) -> Migration:
+def applicable(model) -> bool:
+    from dp2ddp.model.wraps import dp_other_refs, dp_type_refs, dp_wraps, unresolved_dp
+
+    return bool(dp_wraps(model) or dp_type_refs(model) or dp_other_refs(model) or unresolved_dp(model))
+
+
+def plan(model, bridge, options: Optional[Options] = None) -> Migration:
+    """Plan the migration of ``model`` (its LibCST tree is ``bridge.module``)."""
     from dp2ddp.codemods import TRANSFORMS
-    from dp2ddp.codemods.context import MigrationContext
+    from dp2ddp.codemods.context import Context
+    from dp2ddp.codemods.mixed import detect_mode
+    from dp2ddp.model.bridge import BridgeError
+    from dp2ddp.model.wraps import dp_other_refs, dp_type_refs, dp_wraps, unresolved_dp
 
     options = options or Options()
-    ctx = MigrationContext(an, options)
-    if not ctx.applicable:
+    if not applicable(model):
         return Migration()
-    findings: List[Finding] = list(ctx.findings)
-    if not ctx.blocked:
-        for transform in TRANSFORMS:
-            findings.extend(transform(ctx))
-    findings = locate(an.wrapper, findings)
-    blocked = ctx.blocked or any(f.severity == BLOCKING for f in findings)
-    fix = None
-    if not blocked:
-        edits = [e for f in findings if f.fix for e in f.fix.edits] + list(ctx.extra_edits)
-        fix = Fix(edits=edits, description="migrate DataParallel to DistributedDataParallel")
-        for f in findings:
-            if f.fix is not None:
-                f.fix = fix
+    ctx = Context(model, bridge, options)
+    findings: List[Finding] = []
+    unresolved = unresolved_dp(model)
+    for node in unresolved:
+        findings.append(
+            ctx.warn(
+                node,
+                "DDP107",
+                f"`{model.source(node)[:60]}` may be DataParallel but dp2ddp cannot resolve it "
+                f"({_why_unresolved(model, node)}); migrate it by hand or import DataParallel explicitly",
+            )
+        )
+    if unresolved and (dp_wraps(model) or dp_type_refs(model) or dp_other_refs(model)):
+        findings.append(ctx.block(unresolved[0], "DDP101", "the file also uses DataParallel in a way dp2ddp cannot resolve; nothing was migrated"))
+    if unresolved and not any(f.severity == BLOCKING for f in findings):
+        return Migration(findings=_sorted(findings), applicable=True, blocked=False)
+    if not any(f.severity == BLOCKING for f in findings):
+        try:
+            findings.extend(detect_mode(ctx))
+            if not any(f.severity == BLOCKING for f in findings):
+                for transform in TRANSFORMS:
+                    findings.extend(transform(ctx))
+                    if any(f.severity == BLOCKING for f in findings):
+                        break
+        except BridgeError as e:
+            findings.append(ctx.block(None, "DDP101", f"dp2ddp could not map this file's syntax tree ({e}); nothing was migrated"))
+    blocked = any(f.severity == BLOCKING for f in findings)
+    edits: List[Edit] = []
     if blocked:
+        findings = [f for f in findings if f.severity != "info"]
         for f in findings:
             f.fix = None
-        findings = [f for f in findings if f.severity != "info"]
-    return Migration(findings=findings, fix=fix, blocked=blocked, applicable=True)
+    else:
+        for f in findings:
+            if f.fix is not None:
+                edits.extend(f.fix.edits)
+        edits.extend(ctx.extra_edits)
+        shared = Fix(edits, "migrate DataParallel to DistributedDataParallel")
+        for f in findings:
+            if f.fix is not None:
+                f.fix = shared
+    return Migration(findings=_sorted(findings), edits=edits, blocked=blocked, applicable=True)
 
 
-# What any transform looks at. A module-level function or class whose source has none of
-# these (and calls no function that is kept) cannot take part in the migration; it is
-# replaced by a stub while the module is analysed, which is what makes LibCST's scope
-# analysis affordable on large scripts, and put back untouched afterwards.
-_RELEVANT = re.compile(
-    r"DataParallel|[Dd]istributed|init_process_group|spawn|DataLoader|Dataset|[Ss]ampler|[Ll]oader"
-    r"|save|print|mkdir|makedirs|copy|cuda|CUDA|gpu|device|environ|isinstance|issubclass|parameters"
-    r"|epoch|\bfor\b[^\n]*\bin\s+(?!range\()"
-)
+def _why_unresolved(model, node) -> str:
+    import ast
+
+    if isinstance(node, ast.Call):
+        return "a name looked up with getattr"
+    if model.maybe_star(node):
+        return "a star import may provide it"
+    q = model.qualified_names(node)
+    if q:
+        return f"it is {sorted(q)[0]}, not torch's"
+    return "no import binds it"
 
 
-def _prune(module: cst.Module):
-    """``(pruned_module, {stub: original}, line_shift)`` — see ``_RELEVANT``."""
-    texts = {}
-    for stmt in module.body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
-            texts[stmt] = module.code_for_node(stmt)
-    keep = {stmt for stmt, text in texts.items() if _RELEVANT.search(text)}
-    changed = True
-    while changed:  # keep callers of kept functions, so call graphs stay whole
-        changed = False
-        kept_names = [s.name.value for s in keep]
-        pattern = re.compile(r"\b(?:%s)\s*\(" % "|".join(map(re.escape, kept_names))) if kept_names else None
-        for stmt, text in texts.items():
-            if stmt not in keep and pattern is not None and pattern.search(text):
-                keep.add(stmt)
-                changed = True
-    stubs = {}
-    body = []
-    for stmt in module.body:
-        if stmt in texts and stmt not in keep:
-            stub = stmt.with_changes(body=cst.IndentedBlock([cst.SimpleStatementLine([cst.Expr(cst.Ellipsis())])]))
-            stubs[stub] = stmt
-            body.append(stub)
-        else:
-            body.append(stmt)
-    if not stubs:
-        return module, {}, None
-    pruned = module.with_changes(body=body)
-    return pruned, stubs, _line_shift(module, pruned, stubs, texts)
+def _sorted(findings: List[Finding]) -> List[Finding]:
+    return sorted(findings, key=lambda f: (f.line, f.col, f.code))
 
 
-def _line_shift(module, pruned, stubs, texts):
-    """Lines a stub hides, per top-level statement of the pruned module that follows it."""
-    shift, acc = {}, 0
-    for stmt in pruned.body:
-        shift[stmt] = acc
-        if stmt in stubs:
-            acc += texts[stubs[stmt]].count("\n") - pruned.code_for_node(stmt).count("\n")
-    return shift
-
-
-def migrate_module(module: cst.Module, path: str = "<string>", options: Optional[Options] = None):
-    """Return ``(new_module, migration)``; ``new_module is module`` when nothing changed."""
-    pruned, stubs, shift = _prune(module)
-    an = Analysis.from_module(pruned, path)
-    migration = plan_migration(an, options)
-    if shift:
-        for f in migration.findings:
-            top = f.node
-            while top is not None and an.parent(top) is not pruned:
-                top = an.parent(top)
-            f.line += shift.get(top, 0)
-    if migration.fix:
-        def restore(tree: cst.Module) -> cst.Module:
-            # by identity, before the import visitors (which copy the tree) run
-            return tree.with_changes(body=[stubs.get(s, s) for s in tree.body]) if stubs else tree
-
-        return apply_edits(an.wrapper, migration.fix.edits, an.ancestors, before_imports=restore), migration
-    return module, migration
-
-
-def migrate_bytes(data: bytes, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
+def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options] = None) -> Result:
     """Migrate one file's bytes. Raises :class:`dp2ddp.source.InputError` on bad input
     (the file is always parsed, so a syntax error is reported even without DataParallel)."""
-    module = parse(Source(path, data))
+    from dp2ddp.model.core import SemanticModel
+    from dp2ddp.source import parse, parse_ast
+
+    src = Source(path, data)
+    tree, text = parse_ast(src)
     if quick_reject(data):
         return Result(path, data, False, Migration())
-    new, migration = migrate_module(module, path, options)
-    out = new.bytes if new is not module else data
+    model = SemanticModel(tree, text, path)
+    if not applicable(model):
+        return Result(path, data, False, Migration())
+    from dp2ddp.model.bridge import Bridge
+
+    module = parse(src)
+    bridge = Bridge(model, module)
+    migration = plan(model, bridge, options)
+    if migration.blocked or not migration.edits:
+        return Result(path, data, False, migration)
+    new = apply_edits(module, migration.edits, bridge.ancestors)
+    out = new.bytes
     return Result(path, out, out != data, migration)
+
+
+migrate_bytes = migrate_source
 
 
 def migrate_file(path: str, options: Optional[Options] = None) -> Result:
     from dp2ddp.source import read_source
 
     src = read_source(path)
-    return migrate_bytes(src.data, src.display, options)
+    return migrate_source(src.data, src.display, options)
+
+
+__all__ = ["Options", "Migration", "Result", "plan", "migrate_source", "migrate_bytes", "migrate_file", "quick_reject", "InputError"]
+
+
+def plan_migration(an, options: Optional[Options] = None) -> Migration:
+    """Transitional: the migration over a LibCST ``Analysis`` (the old lint rules' DDP001
+    fix). Builds the model from the module's code and bridges onto the same tree, so the
+    edits apply to ``an.wrapper``."""
+    from dp2ddp.model.bridge import Bridge
+    from dp2ddp.model.core import build
+
+    model = build(an.module.code, an.path)
+    return plan(model, Bridge(model, an.module), options)

@@ -93,6 +93,23 @@ def parse(src: Source) -> "cst.Module":
         raise InputError(src.display, None, f"cannot parse: {e}".splitlines()[0]) from None
 
 
+def parse_ast(src: Source):
+    """``(ast tree, text)`` of a source file; a syntax error becomes an :class:`InputError`
+    with CPython's own message and line."""
+    import ast
+
+    _decode_check(src)
+    from dp2ddp.model.core import decode
+
+    text = decode(src.data)
+    try:
+        return ast.parse(text, filename=src.display), text
+    except SyntaxError as e:
+        raise InputError(src.display, e.lineno, f"syntax error: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
+        raise InputError(src.display, None, f"cannot parse: {e}".splitlines()[0]) from None
+
+
 def atomic_write(path: str, data: bytes, like: Optional[str] = None) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 

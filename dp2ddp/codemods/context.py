@@ -1,22 +1,27 @@
 """State shared by the migration transforms of one file.
 
-It decides, once, the facts every transform needs: which DataParallel references exist,
-whether the file can be migrated at all, which local names the inserted code uses
-(``dist``, ``DistributedDataParallel``, ...), and where the process-group set-up goes.
+The transforms read the module through the semantic model (``ctx.m``) and propose
+findings whose fixes hold edits against LibCST nodes, found through ``ctx.bridge``.
+This module decides, once, what several transforms need: the local names the inserted
+code uses (``dist``, ``DistributedDataParallel`` ...), fresh identifiers, and where the
+process-group set-up goes.
 """
 
 from __future__ import annotations
 
+import ast
 from functools import cached_property
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
-from dp2ddp.analysis import DDP_NAMES, DP_NAMES, Analysis, code
-from dp2ddp.engine import AddImport, Edit, Finding
+from dp2ddp.engine import AddImport, Edit, Finding, Fix
+from dp2ddp.model.bridge import Bridge
+from dp2ddp.model.core import FUNCTIONS, SemanticModel
+from dp2ddp.model.names import DATALOADER, DDP, DISTRIBUTED_SAMPLER
 from dp2ddp.templates import render_statements
 
-# (key, module, obj, default local name)
+# key -> (module, obj, default local name)
 _IMPORTS = {
     "os": ("os", None, "os"),
     "atexit": ("atexit", None, "atexit"),
@@ -30,185 +35,160 @@ _QUALIFIED = {
     "atexit": {"atexit"},
     "torch": {"torch"},
     "dist": {"torch.distributed"},
-    "DDP": set(DDP_NAMES),
-    "DistributedSampler": {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"},
+    "DDP": set(DDP),
+    "DistributedSampler": set(DISTRIBUTED_SAMPLER),
 }
 
-ALREADY_DISTRIBUTED = frozenset(
-    set(DDP_NAMES)
-    | {
-        "torch.distributed.init_process_group",
-        "torch.multiprocessing.spawn",
-        "torch.distributed.launch",
-        "torch.distributed.run",
-    }
-)
+Value = Union[str, ast.AST, cst.CSTNode]
 
 
-class MigrationContext:
-    def __init__(self, an: Analysis, options) -> None:
-        self.an = an
+class Context:
+    def __init__(self, model: SemanticModel, bridge: Bridge, options) -> None:
+        self.m = model
+        self.bridge = bridge
+        self.module: cst.Module = bridge.module
         self.options = options
-        self.findings: List[Finding] = []
         self.extra_edits: List[Edit] = []
-        self.dp_refs = an.refs(DP_NAMES)
-        self.applicable = bool(self.dp_refs)
-        self.blocked = False
+        self.cache: Dict[str, object] = {}
         self._names: Dict[str, str] = {}
-        if self.applicable:
-            self._check_already_distributed()
+        self._fresh: set = set()
+        self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
 
     # ------------------------------------------------------------------ findings
-    def note(self, node, code_: str, message: str) -> Finding:
-        return Finding(code_, message, node, severity="info")
+    def finding(self, node: Optional[ast.AST], code: str, message: str, severity: str, fix: Optional[Fix] = None) -> Finding:
+        line, col = self.m.position(node) if node is not None else (1, 0)
+        end_line, end_col = self.m.end_position(node) if node is not None else (1, 0)
+        return Finding(code, message, node, fix=fix, line=line, col=col, severity=severity, end_line=end_line, end_col=end_col)
 
-    def warn(self, node, code_: str, message: str) -> Finding:
-        return Finding(code_, message, node, severity="warning")
+    def note(self, node, code: str, message: str, edits: Optional[Sequence[Edit]] = None) -> Finding:
+        return self.finding(node, code, message, "info", Fix(list(edits)) if edits is not None else None)
 
-    def block(self, node, code_: str, message: str) -> Finding:
-        return Finding(code_, message, node, severity="error")
+    def warn(self, node, code: str, message: str) -> Finding:
+        return self.finding(node, code, message, "warning")
 
-    def _check_already_distributed(self) -> None:
-        for ref in self.an.refs(ALREADY_DISTRIBUTED):
-            self.findings.append(
-                self.block(
-                    ref,
-                    "DDP104",
-                    f"script already uses {sorted(self.an.qnames(ref) & ALREADY_DISTRIBUTED)[0]}; "
-                    "a mixed DataParallel/distributed script is left for a human to migrate",
-                )
-            )
-            self.blocked = True
-            return
+    def block(self, node, code: str, message: str) -> Finding:
+        return self.finding(node, code, message, "error")
 
-    def cache_get(self, key: str, factory):
-        if key not in self.an.cache:
-            self.an.cache[key] = factory()
-        return self.an.cache[key]
-
+    # ------------------------------------------------------------------ names
     def fresh_name(self, base: str) -> str:
         """An identifier not used anywhere in the module (nor handed out before)."""
-        taken = self.an.all_identifiers | self.cache_get("fresh_names", set)
+        taken = self.m.all_identifiers | self._fresh
         name, i = base, 2
         while name in taken:
             name, i = f"{base}{i}", i + 1
-        self.an.cache["fresh_names"].add(name)
+        self._fresh.add(name)
         return name
 
-    # ------------------------------------------------------------------ names
     def name(self, key: str) -> str:
-        """Local name under which the inserted code refers to ``key``; adds the import."""
+        """The local name under which inserted code refers to ``key``; adds the import."""
         if key in self._names:
             return self._names[key]
         module, obj, default = _IMPORTS[key]
         local = self._existing_binding(_QUALIFIED[key])
         if local is None:
             local = default
-            taken = self.an.all_identifiers
-            if local in taken and not self._bound_to(local, _QUALIFIED[key]):
+            if local in self.m.all_identifiers | self._fresh:
                 base = "ddp_" + default if default.islower() else default + "_"
-                local = base
-                i = 2
-                while local in taken:
-                    local, i = f"{base}{i}", i + 1
+                local = self.fresh_name(base)
             asname = None if local == (obj or module) else local
             self.extra_edits.append(AddImport(module, obj, asname))
         self._names[key] = local
         return local
 
     def _existing_binding(self, qualified: set) -> Optional[str]:
-        scope = self.an.scope_of(self.an.module)
-        if scope is None:
-            return None
-        for assignment in scope.assignments:
-            node = getattr(assignment, "node", None)
-            if isinstance(node, (cst.Import, cst.ImportFrom)):
-                for qn in scope.get_qualified_names_for(assignment.name):
-                    if qn.name in qualified and "." not in assignment.name:
-                        return assignment.name
+        """A module-level import of one of ``qualified`` whose name nothing else binds."""
+        scope = self.m.scopes[self.m.tree]
+        for name, bindings in scope.bindings.items():
+            if all(b.kind == "import" and b.qualified in qualified for b in bindings):
+                if not any(name in s.bindings for s in self.m.scopes.values() if s is not scope):
+                    return name
         return None
 
-    def _bound_to(self, local: str, qualified: set) -> bool:
-        return self._existing_binding(qualified) == local
+    # ------------------------------------------------------------------ code
+    def text(self, value: Value) -> str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, cst.CSTNode):
+            return cst.Module(body=[]).code_for_node(value)
+        return self.m.source(value)
 
-    # ------------------------------------------------------------------ code building
-    def render(self, template: str, **values: str) -> List[cst.BaseStatement]:
-        return render_statements(template, self.an.module, **self._template_values(values))
+    def _fmt(self, template: str, values: Dict[str, Value]) -> str:
+        return template.format(**{k: self.text(v) for k, v in values.items()})
 
-    def expr(self, text: str, **values) -> cst.BaseExpression:
-        return cst.parse_expression(text.format(**self._template_values(values)), config=self.an.module.config_for_parsing)
+    def expr(self, template: str, **values: Value) -> cst.BaseExpression:
+        return cst.parse_expression(self._fmt(template, values), config=self.module.config_for_parsing)
 
-    def stmt(self, text: str, **values) -> cst.BaseStatement:
-        return cst.parse_statement(text.format(**self._template_values(values)), config=self.an.module.config_for_parsing)
+    def stmt(self, template: str, **values: Value) -> cst.BaseStatement:
+        return cst.parse_statement(self._fmt(template, values), config=self.module.config_for_parsing)
 
-    def _template_values(self, values: Dict[str, object]) -> Dict[str, str]:
-        out = {}
-        for k, v in values.items():
-            out[k] = code(v) if isinstance(v, cst.CSTNode) else str(v)
-        return out
+    def render(self, template: str, **values: Value) -> List[cst.BaseStatement]:
+        return render_statements(template, self.module, **{k: self.text(v) for k, v in values.items()})
 
-    def rank0_test(self) -> cst.BaseExpression:
-        return self.expr("{dist}.get_rank() == 0", dist=self.name("dist"))
+    def cst(self, node: ast.AST) -> cst.CSTNode:
+        return self.bridge.cst(node)
 
-    def ddp_call(self, module_expr: cst.BaseExpression) -> cst.Call:
-        return self.expr(
-            "{DDP}({m}, device_ids=[{torch}.cuda.current_device()] if {torch}.cuda.is_available() else None)",
-            DDP=self.name("DDP"),
-            torch=self.name("torch"),
-            m=module_expr,
+    def rank0(self) -> str:
+        return f"{self.name('dist')}.get_rank() == 0"
+
+    def ddp_call(self, module_text: str, find_unused: bool = False) -> str:
+        torch = self.name("torch")
+        extra = ", find_unused_parameters=True" if find_unused else ""
+        return (
+            f"{self.name('DDP')}({module_text}, device_ids=[{torch}.cuda.current_device()] "
+            f"if {torch}.cuda.is_available() else None{extra})"
         )
 
     # ------------------------------------------------------------------ placement
+    def work_nodes(self) -> List[ast.AST]:
+        """What needs the process group: the DataParallel wraps, their owners and the loaders."""
+        from dp2ddp.model.wraps import dp_wraps
+
+        return [w.call for w in dp_wraps(self.m)] + list(self.m.calls(DATALOADER))
+
     @cached_property
-    def setup_site(self) -> Tuple[str, Optional[cst.CSTNode], Optional[cst.CSTNode]]:
+    def setup_site(self) -> Tuple[str, Optional[ast.AST], Optional[ast.stmt]]:
         """Where the process-group set-up goes: ``("function", main_def, call_stmt)`` when the
-        main guard calls a function that does the work, ``("guard", guard, None)`` when the work
-        is in the guard body itself, else ``("module", None, None)``."""
-        an = self.an
-        guard = an.main_guard
-        module_level_work = [
-            n
-            for n in self.dp_refs + an.calls({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
-            if an.enclosing_function(n) is None and (guard is None or not an.contains(guard, n))
-        ]
-        if guard is None or module_level_work:
+        main guard calls a function of this module that does the work, ``("guard", guard,
+        None)`` when the work starts in the guard body, else ``("module", None, None)``."""
+        m = self.m
+        guard = m.main_guard
+        work = self.work_nodes()
+        module_level = [n for n in work if m.enclosing_function(n) is None and (guard is None or not m.contains(guard, n))]
+        if guard is None or module_level:
             return ("module", None, None)
-        work_funcs = {an.enclosing_function(r) for r in self.dp_refs} - {None}
-        for stmt in guard.body.body if isinstance(guard.body, cst.IndentedBlock) else ():
-            if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        work_funcs = {m.enclosing_function(n) for n in work} - {None}
+        for stmt in guard.body:
+            value = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+            if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
                 continue
-            small = stmt.body[0]
-            value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
-            if isinstance(value, cst.Call) and isinstance(value.func, cst.Name):
-                func = an.module_functions.get(value.func.value)
-                if func is None:
-                    continue
-                reach = an.function_reach(func)
-                # methods of classes instantiated from the reach are not followed; accept a
-                # function that reaches the wraps, or the conventional entry-point names
-                if work_funcs & reach or func.name.value in ("main", "run", "train", "cli"):
-                    if any(an.contains(guard, r) for r in self.dp_refs):
-                        return ("guard", guard, None)
-                    return ("function", func, stmt)
+            func = m.module_functions.get(value.func.id)
+            if func is None or m.resolve_call(value) is not func:
+                continue
+            if work_funcs & m.reach(func) or func.name in ("main", "run", "train", "cli"):  # type: ignore[attr-defined]
+                if any(m.contains(guard, n) for n in work):
+                    return ("guard", guard, None)
+                return ("function", func, stmt)
         return ("guard", guard, None)
 
-    def in_setup_region(self, node: cst.CSTNode) -> bool:
-        """True when code at ``node`` runs after the process group is initialised."""
+    def in_setup_region(self, node: ast.AST) -> bool:
+        """Code at ``node`` runs after the process group is initialised."""
         kind, where, _ = self.setup_site
-        func = self.an.enclosing_function(node)
+        m = self.m
+        func = m.enclosing_function(node)
         if kind == "function":
             return func is not None
         if kind == "guard":
-            return func is not None or self.an.contains(where, node)
+            return func is not None or m.contains(where, node)  # type: ignore[arg-type]
         if func is not None:
             return True
-        end = self.an.top_import_end
-        stmt = self.an.statement_of(node)
-        top = stmt
-        while top is not None and self.an.parent(top) is not self.an.module:
-            top = self.an.statement_of(self.an.parent(top)) if self.an.parent(top) is not None else None
+        top = m.top_statement(node)
+        end = m.top_import_end
         if top is None:
             return True
-        body = list(self.an.module.body)
-        start = body.index(end) + 1 if end is not None and end in body else 0
-        return body.index(top) >= start
+        body = m.tree.body
+        start = next((i for i, s in enumerate(body) if s is end), -1) + 1
+        return next(i for i, s in enumerate(body) if s is top) >= start
+
+
+def is_function(node) -> bool:
+    return isinstance(node, FUNCTIONS)

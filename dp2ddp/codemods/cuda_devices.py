@@ -8,89 +8,81 @@ is dropped. Other fixed indices and ``CUDA_VISIBLE_DEVICES`` edits are reported.
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import List
 
 import libcst as cst
 
-from dp2ddp.analysis import code
-from dp2ddp.codemods.context import MigrationContext
-from dp2ddp.engine import Finding, Fix, Remove, Replace
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding, Remove, Replace
+from dp2ddp.model.names import CUDA_SET_DEVICE
 
-CODE = "DDP134"
-CODE_LEFT = "DDP109"
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 
 
-def propose(ctx: MigrationContext) -> List[Finding]:
-    an = ctx.an
-    findings: List[Finding] = []
-    for s in an.nodes_of(cst.SimpleString):
-        try:
-            value = s.evaluated_value
-        except Exception:  # pragma: no cover - bytes or odd prefixes
+def propose(ctx: Context) -> List[Finding]:
+    if ctx.mode != "plain":
+        return []
+    m = ctx.m
+    out: List[Finding] = []
+    joined = {id(v) for j in m.nodes(ast.JoinedStr) for v in j.values}
+    for s in m.nodes(ast.Constant):
+        if not isinstance(s.value, str) or id(s) in joined:
             continue
-        m = _CUDA_INDEX.match(value) if isinstance(value, str) else None
-        if not m:
+        match = _CUDA_INDEX.match(s.value)
+        if not match:
             continue
-        if m.group(1) == "0":
-            quote = s.quote
-            f = ctx.note(s, CODE, f'"{value}" -> "cuda": the current device, which is this rank\'s GPU')
-            f.fix = Fix([Replace(s, cst.SimpleString(f"{s.prefix}{quote}cuda{quote}"))])
-            findings.append(f)
+        node = ctx.cst(s)
+        if not isinstance(node, cst.SimpleString):
+            continue
+        if match.group(1) == "0":
+            quote = node.quote
+            out.append(ctx.note(s, "DDP134", f'"{s.value}" -> "cuda": the current device, which is this rank\'s GPU',
+                                [Replace(node, cst.SimpleString(f"{node.prefix}{quote}cuda{quote}"))]))
         else:
-            findings.append(ctx.warn(s, CODE_LEFT, f'fixed device "{value}": under DDP each rank uses its own GPU ("cuda" after set_device)'))
-    for call in an.nodes_of(cst.Call):
+            out.append(ctx.warn(s, "DDP109", f'fixed device "{s.value}": under DDP each rank uses its own GPU ("cuda" after set_device)'))
+    for call in m.nodes(ast.Call):
         fn = call.func
         if (
-            isinstance(fn, cst.Attribute)
-            and fn.attr.value == "cuda"
+            isinstance(fn, ast.Attribute)
+            and fn.attr == "cuda"
             and len(call.args) == 1
-            and isinstance(call.args[0].value, cst.Integer)
-            and call.args[0].keyword is None
+            and not call.keywords
+            and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, int)
         ):
-            if call.args[0].value.value == "0":
-                f = ctx.note(call, CODE, ".cuda(0) -> .cuda(): the current device, which is this rank's GPU")
-                f.fix = Fix([Replace(call, lambda u: u.with_changes(args=[]))])
-                findings.append(f)
+            if call.args[0].value == 0:
+                out.append(ctx.note(call, "DDP134", ".cuda(0) -> .cuda(): the current device, which is this rank's GPU",
+                                    [Replace(ctx.cst(call), lambda u: u.with_changes(args=[]))]))
             else:
-                findings.append(ctx.warn(call, CODE_LEFT, "fixed device index in .cuda(N): under DDP each rank uses its own GPU"))
-        elif an.is_name(fn, {"torch.cuda.set_device"}) and call.args and isinstance(call.args[0].value, cst.Integer):
-            stmt = an.statement_of(call)
-            if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
-                owner = an.block_owner(stmt)
+                out.append(ctx.warn(call, "DDP109", "fixed device index in .cuda(N): under DDP each rank uses its own GPU"))
+        elif m.is_name(fn, CUDA_SET_DEVICE) and call.args and isinstance(call.args[0], ast.Constant):
+            stmt = m.statement_of(call)
+            if isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt):
+                owner = m.parent(stmt)
                 if (
-                    isinstance(owner, cst.If)
-                    and owner.orelse is None
-                    and list(owner.body.body) == [stmt]
-                    and "cuda" in code(owner.test)
-                    and an.block_of(owner) is not None
+                    isinstance(owner, ast.If)
+                    and not owner.orelse
+                    and owner.body == [stmt]
+                    and "cuda" in m.source(owner.test)
+                    and m.block_of(owner) is not None
+                    and ctx.bridge.alone_on_line(owner)
                 ):
                     stmt = owner  # `if torch.cuda.is_available(): set_device(0)` goes as a whole
-                f = ctx.note(call, CODE, "torch.cuda.set_device(<fixed index>) removed: the set-up selects the local rank's GPU")
-                f.fix = Fix([Remove(stmt)])
-                findings.append(f)
+                out.append(ctx.note(call, "DDP134", "torch.cuda.set_device(<fixed index>) removed: the set-up selects the local rank's GPU",
+                                    [Remove(ctx.bridge.statement(stmt))]))
         elif (
-            isinstance(fn, cst.Attribute)
-            and fn.attr.value in ("to", "cuda")
+            isinstance(fn, ast.Attribute)
+            and fn.attr in ("to", "cuda")
             and call.args
-            and isinstance(call.args[0].value, cst.Subscript)
-            and any(w in code(call.args[0].value.value).lower() for w in ("gpu", "device"))
+            and isinstance(call.args[0], ast.Subscript)
+            and any(w in m.source(call.args[0].value).lower() for w in ("gpu", "device"))
         ):
-            findings.append(
-                ctx.warn(
-                    call,
-                    CODE_LEFT,
-                    f"placed on a fixed device ({code(call.args[0].value)}): under DDP each rank must use its own GPU "
-                    "(torch.cuda.current_device() after the set-up)",
-                )
-            )
-    for sub in an.nodes_of(cst.Subscript):
-        if an.is_name(sub.value, {"os.environ"}) and any(
-            isinstance(e.slice, cst.Index) and isinstance(e.slice.value, cst.SimpleString) and "CUDA_VISIBLE_DEVICES" in e.slice.value.value
-            for e in sub.slice
-        ):
-            findings.append(
-                ctx.warn(sub, CODE_LEFT, "CUDA_VISIBLE_DEVICES set in the script: with torchrun, give every rank all GPUs and let LOCAL_RANK pick one")
-            )
-    return findings
+            out.append(ctx.warn(call, "DDP109", f"placed on a fixed device ({m.source(call.args[0])}): under DDP each rank must use its own GPU "
+                                "(torch.cuda.current_device() after the set-up)"))
+    for sub in m.nodes(ast.Subscript):
+        key = sub.slice
+        if m.is_name(sub.value, {"os.environ"}) and isinstance(key, ast.Constant) and key.value == "CUDA_VISIBLE_DEVICES":
+            out.append(ctx.warn(sub, "DDP109", "CUDA_VISIBLE_DEVICES set in the script: with torchrun, give every rank all GPUs and let LOCAL_RANK pick one"))
+    return out

@@ -12,19 +12,20 @@ plain ``python`` (a world of one), so the result runs with and without torchrun.
 
 from __future__ import annotations
 
+import ast
 from typing import List
 
 import libcst as cst
 
-from dp2ddp.analysis import is_docstring
-from dp2ddp.codemods.context import MigrationContext
-from dp2ddp.engine import Finding, Fix, InsertAfter, InsertBefore, Replace
-
-CODE = "DDP120"
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.model.core import is_docstring
 
 
-def propose(ctx: MigrationContext) -> List[Finding]:
-    an = ctx.an
+def propose(ctx: Context) -> List[Finding]:
+    if ctx.mode != "plain":
+        return []
+    m = ctx.m
     kind, where, call_stmt = ctx.setup_site
     values = dict(
         os=ctx.name("os"),
@@ -37,47 +38,42 @@ def propose(ctx: MigrationContext) -> List[Finding]:
     edits = []
     if kind == "function":
         func = where
-        first = an.function_body_start(func)
-        if first is None:  # only a docstring: nothing to do in there
+        body = [s for s in func.body]  # type: ignore[union-attr]
+        if body and is_docstring(body[0]):
+            body = body[1:]
+        if not body:
             return []
-        edits.append(InsertBefore(first, tuple(setup)))
+        edits.append(InsertBefore(ctx.bridge.statement(body[0]), tuple(setup)))
         teardown = ctx.render("teardown_call.py.tmpl", dist=values["dist"], call="pass")[0]
 
         def wrap(updated, teardown=teardown):
             inner = updated.with_changes(leading_lines=())
-            return teardown.with_changes(
-                body=teardown.body.with_changes(body=[inner]),
-                leading_lines=updated.leading_lines,
-            )
+            return teardown.with_changes(body=teardown.body.with_changes(body=[inner]), leading_lines=updated.leading_lines)
 
-        edits.append(Replace(call_stmt, wrap))
+        edits.append(Replace(ctx.bridge.statement(call_stmt), wrap))
         anchor = call_stmt
-        message = f"initialise the process group at the top of {func.name.value}() and destroy it when it returns or raises"
+        message = f"initialise the process group at the top of {func.name}() and destroy it when it returns or raises"  # type: ignore[union-attr]
     else:
         teardown = ctx.render("teardown_atexit.py.tmpl", atexit=ctx.name("atexit"), dist=values["dist"])
         if kind == "guard":
-            body = list(where.body.body)
-            first = body[0]
-            edits.append(InsertBefore(first, tuple(setup + teardown)))
+            first = where.body[0]  # type: ignore[union-attr]
+            edits.append(InsertBefore(ctx.bridge.statement(first), tuple(setup + teardown)))
             anchor = where
             message = "initialise the process group at the top of the main guard; atexit destroys it"
         else:
-            end = an.top_import_end
+            end = m.top_import_end
             block = setup + teardown
             if end is None:
-                body = [s for s in an.module.body]
-                first = next((s for s in body if not is_docstring(s)), None)
+                first = next((s for s in m.tree.body if not is_docstring(s)), None)
                 if first is None:
                     return []
-                edits.append(InsertBefore(first, tuple(block)))
+                edits.append(InsertBefore(ctx.bridge.statement(first), tuple(block)))
                 anchor = first
             else:
-                edits.append(InsertAfter(end, tuple(_spaced(block))))
+                edits.append(InsertAfter(ctx.bridge.statement(end), tuple(_spaced(block))))
                 anchor = end
             message = "initialise the process group after the imports; atexit destroys it"
-    f = ctx.note(anchor, CODE, message)
-    f.fix = Fix(edits)
-    return [f]
+    return [ctx.note(anchor, "DDP120", message, edits)]
 
 
 def _spaced(stmts: List[cst.BaseStatement]) -> List[cst.BaseStatement]:

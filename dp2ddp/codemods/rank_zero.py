@@ -1,99 +1,334 @@
 """Only rank 0 writes checkpoints and (by default) prints progress; every rank computes.
 
-Consecutive statements that save (``torch.save``), make checkpoint folders
-(``os.mkdir``/``os.makedirs``, ``if not os.path.isdir(d): os.mkdir(d)``), copy checkpoint
-files (``shutil.copyfile``/``copy``/``copy2``) or print go under one
-``if dist.get_rank() == 0:``. ``dist.get_rank()`` is the global rank, so this stays right
-on several nodes. Statements already under a rank test are left alone, and so is code
-that runs before the process group exists or after it is destroyed.
+* Consecutive statements that save (``torch.save``, ``np.save``, copies), use a
+  rank-0-only SummaryWriter (:mod:`rank_writers`) or print go under one
+  ``if dist.get_rank() == 0:`` (the global rank, right on several nodes), as do ``if``
+  and ``for`` statements made only of such statements.
+* Nothing under the guard may reach a collective or compute what other ranks use: a
+  print whose arguments call anything that is not plainly free of side effects
+  (``evaluate(model, ds)``, ``model(x)``) is split — the calls run on every rank into
+  locals, the print on rank 0 — and a save whose arguments reach a collective is left on
+  every rank with a warning.
+* Folders are created on every rank, with ``exist_ok=True`` (idempotent, no race):
+  ``os.mkdir(d)`` -> ``os.makedirs(d, exist_ok=True)``.
+* A file written on rank 0 that the script reads afterwards gets a ``dist.barrier()``
+  after the write, so that no rank reads it before it exists.
+
+Statements already under a rank test are left alone, and so is code that runs before
+the process group exists.
 """
 
 from __future__ import annotations
 
-from typing import List
+import ast
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from dp2ddp.analysis import code
-from dp2ddp.codemods.context import MigrationContext
-from dp2ddp.engine import Finding, Fix, Guard
+from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.rank_writers import is_writer_use
+from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
+from dp2ddp.model.collectives import reaches_collective
+from dp2ddp.model.core import COMPREHENSIONS, SemanticModel, kwarg
+from dp2ddp.model.names import COPY, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
+from dp2ddp.model.ranks import mentions_rank, rank_guarded
+from dp2ddp.model.writers import writers
 
-CODE_SAVE = "DDP132"
-CODE_PRINT = "DDP133"
-
-SAVE_CALLS = {
-    "torch.save",
-    "os.mkdir",
-    "os.makedirs",
-    "shutil.copyfile",
-    "shutil.copy",
-    "shutil.copy2",
+PURE_BUILTINS = {
+    "len", "str", "repr", "int", "float", "round", "abs", "min", "max", "sum", "sorted", "list", "tuple", "dict",
+    "set", "format", "type", "isinstance", "hasattr", "getattr", "bool", "enumerate", "zip", "range", "any", "all",
+    "id", "hex", "divmod", "pow", "reversed", "map", "filter", "vars", "chr", "ord", "ascii", "bin", "oct",
 }
-RANK_WORDS = ("rank", "is_main", "main_process", "master")
+PURE_METHODS = {
+    "item", "format", "join", "mean", "sum", "std", "var", "tolist", "cpu", "numpy", "detach", "size", "dim", "numel",
+    "nelement", "float", "double", "int", "long", "keys", "values", "items", "get", "upper", "lower", "strip", "split",
+    "replace", "ljust", "rjust", "center", "zfill", "startswith", "endswith", "isoformat", "strftime", "total_seconds",
+    "argmax", "argmin", "max", "min", "norm", "get_last_lr", "get_lr", "parameters", "named_parameters", "count",
+    "index", "copy", "clone", "tostring", "rstrip", "lstrip", "title", "capitalize", "avg", "squeeze", "view",
+    "reshape", "abs", "sqrt", "exp", "log", "round", "eq", "sum", "prod", "all", "any", "nonzero", "t", "to_dict",
+}
+PURE_MODULES = ("math.", "os.path.", "time.", "datetime.", "numpy.", "json.dumps", "pprint.pformat", "builtins.")
+PURE_FUNCTIONS = {"torch.cuda.max_memory_allocated", "torch.cuda.memory_allocated", "torch.cuda.memory_reserved",
+                  "torch.cuda.get_device_name", "torch.cuda.is_available", "torch.cuda.device_count", "torch.__version__"}
 
 
-def _call_of(stmt) -> cst.Call | None:
-    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Expr):
-        value = stmt.body[0].value
-        if isinstance(value, cst.Call):
-            return value
-    return None
-
-
-def _kind(ctx: MigrationContext, stmt) -> str | None:
-    call = _call_of(stmt)
-    if call is not None:
-        if ctx.an.is_name(call.func, SAVE_CALLS):
-            return "save"
-        if not ctx.options.print_all_ranks and ctx.an.is_name(call.func, {"builtins.print"}):
-            return "print"
-        return None
-    if (
-        isinstance(stmt, cst.If)
-        and stmt.orelse is None
-        and isinstance(stmt.body, cst.IndentedBlock)
-        and stmt.body.body
-        and all(_kind(ctx, s) == "save" for s in stmt.body.body)
-    ):
-        return "save"
-    return None
-
-
-def _under_rank_test(ctx: MigrationContext, stmt) -> bool:
-    for a in ctx.an.ancestors(stmt):
-        if isinstance(a, cst.If) and any(w in code(a.test).lower() for w in RANK_WORDS):
+def _is_pure_call(m: SemanticModel, call: ast.Call) -> bool:
+    f = call.func
+    if m.resolve_call(call) is not None:
+        return False  # a function of this script: it may do anything
+    q = m.qualified_names(f)
+    if q:
+        if any(x[len("builtins."):] in PURE_BUILTINS for x in q if x.startswith("builtins.")):
             return True
-        if isinstance(a, cst.FunctionDef) and any(w in a.name.value.lower() for w in ("main_process", "rank0", "rank_zero")):
+        if any(x.startswith(PURE_MODULES) and not x.startswith("builtins.") for x in q) or q & PURE_FUNCTIONS:
             return True
+        if all(not x.startswith(("builtins.",)) for x in q) and not isinstance(f, ast.Attribute):
+            return False  # an imported function
+    if isinstance(f, ast.Attribute) and f.attr in PURE_METHODS:
+        return True
     return False
 
 
-def propose(ctx: MigrationContext) -> List[Finding]:
-    an = ctx.an
-    findings: List[Finding] = []
-    blocks = [an.module] + an.nodes_of(cst.IndentedBlock)
-    for block in blocks:
-        owner = an.parent(block) if isinstance(block, cst.IndentedBlock) else None
-        if owner is not None and _kind(ctx, owner) is not None:
+def impure_calls(m: SemanticModel, expr: ast.AST) -> List[ast.Call]:
+    """The outermost calls in ``expr`` that are not plainly free of side effects."""
+    out: List[ast.Call] = []
+    todo = [expr]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Call) and not _is_pure_call(m, n):
+            out.append(n)
+            continue
+        todo.extend(ast.iter_child_nodes(n))
+    out.sort(key=lambda c: (c.lineno, c.col_offset))
+    return out
+
+
+def _hoistable(m: SemanticModel, call: ast.Call, stmt: ast.stmt) -> bool:
+    """``call`` is evaluated exactly once when ``stmt`` runs (not in a lambda, a
+    comprehension, a conditional expression or a short-circuit operand)."""
+    child: ast.AST = call
+    for a in m.ancestors(call):
+        if a is stmt:
+            return True
+        if isinstance(a, (ast.Lambda, ast.IfExp) + COMPREHENSIONS):
+            return False
+        if isinstance(a, ast.BoolOp) and child is not a.values[0]:
+            return False
+        child = a
+    return False
+
+
+class _Plan:
+    """What rank_zero decided for one statement."""
+
+    def __init__(self, kind: str, split: Optional[List[ast.Call]] = None) -> None:
+        self.kind = kind  # print | save | writer | block
+        self.split = split or []
+
+
+def _statement_plan(ctx: Context, stmt: ast.stmt, memo: Dict[ast.AST, Optional[_Plan]]) -> Optional[_Plan]:
+    if stmt in memo:
+        return memo[stmt]
+    plan = _compute_plan(ctx, stmt, memo)
+    memo[stmt] = plan
+    return plan
+
+
+def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
+    m = ctx.m
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        q = m.qualified_names(call.func)
+        if q & PRINT or (isinstance(call.func, ast.Attribute) and call.func.attr == "write" and m.is_name(call.func.value, {"tqdm.tqdm", "tqdm.auto.tqdm"})):
+            if ctx.options.print_all_ranks:
+                return None
+            calls = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)]
+            if calls and not all(_hoistable(m, c, stmt) for c in calls):
+                return None
+            return _Plan("print", calls)
+        if q & (SAVE | FILE_WRITES | COPY):
+            if reaches_collective(m, call, dp=True):
+                return None
+            return _Plan("save")
+        if is_writer_use(ctx, stmt):
+            if reaches_collective(m, call, dp=True):
+                return None
+            return _Plan("writer")
+        return None
+    if isinstance(stmt, ast.If):
+        if impure_calls(m, stmt.test) or mentions_rank(m, stmt.test):
+            return None
+        body = stmt.body + stmt.orelse
+        if body and all(_statement_plan(ctx, s, memo) is not None and not _statement_plan(ctx, s, memo).split for s in body):  # type: ignore[union-attr]
+            return _Plan("block")
+        return None
+    if isinstance(stmt, (ast.For,)) and not stmt.orelse:
+        if impure_calls(m, stmt.iter):
+            return None
+        if stmt.body and all(_statement_plan(ctx, s, memo) is not None and not _statement_plan(ctx, s, memo).split for s in stmt.body):  # type: ignore[union-attr]
+            if any(_statement_plan(ctx, s, memo).kind != "print" for s in stmt.body):  # type: ignore[union-attr]
+                return None  # a loop of saves: keep it plain
+            return _Plan("block")
+    return None
+
+
+def _blocks(m: SemanticModel) -> List[List[ast.stmt]]:
+    out: List[List[ast.stmt]] = [m.tree.body]
+    for node in m.parents:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt) and not isinstance(node, ast.Module):
+                out.append(block)
+        if isinstance(node, ast.ExceptHandler):
+            pass
+    return out
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    out: List[Finding] = []
+    memo: Dict[ast.AST, Optional[_Plan]] = {}
+    guarded_writes: List[Tuple[ast.stmt, ast.stmt]] = []  # (save statement, last statement of its guard run)
+    for block in _blocks(m):
+        owner = m.parent(block[0])
+        if owner is not None and isinstance(owner, ast.stmt) and _statement_plan(ctx, owner, memo) is not None and _eligible(ctx, owner):
             continue  # the whole compound statement is guarded as one
-        run: List[cst.CSTNode] = []
-        kinds: set = set()
-        for stmt in list(block.body) + [None]:
-            kind = _kind(ctx, stmt) if stmt is not None else None
-            if kind is not None and ctx.in_setup_region(stmt) and not _under_rank_test(ctx, stmt):
+        run: List[ast.stmt] = []
+        for stmt in list(block) + [None]:  # type: ignore[list-item]
+            plan = _statement_plan(ctx, stmt, memo) if stmt is not None else None
+            if stmt is not None and plan is not None and _eligible(ctx, stmt) and ctx.bridge.alone_on_line(stmt):
+                if plan.split and run:
+                    out.extend(_guard(ctx, run, memo, guarded_writes))
+                    run = []
                 run.append(stmt)
-                kinds.add(kind)
                 continue
             if run:
-                findings.append(_guard(ctx, run, kinds))
-            run, kinds = [], set()
-    return findings
+                out.extend(_guard(ctx, run, memo, guarded_writes))
+            run = []
+    out.extend(_mkdirs(ctx))
+    out.extend(_barriers(ctx, guarded_writes))
+    return out
 
 
-def _guard(ctx: MigrationContext, run, kinds) -> Finding:
-    if "save" in kinds:
-        f = ctx.note(run[0], CODE_SAVE, "checkpoint writing runs on rank 0 only")
+def _eligible(ctx: Context, stmt: ast.stmt) -> bool:
+    if ctx.mode == "plain" and not ctx.in_setup_region(stmt):
+        return False
+    return not rank_guarded(ctx.m, stmt)
+
+
+def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Finding]:
+    m = ctx.m
+    out: List[Finding] = []
+    edits = []
+    kinds = set()
+    for stmt in run:
+        plan = memo[stmt]
+        kinds.add(plan.kind)
+        if plan.split:
+            out.append(_split(ctx, stmt, plan.split))
+        if plan.kind in ("save", "block"):
+            guarded_writes.append((stmt, run[-1]))
+    edits.append(Guard(tuple(ctx.bridge.statement(s) for s in run), ctx.expr(ctx.rank0())))
+    if kinds & {"save", "block", "writer"} and kinds != {"block"} or any(_has_save(ctx, s, memo) for s in run):
+        f = ctx.note(run[0], "DDP132", "checkpoint and file writing runs on rank 0 only", edits)
     else:
-        f = ctx.note(run[0], CODE_PRINT, "progress printing runs on rank 0 only (--print-all-ranks keeps it on every rank)")
-    f.fix = Fix([Guard(tuple(run), ctx.rank0_test())])
-    return f
+        f = ctx.note(run[0], "DDP133", "progress printing runs on rank 0 only (--print-all-ranks keeps it on every rank)", edits)
+    return [f] + out
+
+
+def _has_save(ctx: Context, stmt: ast.stmt, memo) -> bool:
+    plan = memo.get(stmt)
+    if plan is None:
+        return False
+    if plan.kind in ("save", "writer"):
+        return True
+    if plan.kind == "block":
+        kids = stmt.body + getattr(stmt, "orelse", [])
+        return any(_has_save(ctx, s, memo) for s in kids)
+    return False
+
+
+def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call]) -> Finding:
+    """``print(f"{evaluate(m):.4f}")`` -> ``evaluate_result = evaluate(m)`` before it, the
+    print of the local on rank 0."""
+    m = ctx.m
+    assigns = []
+    edits = []
+    line = ctx.bridge.statement(stmt)
+    for call in calls:
+        f = call.func
+        base = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "value"
+        name = ctx.fresh_name(f"{base.lstrip('_') or 'value'}_result")
+        assigns.append(ctx.stmt("{n} = {c}", n=name, c=call))
+        edits.append(Replace(ctx.cst(call), cst.Name(name)))
+    if isinstance(line, cst.SimpleStatementLine) and line.leading_lines:
+        assigns[0] = assigns[0].with_changes(leading_lines=line.leading_lines)
+        edits.append(Replace(line, lambda u: u.with_changes(leading_lines=())))
+    edits.append(InsertBefore(line, tuple(assigns)))
+    what = ", ".join(m.source(c.func) + "()" for c in calls)
+    return ctx.note(stmt, "DDP113", f"{what} runs on every rank (it may be a collective); only the print runs on rank 0", edits)
+
+
+def _mkdirs(ctx: Context) -> List[Finding]:
+    """Folders are made on every rank, idempotently."""
+    m = ctx.m
+    edits = []
+    first = None
+    for w in writers(m):
+        if w.kind != "mkdir" or w.idempotent or rank_guarded(m, w.call):
+            continue
+        call = w.call
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            continue
+        if m.is_name(call.func, {"os.mkdir"}):
+            if len(call.args) != 1 or call.keywords:
+                continue
+            edits.append(Replace(ctx.cst(call), ctx.expr("{os}.makedirs({p}, exist_ok=True)", os=ctx.name("os"), p=call.args[0])))
+        else:
+            ok = kwarg(call, "exist_ok")
+            if ok is not None:
+                edits.append(Replace(ctx.cst(ok.value), ctx.expr("True")))
+            else:
+                from dp2ddp.codemods.rank_writers import _add_kwarg
+
+                edits.append(Replace(ctx.cst(call), lambda u: _add_kwarg(u, "exist_ok", "True")))
+        first = first or call
+    if not edits:
+        return []
+    return [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
+
+
+# --------------------------------------------------------------------------- barriers
+
+READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yaml.load", "pandas.read_csv"}
+
+
+def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
+    out = []
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Call):
+            q = m.qualified_names(node.func)
+            if q & SAVE and len(node.args) > 1:
+                out.append(ast.dump(node.args[1]))
+            elif q & (FILE_WRITES | COPY) and node.args:
+                out.append(ast.dump(node.args[-1] if q & COPY else node.args[0]))
+    return out
+
+
+def _read_paths(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
+    out = []
+    for call in m.nodes(ast.Call):
+        q = m.qualified_names(call.func)
+        arg = call.args[0] if call.args else None
+        if arg is None:
+            continue
+        if q & READS or (q & OPEN and not _writes(call)) or (isinstance(call.func, ast.Attribute) and call.func.attr == "from_pretrained"):
+            out.append((call, ast.dump(arg)))
+    return out
+
+
+def _writes(call: ast.Call) -> bool:
+    mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
+    return not (mode is None or (isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "r" in mode.value and "+" not in mode.value))
+
+
+def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
+    """``dist.barrier()`` after a rank-0 write of a file the script reads later."""
+    m = ctx.m
+    if not guarded:
+        return []
+    reads = _read_paths(m)
+    out = []
+    done: Set[int] = set()
+    for stmt, last in guarded:
+        for path in _written_paths(m, stmt):
+            later = [c for c, p in reads if p == path and (c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset)]
+            later += [c for c, p in reads if p == path and m.enclosing_function(c) is not m.enclosing_function(stmt)]
+            if later and id(last) not in done:
+                done.add(id(last))
+                barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
+                out.append(
+                    ctx.note(stmt, "DDP132", f"dist.barrier() after the rank-0 write: line {later[0].lineno} reads the file on every rank",
+                             [InsertAfter(ctx.bridge.statement(last), (barrier,))])
+                )
+    return out

@@ -2,80 +2,517 @@
 
 * ``DataParallel(m, device_ids=..., output_device=...)`` becomes
   ``DistributedDataParallel(m, device_ids=[current device] if CUDA else None)``; the
-  device ids of DP do not carry over (each process owns one device).
-* The module is on its device before it is wrapped: ``DP(m).cuda()`` becomes
+  module is on its device before it is wrapped: ``DP(m).cuda()`` becomes
   ``DDP(m.cuda())``, and ``m = DP(m)`` followed by ``m.to(device)`` moves the wrap below
   the ``.to``.
-* A wrap under ``if`` (``if torch.cuda.device_count() > 1:``) is moved after the
-  ``if``: every rank must wrap, also on CPU, or the ranks train apart.
+* A wrap under ``if`` (``if torch.cuda.device_count() > 1:``) moves after the ``if`` —
+  every rank must wrap, also on CPU — and never out of the ``__main__`` guard, a loop or
+  a function. On one device the original had no wrapper: its checkpoints keep their keys
+  (``state_dict``/``load_state_dict`` go through ``.module``).
 * A partial wrap (``model.features = DP(model.features)``) becomes one wrap of the whole
   model, so that DDP averages the gradients of every trained parameter.
-* Type references (``isinstance(m, nn.DataParallel)``) name the new wrapper.
+* A wrap that only serves evaluation (inside a function that never trains and keeps the
+  wrapper to itself) is removed: each rank evaluates with the module it has.
+* Uses of the model's own attributes and methods through the wrapped name go through
+  ``.module`` (``model.predict(x)``, ``self.model.num_classes``), also in the functions
+  of the script the model is passed to.
+* A script that changes ``requires_grad`` after the wrap gets
+  ``find_unused_parameters=True``; one that unfreezes parameters that were frozen when
+  the wrapper was built is refused (DDP would never synchronise them).
+* Type checks (``isinstance(m, nn.DataParallel)``) name the new wrapper.
 
 Anything else (``dim != 0``, unknown arguments, aliases, subclasses) blocks the file.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import ast
+import re
+from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
-from dp2ddp.analysis import code
-from dp2ddp.codemods.context import MigrationContext
+from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, RemoveImportIfUnused, Replace
+from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel
+from dp2ddp.model.names import DP, DP_FUNCTIONAL
+from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
+from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps
 
-CODE_WRAP = "DDP100"
-CODE_UNSUPPORTED = "DDP101"
-CODE_PARTIAL = "DDP102"
-CODE_HOISTED = "DDP103"
-
-MODULE_RETURNING = {"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "type"}
 PLACEMENT = {"cuda", "to"}
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
 DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
 
 
 class _Hoist:
-    def __init__(self, anchor: cst.CSTNode, target: cst.BaseExpression) -> None:
+    def __init__(self, anchor: ast.stmt, target: ast.AST) -> None:
         self.anchor = anchor
         self.target = target
-        self.carry_leading: List[cst.EmptyLine] = []
-        self.carry_comment: Optional[cst.TrailingWhitespace] = None
+        self.leading: List[cst.EmptyLine] = []
+        self.comment: Optional[cst.TrailingWhitespace] = None
+        self.guarded = False
 
 
-def propose(ctx: MigrationContext) -> List[Finding]:
-    an = ctx.an
-    findings: List[Finding] = []
-    hoists: Dict[Tuple[int, str], _Hoist] = {}
-    for ref in ctx.dp_refs:
-        parent = an.parent(ref)
-        if isinstance(parent, cst.Call) and parent.func is ref:
-            findings.extend(_wrap_site(ctx, parent, hoists))
-        elif _is_type_position(an, ref):
-            f = ctx.note(ref, CODE_WRAP, "type check now names DistributedDataParallel")
-            f.fix = Fix([Replace(ref, cst.Name(ctx.name("DDP")))])
-            tuple_node = an.parent(an.parent(ref)) if isinstance(an.parent(ref), cst.Element) else None
-            if isinstance(tuple_node, cst.Tuple):
-                f.fix.edits.append(Replace(tuple_node, _dedupe_elements))
-            findings.append(f)
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    out: List[Finding] = []
+    for ref in dp_other_refs(m):
+        parent = m.parent(ref)
+        if isinstance(parent, ast.Call) and parent.func is ref:
+            continue
+        out.append(ctx.block(ref, "DDP101", "DataParallel is used indirectly (alias, subclass or argument); migrate this by hand"))
+    wraps = [w for w in dp_wraps(m) if not w.functional]
+    for w in wraps:
+        if w.problem:
+            out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
+    if any(f.severity == "error" for f in out):
+        return out
+
+    keep: List[Wrap] = []
+    for w in wraps:
+        if eval_only(m, w) or ctx.mode == "mixed":
+            out.append(_remove_wrap(ctx, w))
         else:
-            findings.append(
-                ctx.block(ref, CODE_UNSUPPORTED, "DataParallel is used indirectly (alias, subclass or argument); migrate this by hand")
-            )
+            keep.append(w)
+    if ctx.mode == "mixed":
+        out.extend(_type_refs(ctx))
+        out.extend(_remove_imports(ctx))
+        return out
+
+    hoists: Dict[Tuple[int, str], _Hoist] = {}
+    seeds: Set[VarKey] = set()
+    guarded_keys: Set[VarKey] = set()
+    find_unused = _find_unused(ctx, keep, out)
+    if any(f.severity == "error" for f in out):
+        return out
+    for w in keep:
+        got = _wrap_site(ctx, w, hoists, find_unused)
+        out.extend(got)
+        if any(f.severity == "error" for f in got):
+            return out
+        target = w.target
+        if target is not None:
+            keys = _keys_of(m, w)
+            seeds.update(keys)
+            if w.conditions and _device_condition(m, w):
+                guarded_keys.update(keys)
     for hoist in hoists.values():
-        findings.append(_insert_hoisted(ctx, hoist))
-    findings.extend(_remove_imports(ctx))
-    return findings
+        out.append(_insert_hoisted(ctx, hoist, find_unused))
+    out.extend(route_uses(ctx, seeds, guarded_keys, {w.stmt for w in keep}))
+    out.extend(_type_refs(ctx))
+    out.extend(_remove_imports(ctx))
+    return out
 
 
-def _dedupe_elements(tup: cst.Tuple) -> cst.BaseExpression:
+# --------------------------------------------------------------------------- evaluation-only wraps
+
+
+def _trains(m: SemanticModel, func: ast.AST) -> bool:
+    for f in m.reach(func):
+        for call in m.calls_in(f):
+            fn = call.func
+            if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step") :
+                return True
+            if m.is_name(fn, {"torch.autograd.backward"}):
+                return True
+    return False
+
+
+def eval_only(m: SemanticModel, w: Wrap) -> bool:
+    """The wrap serves evaluation only: it is made inside a function that never trains,
+    into a local variable the function keeps to itself (not returned, not stored on
+    ``self`` or a global)."""
+    func = w.function
+    if func is None or not isinstance(w.target, ast.Name) or getattr(func, "name", "") == "__init__":
+        return False
+    key = var_key(m, w.target)
+    if key is None or key[0] != "local" or key[1] is not func:
+        return False
+    for node in ast.walk(func):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == w.target.id:
+            return False
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return False
+    return not _trains(m, func)
+
+
+def _remove_wrap(ctx: Context, w: Wrap) -> Finding:
+    """Drop the wrap: ``m = DP(m)`` goes away, ``x = DP(m)`` becomes ``x = m``; an ``if``
+    left empty goes too."""
+    m = ctx.m
+    if w.module is None or w.stmt is None:
+        return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
+    inner_text = _inner_text(ctx, w)
+    edits = []
+    if w.target is not None and inner_text == m.source(w.target) and ctx.bridge.alone_on_line(w.stmt):
+        stmt = w.stmt
+        owner = m.parent(stmt)
+        if (
+            isinstance(owner, ast.If)
+            and len(owner.body) == 1
+            and not owner.orelse
+            and owner.body[0] is stmt
+            and ctx.bridge.alone_on_line(owner)
+            and _block_keeps_other(m, owner)
+        ):
+            edits.append(Remove(ctx.bridge.statement(owner)))
+        else:
+            edits.append(Remove(ctx.bridge.statement(stmt)))
+    else:
+        edits.append(Replace(ctx.cst(w.outer), ctx.expr(inner_text)))
+    why = "evaluation-only DataParallel wrap removed: each rank evaluates with its own module" if ctx.mode != "mixed" else (
+        "DataParallel fallback removed: the script's own DDP path runs under torchrun"
+    )
+    return ctx.note(w.call, "DDP122", why, edits)
+
+
+def _block_keeps_other(m: SemanticModel, stmt: ast.stmt) -> bool:
+    """Removing ``stmt`` does not leave its block empty (the engine adds ``pass`` anyway)."""
+    return True
+
+
+def _inner_text(ctx: Context, w: Wrap) -> str:
+    """The source of the wrap's chain without the wrapper: ``DP(m).cuda()`` -> ``m.cuda()``."""
+    m = ctx.m
+    module_text = m.source(w.module)
+    if w.outer is w.call:
+        return module_text
+    full = m.source(w.outer)
+    call_text = m.source(w.call)
+    i = full.find(call_text)
+    if i < 0:  # pragma: no cover - the call is inside its chain
+        return module_text
+    return full[:i] + _paren(module_text, w.module) + full[i + len(call_text):]
+
+
+def _paren(text: str, node: ast.AST) -> str:
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+        return text
+    return f"({text})"
+
+
+# --------------------------------------------------------------------------- frozen parameters
+
+
+def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
+    """Whether the wraps need ``find_unused_parameters=True``; refuses an unfreeze of
+    parameters frozen when the wrapper is built."""
+    m = ctx.m
+    if not wraps:
+        return False
+    changes = requires_grad_changes(m)
+    if not changes:
+        return False
+    after = []
+    before_false = []
+    for c in changes:
+        if any(_before_wrap(m, c, w) for w in wraps):
+            if sets_true(m, c) is not True:
+                before_false.append(c)
+        else:
+            after.append(c)
+    if not after:
+        return False
+    if before_false and any(sets_true(m, c) is True for c in after):
+        c = next(c for c in after if sets_true(m, c) is True)
+        out.append(
+            ctx.block(
+                c,
+                "DDP112",
+                f"parameters frozen before the DistributedDataParallel wrap (line {before_false[0].lineno}) are unfrozen "
+                "here: DDP never synchronises them and the ranks train apart; build the wrapper after the last "
+                "requires_grad change, or wrap again after unfreezing",
+            )
+        )
+        return False
+    first = after[0]
+    out.append(
+        ctx.note(
+            first,
+            "DDP125",
+            "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
+            "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
+        )
+    )
+    return True
+
+
+def _before_wrap(m: SemanticModel, node: ast.AST, w: Wrap) -> bool:
+    """``node`` runs before the wrap: same function (or module level), earlier statement,
+    not in a loop around the wrap."""
+    if m.enclosing_function(node) is not w.function:
+        return False
+    wl = w.stmt
+    if any(isinstance(a, LOOPS) and m.contains(a, wl) for a in m.ancestors(node)):
+        return False
+    return (node.lineno, node.col_offset) < (wl.lineno, wl.col_offset)
+
+
+# --------------------------------------------------------------------------- wrap sites
+
+
+def _keys_of(m: SemanticModel, w: Wrap) -> List[VarKey]:
+    target = w.target
+    if target is None:
+        return []
+    if _partial(m, w):
+        root = target
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        k = var_key(m, root)
+        return [k] if k is not None else []
+    return assigned_keys(m, w.outer)
+
+
+def _partial(m: SemanticModel, w: Wrap) -> bool:
+    """``model.features = DP(model.features)``: a part of a model is wrapped (not
+    ``self.model = DP(self.model)``, which wraps the whole of ``self.model``)."""
+    t = w.target
+    return (
+        isinstance(t, ast.Attribute)
+        and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+        and w.module is not None
+        and m.source(t) == m.source(w.module)
+    )
+
+
+def _device_condition(m: SemanticModel, w: Wrap) -> bool:
+    """The wrap depends on the devices (``if torch.cuda.device_count() > 1``, ``if device ==
+    "cuda"``, ``if args.n_gpu > 1``): on one device or CPU the original had no wrapper."""
+    return any(_DEVICE_WORDS.search(m.source(c.test)) for c in w.conditions)
+
+
+_DEVICE_WORDS = re.compile(r"gpu|cuda|device|world_size|parallel|distributed", re.IGNORECASE)
+
+
+def _root_name(expr: ast.AST) -> Optional[ast.Name]:
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr if isinstance(expr, ast.Name) else None
+
+
+def _module_like(m: SemanticModel, name: str) -> bool:
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == name and f.attr in MODULE_LIKE_ATTRS:
+            return True
+    return False
+
+
+def _is_module_class(m: SemanticModel, cls: Optional[ast.ClassDef]) -> bool:
+    if cls is None:
+        return False
+    from dp2ddp.model.names import MODULE_BASES
+
+    return any(m.is_name(b, MODULE_BASES) for b in cls.bases)
+
+
+def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
+    m = ctx.m
+    call, stmt, target = w.call, w.stmt, w.target
+    inner_text = _inner_text(ctx, w)
+    if stmt is None or not ctx.bridge.alone_on_line(stmt):
+        return [ctx.block(call, "DDP101", "DataParallel inside a one-line compound statement; migrate this by hand")]
+    if any(isinstance(a, LOOPS) for a in _ancestors_in_function(m, stmt)):
+        return [ctx.block(call, "DDP101", "DataParallel wrap inside a loop: DDP must wrap once, before training; migrate this by hand")]
+    if _root_name(target) is not None and _root_name(target).id == "self" and _is_module_class(m, m.enclosing_class(stmt)):
+        return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
+    partial_root = None
+    if _partial(m, w):
+        root = _root_name(target)
+        if root is not None and root.id == "self":
+            if _is_module_class(m, m.enclosing_class(stmt)):
+                return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
+        elif root is not None:
+            if not _module_like(m, root.id):
+                return [ctx.block(call, "DDP101", f"cannot tell whether {root.id} is the model; migrate this wrap by hand")]
+            partial_root = root
+
+    if not w.conditions and partial_root is None:
+        if target is not None:
+            anchor = _absorb_placement(m, stmt, target)
+            if anchor is not stmt:
+                hoist = _register(hoists, anchor, target)
+                edits = _unwrap_in_place(ctx, w, inner_text, hoist)
+                return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device", edits)]
+        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel", [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(inner_text, find_unused)))])]
+
+    if target is None:
+        return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
+    wrap_target = partial_root if partial_root is not None else target
+    anchor = w.conditions[-1] if w.conditions else stmt
+    if not ctx.bridge.alone_on_line(anchor):
+        return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
+    anchor = _absorb_placement(m, anchor, wrap_target)
+    hoist = _register(hoists, anchor, wrap_target)
+    hoist.guarded = bool(w.conditions)
+    edits = _unwrap_in_place(ctx, w, inner_text, hoist)
+    if w.conditions and any(isinstance(e, Remove) for e in edits):
+        edits = _drop_emptied_if(ctx, w, hoist) or edits
+    if partial_root is not None:
+        msg = (
+            f"partial DataParallel wrap of {m.source(target)}: the whole {partial_root.id} is wrapped once in "
+            "DistributedDataParallel so that every trained parameter is averaged across ranks"
+        )
+        return [ctx.note(call, "DDP102", msg, edits)]
+    test = m.source(w.conditions[0].test)
+    return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU", edits)]
+
+
+def _ancestors_in_function(m: SemanticModel, stmt: ast.AST):
+    for a in m.ancestors(stmt):
+        if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda, ast.Module)):
+            return
+        yield a
+
+
+def _register(hoists, anchor: ast.stmt, target: ast.AST) -> _Hoist:
+    key = (id(anchor), ast.unparse(target))
+    if key not in hoists:
+        hoists[key] = _Hoist(anchor, target)
+    return hoists[key]
+
+
+def _unwrap_in_place(ctx: Context, w: Wrap, inner_text: str, hoist: _Hoist) -> list:
+    """Replace the wrap by the bare module; drop the statement if it became ``x = x``."""
+    m = ctx.m
+    if w.target is not None and inner_text == m.source(w.target):
+        line = ctx.bridge.statement(w.stmt)
+        if isinstance(line, cst.SimpleStatementLine):
+            hoist.leading.extend(line.leading_lines)
+            if line.trailing_whitespace.comment is not None and hoist.comment is None:
+                hoist.comment = line.trailing_whitespace
+            return [Remove(line)]
+    return [Replace(ctx.cst(w.outer), ctx.expr(inner_text))]
+
+
+def _drop_emptied_if(ctx: Context, w: Wrap, hoist: _Hoist) -> Optional[list]:
+    """``if cond:`` whose only statement was the wrap (and no ``else``) goes away whole;
+    its comments travel with the hoisted wrap."""
+    m = ctx.m
+    owner = m.parent(w.stmt)
+    if not isinstance(owner, ast.If) or owner.orelse or len(owner.body) != 1 or owner.body[0] is not w.stmt:
+        return None
+    if m.block_of(owner) is None:
+        return None
+    node = ctx.bridge.statement(owner)
+    hoist.leading[:0] = list(getattr(node, "leading_lines", ()))
+    return [Remove(node)]
+
+
+def _is_placement(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
+    text = m.source(target)
+    value = None
+    if isinstance(stmt, ast.Expr):
+        value = stmt.value
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and m.source(stmt.targets[0]) == text:
+        value = stmt.value
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in PLACEMENT
+        and m.source(value.func.value) == text
+    )
+
+
+def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
+    text = m.source(target)
+    root = _root_name(target)
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
+            return True
+        if isinstance(target, ast.Attribute) and root is not None and root.id != "self" and isinstance(n, ast.Name) and n.id == root.id:
+            return True
+    return False
+
+
+def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST) -> ast.stmt:
+    """Move the insertion point past statements that place ``target`` on its device.
+    Statements that do not mention the target may be skipped, but only when a placement
+    follows them; the first other use of the target stops the search."""
+    best = anchor
+    for s in m.siblings_after(anchor):
+        if _is_placement(m, s, target):
+            best = s
+            continue
+        if _mentions(m, s, target):
+            break
+    return best
+
+
+def _insert_hoisted(ctx: Context, hoist: _Hoist, find_unused: bool) -> Finding:
+    m = ctx.m
+    t = m.source(hoist.target)
+    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
+    if hoist.leading:
+        stmt = stmt.with_changes(leading_lines=hoist.leading)
+    if hoist.comment is not None:
+        stmt = stmt.with_changes(trailing_whitespace=hoist.comment)
+    return ctx.note(hoist.anchor, "DDP100", f"wrap {t} in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(hoist.anchor), (stmt,))])
+
+
+# --------------------------------------------------------------------------- uses through the wrapper
+
+
+def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts) -> List[Finding]:
+    """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
+    and ``load_state_dict`` too where no wrapper existed on one device."""
+    m = ctx.m
+    if not seeds:
+        return []
+    keys = wrapper_keys(m, seeds)
+    guarded_all = wrapper_keys(m, guarded) if guarded else set()
+    edits = []
+    first = None
+    for use in wrapper_uses(m, keys):
+        if use.kind not in ("attribute", "store", "state_dict"):
+            continue
+        if use.kind == "state_dict" and var_key(m, use.node) not in guarded_all:
+            continue
+        if _before_any_wrap(m, use.node, wrap_stmts):
+            continue
+        edits.append(Replace(ctx.cst(use.node), ctx.expr("{n}.module", n=m.source(use.node))))
+        first = first or use.node
+    if not edits:
+        return []
+    return [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
+
+
+def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
+    """A use in the function (or module level) of a wrap, before it."""
+    func = m.enclosing_function(node)
+    for s in wrap_stmts:
+        if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
+            if not any(isinstance(a, LOOPS) and m.contains(a, s) for a in m.ancestors(node)):
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------- type checks and imports
+
+
+def _type_refs(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    out = []
+    done_tuples = set()
+    for ref in dp_type_refs(m):
+        edits = [Replace(ctx.cst(ref), cst.Name(ctx.name("DDP")))]
+        parent = m.parent(ref)
+        if isinstance(parent, ast.Tuple) and id(parent) not in done_tuples:
+            done_tuples.add(id(parent))
+            edits.append(Replace(ctx.cst(parent), _dedupe_elements))
+        out.append(ctx.note(ref, "DDP100", "type check now names DistributedDataParallel", edits))
+    return out
+
+
+def _dedupe_elements(tup):
     """``(DDP, DDP)`` after two DataParallel spellings were replaced: keep one."""
     if not isinstance(tup, cst.Tuple):
-        return tup  # already reduced by the edit of another element
+        return tup
     seen, kept = set(), []
     for el in tup.elements:
-        text = code(el.value)
+        text = cst.Module(body=[]).code_for_node(el.value)
         if text not in seen:
             seen.add(text)
             kept.append(el)
@@ -87,295 +524,33 @@ def _dedupe_elements(tup: cst.Tuple) -> cst.BaseExpression:
     return tup.with_changes(elements=kept)
 
 
-def _is_type_position(an, ref) -> bool:
-    """``isinstance(x, DP)``, ``isinstance(x, (DP, ...))``, ``type(x) is DP``."""
-    cur, parent = ref, an.parent(ref)
-    if isinstance(parent, cst.Element) and isinstance(an.parent(parent), cst.Tuple):
-        cur = an.parent(parent)
-        parent = an.parent(cur)
-    if isinstance(parent, cst.Arg):
-        call = an.parent(parent)
-        if isinstance(call, cst.Call) and isinstance(call.func, cst.Name) and call.func.value in ("isinstance", "issubclass"):
-            return list(call.args).index(parent) == 1
-    if isinstance(parent, cst.ComparisonTarget) and isinstance(parent.operator, (cst.Is, cst.IsNot, cst.Equal, cst.NotEqual)):
-        return True
-    if isinstance(parent, cst.Comparison) and parent.left is ref:
-        return True
-    return False
-
-
-def _dp_module_arg(ctx: MigrationContext, call: cst.Call) -> Tuple[Optional[cst.BaseExpression], Optional[str]]:
-    """The wrapped module expression, or ``(None, reason)``."""
-    positional = [a for a in call.args if a.keyword is None]
-    if any(a.star for a in call.args):
-        return None, "*args/**kwargs in the DataParallel call"
-    keywords = {a.keyword.value: a for a in call.args if a.keyword is not None}
-    unknown = set(keywords) - {"module", "device_ids", "output_device", "dim"}
-    if unknown:
-        return None, f"DataParallel argument {sorted(unknown)[0]}= has no DistributedDataParallel equivalent"
-    if len(positional) > 4:
-        return None, "too many DataParallel arguments"
-    dim = positional[3].value if len(positional) > 3 else (keywords["dim"].value if "dim" in keywords else None)
-    if dim is not None and not (isinstance(dim, cst.Integer) and dim.value == "0"):
-        return None, f"DataParallel(dim={code(dim)}) scatters along another dimension; DistributedDataParallel cannot express it"
-    module = positional[0].value if positional else (keywords["module"].value if "module" in keywords else None)
-    if module is None:
-        return None, "DataParallel call without a module"
-    return module, None
-
-
-def _chain(an, call: cst.Call) -> cst.BaseExpression:
-    """Outermost ``DP(m).cuda().float()`` style chain of module-returning calls."""
-    cur: cst.BaseExpression = call
-    while True:
-        attr = an.parent(cur)
-        outer = an.parent(attr) if attr is not None else None
-        if (
-            isinstance(attr, cst.Attribute)
-            and attr.value is cur
-            and attr.attr.value in MODULE_RETURNING
-            and isinstance(outer, cst.Call)
-            and outer.func is attr
-        ):
-            cur = outer
-            continue
-        return cur
-
-
-def _small_statement(an, node) -> Optional[cst.BaseSmallStatement]:
-    for a in an.ancestors(node):
-        if isinstance(a, cst.BaseSmallStatement):
-            return a
-        if isinstance(a, cst.BaseStatement):
-            return None
-    return None
-
-
-def _root_name(expr: cst.BaseExpression) -> Optional[cst.Name]:
-    while isinstance(expr, cst.Attribute):
-        expr = expr.value
-    return expr if isinstance(expr, cst.Name) else None
-
-
-def _module_like(ctx: MigrationContext, name: str) -> bool:
-    for call in ctx.an.nodes_of(cst.Call):
-        f = call.func
-        if isinstance(f, cst.Attribute) and isinstance(f.value, cst.Name) and f.value.value == name and f.attr.value in MODULE_LIKE_ATTRS:
-            return True
-    return False
-
-
-def _wrap_site(ctx: MigrationContext, call: cst.Call, hoists) -> List[Finding]:
-    an = ctx.an
-    module, reason = _dp_module_arg(ctx, call)
-    if module is None:
-        return [ctx.block(call, CODE_UNSUPPORTED, f"{reason}; left unchanged")]
-    outer = _chain(an, call)
-    inner = module if outer is call else outer.deep_replace(call, module)
-    stmt = an.statement_of(call)
-    small = _small_statement(an, call)
-    if stmt is None or small is None:
-        return [ctx.block(call, CODE_UNSUPPORTED, "DataParallel inside a one-line compound statement; migrate this by hand")]
-    ifs = an.enclosing_ifs(stmt)
-    target = None
-    if isinstance(small, (cst.Assign, cst.AnnAssign)) and small.value is outer:
-        if isinstance(small, cst.Assign) and len(small.targets) == 1:
-            target = small.targets[0].target
-        elif isinstance(small, cst.AnnAssign):
-            target = small.target
-        if not isinstance(target, (cst.Name, cst.Attribute)):
-            target = None
-
-    partial_root = None
-    if isinstance(target, cst.Attribute) and code(target) == code(module):
-        root = _root_name(target)
-        if root is not None and root.value == "self":
-            cls = an.enclosing_class(stmt)
-            if cls is not None and an.class_is_module(cls):
-                return [
-                    ctx.block(
-                        call,
-                        CODE_UNSUPPORTED,
-                        "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead",
-                    )
-                ]
-        elif root is not None:
-            if not _module_like(ctx, root.value):
-                return [ctx.block(call, CODE_UNSUPPORTED, f"cannot tell whether {root.value} is the model; migrate this wrap by hand")]
-            partial_root = root
-
-    if not ifs and partial_root is None:
-        # in place; move below an immediately following `.to(device)` of the same target
-        if target is not None:
-            anchor = _absorb_placement(an, stmt, target)
-            if anchor is not stmt:
-                hoist = _register(hoists, anchor, target)
-                edits = _unwrap_in_place(an, stmt, outer, inner, target, hoist)
-                f = ctx.note(call, CODE_WRAP, "DataParallel -> DistributedDataParallel, after the module is placed on its device")
-                f.fix = Fix(edits)
-                return [f]
-        f = ctx.note(call, CODE_WRAP, "DataParallel -> DistributedDataParallel")
-        f.fix = Fix([Replace(outer, ctx.ddp_call(inner))])
-        return [f]
-
-    if target is None:
-        return [
-            ctx.block(call, CODE_UNSUPPORTED, "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")
-        ]
-    wrap_target = cst.Name(partial_root.value) if partial_root is not None else target
-    anchor = ifs[-1] if ifs else stmt
-    anchor = _absorb_placement(an, anchor, wrap_target)
-    hoist = _register(hoists, anchor, wrap_target)
-    edits = _unwrap_in_place(an, stmt, outer, inner, target, hoist)
-    if ifs and any(isinstance(e, Remove) for e in edits):
-        edits = _drop_emptied_if(an, ifs[0], stmt, hoist) or edits
-    out: List[Finding] = []
-    if partial_root is not None:
-        f = ctx.note(
-            call,
-            CODE_PARTIAL,
-            f"partial DataParallel wrap of {code(target)}: the whole {partial_root.value} is wrapped once in "
-            "DistributedDataParallel so that every trained parameter is averaged across ranks",
-        )
-    else:
-        test = code(ifs[0].test) if ifs else ""
-        f = ctx.note(
-            call,
-            CODE_HOISTED,
-            f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU",
-        )
-    f.fix = Fix(edits)
-    out.append(f)
-    return out
-
-
-def _register(hoists, anchor, target) -> _Hoist:
-    key = (id(anchor), code(target))
-    if key not in hoists:
-        hoists[key] = _Hoist(anchor, target)
-    return hoists[key]
-
-
-def _unwrap_in_place(an, stmt, outer, inner, target, hoist: Optional[_Hoist]) -> list:
-    """Replace the wrap by the bare module; drop the statement if it became ``x = x``."""
-    if code(inner) == code(target):
-        line = stmt
-        if hoist is not None and isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-            # the statement moves: keep its comments with it
-            hoist.carry_leading.extend(line.leading_lines)
-            if line.trailing_whitespace.comment is not None and hoist.carry_comment is None:
-                hoist.carry_comment = line.trailing_whitespace
-        if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1:
-            return [Remove(line)]
-        return [Replace(_small_statement(an, outer), cst.RemoveFromParent())]
-    return [Replace(outer, inner)]
-
-
-def _drop_emptied_if(an, if_stmt: cst.If, stmt, hoist: _Hoist) -> Optional[list]:
-    """``if cond:`` whose only statement was the wrap (and no ``else``) goes away whole;
-    its comments travel with the hoisted wrap."""
-    if an.block_owner(stmt) is not if_stmt or if_stmt.orelse is not None:
-        return None
-    if not isinstance(if_stmt.body, cst.IndentedBlock) or list(if_stmt.body.body) != [stmt]:
-        return None
-    if an.block_of(if_stmt) is None:
-        return None
-    hoist.carry_leading[:0] = list(if_stmt.leading_lines)
-    return [Remove(if_stmt)]
-
-
-def _references(node: cst.CSTNode, target: cst.BaseExpression) -> bool:
-    text = code(target)
-    root = _root_name(target)
-    found = []
-
-    class _V(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
-            if isinstance(target, cst.Name) and n.value == target.value:
-                found.append(n)
-
-        def visit_Attribute(self, n: cst.Attribute) -> Optional[bool]:
-            if isinstance(target, cst.Attribute) and code(n) == text:
-                found.append(n)
-                return False
-            return True
-
-    node.visit(_V())
-    if not found and isinstance(target, cst.Attribute) and root is not None and root.value != "self":
-        # `model.features` partial targets: any use of the root counts
-        node.visit(_RootVisitor(root.value, found))
-    return bool(found)
-
-
-class _RootVisitor(cst.CSTVisitor):
-    def __init__(self, name: str, found: list) -> None:
-        super().__init__()
-        self.name, self.found = name, found
-
-    def visit_Name(self, n: cst.Name) -> None:
-        if n.value == self.name:
-            self.found.append(n)
-
-
-def _is_placement(stmt: cst.CSTNode, target: cst.BaseExpression) -> bool:
-    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
-        return False
-    small = stmt.body[0]
-    text = code(target)
-    value = None
-    if isinstance(small, cst.Expr):
-        value = small.value
-    elif isinstance(small, cst.Assign) and len(small.targets) == 1 and code(small.targets[0].target) == text:
-        value = small.value
-    return (
-        isinstance(value, cst.Call)
-        and isinstance(value.func, cst.Attribute)
-        and value.func.attr.value in PLACEMENT
-        and code(value.func.value) == text
-    )
-
-
-def _absorb_placement(an, anchor: cst.CSTNode, target: cst.BaseExpression) -> cst.CSTNode:
-    """Move the insertion point past statements that place ``target`` on its device.
-
-    Statements that do not mention the target may be skipped over, but only when a
-    placement follows them; the first other use of the target stops the search."""
-    best = anchor
-    for s in an.siblings_after(anchor):
-        if _is_placement(s, target):
-            best = s
-            continue
-        if _references(s, target):
-            break
-    return best
-
-
-def _insert_hoisted(ctx: MigrationContext, hoist: _Hoist) -> Finding:
-    target = hoist.target
-    stmt = ctx.stmt("{t} = {call}", t=target, call=ctx.ddp_call(target))
-    if hoist.carry_leading:
-        stmt = stmt.with_changes(leading_lines=hoist.carry_leading)
-    if hoist.carry_comment is not None:
-        stmt = stmt.with_changes(trailing_whitespace=hoist.carry_comment)
-    f = ctx.note(hoist.anchor, CODE_WRAP, f"wrap {code(target)} in DistributedDataParallel here")
-    f.fix = Fix([InsertAfter(hoist.anchor, (stmt,))])
-    return f
-
-
-def _remove_imports(ctx: MigrationContext) -> List[Finding]:
+def _remove_imports(ctx: Context) -> List[Finding]:
     edits = []
-    for imp in ctx.an.nodes_of(cst.ImportFrom):
-        if imp.module is None or isinstance(imp.names, cst.ImportStar) or imp.relative:
-            continue
-        mod = code(imp.module)
-        if mod not in DP_MODULES:
+    for imp in ctx.m.nodes(ast.ImportFrom):
+        if imp.module is None or imp.level or imp.module not in DP_MODULES:
             continue
         for alias in imp.names:
-            if isinstance(alias.name, cst.Name) and alias.name.value == "DataParallel":
-                asname = alias.asname.name.value if alias.asname is not None else None
-                edits.append(RemoveImportIfUnused(mod, "DataParallel", asname))
+            if alias.name in ("DataParallel", "data_parallel"):
+                edits.append(RemoveImportIfUnused(imp.module, alias.name, alias.asname))
     if not edits:
         return []
-    f = Finding(CODE_WRAP, "remove the DataParallel import that nothing uses any more", None, severity="info")
-    f.fix = Fix(edits)
+    f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))
+    f.line = 0
     return [f]
+
+
+def _find_unused_for_owners(ctx: Context, out: List[Finding]) -> bool:
+    """Functional wraps: any ``requires_grad`` change in the script needs
+    ``find_unused_parameters=True`` (the wrapper is built where the model is created)."""
+    changes = requires_grad_changes(ctx.m)
+    if not changes:
+        return False
+    out.append(
+        ctx.note(
+            changes[0],
+            "DDP125",
+            "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
+            "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
+        )
+    )
+    return True

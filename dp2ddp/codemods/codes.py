@@ -1,0 +1,267 @@
+"""Every code the migration prints (DDP1xx), documented once.
+
+Lint rules (DDP0xx) document themselves in :mod:`dp2ddp.rules`; :mod:`dp2ddp.registry`
+joins both into the one registry that `check --select`, ``# noqa``, the docs
+(``docs/rules.md``) and the tests read. Severity: ``info`` says what the migration
+changed; ``warning`` says what it left for a human (exit code 1); ``error`` says why the
+file was left unchanged as a whole (exit code 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Tuple
+
+
+@dataclass(frozen=True)
+class MigrationCode:
+    code: str
+    name: str
+    severity: str  # info | warning | error
+    summary: str
+    why: str
+    fix: str  # what the migration does, or what a human should do
+    fix_safety: str
+    example: str = ""  # a DataParallel script that draws this code
+    example_after: str = ""  # what the migration makes of it ("" for warnings and errors)
+
+
+def _c(*args, **kwargs) -> MigrationCode:
+    return MigrationCode(*args, **kwargs)
+
+
+CODES: Tuple[MigrationCode, ...] = (
+    _c(
+        "DDP100", "wrap-migrated", "info",
+        "a `DataParallel` wrap becomes a `DistributedDataParallel` wrap",
+        "DDP runs one process per device; the wrapper must exist before the first forward of training on every rank.",
+        "`DataParallel(m, device_ids=..., output_device=...)` becomes `DistributedDataParallel(m, device_ids=[current "
+        "device] if CUDA else None)`; the module is placed on its device first (`DP(m).cuda()` -> `DDP(m.cuda())`, a "
+        "following `m.to(device)` is absorbed).",
+        "Safe: the wrap stays where it was or moves just below the placement of the same module.",
+        "model = nn.DataParallel(model).cuda()\n",
+        "model = DistributedDataParallel(model.cuda(), device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)\n",
+    ),
+    _c(
+        "DDP101", "wrap-not-migratable", "error",
+        "a `DataParallel` use that dp2ddp cannot migrate; the file is left unchanged",
+        "Some uses have no DDP equivalent (`dim != 0`, unknown arguments) or cannot be followed (a subclass, an alias, "
+        "DataParallel passed as a value). A half-migrated script is worse than the original.",
+        "Migrate the named line by hand, or restructure it into a plain `model = DataParallel(model)` wrap and run "
+        "`dp2ddp rewrite` again.",
+        "No fix: the file is left byte-for-byte as it was.",
+        "model = nn.DataParallel(model, dim=1)\n",
+    ),
+    _c(
+        "DDP102", "partial-wrap-widened", "info",
+        "a partial wrap (`model.features = DP(model.features)`) becomes one wrap of the whole model",
+        "DDP must average the gradients of every trained parameter; wrapping a part would leave the rest to drift apart.",
+        "The sub-module assignment is dropped and the whole model is wrapped once after its placement.",
+        "Safe for training; the model's attribute structure (`model.features`) stays as it was.",
+        "model.features = torch.nn.DataParallel(model.features)\nmodel.cuda()\n",
+    ),
+    _c(
+        "DDP103", "guarded-wrap-hoisted", "info",
+        "a wrap under a condition (`if torch.cuda.device_count() > 1:`) moves out of it",
+        "Under DDP every rank must wrap, also with one GPU or on CPU, or the ranks train apart.",
+        "The wrap is placed after the `if`; uses of the wrapped name that the original made on the bare module (its own "
+        "methods and attributes, `state_dict` keys) go through `.module`, so the script behaves as it did on one device.",
+        "Safe: on one device the original had no wrapper, so checkpoints keep keys without the `module.` prefix.",
+        "if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\n",
+    ),
+    _c(
+        "DDP104", "distributed-path-incomplete", "error",
+        "the script already has a distributed path that dp2ddp cannot complete; the file is left unchanged",
+        "A script with its own `init_process_group`/`mp.spawn`/`--local_rank` path beside a DataParallel fallback is "
+        "migrated by completing that path for torchrun; where it depends on something dp2ddp cannot rewrite, the "
+        "message names it.",
+        "Complete the named part by hand (usually: read RANK/WORLD_SIZE/LOCAL_RANK from the environment), then remove "
+        "the DataParallel fallback.",
+        "No fix: the file is left byte-for-byte as it was.",
+    ),
+    _c(
+        "DDP105", "loader-not-sharded", "warning",
+        "a training `DataLoader` that dp2ddp cannot give a `DistributedSampler`",
+        "Without a sampler that shards the data, every rank trains on the whole data set: the work is repeated, not "
+        "split, and the effective batch and learning-rate schedule change.",
+        "Shard it by hand: `sampler=DistributedSampler(dataset)` (and remove `shuffle=`), or a per-rank subset for "
+        "custom samplers and IterableDatasets.",
+        "No fix.",
+        "loader = DataLoader(ds, batch_sampler=BucketSampler(ds))\n",
+    ),
+    _c(
+        "DDP106", "set-epoch-not-placed", "warning",
+        "no epoch loop found for a loader that now has a `DistributedSampler`",
+        "`DistributedSampler` shuffles with `seed + epoch`; without `set_epoch(epoch)` every epoch repeats the same order.",
+        "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.",
+        "No fix.",
+    ),
+    _c(
+        "DDP107", "data-parallel-unresolved", "warning",
+        "code names DataParallel in a way dp2ddp cannot resolve (a star import, `getattr`, a class of another package)",
+        "dp2ddp migrates what it can prove is `torch.nn.DataParallel`; it never reports \"nothing to migrate\" for a "
+        "file that may still use it.",
+        "Import DataParallel explicitly (`from torch.nn import DataParallel`, `import torch.nn as nn`) and run again, "
+        "or migrate the named line by hand.",
+        "No fix.",
+        "from modeling import *\nmodel = torch.nn.DataParallel(model)\n",
+    ),
+    _c(
+        "DDP108", "eval-loader-whole", "info",
+        "an evaluation `DataLoader` stays whole on every rank",
+        "Each rank evaluates the full set: the results are exact and equal on every rank; only the time is repeated.",
+        "None needed. Shard it with `DistributedSampler(shuffle=False)` and all-reduce the metrics to split the work.",
+        "Safe.",
+    ),
+    _c(
+        "DDP109", "fixed-device-left", "warning",
+        "a fixed device (`\"cuda:1\"`, `.cuda(2)`, `CUDA_VISIBLE_DEVICES`) that dp2ddp leaves as it is",
+        "Under DDP each rank uses its own GPU (`LOCAL_RANK`); a fixed index puts every rank on the same GPU.",
+        "Use `\"cuda\"` (the current device after the set-up's `set_device`) or `torch.cuda.current_device()`.",
+        "No fix.",
+    ),
+    _c(
+        "DDP110", "writer-left-on-every-rank", "warning",
+        "a writer (TensorBoard, a log or results file) that dp2ddp cannot restrict to rank 0",
+        "Every rank would write its own copy or write the same file at once.",
+        "Create and use it under `if dist.get_rank() == 0:` only.",
+        "No fix.",
+    ),
+    _c(
+        "DDP111", "wrapper-use-unresolved", "warning",
+        "a use of the wrapped model that dp2ddp cannot route through `.module`",
+        "Under DDP the name holds the wrapper: attributes and methods of the model itself are on `.module`.",
+        "Use `model.module.<attr>` (or keep the bare model under its own name) where the named line reads the model.",
+        "No fix.",
+    ),
+    _c(
+        "DDP112", "unfreeze-after-wrap", "error",
+        "parameters frozen when the model is wrapped are unfrozen later; the file is left unchanged",
+        "DDP only synchronises parameters that require grad when the wrapper is built: parameters unfrozen later train "
+        "apart on every rank, silently.",
+        "Build the DDP wrapper after the last change of `requires_grad`, or wrap again after unfreezing.",
+        "No fix: the file is left byte-for-byte as it was.",
+    ),
+    _c(
+        "DDP113", "print-split", "info",
+        "a `print` whose arguments do work (a call of the script, a forward) is split: the work on every rank, the print on rank 0",
+        "Only rank 0 prints, but what the arguments compute may be a collective (a DDP forward, an evaluation that "
+        "all-reduces) that every rank must join.",
+        "The calls run on every rank into locals; the `print` of those locals runs on rank 0.",
+        "Safe: evaluation order is kept.",
+        "print(f\"eval loss = {evaluate(model, ds):.4f}\")\n",
+    ),
+    _c(
+        "DDP114", "mixed-script-refused", "error",
+        "a distributed script without DataParallel: nothing to migrate",
+        "The file uses `torch.distributed` already and has no DataParallel fallback.",
+        "Nothing to do; `dp2ddp check` lints it.",
+        "No fix.",
+    ),
+    _c(
+        "DDP120", "process-group-set-up", "info",
+        "the process group is set up from torchrun's environment and destroyed at exit",
+        "DDP needs a process group; the script must still run as plain `python` (a world of one).",
+        "Reads `LOCAL_RANK`, selects the GPU, picks `nccl` with CUDA and `gloo` otherwise, falls back to an in-process "
+        "store without torchrun; `destroy_process_group` runs when the entry point returns or at exit.",
+        "Safe.",
+    ),
+    _c(
+        "DDP121", "distributed-path-completed", "info",
+        "the script's own distributed path now runs under torchrun",
+        "Scripts with `--local_rank`, `mp.spawn` or a `RANK == -1` fallback already know DDP; they need the rank and "
+        "world size from torchrun's environment and a CPU (gloo) path.",
+        "`--local_rank` defaults to `LOCAL_RANK`, spawned workers are called directly under torchrun, `nccl` becomes "
+        "`nccl` with CUDA and `gloo` otherwise, `set_device` and `device_ids` only with CUDA.",
+        "Safe: without torchrun the script runs as before.",
+    ),
+    _c(
+        "DDP122", "dp-wrap-removed", "info",
+        "a DataParallel wrap that DDP does not need is removed",
+        "An evaluation-only re-wrap (`if n_gpu > 1 and not isinstance(model, DataParallel)`) or the DataParallel "
+        "fallback of a script that has its own DDP path: under DDP each rank evaluates with its own module.",
+        "The wrap (and an `if` left empty by it) is removed.",
+        "Safe.",
+    ),
+    _c(
+        "DDP123", "functional-data-parallel", "info",
+        "`nn.parallel.data_parallel(module, inputs, ...)` becomes a plain call, and the model that owns it is wrapped in DDP",
+        "The functional form splits each batch over GPUs inside `forward`; under DDP each process runs its own batch.",
+        "`data_parallel(self.main, x, ids)` becomes `self.main(x)`; every instance of the owning model class is "
+        "wrapped in `DistributedDataParallel` where it is created.",
+        "Safe: on one device the original had no wrapper, so checkpoints keep keys without the `module.` prefix.",
+    ),
+    _c(
+        "DDP124", "module-access", "info",
+        "uses of the model's own attributes and methods go through `.module`",
+        "The DDP wrapper has the `nn.Module` API but not the model's own attributes (`model.num_classes`, "
+        "`model.predict(x)`).",
+        "`model.predict(x)` -> `model.module.predict(x)`; `state_dict`/`load_state_dict` too after a guarded wrap.",
+        "Safe.",
+    ),
+    _c(
+        "DDP125", "find-unused-parameters", "info",
+        "`find_unused_parameters=True`: the script changes `requires_grad` after the wrap",
+        "DDP waits for a gradient of every parameter it was built with; a parameter frozen later never gets one and "
+        "the next iteration fails with \"Expected to have finished reduction in the prior iteration\".",
+        "The wrap gets `find_unused_parameters=True` (a graph traversal per iteration, a small cost).",
+        "Safe.",
+    ),
+    _c(
+        "DDP130", "sampler-added", "info",
+        "a training `DataLoader` gets a `DistributedSampler`",
+        "Each rank must see its own shard of the data.",
+        "`shuffle=S` moves into `DistributedSampler(ds, shuffle=S)`; an inline dataset is named first. By default "
+        "`batch_size` is divided by the world size so the global batch stays as it was (`--keep-batch-size` keeps the "
+        "per-process number); `num_workers` is divided by the processes on this machine, never below 1.",
+        "Safe.",
+    ),
+    _c(
+        "DDP131", "set-epoch-added", "info",
+        "`loader.sampler.set_epoch(epoch)` at the start of every epoch",
+        "Without it every epoch shuffles the same way.",
+        "Inserted as the first statement of the epoch loop.",
+        "Safe.",
+    ),
+    _c(
+        "DDP132", "save-on-rank-zero", "info",
+        "checkpoint and file writes run on rank 0 only",
+        "Every rank would write the same file at the same time.",
+        "`torch.save`, `np.save`, copies and other whole-file writes go under `if dist.get_rank() == 0:`; a file that "
+        "other ranks read afterwards gets a `dist.barrier()`; folders are created with `exist_ok=True` on every rank.",
+        "Safe.",
+    ),
+    _c(
+        "DDP133", "print-on-rank-zero", "info",
+        "progress printing runs on rank 0 only",
+        "N ranks would print every line N times.",
+        "`print(...)` goes under `if dist.get_rank() == 0:` (`--print-all-ranks` keeps it on every rank).",
+        "Safe.",
+    ),
+    _c(
+        "DDP134", "rank-device", "info",
+        "explicit CUDA device 0 becomes the rank's device",
+        "DataParallel gathers on GPU 0; under DDP each rank owns the GPU `set_device` selected.",
+        "`\"cuda:0\"` -> `\"cuda\"`, `.cuda(0)` -> `.cuda()`, a literal `torch.cuda.set_device(0)` is dropped.",
+        "Safe.",
+    ),
+    _c(
+        "DDP135", "writer-on-rank-zero", "info",
+        "TensorBoard, wandb, tqdm, log and result files act on rank 0 only",
+        "Each rank would create its own event file, run, bar or log file, or write the same file at once.",
+        "A `SummaryWriter` is created on rank 0 (`None` elsewhere) and every use of it is guarded; `wandb.init` gets "
+        "`mode=\"disabled\"` on other ranks; tqdm gets `disable=` on other ranks; log and result files opened for "
+        "writing go to `os.devnull` on other ranks.",
+        "Safe: calls on other ranks do nothing and do not raise.",
+    ),
+    _c(
+        "DDP136", "map-location", "info",
+        "`torch.load` gets a `map_location`",
+        "Without it every rank loads the checkpoint onto the GPU it was saved from (GPU 0).",
+        "A checkpoint that feeds `load_state_dict` is loaded to `\"cpu\"` (the state is copied to the model's device); "
+        "anything else is mapped onto the rank's device.",
+        "Safe.",
+    ),
+)
+
+BY_CODE: Dict[str, MigrationCode] = {c.code: c for c in CODES}

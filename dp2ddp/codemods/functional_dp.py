@@ -1,0 +1,86 @@
+"""Functional DataParallel: ``nn.parallel.data_parallel(module, inputs, device_ids)``.
+
+The call splits each batch over the GPUs inside a model's ``forward`` (pytorch/examples
+dcgan). Under DDP each process runs its own batch, so:
+
+* the call becomes a plain call, ``data_parallel(self.main, x, ids)`` -> ``self.main(x)``;
+* every instance of the model class that owns the call is wrapped in
+  ``DistributedDataParallel`` where it is created (a GAN has two: both), and the uses of
+  the instance that read the model itself go through ``.module`` — the original had no
+  wrapper, so its checkpoints keep keys without the ``module.`` prefix.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Set
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.wrap_ddp import _absorb_placement, route_uses
+from dp2ddp.engine import Finding, InsertAfter, Replace
+from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
+from dp2ddp.model.core import FUNCTIONS
+from dp2ddp.model.names import MODULE_BASES
+from dp2ddp.model.wraps import dp_wraps
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    wraps = [w for w in dp_wraps(m) if w.functional]
+    if not wraps:
+        return []
+    out: List[Finding] = []
+    owners: Dict[str, ast.ClassDef] = {}
+    for w in wraps:
+        if w.problem:
+            out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
+            continue
+        cls = m.enclosing_class(w.call)
+        if cls is None or not any(m.is_name(b, MODULE_BASES) for b in cls.bases) or m.parent(cls) is not m.tree:
+            out.append(ctx.block(w.call, "DDP101", "data_parallel outside a method of an nn.Module class of this script; migrate this by hand"))
+            continue
+        inputs = w.args.get("inputs")
+        if isinstance(inputs, ast.Tuple):
+            args = ", ".join("*" + m.source(e.value) if isinstance(e, ast.Starred) else m.source(e) for e in inputs.elts)
+        else:
+            args = m.source(inputs)
+        module_text = m.source(w.module)
+        if not isinstance(w.module, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            module_text = f"({module_text})"
+        out.append(ctx.note(w.call, "DDP123", f"data_parallel(...) -> {module_text}(...): each process runs its own batch",
+                            [Replace(ctx.cst(w.call), ctx.expr("{f}({a})", f=module_text, a=args))]))
+        owners[cls.name] = cls
+    if any(f.severity == "error" for f in out):
+        return out
+    seeds: Set[VarKey] = set()
+    from dp2ddp.codemods.wrap_ddp import _find_unused_for_owners
+
+    find_unused = _find_unused_for_owners(ctx, out)
+    wrap_stmts = []
+    for name, cls in owners.items():
+        instances = [c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == name and m.resolve(c.func) == name]
+        if not instances:
+            out.append(ctx.warn(cls, "DDP111", f"no instance of {name} found: wrap it in DistributedDataParallel where it is created"))
+            continue
+        for inst in instances:
+            if m.enclosing_class(inst) is not None and isinstance(m.enclosing_function(inst), FUNCTIONS) and m.is_method(m.enclosing_function(inst)):
+                pass
+            outer = outer_chain(m, inst)
+            stmt = m.statement_of(inst)
+            parent = m.parent(outer)
+            target = parent.targets[0] if isinstance(parent, ast.Assign) and parent.value is outer and len(parent.targets) == 1 else None
+            if not isinstance(target, (ast.Name, ast.Attribute)) or stmt is None or not ctx.bridge.alone_on_line(stmt):
+                out.append(ctx.block(inst, "DDP101", f"{name}(...) is not assigned to a variable: wrap it in DistributedDataParallel by hand"))
+                return out
+            if ctx.mode == "plain" and not ctx.in_setup_region(stmt):
+                out.append(ctx.block(inst, "DDP101", f"{name}(...) is created before the process group exists; migrate this by hand"))
+                return out
+            anchor = _absorb_placement(m, stmt, target)
+            t = m.source(target)
+            new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
+            out.append(ctx.note(anchor, "DDP123", f"wrap {t} ({name}) in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(anchor), (new,))]))
+            keys = assigned_keys(m, outer)
+            seeds.update(keys)
+            wrap_stmts.append(anchor)
+    out.extend(route_uses(ctx, seeds, seeds, wrap_stmts))
+    return out

@@ -1,0 +1,176 @@
+"""TensorBoard, wandb, tqdm, log files and result files act on rank 0 only.
+
+Each is restricted in the way that keeps every other rank's calls harmless:
+
+* ``SummaryWriter(...)`` is created on rank 0 only (``None`` elsewhere) and every use of
+  it — followed through ``self.writer``, return values and parameters — is a statement
+  that :mod:`rank_zero` puts under ``if dist.get_rank() == 0:``. When some use is not
+  such a statement, the writer is left on every rank with a warning.
+* ``wandb.init(...)`` gets ``mode="disabled"`` on other ranks: their ``wandb.log`` calls
+  do nothing.
+* ``tqdm(...)`` gets ``disable=dist.get_rank() != 0`` (or'ed with the script's own).
+* ``logging.FileHandler(path)`` and ``logging.basicConfig(filename=path)`` write to
+  ``os.devnull`` on other ranks; so do files opened for writing (``open(path, "w")``),
+  so that ``json.dump(results, f)`` and ``f.write(...)`` work everywhere and only rank 0
+  writes the file.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List, Optional, Set
+
+import libcst as cst
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding, Replace
+from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.core import SemanticModel, kwarg
+from dp2ddp.model.ranks import mentions_rank, rank_guarded
+from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.writers import Writer, writers
+
+
+def tensorboard_keys(ctx: Context) -> Set[VarKey]:
+    """Variables holding a SummaryWriter whose every use can be guarded (cached)."""
+    got = ctx.cache.get("tensorboard_keys")
+    if got is None:
+        got = set()
+        bad = ctx.cache.setdefault("tensorboard_bad", [])
+        for w in writers(ctx.m):
+            if w.kind != "tensorboard":
+                continue
+            keys = assigned_keys(ctx.m, w.call)
+            if not keys:
+                bad.append((w, "its value is not kept in a variable"))  # type: ignore[attr-defined]
+                continue
+            all_keys = wrapper_keys(ctx.m, keys)
+            problem = _unguardable_use(ctx.m, all_keys)
+            if problem is not None:
+                bad.append((w, problem))  # type: ignore[attr-defined]
+                continue
+            got.update(all_keys)
+        ctx.cache["tensorboard_keys"] = got
+    return got  # type: ignore[return-value]
+
+
+def is_writer_use(ctx: Context, stmt: ast.stmt) -> bool:
+    """``writer.add_scalar(...)`` as a statement, for a guarded SummaryWriter."""
+    keys = tensorboard_keys(ctx)
+    if not keys or not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return False
+    f = stmt.value.func
+    return isinstance(f, ast.Attribute) and var_key(ctx.m, f.value) in keys
+
+
+def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
+    names = {k[2] for k in keys if k[0] != "attr"} | {k[2][5:] for k in keys if k[0] == "attr"}
+    for node in m.nodes(ast.Name, ast.Attribute):
+        ident = node.id if isinstance(node, ast.Name) else node.attr
+        if ident not in names or not isinstance(node.ctx, ast.Load):
+            continue
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+            continue
+        if var_key(m, node) not in keys:
+            continue
+        parent = m.parent(node)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            call = m.parent(parent)
+            if isinstance(call, ast.Call) and call.func is parent and isinstance(m.parent(call), ast.Expr):
+                continue  # writer.add_scalar(...) as a statement
+        if isinstance(parent, ast.Call) and node in parent.args and m.resolve_call(parent) is not None:
+            continue  # passed to a function of the script: followed by wrapper_keys
+        if isinstance(parent, (ast.Compare, ast.If, ast.BoolOp, ast.UnaryOp)) or (
+            isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in ("isinstance", "bool")
+        ):
+            continue  # `if writer is not None:`: a test, fine with None
+        return f"line {node.lineno} uses it as a value ({m.source(parent)[:40]})"
+    return None
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    out: List[Finding] = []
+    tensorboard_keys(ctx)
+    bad = {id(w): why for w, why in ctx.cache.get("tensorboard_bad", [])}  # type: ignore[union-attr]
+    for w in writers(m):
+        if w.kind not in ("tensorboard", "wandb", "tqdm", "logfile", "open"):
+            continue
+        if rank_guarded(m, w.call):
+            continue
+        if ctx.mode == "plain" and not ctx.in_setup_region(w.call):
+            if w.kind != "open":
+                out.append(ctx.warn(w.call, "DDP110", f"{_what(w)} is created before the process group exists: restrict it to rank 0 by hand"))
+            continue
+        f = _restrict(ctx, w, bad.get(id(w)))
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _what(w: Writer) -> str:
+    return {"tensorboard": "a SummaryWriter", "wandb": "a wandb run", "tqdm": "a tqdm bar", "logfile": "a log file", "open": "a file opened for writing"}[w.kind]
+
+
+def _restrict(ctx: Context, w: Writer, problem: Optional[str]) -> Optional[Finding]:
+    m = ctx.m
+    call = w.call
+    rank0 = ctx.rank0()
+    if w.kind == "tensorboard":
+        if problem is not None:
+            return ctx.warn(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
+        new = f"{{c}} if {rank0} else None"
+        return ctx.note(call, "DDP135", "SummaryWriter created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
+    if w.kind == "wandb":
+        mode = kwarg(call, "mode")
+        if mode is not None:
+            edit = Replace(ctx.cst(mode.value), ctx.expr('{v} if {r} else "disabled"', v=_paren(m, mode.value), r=rank0))
+        else:
+            edit = Replace(ctx.cst(call), lambda u, r=rank0: _add_kwarg(u, "mode", f'None if {r} else "disabled"'))
+        return ctx.note(call, "DDP135", "wandb.init(mode=\"disabled\") on ranks other than 0", [edit])
+    if w.kind == "tqdm":
+        dis = kwarg(call, "disable")
+        not0 = f"{ctx.name('dist')}.get_rank() != 0"
+        if dis is not None:
+            if mentions_rank(m, dis.value):
+                return None
+            edit = Replace(ctx.cst(dis.value), ctx.expr("{v} or {n}", v=_paren(m, dis.value), n=not0))
+        else:
+            edit = Replace(ctx.cst(call), lambda u, n=not0: _add_kwarg(u, "disable", n))
+        return ctx.note(call, "DDP135", "tqdm bar shown on rank 0 only", [edit])
+    if w.kind in ("logfile", "open"):
+        path = w.path
+        if path is None:
+            return ctx.warn(call, "DDP110", f"{_what(w)} without a path dp2ddp can read: restrict it to rank 0 by hand")
+        if w.kind == "open":
+            mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
+            if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)) or "x" in mode.value or "r" in mode.value:
+                return ctx.warn(call, "DDP110", "file opened for writing in a mode dp2ddp cannot redirect: restrict it to rank 0 by hand")
+            if _rank_specific(m, path):
+                return None
+        edit = Replace(ctx.cst(path), ctx.expr("{p} if {r} else {os}.devnull", p=_paren(m, path), r=rank0, os=ctx.name("os")))
+        return ctx.note(call, "DDP135", f"{_what(w)} written on rank 0 only (os.devnull on other ranks)", [edit])
+    return None
+
+
+def _rank_specific(m: SemanticModel, path: ast.AST) -> bool:
+    """A path that already differs per rank (``f"log_{rank}.txt"``)."""
+    return mentions_rank(m, path)
+
+
+def _paren(m: SemanticModel, node: ast.AST) -> str:
+    text = m.source(node)
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.JoinedStr)):
+        return text
+    return f"({text})"
+
+
+def _add_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
+    from dp2ddp.codemods.distributed_sampler import _append_arg
+
+    arg = cst.Arg(
+        keyword=cst.Name(name),
+        value=cst.parse_expression(value),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    return _append_arg(call, arg)

@@ -1,0 +1,161 @@
+"""Collectives, DDP wrappers and the functions of the script that reach them.
+
+A *collective* completes only when every rank calls it: the ``torch.distributed``
+collectives, the construction of a ``DistributedDataParallel`` wrapper (it broadcasts
+the parameters), and the forward pass of a DDP-wrapped model (it synchronises buffers
+and prepares the gradient all-reduce). For the migration, a DataParallel wrap and a
+call of a DataParallel-wrapped model count too: they become a DDP construction and a DDP
+forward.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Set, Tuple
+
+from dp2ddp.model.core import FUNCTIONS, SemanticModel
+from dp2ddp.model.names import COLLECTIVES, DDP, DP, DP_FUNCTIONAL
+
+# A variable is keyed by where it lives: ("local", function, name), ("global", None, name)
+# or ("attr", class, "self.x").
+VarKey = Tuple[str, Optional[ast.AST], str]
+
+
+def var_key(m: SemanticModel, node: ast.AST) -> Optional[VarKey]:
+    """The variable ``node`` (a Name, or ``self.x``) names at its position."""
+    if isinstance(node, ast.Name):
+        scope = m.scope_of(node)
+        where, _ = m.lookup(node.id, scope)
+        if where is None or where.kind == "module":
+            return ("global", None, node.id)
+        if where.kind == "function":
+            return ("local", where.node, node.id)
+        return ("other", where.node, node.id)
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        cls = m.enclosing_class(node)
+        return ("attr", cls, "self." + node.attr) if cls is not None else None
+    return None
+
+
+def assigned_keys(m: SemanticModel, value: ast.AST) -> List[VarKey]:
+    """The variables ``value`` is assigned to (``x = value``, ``self.x = value``)."""
+    parent = m.parent(value)
+    targets: List[ast.AST] = []
+    if isinstance(parent, ast.Assign) and parent.value is value:
+        targets = list(parent.targets)
+    elif isinstance(parent, (ast.AnnAssign, ast.AugAssign)) and parent.value is value:
+        targets = [parent.target]
+    out = []
+    for t in targets:
+        k = var_key(m, t)
+        if k is not None:
+            out.append(k)
+    return out
+
+
+def outer_chain(m: SemanticModel, call: ast.Call) -> ast.AST:
+    """``W(m).cuda().to(d)``: the outermost call of module-returning methods around ``call``."""
+    cur: ast.AST = call
+    while True:
+        attr = m.parent(cur)
+        outer = m.parent(attr) if attr is not None else None
+        if (
+            isinstance(attr, ast.Attribute)
+            and attr.value is cur
+            and attr.attr in MODULE_RETURNING
+            and isinstance(outer, ast.Call)
+            and outer.func is attr
+        ):
+            cur = outer
+            continue
+        return cur
+
+
+MODULE_RETURNING = {"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "type", "requires_grad_"}
+
+
+def wrapped_vars(m: SemanticModel, dp: bool = False) -> Set[VarKey]:
+    """Variables bound to a DDP wrapper (with ``dp``: to a DataParallel wrapper too)."""
+    key = f"collectives:wrapped:{dp}"
+    got = m.cache.get(key)
+    if got is None:
+        got = set()
+        names = DDP | (DP if dp else frozenset())
+        for call in m.calls(names):
+            got.update(assigned_keys(m, outer_chain(m, call)))
+        m.cache[key] = got
+    return got  # type: ignore[return-value]
+
+
+def is_wrapped_forward(m: SemanticModel, call: ast.Call, dp: bool = False) -> bool:
+    """``model(x)`` / ``self.model(x)`` where the variable holds a DDP (or DP) wrapper."""
+    k = var_key(m, call.func)
+    if k is None:
+        return False
+    return k in wrapped_vars(m, dp)
+
+
+def collective_of(m: SemanticModel, call: ast.Call, dp: bool = False) -> Optional[str]:
+    """What makes ``call`` a collective (``"all_reduce()"``, ``"DDP construction"``,
+    ``"DDP forward"``), or ``None``."""
+    q = m.qualified_names(call.func)
+    hit = q & COLLECTIVES
+    if hit:
+        return sorted(n.rsplit(".", 1)[1] for n in hit)[0] + "()"
+    if q & DDP or (dp and q & (DP | DP_FUNCTIONAL)):
+        return "DDP construction"
+    if is_wrapped_forward(m, call, dp):
+        return "DDP forward"
+    return None
+
+
+def reaching_functions(m: SemanticModel, dp: bool = False) -> Dict[ast.AST, str]:
+    """Functions of the module that reach a collective (directly or through calls), with
+    what they reach (``"evaluate() -> DDP forward"``)."""
+    key = f"collectives:reach:{dp}"
+    got = m.cache.get(key)
+    if got is not None:
+        return got  # type: ignore[return-value]
+    direct: Dict[ast.AST, str] = {}
+    funcs = [f for f in m.nodes(ast.FunctionDef)] + [f for f in m.nodes(ast.AsyncFunctionDef)]
+    for f in funcs:
+        for call in m.calls_in(f):
+            what = collective_of(m, call, dp)
+            if what is not None:
+                direct[f] = what
+                break
+    out = dict(direct)
+    changed = True
+    while changed:
+        changed = False
+        for f in funcs:
+            if f in out:
+                continue
+            for call in m.calls_in(f):
+                t = m.resolve_call(call)
+                if t is not None and t in out:
+                    out[f] = f"{t.name}() -> {out[t]}"  # type: ignore[attr-defined]
+                    changed = True
+                    break
+    m.cache[key] = out
+    return out
+
+
+def reaches_collective(m: SemanticModel, node: ast.AST, dp: bool = False) -> Optional[str]:
+    """Whether evaluating ``node`` may reach a collective; says how (``None``: it does not)."""
+    reach = reaching_functions(m, dp)
+    calls = [node] if isinstance(node, ast.Call) else []
+    calls += [c for c in ast.walk(node) if isinstance(c, ast.Call) and c is not node]
+    for call in calls:
+        what = collective_of(m, call, dp)
+        if what is not None:
+            return what
+        t = m.resolve_call(call)
+        if t is not None and t in reach:
+            return f"{t.name}() -> {reach[t]}"  # type: ignore[attr-defined]
+    return None
+
+
+def in_function(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
+    f = m.enclosing_function(node)
+    return f if isinstance(f, FUNCTIONS) else None

@@ -1,0 +1,375 @@
+"""DataLoaders, their samplers, where they are iterated, and their epoch loops.
+
+* :func:`loaders`: every ``DataLoader(...)`` call, its arguments read once (dataset,
+  batch size, shuffle, sampler — followed through a name —, batch sampler, workers), and
+  whether it trains (a shuffling or random sampler, or a name that says ``train``) or
+  evaluates.
+* :func:`epoch_loops`: for a loader, the loops around its iteration that run once per
+  epoch, with the expression that names the loader there. The loader is followed from
+  where it is built (a name, ``self.x``, a helper's return value) to where it is iterated
+  (directly, through ``enumerate``/``tqdm``/``iter``, or passed to a function such as
+  ``train(model, loader, epoch)``), and up to the nearest loop, in the same function or
+  around the calls of that function.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Tuple
+
+from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel, kwarg, terminal
+from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER
+
+EVAL_WORDS = ("test", "val", "eval", "dev", "valid", "infer", "predict")
+PASS_THROUGH = {"enumerate", "tqdm", "iter", "zip", "trange", "progress_bar", "track", "cycle", "islice", "prefetch"}
+MAX_DEPTH = 4
+
+
+@dataclass
+class Loader:
+    call: ast.Call
+    dataset: Optional[ast.AST]
+    batch_size: Optional[ast.AST]
+    shuffle: Optional[ast.keyword]
+    sampler: Optional[ast.keyword]
+    sampler_value: Optional[ast.AST]  # the sampler expression, followed through a local name
+    batch_sampler: Optional[ast.keyword]
+    num_workers: Optional[ast.keyword]
+    target: Optional[ast.AST]  # what the loader is assigned to
+    function: Optional[ast.AST]
+    label: str
+    problem: Optional[str]  # why a sampler cannot be added automatically
+    training: bool
+    iterable_dataset: bool = False
+
+
+def _assign_target(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    parent = m.parent(call)
+    if isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1:
+        t = parent.targets[0]
+        return t if isinstance(t, (ast.Name, ast.Attribute, ast.Subscript)) else None
+    if isinstance(parent, ast.AnnAssign) and parent.value is call:
+        return parent.target
+    return None
+
+
+def _label(target: Optional[ast.AST], func: Optional[ast.AST], m: SemanticModel) -> str:
+    if isinstance(target, ast.Name):
+        return target.id
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    if isinstance(target, ast.Subscript):
+        key = target.slice
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            return key.value
+        return terminal(target.value) or ""
+    return getattr(func, "name", "") if func is not None else ""
+
+
+def follow(m: SemanticModel, expr: ast.AST) -> ast.AST:
+    """``sampler=train_sampler``: the value of the one assignment of that name in the same
+    scope, else the expression itself."""
+    if not isinstance(expr, ast.Name):
+        return expr
+    _, bindings = m.lookup(expr.id, m.scope_of(expr))
+    values = [b.value for b in bindings if b.kind == "assign" and b.value is not None]
+    if len(values) == 1 and len(bindings) == 1:
+        return values[0]
+    if len(values) == len(bindings) and values and all(ast.dump(v) == ast.dump(values[0]) for v in values):
+        return values[0]
+    return expr
+
+
+def _iterable_classes(m: SemanticModel) -> Set[str]:
+    out = set()
+    for cls in m.nodes(ast.ClassDef):
+        if any(m.is_name(b, ITERABLE_DATASET) or (isinstance(b, ast.Name) and b.id in out) for b in cls.bases):
+            out.add(cls.name)
+    return out
+
+
+def _is_iterable(m: SemanticModel, expr: Optional[ast.AST], classes: Set[str]) -> bool:
+    if expr is None:
+        return False
+    expr = follow(m, expr)
+    if isinstance(expr, ast.Call):
+        return (isinstance(expr.func, ast.Name) and expr.func.id in classes) or m.is_name(expr.func, ITERABLE_DATASET)
+    return False
+
+
+def is_false(node: Optional[ast.AST]) -> bool:
+    return isinstance(node, ast.Constant) and node.value is False
+
+
+def loaders(m: SemanticModel) -> List[Loader]:
+    got = m.cache.get("loaders")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Loader] = []
+    classes = _iterable_classes(m)
+    for call in m.calls(DATALOADER):
+        target = _assign_target(m, call)
+        func = m.enclosing_function(call)
+        label = _label(target, func, m)
+        positional = list(call.args)
+        problem = None
+        star = any(isinstance(a, ast.Starred) for a in positional) or any(k.arg is None for k in call.keywords)
+        dataset = positional[0] if positional and not isinstance(positional[0], ast.Starred) else None
+        if dataset is None and kwarg(call, "dataset") is not None:
+            dataset = kwarg(call, "dataset").value  # type: ignore[union-attr]
+        batch = positional[1] if len(positional) > 1 else (kwarg(call, "batch_size").value if kwarg(call, "batch_size") else None)  # type: ignore[union-attr]
+        shuffle = kwarg(call, "shuffle")
+        sampler = kwarg(call, "sampler")
+        batch_sampler = kwarg(call, "batch_sampler")
+        sampler_value = follow(m, sampler.value) if sampler is not None else None
+        name = label or "DataLoader"
+        iterable = _is_iterable(m, dataset, classes)
+        if star:
+            problem = f"{name} is built from *args/**kwargs: add a DistributedSampler by hand"
+        elif len(positional) > 2:
+            problem = f"{name} has positional shuffle/sampler arguments: add a DistributedSampler by hand"
+        elif batch_sampler is not None:
+            problem = f"{name} uses a batch_sampler: shard it per rank by hand (every rank now sees all data)"
+        elif iterable:
+            problem = f"{name} reads an IterableDataset: shard it per rank by hand (every rank now sees all data)"
+        elif dataset is None:
+            problem = f"{name} has no dataset argument dp2ddp can read"
+        elif sampler is not None and not (
+            isinstance(sampler.value, ast.Constant) and sampler.value.value is None
+        ) and not (m.call_is(sampler_value, RANDOM_SAMPLER) and sampler_value.args):  # type: ignore[union-attr]
+            if m.call_is(sampler_value, DISTRIBUTED_SAMPLER):
+                problem = None
+            else:
+                problem = (
+                    f"{name} uses a custom sampler: shard it per rank by hand "
+                    "(e.g. DistributedSampler or a per-rank subset); every rank now sees all data"
+                )
+        training = is_training(m, call, label, shuffle, sampler_value)
+        out.append(Loader(call, dataset, batch, shuffle, sampler, sampler_value, batch_sampler, kwarg(call, "num_workers"),
+                          target, func, label, problem, training, iterable))
+    m.cache["loaders"] = out
+    return out
+
+
+def is_training(m: SemanticModel, call: ast.Call, label: str, shuffle: Optional[ast.keyword], sampler_value) -> bool:
+    """A loader trains when it shuffles (``shuffle=<not False>``, a RandomSampler, a
+    shuffling DistributedSampler) or when its name says ``train`` and nothing says
+    evaluation."""
+    if sampler_value is not None and m.call_is(sampler_value, RANDOM_SAMPLER | DISTRIBUTED_SAMPLER):
+        sh = kwarg(sampler_value, "shuffle")
+        return sh is None or not is_false(sh.value)
+    if shuffle is not None and not is_false(shuffle.value) and not (isinstance(shuffle.value, ast.Constant) and shuffle.value.value is None):
+        return True
+    lowered = label.lower()
+    return "train" in lowered and not any(w in lowered for w in EVAL_WORDS)
+
+
+# --------------------------------------------------------------------------- iteration and epochs
+
+# A handle is where a loader can be named: (scope, text). scope is a function (local
+# name), a class (``self.x``) or None (module global).
+Handle = Tuple[Optional[ast.AST], str]
+
+
+def unwrap_iter(expr: ast.AST) -> ast.AST:
+    """``enumerate(tqdm(loader))`` -> ``loader``."""
+    while isinstance(expr, ast.Call) and expr.args:
+        name = terminal(expr.func)
+        if name not in PASS_THROUGH:
+            break
+        expr = expr.args[0]
+    return expr
+
+
+def handle_of(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
+    if isinstance(expr, ast.Name):
+        where, _ = m.lookup(expr.id, m.scope_of(expr))
+        if where is not None and where.kind == "function":
+            return (where.node, expr.id)
+        return (None, expr.id)
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+        cls = m.enclosing_class(expr)
+        return (cls, m.source(expr)) if cls is not None else None
+    return None
+
+
+def loader_handles(m: SemanticModel, loader: Loader) -> Dict[Handle, str]:
+    """handle -> the expression (valid in that handle's scope) that names the loader."""
+    out: Dict[Handle, str] = {}
+    if isinstance(loader.target, (ast.Name, ast.Attribute)):
+        h = handle_of(m, loader.target)
+        if h is not None:
+            out[h] = m.source(loader.target)
+    elif isinstance(loader.target, ast.Subscript):
+        # loaders = {"train": DataLoader(...)}; loaders["train"]: the subscript text
+        h = handle_of(m, loader.target.value) if isinstance(loader.target.value, (ast.Name, ast.Attribute)) else None
+        if h is not None:
+            out[(h[0], m.source(loader.target))] = m.source(loader.target)
+    func = loader.function
+    if func is not None:
+        returned: List[Optional[int]] = []
+        for ret in ast.walk(func):
+            if not isinstance(ret, ast.Return) or ret.value is None or m.enclosing_function(ret) is not func:
+                continue
+            values = ret.value.elts if isinstance(ret.value, ast.Tuple) else [ret.value]
+            for i, v in enumerate(values):
+                if v is loader.call or (
+                    isinstance(v, ast.Name) and isinstance(loader.target, ast.Name) and loader.target.id == v.id
+                ):
+                    returned.append(i if isinstance(ret.value, ast.Tuple) else None)
+        for index in returned:
+            for call in m.call_sites(func):
+                parent = m.parent(call)
+                if not (isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1):
+                    continue
+                tgt = parent.targets[0]
+                if index is not None:
+                    if not isinstance(tgt, (ast.Tuple, ast.List)) or index >= len(tgt.elts):
+                        continue
+                    tgt = tgt.elts[index]
+                if isinstance(tgt, (ast.Name, ast.Attribute)):
+                    h = handle_of(m, tgt)
+                    if h is not None:
+                        out[h] = m.source(tgt)
+    # aliases: ``it = tqdm(loader)`` names the same loader
+    for assign in m.nodes(ast.Assign):
+        if len(assign.targets) != 1:
+            continue
+        tgt = assign.targets[0]
+        inner = unwrap_iter(assign.value)
+        if inner is assign.value or not isinstance(tgt, (ast.Name, ast.Attribute)):
+            continue
+        h_inner = handle_of(m, inner) if isinstance(inner, (ast.Name, ast.Attribute)) else None
+        if h_inner in out:
+            h = handle_of(m, tgt)
+            if h is not None and h not in out:
+                out[h] = out[h_inner]  # type: ignore[index]
+    return out
+
+
+def _enclosing_loop(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda)):
+            return None
+        if isinstance(a, LOOPS) and any(child is s for s in a.body):
+            return a
+        child = a
+    return None
+
+
+def _subscript_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
+    if isinstance(expr, ast.Subscript) and isinstance(expr.value, (ast.Name, ast.Attribute)):
+        h = handle_of(m, expr.value)
+        if h is not None:
+            return (h[0], m.source(expr))
+    return None
+
+
+def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[ast.AST, str]]:
+    """Where the loader is iterated: ``(the For node or the call passing it on, expression)``."""
+    sites = []
+    for loop in m.nodes(ast.For) + m.nodes(ast.AsyncFor):
+        it = unwrap_iter(loop.iter)
+        if isinstance(it, (ast.Name, ast.Attribute)):
+            h = handle_of(m, it)
+        else:
+            h = _subscript_handle(m, it)
+        if h is None:
+            continue
+        if h in handles:
+            sites.append((loop, handles[h]))
+            continue
+        func = m.enclosing_function(loop)
+        if func is None or not isinstance(it, ast.Name) or it.id not in m.params(func):
+            continue
+        for call in m.call_sites(func):
+            arg = m.argument_for(func, call, it.id)
+            if arg is None:
+                continue
+            arg = unwrap_iter(arg)
+            h2 = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else _subscript_handle(m, arg)
+            if h2 in handles:
+                sites.append((call, handles[h2]))  # type: ignore[index]
+    # next(iter(loader)) inside a loop, or a `while` that pulls batches
+    for call in m.nodes(ast.Call):
+        if isinstance(call.func, ast.Name) and call.func.id == "iter" and call.args:
+            arg = call.args[0]
+            h = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
+            if h in handles and not isinstance(m.parent(call), (ast.For, ast.AsyncFor)):
+                sites.append((call, handles[h]))  # type: ignore[index]
+    return sites
+
+
+def _epoch_loops_from(m: SemanticModel, site: ast.AST, expr_text: str, depth: int, seen: Set) -> List[Tuple[ast.AST, str]]:
+    loop = _enclosing_loop(m, site)
+    if loop is not None:
+        return [(loop, expr_text)]
+    func = m.enclosing_function(site)
+    if func is None or depth >= MAX_DEPTH or func in seen:
+        return []
+    seen = seen | {func}
+    out = []
+    try:
+        expr = ast.parse(expr_text, mode="eval").body
+    except SyntaxError:  # pragma: no cover - the text came from the source
+        return []
+    params = m.params(func)
+    root = expr
+    while isinstance(root, (ast.Attribute, ast.Subscript)):
+        root = root.value
+    for call in m.call_sites(func):
+        if isinstance(root, ast.Name) and root.id == "self":
+            if m.enclosing_class(call) is m.enclosing_class(func):
+                out.extend(_epoch_loops_from(m, call, expr_text, depth + 1, seen))
+        elif isinstance(root, ast.Name) and root.id in params:
+            arg = m.argument_for(func, call, root.id)
+            if arg is None or not isinstance(arg, (ast.Name, ast.Attribute)):
+                continue
+            text = m.source(arg) + expr_text[len(root.id):]
+            out.extend(_epoch_loops_from(m, call, text, depth + 1, seen))
+        elif isinstance(root, ast.Name) and root.id != "self":
+            # a module global, visible from the caller too (unless the caller binds it)
+            where, _ = m.lookup(root.id, m.scope_of(call))
+            if where is None or where.kind == "module":
+                out.extend(_epoch_loops_from(m, call, expr_text, depth + 1, seen))
+    return out
+
+
+def epoch_loops(m: SemanticModel, loader: Loader) -> List[Tuple[ast.AST, str]]:
+    """``(loop, expression naming the loader inside it)`` for every epoch loop of ``loader``."""
+    handles = loader_handles(m, loader)
+    out: List[Tuple[ast.AST, str]] = []
+    seen = set()
+    for site, text in iteration_sites(m, handles):
+        start = m.parent(site) if isinstance(site, (ast.For, ast.AsyncFor)) else site
+        if isinstance(site, (ast.For, ast.AsyncFor)):
+            # the loop over the loader is the batch loop; the epoch loop is around it
+            loops = _epoch_loops_from(m, site, text, 0, set())
+            loops = [(lp, t) for lp, t in loops if lp is not site]
+        else:
+            loops = _epoch_loops_from(m, start, text, 0, set())
+        for lp, t in loops:
+            if (id(lp), t) not in seen:
+                seen.add((id(lp), t))
+                out.append((lp, t))
+    return out
+
+
+def calls_set_epoch(m: SemanticModel, loop: ast.AST) -> bool:
+    """The loop (or a function it calls, transitively) calls ``.set_epoch(...)``."""
+    todo = [loop]
+    seen: Set[ast.AST] = set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for call in m.calls_in(n):
+            if isinstance(call.func, ast.Attribute) and call.func.attr == "set_epoch":
+                return True
+            t = m.resolve_call(call)
+            if t is not None:
+                todo.append(t)
+    return False

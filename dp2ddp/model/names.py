@@ -1,0 +1,121 @@
+"""Qualified names the model and its readers look for (every public spelling of each)."""
+
+from __future__ import annotations
+
+from typing import FrozenSet, Iterable
+
+
+def _names(*names: str) -> FrozenSet[str]:
+    return frozenset(names)
+
+
+def _under(modules: Iterable[str], *attrs: str) -> FrozenSet[str]:
+    return frozenset(f"{m}.{a}" for m in modules for a in attrs)
+
+
+DP = _names(
+    "torch.nn.DataParallel",
+    "torch.nn.parallel.DataParallel",
+    "torch.nn.parallel.data_parallel.DataParallel",
+)
+DP_FUNCTIONAL = _names(
+    "torch.nn.parallel.data_parallel",
+    "torch.nn.parallel.data_parallel.data_parallel",
+)
+DDP = _names(
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+)
+DATALOADER = _names("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
+DISTRIBUTED_SAMPLER = _names(
+    "torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"
+)
+RANDOM_SAMPLER = _names("torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler")
+SEQUENTIAL_SAMPLER = _names("torch.utils.data.SequentialSampler", "torch.utils.data.sampler.SequentialSampler")
+ITERABLE_DATASET = _names("torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset")
+TENSOR_DATASET = _names("torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset")
+MODULE_BASES = _names("torch.nn.Module", "torch.nn.modules.module.Module")
+
+_DIST = ("torch.distributed", "torch.distributed.distributed_c10d")
+INIT = _under(_DIST, "init_process_group")
+DESTROY = _under(_DIST, "destroy_process_group")
+GET_RANK = _under(_DIST, "get_rank")
+GET_WORLD_SIZE = _under(_DIST, "get_world_size")
+IS_INITIALIZED = _under(_DIST, "is_initialized")
+BARRIER = _under(_DIST, "barrier", "monitored_barrier")
+COLLECTIVES = _under(
+    _DIST,
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast_object_list",
+    "barrier",
+    "monitored_barrier",
+    "new_group",
+)
+SPAWN = _names(
+    "torch.multiprocessing.spawn",
+    "torch.multiprocessing.spawn.spawn",
+    "torch.multiprocessing.start_processes",
+)
+LAUNCH_MODULES = _names("torch.distributed.launch", "torch.distributed.run")
+SYNC_BATCHNORM = _names("torch.nn.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm")
+
+SAVE = _names("torch.save", "torch.serialization.save")
+LOAD = _names("torch.load", "torch.serialization.load")
+PRINT = _names("builtins.print")
+OPEN = _names("builtins.open", "io.open")
+
+SUMMARY_WRITERS = _names(
+    "torch.utils.tensorboard.SummaryWriter",
+    "torch.utils.tensorboard.writer.SummaryWriter",
+    "tensorboardX.SummaryWriter",
+    "tensorboardX.writer.SummaryWriter",
+)
+TQDM = _names(
+    "tqdm.tqdm",
+    "tqdm.trange",
+    "tqdm.auto.tqdm",
+    "tqdm.auto.trange",
+    "tqdm.notebook.tqdm",
+    "tqdm.notebook.trange",
+    "tqdm.std.tqdm",
+    "tqdm.std.trange",
+    "tqdm.autonotebook.tqdm",
+)
+WANDB_INIT = _names("wandb.init")
+LOGGING_FILE = _names("logging.FileHandler", "logging.handlers.RotatingFileHandler", "logging.handlers.TimedRotatingFileHandler")
+LOGGING_BASIC = _names("logging.basicConfig")
+MKDIR = _names("os.mkdir", "os.makedirs")
+COPY = _names("shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.copytree", "shutil.move", "os.rename", "os.replace")
+# writes whose target is their first argument, as a file name
+FILE_WRITES = _names(
+    "numpy.save",
+    "numpy.savez",
+    "numpy.savez_compressed",
+    "numpy.savetxt",
+    "matplotlib.pyplot.savefig",
+    "torchvision.utils.save_image",
+    "cv2.imwrite",
+    "imageio.imwrite",
+    "imageio.imsave",
+    "scipy.io.savemat",
+)
+# writes into an open file object (their second argument)
+DUMPS = _names("json.dump", "pickle.dump", "yaml.dump", "yaml.safe_dump", "numpy.save", "torch.save")
+
+CUDA_SET_DEVICE = _names("torch.cuda.set_device")
+CUDA_AVAILABLE = _names("torch.cuda.is_available")
+DEVICE_COUNT = _names("torch.cuda.device_count")

@@ -1,0 +1,147 @@
+"""Rank guards: code that only some ranks run. One definition for `check` and `rewrite`.
+
+An expression *depends on the rank* when it mentions a rank-like identifier
+(``rank``, ``local_rank``, ``args.local_rank``, ``is_main_process``, ``is_primary``,
+``master``, ``chief``, ``leader``, ``os.environ["RANK"]`` ...), calls
+``dist.get_rank()``, or calls a function of this module whose result does.
+
+A node is *rank guarded* when it only runs on some ranks:
+
+* it sits in an ``if`` (or conditional expression) whose test depends on the rank, in the
+  same function;
+* an ``if <rank test>: return/continue/break/raise/sys.exit()`` comes before it in one
+  of its enclosing blocks of the same function;
+* it sits in a function whose name says so (``*_main_process``, ``*rank0*``,
+  ``*rank_zero*``), or in a function this module only calls from guarded places.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Iterator, List, Optional, Set, Tuple
+
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, terminal
+from dp2ddp.model.names import GET_RANK
+
+RANK_WORD = re.compile(
+    r"(^|_)(rank|rank0|rank_zero|master|main_process|main_rank|is_main|is_master|primary|is_primary|chief|is_chief"
+    r"|leader)(_|$)",
+    re.IGNORECASE,
+)
+_RANK_FUNCTION = re.compile(r"main_process|rank0|rank_zero|on_master|on_main", re.IGNORECASE)
+_EXITS = {"exit", "_exit"}
+
+
+def _rank_functions(m: SemanticModel) -> Set[str]:
+    """Module functions whose return value depends on the rank (``def is_primary(): ...``)."""
+    key = "ranks:functions"
+    got = m.cache.get(key)
+    if got is None:
+        got = set()
+        for name, func in m.module_functions.items():
+            if RANK_WORD.search(name):
+                got.add(name)
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Return) and node.value is not None and _mentions(m, node.value, set()):
+                    got.add(name)
+                    break
+        m.cache[key] = got
+    return got  # type: ignore[return-value]
+
+
+def _mentions(m: SemanticModel, expr: ast.AST, functions: Set[str]) -> bool:
+    todo = [expr]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Lambda):
+            continue
+        if isinstance(n, (ast.Name, ast.Attribute, ast.Subscript)):
+            ident = terminal(n)
+            if ident and RANK_WORD.search(ident):
+                return True
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.upper() in ("RANK", "LOCAL_RANK"):
+            return True
+        elif isinstance(n, ast.Call):
+            if m.is_name(n.func, GET_RANK):
+                return True
+            if isinstance(n.func, ast.Name) and n.func.id in functions:
+                return True
+        elif isinstance(n, ast.keyword) and n.arg and RANK_WORD.search(n.arg):
+            return True
+        todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def mentions_rank(m: SemanticModel, expr: ast.AST) -> bool:
+    """``expr`` depends on which rank evaluates it."""
+    return _mentions(m, expr, _rank_functions(m))
+
+
+def rank_conditionals(m: SemanticModel, node: ast.AST) -> Iterator[Tuple[ast.AST, str]]:
+    """``(if_or_ifexp, "body"|"orelse")`` around ``node`` whose test depends on the rank,
+    innermost first, inside the enclosing function."""
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, FUNCTIONS + (ast.Lambda, ast.ClassDef)):
+            return
+        if isinstance(a, (ast.If, ast.IfExp)) and child is not a.test:
+            if mentions_rank(m, a.test):
+                in_body = any(child is s for s in a.body) if isinstance(a, ast.If) else child is a.body
+                yield a, "body" if in_body else "orelse"
+        child = a
+
+
+def ends_flow(stmt: ast.If) -> bool:
+    """The ``if`` body leaves the block: return / continue / break / raise / sys.exit()."""
+    for s in stmt.body:
+        if isinstance(s, (ast.Return, ast.Continue, ast.Break, ast.Raise)):
+            return True
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and terminal(s.value.func) in _EXITS:
+            return True
+    return False
+
+
+def early_exit_before(m: SemanticModel, node: ast.AST) -> Optional[ast.If]:
+    """An ``if <rank test>: return`` before ``node`` in one of its blocks (same function)."""
+    cur: Optional[ast.AST] = m.statement_of(node)
+    while cur is not None and not isinstance(cur, FUNCTIONS + (ast.Module, ast.ClassDef)):
+        for sib in m.siblings_before(cur):  # type: ignore[arg-type]
+            if isinstance(sib, ast.If) and ends_flow(sib) and mentions_rank(m, sib.test):
+                return sib
+        cur = m.parent(cur)
+        while cur is not None and not isinstance(cur, ast.stmt):
+            cur = m.parent(cur)
+    return None
+
+
+def rank_guarded(m: SemanticModel, node: ast.AST, _depth: int = 0) -> bool:
+    """``node`` only runs on some ranks (see the module docstring)."""
+    if next(rank_conditionals(m, node), None) is not None:
+        return True
+    if early_exit_before(m, node) is not None:
+        return True
+    func = m.enclosing_function(node)
+    if func is None or _depth > 3:
+        return False
+    if _RANK_FUNCTION.search(func.name):  # type: ignore[attr-defined]
+        return True
+    sites = m.call_sites(func)
+    return bool(sites) and all(rank_guarded(m, s, _depth + 1) for s in sites)
+
+
+def rank_tested_names(m: SemanticModel) -> Set[str]:
+    """Spellings used as rank tests in this module (``args.local_rank``, ``rank``)."""
+    out: Set[str] = set()
+    for n in m.nodes(ast.If):
+        for sub in ast.walk(n.test):
+            if isinstance(sub, (ast.Name, ast.Attribute)):
+                ident = terminal(sub)
+                if ident and RANK_WORD.search(ident):
+                    out.add(m.source(sub))
+    return out
+
+
+def guarded_statements(m: SemanticModel, stmts: List[ast.stmt]) -> bool:
+    return all(rank_guarded(m, s) for s in stmts)

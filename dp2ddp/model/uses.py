@@ -1,0 +1,199 @@
+"""Where a wrapped model is used, and which uses need the bare module.
+
+A DDP (or DataParallel) wrapper has the ``nn.Module`` API — ``parameters()``,
+``train()``, ``state_dict()``, ``zero_grad()`` ... — and its forward; it does not have
+the model's own attributes and methods (``model.num_classes``, ``model.predict(x)``,
+``model.freeze_backbone()``): those are on ``.module``.
+
+:func:`wrapper_keys` follows a wrapper from the variable it is assigned to, through the
+return value of the function that builds it and into the parameters of the functions of
+the script it is passed to. :func:`wrapper_uses` classifies each use.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set
+
+from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.core import FUNCTIONS, SemanticModel
+
+# the nn.Module API DDP and DataParallel share with the module they wrap
+MODULE_API = frozenset(
+    {
+        "parameters", "named_parameters", "buffers", "named_buffers", "children", "named_children", "modules",
+        "named_modules", "train", "eval", "zero_grad", "to", "cuda", "cpu", "float", "double", "half", "bfloat16",
+        "type", "apply", "requires_grad_", "register_forward_hook", "register_forward_pre_hook",
+        "register_full_backward_hook", "register_backward_hook", "register_full_backward_pre_hook", "state_dict",
+        "load_state_dict", "no_sync", "module", "forward", "training", "get_submodule", "get_parameter", "get_buffer",
+        "share_memory", "extra_repr", "add_module", "register_module", "register_buffer", "register_parameter",
+        "named_modules", "__class__", "__dict__", "to_empty", "ipu", "xpu", "mtia", "compile",
+    }
+)
+STATE_DICT = frozenset({"state_dict", "load_state_dict"})
+
+
+@dataclass
+class Use:
+    node: ast.AST  # the Name / self.x Attribute that names the wrapper
+    kind: str  # forward | api | state_dict | module | attribute | store | passed | other
+    attr: Optional[str] = None
+    function: Optional[ast.AST] = None  # for `passed`: the function of this script it is passed to
+
+
+def _returned_locals(m: SemanticModel, func: ast.AST) -> Set[str]:
+    out = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and m.enclosing_function(node) is func:
+            out.add(node.value.id)
+    return out
+
+
+def wrapper_keys(m: SemanticModel, seeds: Iterable[VarKey], max_depth: int = 3) -> Set[VarKey]:
+    """The variables that hold the wrapper: ``seeds``, call-site targets of a function that
+    returns one of them, and parameters of functions of this script whose every call
+    passes one of them."""
+    keys: Set[VarKey] = set(seeds)
+    for _ in range(max_depth):
+        added = False
+        # returned from the function that builds it
+        for key in list(keys):
+            if key[0] == "local" and key[1] is not None and key[2] in _returned_locals(m, key[1]):
+                for call in m.call_sites(key[1]):
+                    for k in assigned_keys(m, call):
+                        if k not in keys:
+                            keys.add(k)
+                            added = True
+        # passed to a function of the script
+        for func, sites in m.call_graph.items():
+            if not isinstance(func, FUNCTIONS):
+                continue
+            for param in m.params(func):
+                pkey = ("local", func, param)
+                if pkey in keys or param in ("self", "cls"):
+                    continue
+                args = [m.argument_for(func, c, param) for c in sites]
+                if args and all(a is not None and var_key(m, a) in keys for a in args):
+                    keys.add(pkey)
+                    added = True
+        if not added:
+            break
+    return keys
+
+
+def _name_nodes(m: SemanticModel) -> List[ast.AST]:
+    return m.nodes(ast.Name, ast.Attribute)
+
+
+def wrapper_uses(m: SemanticModel, keys: Set[VarKey]) -> List[Use]:
+    """Every use of a variable in ``keys``, classified."""
+    out: List[Use] = []
+    if not keys:
+        return out
+    names = {k[2] for k in keys if k[0] != "attr"}
+    attrs = {k[2][5:] for k in keys if k[0] == "attr"}
+    for node in _name_nodes(m):
+        if isinstance(node, ast.Name):
+            if node.id not in names or not isinstance(node.ctx, ast.Load):
+                continue
+        else:
+            if node.attr not in attrs or not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                continue
+            if not isinstance(node.ctx, ast.Load):
+                continue
+        if var_key(m, node) not in keys:
+            continue
+        out.append(classify(m, node))
+    return out
+
+
+def classify(m: SemanticModel, node: ast.AST) -> Use:
+    parent = m.parent(node)
+    if isinstance(parent, ast.Call) and parent.func is node:
+        return Use(node, "forward")
+    if isinstance(parent, ast.Attribute) and parent.value is node:
+        attr = parent.attr
+        if attr == "module":
+            return Use(node, "module", attr)
+        if isinstance(parent.ctx, (ast.Store, ast.Del)):
+            return Use(node, "store", attr)
+        if attr in STATE_DICT:
+            return Use(node, "state_dict", attr)
+        if attr in MODULE_API or attr.startswith("__"):
+            return Use(node, "api", attr)
+        return Use(node, "attribute", attr)
+    if isinstance(parent, ast.Call) and node in parent.args:
+        target = m.resolve_call(parent)
+        if target is not None and isinstance(target, FUNCTIONS):
+            return Use(node, "passed", function=target)
+    return Use(node, "other")
+
+
+def requires_grad_changes(m: SemanticModel) -> List[ast.AST]:
+    """Places that change ``requires_grad``: ``p.requires_grad = x``, ``.requires_grad_(...)``,
+    and calls of functions of this script that do so (transitively)."""
+    got = m.cache.get("uses:requires_grad")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    direct: List[ast.AST] = []
+    for node in m.nodes(ast.Attribute):
+        if node.attr == "requires_grad" and isinstance(node.ctx, ast.Store):
+            direct.append(node)
+    for call in m.nodes(ast.Call):
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "requires_grad_":
+            direct.append(call)
+    changing: Dict[ast.AST, bool] = {}
+    for n in direct:
+        f = m.enclosing_function(n)
+        if f is not None:
+            changing[f] = True
+    changed = True
+    while changed:
+        changed = False
+        for call in m.nodes(ast.Call):
+            t = m.resolve_call(call)
+            if t is not None and t in changing:
+                f = m.enclosing_function(call)
+                if f is not None and f not in changing:
+                    changing[f] = True
+                    changed = True
+    out = list(direct)
+    for call in m.nodes(ast.Call):
+        t = m.resolve_call(call)
+        if t is not None and t in changing:
+            out.append(call)
+    out.sort(key=lambda n: (n.lineno, n.col_offset))
+    m.cache["uses:requires_grad"] = out
+    return out
+
+
+def sets_true(m: SemanticModel, change: ast.AST) -> Optional[bool]:
+    """What a change sets ``requires_grad`` to: ``True``/``False`` when it says, else ``None``."""
+    if isinstance(change, ast.Attribute):
+        parent = m.parent(change)
+        if isinstance(parent, ast.Assign) and isinstance(parent.value, ast.Constant) and isinstance(parent.value.value, bool):
+            return parent.value.value
+        return None
+    if isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
+        if not change.args and not change.keywords:
+            return True
+        v = change.args[0] if change.args else change.keywords[0].value
+        if isinstance(v, ast.Constant) and isinstance(v.value, bool):
+            return v.value
+        return None
+    if isinstance(change, ast.Call):
+        for a in list(change.args) + [k.value for k in change.keywords]:
+            if isinstance(a, ast.Constant) and isinstance(a.value, bool):
+                return a.value
+    name = None
+    if isinstance(change, ast.Call):
+        f = change.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    if name:
+        low = name.lower()
+        if low.startswith("unfreeze") or "unfreeze" in low:
+            return True
+        if low.startswith("freeze") or "freeze" in low:
+            return False
+    return None

@@ -1,0 +1,205 @@
+"""DataParallel in a module: wraps (class and functional form), type checks, other uses,
+and spellings that cannot be resolved.
+
+* :func:`dp_wraps`: every ``DataParallel(m, ...)`` call and every functional
+  ``data_parallel(module, inputs, device_ids, ...)`` call, with what the migration needs
+  to know about it (the wrapped module, the variable it is assigned to, the conditions
+  around it, whether it only serves evaluation).
+* :func:`dp_type_refs`: ``isinstance(m, nn.DataParallel)``, ``type(m) in (DP, DDP)``:
+  code that tells the wrapper from the module.
+* :func:`dp_other_refs`: any other use (an alias, a subclass, an argument).
+* :func:`unresolved_dp`: code that names DataParallel in a way the model cannot
+  resolve (star imports, ``getattr``, a class of another package named ``*DataParallel``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from dp2ddp.model.collectives import assigned_keys, outer_chain
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg
+from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
+
+_DP_ARGS = ("module", "device_ids", "output_device", "dim")
+_FUNCTIONAL_ARGS = ("module", "inputs", "device_ids", "output_device", "dim", "module_kwargs")
+
+
+@dataclass
+class Wrap:
+    call: ast.Call
+    functional: bool
+    module: Optional[ast.AST]  # the wrapped module expression
+    problem: Optional[str]  # why this wrap cannot be migrated automatically
+    outer: ast.AST  # DP(m).cuda(): the outermost module-returning call
+    stmt: ast.stmt
+    target: Optional[ast.AST]  # what the wrapper is assigned to (Name / Attribute)
+    function: Optional[ast.AST]
+    conditions: List[ast.AST] = field(default_factory=list)  # ifs around it in its block chain, innermost first
+    args: dict = field(default_factory=dict)  # device_ids / output_device / dim / inputs expressions
+
+    @property
+    def guarded(self) -> bool:
+        return bool(self.conditions)
+
+
+def _arg(call: ast.Call, names, name: str) -> Optional[ast.AST]:
+    i = names.index(name)
+    if i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: i + 1]):
+        return call.args[i]
+    k = kwarg(call, name)
+    return k.value if k is not None else None
+
+
+def _problem(call: ast.Call, functional: bool) -> Optional[str]:
+    names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
+    what = "data_parallel" if functional else "DataParallel"
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return f"*args/**kwargs in the {what} call"
+    unknown = sorted({k.arg for k in call.keywords} - set(names))
+    if unknown:
+        return f"{what} argument {unknown[0]}= has no DistributedDataParallel equivalent"
+    if len(call.args) > len(names):
+        return f"too many {what} arguments"
+    dim = _arg(call, names, "dim")
+    if dim is not None and not (isinstance(dim, ast.Constant) and dim.value == 0):
+        return f"{what}(dim={ast.unparse(dim)}) scatters along another dimension; DistributedDataParallel cannot express it"
+    if _arg(call, names, "module") is None:
+        return f"{what} call without a module"
+    if functional and _arg(call, names, "inputs") is None:
+        return "data_parallel call without inputs"
+    if functional and _arg(call, names, "module_kwargs") is not None:
+        return "data_parallel(module_kwargs=...) is not migrated"
+    return None
+
+
+def conditions(m: SemanticModel, stmt: ast.stmt) -> List[ast.AST]:
+    """``if`` statements whose branches hold ``stmt``, up to its function, loop or ``with``,
+    innermost first; the ``__main__`` guard does not count."""
+    out = []
+    child: ast.AST = stmt
+    for a in m.ancestors(stmt):
+        if isinstance(a, ast.If):
+            if is_main_test(a.test) and m.parent(a) is m.tree:
+                break
+            if child is not a.test:
+                out.append(a)
+        elif isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.ExceptHandler, ast.Module, ast.ClassDef, ast.Lambda) + FUNCTIONS):
+            break
+        child = a
+    return out
+
+
+def dp_wraps(m: SemanticModel) -> List[Wrap]:
+    got = m.cache.get("wraps:dp")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Wrap] = []
+    for call in m.calls(DP | DP_FUNCTIONAL):
+        functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP)
+        names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
+        outer = outer_chain(m, call) if not functional else call
+        stmt = m.statement_of(call)
+        target = None
+        parent = m.parent(outer)
+        if isinstance(parent, ast.Assign) and parent.value is outer and len(parent.targets) == 1:
+            target = parent.targets[0]
+        elif isinstance(parent, ast.AnnAssign) and parent.value is outer:
+            target = parent.target
+        if not isinstance(target, (ast.Name, ast.Attribute)):
+            target = None
+        args = {n: _arg(call, names, n) for n in names if n != "module"}
+        out.append(
+            Wrap(
+                call=call,
+                functional=functional,
+                module=_arg(call, names, "module"),
+                problem=_problem(call, functional),
+                outer=outer,
+                stmt=stmt,  # type: ignore[arg-type]
+                target=target,
+                function=m.enclosing_function(call),
+                conditions=conditions(m, stmt) if stmt is not None else [],
+                args=args,
+            )
+        )
+    m.cache["wraps:dp"] = out
+    return out
+
+
+def _type_position(m: SemanticModel, ref: ast.AST) -> bool:
+    """``isinstance(x, DP)``, ``isinstance(x, (DP, ...))``, ``type(x) is DP``,
+    ``type(x) in (DP, DDP)``, ``issubclass``."""
+    cur, parent = ref, m.parent(ref)
+    if isinstance(parent, (ast.Tuple, ast.List, ast.Set)):
+        cur, parent = parent, m.parent(parent)
+    if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in ("isinstance", "issubclass"):
+        return len(parent.args) == 2 and parent.args[1] is cur
+    if isinstance(parent, ast.Compare):
+        return all(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in parent.ops)
+    return False
+
+
+def dp_type_refs(m: SemanticModel) -> List[ast.AST]:
+    return [r for r in m.refs(DP) if _type_position(m, r)]
+
+
+def dp_other_refs(m: SemanticModel) -> List[ast.AST]:
+    """References to DataParallel that are neither a call nor a type check."""
+    out = []
+    for r in m.refs(DP | DP_FUNCTIONAL):
+        parent = m.parent(r)
+        if isinstance(parent, ast.Call) and parent.func is r:
+            continue
+        if _type_position(m, r):
+            continue
+        out.append(r)
+    return out
+
+
+_SPELLED = re.compile(r"(?<!Distributed)DataParallel|^data_parallel$")
+
+
+def unresolved_dp(m: SemanticModel) -> List[ast.AST]:
+    """Names and attributes spelled like DataParallel that do not resolve to torch's (a star
+    import, an unknown package's ``*DataParallel`` class, ``getattr(nn, "DataParallel")``)."""
+    got = m.cache.get("wraps:unresolved")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[ast.AST] = []
+    for n in m.nodes(ast.Name, ast.Attribute):
+        ident = n.id if isinstance(n, ast.Name) else n.attr
+        if not _SPELLED.search(ident) or not isinstance(getattr(n, "ctx", None), ast.Load):
+            continue
+        parent = m.parent(n)
+        if isinstance(parent, ast.Attribute) and parent.value is n:
+            continue  # a prefix of a longer name (nn.DataParallel.foo)
+        q = m.qualified_names(n)
+        if q & (DP | DP_FUNCTIONAL | DDP):
+            continue
+        if q and all(not x.startswith(("torch.",)) and not _defined_here(m, x) for x in q) and not m.maybe_star(n):
+            # an import from another package (BalancedDataParallel, apex): not torch's
+            out.append(n)
+            continue
+        if not q or m.maybe_star(n):
+            out.append(n)
+    for c in m.nodes(ast.Call):
+        if isinstance(c.func, ast.Name) and c.func.id == "getattr" and len(c.args) >= 2:
+            s = c.args[1]
+            if isinstance(s, ast.Constant) and isinstance(s.value, str) and _SPELLED.search(s.value):
+                out.append(c)
+    out.sort(key=lambda n: (n.lineno, n.col_offset))
+    m.cache["wraps:unresolved"] = out
+    return out
+
+
+def _defined_here(m: SemanticModel, qualified: str) -> bool:
+    """A qualified name of something this module defines or assigns (``<locals>`` or a bare
+    module-level name), as opposed to something imported."""
+    return "<locals>" in qualified or "." not in qualified
+
+
+def assigned_wrapper_keys(m: SemanticModel, wrap: Wrap):
+    return assigned_keys(m, wrap.outer)

@@ -1,0 +1,118 @@
+"""What a script writes: checkpoints, files, logs, progress bars, printed lines.
+
+Under DDP every rank runs the script, so each of these happens once per rank unless
+something says otherwise. :func:`writers` lists them with their kind:
+
+``save``       ``torch.save(obj, path)`` and other writes of a whole file by name
+               (``np.save``, ``plt.savefig``, ``save_image`` ...)
+``copy``       ``shutil.copyfile`` and friends
+``mkdir``      ``os.mkdir``/``os.makedirs``/``Path.mkdir`` (``idempotent`` when ``exist_ok``)
+``open``       ``open(path, "w"|"a"|"x"...)``: a file opened for writing
+``tensorboard`` a ``SummaryWriter`` (torch.utils.tensorboard, tensorboardX)
+``wandb``      ``wandb.init``
+``tqdm``       a tqdm progress bar (``disable=`` given or not)
+``logfile``    ``logging.FileHandler(...)``, ``logging.basicConfig(filename=...)``
+``print``      ``print(...)``
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import List, Optional
+
+from dp2ddp.model.core import SemanticModel, kwarg
+from dp2ddp.model.names import (
+    COPY,
+    FILE_WRITES,
+    LOGGING_BASIC,
+    LOGGING_FILE,
+    MKDIR,
+    OPEN,
+    PRINT,
+    SAVE,
+    SUMMARY_WRITERS,
+    TQDM,
+    WANDB_INIT,
+)
+
+WRITE_MODES = ("w", "a", "x", "+")
+
+
+@dataclass
+class Writer:
+    kind: str
+    call: ast.Call
+    path: Optional[ast.AST] = None  # the file or folder written, when it can be told
+    idempotent: bool = False  # mkdir with exist_ok=True
+
+
+def _open_mode(call: ast.Call) -> Optional[str]:
+    mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
+    if mode is None:
+        return "r"
+    if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
+        return mode.value
+    return None  # unknown
+
+
+def _path_mkdir(m: SemanticModel, call: ast.Call) -> bool:
+    """``Path(...).mkdir(...)`` / ``p.mkdir(...)`` with a pathlib-looking receiver."""
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "mkdir"):
+        return False
+    if m.is_name(f, MKDIR):
+        return False
+    recv = f.value
+    if isinstance(recv, ast.Call) and m.is_name(recv.func, {"pathlib.Path", "pathlib.PurePath"}):
+        return True
+    return not m.qualified_names(f)  # an object's method, not os.mkdir
+
+
+def writers(m: SemanticModel) -> List[Writer]:
+    got = m.cache.get("writers")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Writer] = []
+    for call in m.nodes(ast.Call):
+        q = m.qualified_names(call.func)
+        if not q:
+            if _path_mkdir(m, call):
+                ok = kwarg(call, "exist_ok")
+                out.append(Writer("mkdir", call, call.func.value, idempotent=ok is not None and _truthy(ok.value)))  # type: ignore[attr-defined]
+            continue
+        first = call.args[0] if call.args else None
+        if q & SAVE:
+            out.append(Writer("save", call, call.args[1] if len(call.args) > 1 else (kwarg(call, "f").value if kwarg(call, "f") else None)))  # type: ignore[union-attr]
+        elif q & FILE_WRITES:
+            out.append(Writer("save", call, first))
+        elif q & COPY:
+            out.append(Writer("copy", call, call.args[1] if len(call.args) > 1 else None))
+        elif q & MKDIR:
+            ok = kwarg(call, "exist_ok")
+            idem = ok is not None and _truthy(ok.value)
+            out.append(Writer("mkdir", call, first, idempotent=idem))
+        elif q & OPEN:
+            mode = _open_mode(call)
+            if mode is None or any(c in mode for c in WRITE_MODES):
+                out.append(Writer("open", call, first))
+        elif q & SUMMARY_WRITERS:
+            out.append(Writer("tensorboard", call, first or (kwarg(call, "log_dir").value if kwarg(call, "log_dir") else None)))  # type: ignore[union-attr]
+        elif q & WANDB_INIT:
+            out.append(Writer("wandb", call))
+        elif q & TQDM:
+            out.append(Writer("tqdm", call))
+        elif q & LOGGING_FILE:
+            out.append(Writer("logfile", call, first))
+        elif q & LOGGING_BASIC:
+            fn = kwarg(call, "filename")
+            if fn is not None:
+                out.append(Writer("logfile", call, fn.value))
+        elif q & PRINT:
+            out.append(Writer("print", call))
+    m.cache["writers"] = out
+    return out
+
+
+def _truthy(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and bool(node.value)
