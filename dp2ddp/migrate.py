@@ -107,7 +107,14 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
         return Migration(findings=_sorted(findings), applicable=True, blocked=False)
     if not any(f.severity == BLOCKING for f in findings):
         try:
-            findings.extend(detect_mode(ctx))
+            from dp2ddp.codemods.entry import check_entry
+            from dp2ddp.codemods.wrap_ddp import problems
+
+            findings.extend(problems(ctx))
+            if not any(f.severity == BLOCKING for f in findings):
+                findings.extend(check_entry(ctx))
+            if not any(f.severity == BLOCKING for f in findings):
+                findings.extend(detect_mode(ctx))
             if not any(f.severity == BLOCKING for f in findings):
                 for transform in TRANSFORMS:
                     findings.extend(transform(ctx))

@@ -159,6 +159,24 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix.",
     ),
     _c(
+        "DDP115", "inference-only", "error",
+        "a script without a training step: nothing to migrate; the file is left unchanged",
+        "DDP synchronises gradients; a script that never calls `.backward()` or `optimizer.step()` gains nothing from "
+        "it, and DataParallel there only splits batches over the GPUs of one process.",
+        "Keep DataParallel, or run one process per GPU on a shard of the data by hand.",
+        "No fix: the file is left byte-for-byte as it was.",
+        "model = nn.DataParallel(model)\nwith torch.no_grad():\n    preds = model(x)\n",
+    ),
+    _c(
+        "DDP116", "library-module", "error",
+        "a library module: the process group belongs to the script that runs; the file is left unchanged",
+        "A module with no entry point (no `__main__` guard, no module-level code that runs) is imported by scripts; "
+        "setting up a process group at import would surprise every caller.",
+        "Migrate the entry script; here, build `DistributedDataParallel` only when `torch.distributed.is_initialized()`.",
+        "No fix: the file is left byte-for-byte as it was.",
+        "def build(model):\n    return nn.DataParallel(model).cuda()\n",
+    ),
+    _c(
         "DDP120", "process-group-set-up", "info",
         "the process group is set up from torchrun's environment and destroyed at exit",
         "DDP needs a process group; the script must still run as plain `python` (a world of one).",

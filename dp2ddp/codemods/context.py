@@ -128,7 +128,18 @@ class Context:
         return self.bridge.cst(node)
 
     def rank0(self) -> str:
-        return f"{self.name('dist')}.get_rank() == 0"
+        """A test that holds on rank 0 only (and, in a script with its own distributed path,
+        also when that path is off: no process group)."""
+        dist = self.name("dist")
+        if self.mode == "mixed":
+            return f"not {dist}.is_initialized() or {dist}.get_rank() == 0"
+        return f"{dist}.get_rank() == 0"
+
+    def not_rank0(self) -> str:
+        dist = self.name("dist")
+        if self.mode == "mixed":
+            return f"{dist}.is_initialized() and {dist}.get_rank() != 0"
+        return f"{dist}.get_rank() != 0"
 
     def ddp_call(self, module_text: str, find_unused: bool = False) -> str:
         torch = self.name("torch")
@@ -147,40 +158,48 @@ class Context:
 
     @cached_property
     def setup_site(self) -> Tuple[str, Optional[ast.AST], Optional[ast.stmt]]:
-        """Where the process-group set-up goes: ``("function", main_def, call_stmt)`` when the
-        main guard calls a function of this module that does the work, ``("guard", guard,
-        None)`` when the work starts in the guard body, else ``("module", None, None)``."""
+        """Where the process-group set-up goes: ``("guard", guard, None)``, the top of the
+        ``__main__`` guard, when all the work starts from there; else ``("module", None,
+        None)``, right after the imports. Either way it runs before anything the script
+        does, so every ``dist.get_rank()`` the migration adds runs after it."""
         m = self.m
         guard = m.main_guard
-        work = self.work_nodes()
-        module_level = [n for n in work if m.enclosing_function(n) is None and (guard is None or not m.contains(guard, n))]
-        if guard is None or module_level:
+        if guard is None:
             return ("module", None, None)
-        work_funcs = {m.enclosing_function(n) for n in work} - {None}
-        for stmt in guard.body:
-            value = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
-            if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
-                continue
-            func = m.module_functions.get(value.func.id)
-            if func is None or m.resolve_call(value) is not func:
-                continue
-            if work_funcs & m.reach(func) or func.name in ("main", "run", "train", "cli"):  # type: ignore[attr-defined]
-                if any(m.contains(guard, n) for n in work):
-                    return ("guard", guard, None)
-                return ("function", func, stmt)
+        pre = self.pre_setup_functions
+        work = self.work_nodes()
+        for n in work:
+            f = m.enclosing_function(n)
+            if (f is None and not m.contains(guard, n)) or (f is not None and f in pre):
+                return ("module", None, None)
         return ("guard", guard, None)
+
+    @cached_property
+    def pre_setup_functions(self) -> set:
+        """Functions of the module that module-level code outside the main guard calls
+        (at import): they may run before the set-up."""
+        m = self.m
+        guard = m.main_guard
+        out: set = set()
+        for stmt in m.tree.body:
+            if stmt is guard or isinstance(stmt, FUNCTIONS + (ast.ClassDef,)):
+                continue
+            for call in ast.walk(stmt):
+                if isinstance(call, ast.Call):
+                    t = m.resolve_call(call)
+                    if t is not None:
+                        out |= m.reach(t)
+        return out
 
     def in_setup_region(self, node: ast.AST) -> bool:
         """Code at ``node`` runs after the process group is initialised."""
         kind, where, _ = self.setup_site
         m = self.m
         func = m.enclosing_function(node)
-        if kind == "function":
-            return func is not None
-        if kind == "guard":
-            return func is not None or m.contains(where, node)  # type: ignore[arg-type]
         if func is not None:
-            return True
+            return kind == "module" or func not in self.pre_setup_functions
+        if kind == "guard":
+            return m.contains(where, node)  # type: ignore[arg-type]
         top = m.top_statement(node)
         end = m.top_import_end
         if top is None:

@@ -21,6 +21,36 @@ from dp2ddp.model.names import CUDA_SET_DEVICE
 _CUDA_INDEX = re.compile(r"^cuda:(\d+)$")
 
 
+_GPU_LIST = re.compile(r"gpu_?ids|gpus|device_ids|devices|gpu_list", re.IGNORECASE)
+
+
+def _first_gpu(m, node: ast.AST) -> bool:
+    """``gpu_ids[0]``, ``opt.gpu_ids[0]``, ``args.gpus[0]``: the first GPU of a list the script
+    was given (DataParallel's device 0)."""
+    if not isinstance(node, ast.Subscript) or not (isinstance(node.slice, ast.Constant) and node.slice.value == 0):
+        return False
+    v = node.value
+    name = v.id if isinstance(v, ast.Name) else v.attr if isinstance(v, ast.Attribute) else ""
+    return bool(_GPU_LIST.fullmatch(name))
+
+
+def _first_gpu_use(ctx: Context, call: ast.Call) -> Finding:
+    m = ctx.m
+    arg = call.args[0]
+    if m.is_name(call.func, CUDA_SET_DEVICE):
+        stmt = m.statement_of(call)
+        if isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt):
+            return ctx.note(call, "DDP134", f"torch.cuda.set_device({m.source(arg)}) removed: the set-up selects the local rank's GPU",
+                            [Remove(ctx.bridge.statement(stmt))])
+        return ctx.warn(call, "DDP109", f"set_device({m.source(arg)}): under DDP each rank uses its own GPU")
+    if call.func.attr == "cuda":  # type: ignore[attr-defined]
+        return ctx.note(call, "DDP134", f".cuda({m.source(arg)}) -> .cuda(): this rank's GPU",
+                        [Replace(ctx.cst(call), lambda u: u.with_changes(args=[]))])
+    torch = ctx.name("torch")
+    return ctx.note(call, "DDP134", f".to({m.source(arg)}) -> .to(torch.cuda.current_device()): this rank's GPU",
+                    [Replace(ctx.cst(arg), ctx.expr("{t}.cuda.current_device()", t=torch))])
+
+
 def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "plain":
         return []
@@ -72,6 +102,10 @@ def propose(ctx: Context) -> List[Finding]:
                     stmt = owner  # `if torch.cuda.is_available(): set_device(0)` goes as a whole
                 out.append(ctx.note(call, "DDP134", "torch.cuda.set_device(<fixed index>) removed: the set-up selects the local rank's GPU",
                                     [Remove(ctx.bridge.statement(stmt))]))
+        elif call.args and _first_gpu(m, call.args[0]) and (
+            (isinstance(fn, ast.Attribute) and fn.attr in ("to", "cuda")) or m.is_name(fn, CUDA_SET_DEVICE)
+        ):
+            out.append(_first_gpu_use(ctx, call))
         elif (
             isinstance(fn, ast.Attribute)
             and fn.attr in ("to", "cuda")
@@ -81,6 +115,20 @@ def propose(ctx: Context) -> List[Finding]:
         ):
             out.append(ctx.warn(call, "DDP109", f"placed on a fixed device ({m.source(call.args[0])}): under DDP each rank must use its own GPU "
                                 "(torch.cuda.current_device() after the set-up)"))
+    for call in m.nodes(ast.Call):
+        # 'cuda:{}'.format(gpu_ids[0]) -> "cuda"
+        f = call.func
+        if (
+            isinstance(f, ast.Attribute)
+            and f.attr == "format"
+            and isinstance(f.value, ast.Constant)
+            and f.value.value == "cuda:{}"
+            and len(call.args) == 1
+            and not call.keywords
+            and _first_gpu(m, call.args[0])
+        ):
+            out.append(ctx.note(call, "DDP134", f"{m.source(call)} -> \"cuda\": this rank's GPU (the set-up selects it)",
+                                [Replace(ctx.cst(call), ctx.expr('"cuda"'))]))
     for sub in m.nodes(ast.Subscript):
         key = sub.slice
         if m.is_name(sub.value, {"os.environ"}) and isinstance(key, ast.Constant) and key.value == "CUDA_VISIBLE_DEVICES":

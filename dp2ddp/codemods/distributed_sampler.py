@@ -25,7 +25,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertBefore, Replace
 from dp2ddp.model.core import COMPREHENSIONS, SemanticModel
-from dp2ddp.model.loaders import Loader, loaders
+from dp2ddp.model.loaders import Loader, distributed_sampler, loaders
 from dp2ddp.model.names import DISTRIBUTED_SAMPLER, RANDOM_SAMPLER
 
 _HOISTABLE_OWNERS = (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)
@@ -48,7 +48,7 @@ def propose(ctx: Context) -> List[Finding]:
     for loader in loaders(m):
         call = loader.call
         label = loader.label or "DataLoader"
-        if loader.sampler_value is not None and m.call_is(loader.sampler_value, DISTRIBUTED_SAMPLER):
+        if distributed_sampler(m, loader.sampler_value):
             shared.append(loader)  # already sharded (a script's own distributed path)
             continue
         if loader.problem is not None:
@@ -72,6 +72,12 @@ def propose(ctx: Context) -> List[Finding]:
             edits.extend(hoisted[0])
             dataset_text = hoisted[1]
         S = ctx.name("DistributedSampler")
+        if loader.kwargs is not None and loader.kwargs_keys & {"shuffle", "batch_size"}:
+            f = _through_kwargs(ctx, loader, dataset_text, edits)
+            out.append(f)
+            if f.severity == "info":
+                shared.append(loader)
+            continue
         random_sampler = loader.sampler_value if loader.sampler is not None and m.call_is(loader.sampler_value, RANDOM_SAMPLER) else None
         if random_sampler is not None:
             rs = random_sampler
@@ -109,6 +115,36 @@ def propose(ctx: Context) -> List[Finding]:
         )
         out.append(ctx.note(call, "DDP130", f"{label} gets a DistributedSampler; {what}", edits))
     return out
+
+
+def _through_kwargs(ctx: Context, loader: Loader, dataset_text: str, edits: list) -> Finding:
+    """``DataLoader(ds, **train_kwargs)`` whose dict may hold ``shuffle``/``batch_size``
+    (pytorch/examples mnist): a copy of the dict with the sampler, ``shuffle=False`` and
+    the per-process batch size, named before the loader."""
+    m = ctx.m
+    call = loader.call
+    stmt = m.statement_of(call)
+    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not isinstance(stmt, (ast.Assign, ast.Expr, ast.Return)):
+        return ctx.warn(call, "DDP105", f"{loader.label or 'DataLoader'} takes shuffle/batch_size from a **kwargs dict in a statement dp2ddp cannot extend: shard it by hand" + _SAME_DATA)
+    d = m.source(loader.kwargs)
+    keys = loader.kwargs_keys
+    shuffle = m.source(loader.shuffle.value) if loader.shuffle is not None else (f'{d}.get("shuffle", False)' if "shuffle" in keys else "False")
+    parts = [f"shuffle=False", f"sampler={ctx.name('DistributedSampler')}({dataset_text}, shuffle={shuffle})"]
+    if "batch_size" in keys and loader.batch_size is None and not ctx.options.keep_batch_size:
+        parts.append(f'batch_size={d}.get("batch_size", 1) // {ctx.name("dist")}.get_world_size()')
+    elif loader.batch_size is not None and not ctx.options.keep_batch_size:
+        edits.append(_divide_batch(ctx, loader.batch_size))
+    if loader.shuffle is not None:
+        edits.append(Replace(ctx.cst(call), lambda u: u.with_changes(args=[a for a in u.args if not (a.keyword is not None and a.keyword.value == "shuffle")])))
+    base = f"{loader.target.id}_kwargs" if isinstance(loader.target, ast.Name) else "loader_kwargs"
+    name = ctx.fresh_name(base)
+    line = ctx.bridge.statement(stmt)
+    new = ctx.stmt("{n} = dict({d}, {p})", n=name, d=d, p=", ".join(parts)).with_changes(leading_lines=getattr(line, "leading_lines", ()))
+    edits.append(InsertBefore(line, (new,)))
+    edits.append(Replace(line, lambda u: u.with_changes(leading_lines=())))
+    edits.append(Replace(ctx.cst(loader.kwargs), cst.Name(name)))
+    return ctx.note(call, "DDP130", f"{loader.label or 'DataLoader'} gets a DistributedSampler through a copy of its **kwargs dict; "
+                    "global batch kept: batch_size per process = batch_size // world size", edits)
 
 
 def _plain(expr: Optional[ast.AST]) -> bool:

@@ -1,22 +1,548 @@
-"""Scripts that already have a distributed path beside a DataParallel fallback."""
+"""Scripts that already have a distributed path beside a DataParallel fallback.
+
+HF examples of the ``n_gpu`` era (``--local_rank``), pytorch/examples imagenet
+(``--multiprocessing-distributed``, ``mp.spawn``, ``--dist-url``), yolov5
+(``LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))``) and their many descendants already
+know DDP. Their migration completes that path for torchrun instead of adding a second
+one:
+
+* the DataParallel fallback (and evaluation re-wraps) is removed (:mod:`wrap_ddp`);
+* the path is switched on by torchrun's environment: ``--local_rank`` defaults to
+  ``LOCAL_RANK``; arguments that feed ``init_process_group`` (``args.dist_url``,
+  ``args.world_size``, ``args.rank``) are set from the environment right after the
+  arguments are parsed, and so is a flag that would spawn processes; a spawned worker
+  is called directly when torchrun already started this process;
+* it runs on CPU like every migrated script: ``nccl`` becomes ``nccl`` with CUDA and
+  ``gloo`` otherwise, ``set_device`` and ``device_ids`` only with CUDA;
+* after the script's own wrap, a model that no path wrapped (a CPU branch) is wrapped;
+* the process group is destroyed at exit.
+
+Where the path depends on something dp2ddp cannot set (a rank computed from the
+script's own arithmetic, an initialisation in another module) the file is refused with
+the reason (DDP104).
+"""
 
 from __future__ import annotations
 
 import ast
-from typing import List
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding
-from dp2ddp.model.names import DDP, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.engine import Finding, InsertAfter, Replace
+from dp2ddp.model.collectives import assigned_keys
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, kwarg
+from dp2ddp.model.names import CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.model.ranks import RANK_WORD
+
+_INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
+_ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}
+_LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+
+
+@dataclass
+class MixedPlan:
+    adapter: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)  # namespace -> [(attr, value template)]
+    namespace_stmt: Dict[str, ast.stmt] = field(default_factory=dict)  # namespace -> its `ns = parser.parse_args()`
+    edits_nodes: list = field(default_factory=list)
+    overrides: list = field(default_factory=list)  # (assignment, init argument): computed by the script, env under torchrun
+    predicates: list = field(default_factory=list)  # (test, branch) that switch the distributed path on
+
+
+def _env_read(m: SemanticModel, expr: ast.AST) -> bool:
+    for n in ast.walk(expr):
+        if isinstance(n, (ast.Attribute, ast.Name)) and m.is_name(n, {"os.environ", "os.getenv", "os.environ.get"}):
+            return True
+    return False
+
+
+def _arg(call: ast.Call, name: str) -> Optional[ast.AST]:
+    i = _INIT_PARAMS.index(name)
+    if i < len(call.args):
+        return call.args[i]
+    k = kwarg(call, name)
+    return k.value if k is not None else None
+
+
+def _namespace(m: SemanticModel, expr: ast.AST) -> Optional[Tuple[str, str]]:
+    """``args.world_size`` where ``args`` holds ``parser.parse_args()``: ``("args", "world_size")``."""
+    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
+        return None
+    return expr.value.id, expr.attr
+
+
+def _parse_args_stmt(m: SemanticModel, name: str) -> Optional[ast.stmt]:
+    """The statement ``name = <parser>.parse_args(...)`` (or ``parse_known_args()[0]``) of the script."""
+    found = []
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if isinstance(f, ast.Attribute) and f.attr in ("parse_args", "parse_known_args"):
+            stmt = m.statement_of(call)
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                t = stmt.targets[0]
+                if isinstance(t, ast.Name) and t.id == name:
+                    found.append(stmt)
+                elif isinstance(t, ast.Tuple) and t.elts and isinstance(t.elts[0], ast.Name) and t.elts[0].id == name:
+                    found.append(stmt)
+    return found[0] if len(found) == 1 else None
 
 
 def detect_mode(ctx: Context) -> List[Finding]:
+    """Decide plain or mixed; in mixed mode, check that the distributed path can be completed."""
     m = ctx.m
-    for ref in m.refs(DDP | INIT | SPAWN | LAUNCH_MODULES):
-        names = sorted(m.qualified_names(ref) & (DDP | INIT | SPAWN | LAUNCH_MODULES))
-        return [ctx.block(ref, "DDP104", f"script already uses {names[0]}; a mixed DataParallel/distributed script is left for a human to migrate")]
-    return []
+    inits = m.calls(INIT)
+    spawns = m.calls(SPAWN)
+    ddps = m.calls(DDP)
+    launch = m.refs(LAUNCH_MODULES)
+    local_rank_args = _local_rank_args(m)
+    if not (inits or spawns or launch):
+        # DistributedDataParallel alone (a branch for a launcher this file does not set up):
+        # a DataParallel script; its own DDP branch stays as it is
+        return []
+    ctx.mode = "mixed"
+    out: List[Finding] = []
+    if launch:
+        return [ctx.block(launch[0], "DDP104", "the script starts torch.distributed.launch itself; run it under torchrun and migrate it by hand")]
+    if not inits:
+        where = spawns[0]
+        return [
+            ctx.block(
+                where,
+                "DDP104",
+                "the script builds its distributed path but initialises the process group outside this file; "
+                "dp2ddp cannot check that it reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK)",
+            )
+        ]
+    plan = MixedPlan()
+    spawn_targets = {}
+    for sp in spawns:
+        fn = sp.args[0] if sp.args else (kwarg(sp, "fn").value if kwarg(sp, "fn") else None)
+        target = m.module_functions.get(fn.id) if isinstance(fn, ast.Name) else None
+        if target is None:
+            return [ctx.block(sp, "DDP104", "mp.spawn of a function dp2ddp cannot find in this file; migrate the launch by hand")]
+        spawn_targets[target] = sp
+    for init in inits:
+        func = m.enclosing_function(init)
+        for name in ("init_method", "world_size", "rank"):
+            value = _arg(init, name)
+            if value is None or _env_read(m, value):
+                continue
+            if isinstance(value, ast.Constant):
+                if name == "init_method" and value.value == "env://":
+                    continue
+                if name == "init_method" and isinstance(value.value, str):
+                    plan.edits_nodes.append(("literal_init_method", value))
+                    continue
+                return [ctx.block(value, "DDP104", f"init_process_group({name}={m.source(value)}) is fixed in the script; under torchrun it must come from the environment")]
+            ns = _namespace(m, value)
+            if ns is not None and _parse_args_stmt(m, ns[0]) is not None:
+                plan.adapter.setdefault(ns[0], []).append((ns[1], _ENV[name]))
+                plan.namespace_stmt[ns[0]] = _parse_args_stmt(m, ns[0])  # type: ignore[assignment]
+                continue
+            if isinstance(value, ast.Name) and func is not None and value.id in m.params(func) and func in spawn_targets:
+                continue  # a parameter the spawned worker receives: see the spawn rewrite
+            if isinstance(value, ast.Name):
+                where, bindings = m.lookup(value.id, m.scope_of(value))
+                assigns = [b.node for b in bindings if b.kind == "assign" and isinstance(b.node, ast.Assign) and len(b.node.targets) == 1]
+                if where is not None and assigns and len(assigns) == len(bindings):
+                    plan.overrides.extend((a, name) for a in assigns)
+                    continue
+            return [
+                ctx.block(
+                    value,
+                    "DDP104",
+                    f"init_process_group({name}={m.source(value)}): the script computes the {name.replace('_', ' ')} itself; "
+                    f"under torchrun it must be {_ENV[name].format(os='os')} — set it by hand, then remove the DataParallel fallback",
+                )
+            ]
+        backend = _arg(init, "backend")
+        if backend is not None:
+            ns = _namespace(m, backend)
+            if ns is not None and _parse_args_stmt(m, ns[0]) is not None:
+                plan.adapter.setdefault(ns[0], []).append((ns[1], "backend"))
+                plan.namespace_stmt[ns[0]] = _parse_args_stmt(m, ns[0])  # type: ignore[assignment]
+    # a flag that decides whether the script spawns its own processes
+    for target, sp in spawn_targets.items():
+        flags = [c for c in _conditions(m, sp) if _namespace(m, c) is not None]
+        if flags:
+            ns = _namespace(m, flags[0])
+            if _parse_args_stmt(m, ns[0]) is not None:  # type: ignore[index]
+                plan.adapter.setdefault(ns[0], []).append((ns[1], "False"))  # type: ignore[index]
+                plan.namespace_stmt[ns[0]] = _parse_args_stmt(m, ns[0])  # type: ignore[index,assignment]
+                continue
+        if not (isinstance(m.parent(sp), ast.Expr) and ctx.bridge.alone_on_line(m.parent(sp))):
+            return [ctx.block(sp, "DDP104", "mp.spawn in a form dp2ddp cannot redirect to torchrun; migrate the launch by hand")]
+    # attribute stores of the adapted arguments after parsing: they get the env value too
+    for ns, items in plan.adapter.items():
+        attrs = {a for a, v in items if v not in ("backend", "False")}
+        for a in m.nodes(ast.Assign):
+            if len(a.targets) == 1 and _namespace(m, a.targets[0]) in {(ns, x) for x in attrs}:
+                name = next(n for x, v in items for n, t in _ENV.items() if t == v and x == a.targets[0].attr)
+                plan.overrides.append((a, name))
+    derived = _env_derived(m, plan, local_rank_args)
+    for init in inits:
+        for test, branch in _branches(m, init):
+            spell = _spellings(m, test)
+            if spell & derived:
+                continue
+            if any(isinstance(n, ast.Call) for n in ast.walk(test)):
+                return [ctx.block(test, "DDP104", f"the distributed path is switched on by `{m.source(test)}`, which torchrun's environment does not decide; switch it on from RANK/WORLD_SIZE by hand")]
+            plan.predicates.append((test, branch))
+    if not (plan.adapter or local_rank_args or spawn_targets or any(_env_read(m, n) for n in _rank_sources(m))):
+        out.append(
+            ctx.block(
+                inits[0],
+                "DDP104",
+                "dp2ddp cannot tell what switches this script's distributed path on (no --local_rank argument, no "
+                "RANK/LOCAL_RANK/WORLD_SIZE read, no init_process_group argument it can set)",
+            )
+        )
+    ctx.cache["mixed"] = plan
+    ctx.cache["spawn_targets"] = spawn_targets
+    return out
+
+
+def _branches(m: SemanticModel, node: ast.AST):
+    """``(test, "body"|"orelse")`` of the ifs around ``node`` in its function."""
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef)):
+            return
+        if isinstance(a, ast.If) and child is not a.test:
+            yield a.test, "body" if any(child is s for s in a.body) else "orelse"
+        child = a
+
+
+def _spellings(m: SemanticModel, expr: ast.AST) -> set:
+    return {m.source(n) for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def _env_derived(m: SemanticModel, plan: "MixedPlan", local_rank_args) -> set:
+    """Spellings whose value torchrun's environment decides: ``--local_rank`` arguments,
+    the adapted arguments, names assigned from environment reads, and (to a fixpoint)
+    names assigned from those."""
+    out = set()
+    for call in local_rank_args:
+        dest = kwarg(call, "dest")
+        names = [dest.value.value] if dest is not None and isinstance(dest.value, ast.Constant) else ["local_rank"]
+        out.update(f"{ns}.{n}" for ns in _namespaces(m) for n in names)
+    for ns, items in plan.adapter.items():
+        out.update(f"{ns}.{a}" for a, _ in items)
+    changed = True
+    while changed:
+        changed = False
+        for a in m.nodes(ast.Assign):
+            if len(a.targets) != 1 or not isinstance(a.targets[0], (ast.Name, ast.Attribute)):
+                continue
+            t = m.source(a.targets[0])
+            if t in out:
+                continue
+            if _env_read(m, a.value) or _spellings(m, a.value) & out:
+                out.add(t)
+                changed = True
+    return out
+
+
+def _namespaces(m: SemanticModel) -> set:
+    out = set()
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if isinstance(f, ast.Attribute) and f.attr in ("parse_args", "parse_known_args"):
+            stmt = m.statement_of(call)
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                t = stmt.targets[0]
+                if isinstance(t, ast.Tuple) and t.elts:
+                    t = t.elts[0]
+                if isinstance(t, ast.Name):
+                    out.add(t.id)
+    return out or {"args"}
+
+
+def _rank_sources(m: SemanticModel) -> List[ast.AST]:
+    return [n for n in m.nodes(ast.Subscript, ast.Call) if _env_read(m, n) and "RANK" in m.source(n).upper()]
+
+
+def _conditions(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
+    out = []
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, FUNCTIONS + (ast.Module,)):
+            break
+        if isinstance(a, ast.If) and child is not a.test and any(child is s for s in a.body):
+            out.append(a.test)
+        child = a
+    return out
+
+
+def _local_rank_args(m: SemanticModel) -> List[ast.Call]:
+    out = []
+    for call in m.nodes(ast.Call):
+        if isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument":
+            flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if any(f in _LOCAL_RANK_FLAGS for f in flags):
+                out.append(call)
+    return out
+
+
+# --------------------------------------------------------------------------- the edits
 
 
 def propose(ctx: Context) -> List[Finding]:
-    return []
+    if ctx.mode != "mixed":
+        return []
+    m = ctx.m
+    plan: MixedPlan = ctx.cache["mixed"]  # type: ignore[assignment]
+    out: List[Finding] = []
+    os_ = ctx.name("os")
+    torch = ctx.name("torch")
+    cuda = f"{torch}.cuda.is_available()"
+    # --local_rank defaults to torchrun's LOCAL_RANK
+    for call in _local_rank_args(m):
+        default = kwarg(call, "default")
+        if default is not None:
+            if _env_read(m, default.value):
+                continue
+            new = ctx.expr('int({os}.environ.get("LOCAL_RANK", {d}))', os=os_, d=default.value)
+            out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK", [Replace(ctx.cst(default.value), new)]))
+        else:
+            from dp2ddp.codemods.rank_writers import _add_kwarg
+
+            out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK",
+                                [Replace(ctx.cst(call), lambda u: _add_kwarg(u, "default", f'int({os_}.environ.get("LOCAL_RANK", -1))'))]))
+    # arguments set from torchrun's environment right after parsing
+    for ns, items in plan.adapter.items():
+        stmt = plan.namespace_stmt[ns]
+        lines = [f'if "LOCAL_RANK" in {os_}.environ:  # dp2ddp: started by torchrun: rank and world size come from it']
+        seen = set()
+        for attr, value in items:
+            if attr in seen:
+                continue
+            seen.add(attr)
+            if value == "backend":
+                lines.append(f'    {ns}.{attr} = "nccl" if {cuda} else "gloo"')
+            else:
+                lines.append(f"    {ns}.{attr} = {value.format(os=os_)}")
+        lines.append(f"    if {cuda}:")
+        lines.append(f'        {torch}.cuda.set_device(int({os_}.environ["LOCAL_RANK"]))')
+        block = ctx.stmt("\n".join(lines) + "\n")
+        out.append(ctx.note(stmt, "DDP121", f"{ns}: rank, world size and init method come from torchrun's environment", [InsertAfter(ctx.bridge.statement(stmt), (block,))]))
+    # literal init methods
+    for kind, node in plan.edits_nodes:
+        if kind == "literal_init_method":
+            out.append(ctx.note(node, "DDP121", "init_method is env:// under torchrun",
+                                [Replace(ctx.cst(node), ctx.expr('"env://" if "LOCAL_RANK" in {os}.environ else {v}', os=os_, v=node))]))
+    for init in m.calls(INIT):
+        out.extend(_init_call(ctx, init, cuda))
+    for call in m.calls(CUDA_SET_DEVICE):
+        f = _guard_set_device(ctx, call, cuda)
+        if f is not None:
+            out.append(f)
+    ensured = set()
+    for call in m.calls(DDP):
+        f = _ddp_devices(ctx, call, cuda)
+        if f is not None:
+            out.append(f)
+        f = _ensure_wrapped(ctx, call, ensured)
+        if f is not None:
+            out.append(f)
+    for target, sp in ctx.cache.get("spawn_targets", {}).items():  # type: ignore[union-attr]
+        f = _spawn(ctx, target, sp)
+        if f is not None:
+            out.append(f)
+    for assign, name in plan.overrides:
+        env = _ENV[name].format(os=os_)
+        value = assign.value
+        text = m.source(value)
+        if not isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)):
+            text = f"({text})"
+        out.append(ctx.note(assign, "DDP121", f"{m.source(assign.targets[0])}: torchrun's {name.replace('_', ' ')} when it started this process",
+                            [Replace(ctx.cst(value), ctx.expr('{e} if "LOCAL_RANK" in {os}.environ else {v}', e=env, os=os_, v=text))]))
+    dumps = {}
+    for test, branch in plan.predicates:
+        dumps[ast.dump(test)] = branch
+    for node in m.nodes(*{type(t) for t, _ in plan.predicates}) if plan.predicates else []:
+        branch = dumps.get(ast.dump(node))
+        if branch is None:
+            continue
+        parent = m.parent(node)
+        if not (isinstance(parent, (ast.If, ast.IfExp, ast.While)) and parent.test is node):
+            continue
+        if branch == "body":
+            new = ctx.expr('{t} or "LOCAL_RANK" in {os}.environ', t=_paren(m, node), os=os_)
+        else:
+            new = ctx.expr('{t} and "LOCAL_RANK" not in {os}.environ', t=_paren(m, node), os=os_)
+        out.append(ctx.note(node, "DDP121", f"`{m.source(node)}` switches the distributed path on; under torchrun it is on", [Replace(ctx.cst(node), new)]))
+    for call in m.calls({"torch.device"}):
+        f = _cuda_device(ctx, call, cuda)
+        if f is not None:
+            out.append(f)
+    for sub in m.nodes(ast.Assign):
+        f = _master_env(ctx, sub)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _init_call(ctx: Context, init: ast.Call, cuda: str) -> List[Finding]:
+    m = ctx.m
+    out = []
+    backend = _arg(init, "backend")
+    if isinstance(backend, ast.Constant) and backend.value == "nccl":
+        out.append(ctx.note(backend, "DDP121", "backend nccl with CUDA, gloo on CPU", [Replace(ctx.cst(backend), ctx.expr('"nccl" if {c} else "gloo"', c=cuda))]))
+    stmt = m.statement_of(init)
+    if not m.calls(DESTROY) and isinstance(stmt, ast.Expr) and ctx.bridge.alone_on_line(stmt):
+        atexit = ctx.name("atexit")
+        dist = ctx.name("dist")
+        out.append(ctx.note(init, "DDP121", "the process group is destroyed at exit",
+                            [InsertAfter(ctx.bridge.statement(stmt), (ctx.stmt("{a}.register({d}.destroy_process_group)", a=atexit, d=dist),))]))
+    return out
+
+
+def _guard_set_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
+    m = ctx.m
+    stmt = m.statement_of(call)
+    if not (isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt)):
+        return None
+    for a in m.ancestors(stmt):
+        if isinstance(a, ast.If) and any(m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(a.test) if isinstance(n, (ast.Name, ast.Attribute))):
+            return None
+        if isinstance(a, FUNCTIONS):
+            break
+    node = ctx.bridge.statement(stmt)
+
+    def wrap(u, c=cuda):
+        inner = u.with_changes(leading_lines=())
+        guard = cst.parse_statement(f"if {c}:\n    pass\n")
+        return guard.with_changes(body=guard.body.with_changes(body=[inner]), leading_lines=u.leading_lines)
+
+    return ctx.note(call, "DDP121", "torch.cuda.set_device only with CUDA", [Replace(node, wrap)])
+
+
+def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
+    m = ctx.m
+    edits = []
+    for name in ("device_ids", "output_device"):
+        k = kwarg(call, name)
+        if k is None or (isinstance(k.value, ast.Constant) and k.value.value is None):
+            continue
+        if any(m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(k.value) if isinstance(n, (ast.Name, ast.Attribute))):
+            continue
+        edits.append(Replace(ctx.cst(k.value), ctx.expr("{v} if {c} else None", v=_paren(m, k.value), c=cuda)))
+    if not edits:
+        return None
+    return ctx.note(call, "DDP121", "device_ids only with CUDA (CPU ranks pass None)", edits)
+
+
+def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> Optional[Finding]:
+    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did."""
+    m = ctx.m
+    stmt = m.statement_of(call)
+    keys = assigned_keys(m, call)
+    parent = m.parent(call)
+    if not keys or not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
+        return None
+    target = m.source(parent.targets[0])
+    top = None
+    for a in m.ancestors(stmt):
+        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef, ast.For, ast.While, ast.With, ast.Try)):
+            break
+        if isinstance(a, ast.If):
+            top = a
+    if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
+        return None
+    ensured.add((id(top), target))
+    dist = ctx.name("dist")
+    new = ctx.stmt(
+        "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
+        dist=dist, t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
+    )
+    return ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
+                    [InsertAfter(ctx.bridge.statement(top), (new,))])
+
+
+def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
+    m = ctx.m
+    plan: MixedPlan = ctx.cache["mixed"]  # type: ignore[assignment]
+    conds = _conditions(m, sp)
+    if any(_namespace(m, c) is not None and _namespace(m, c)[1] in {a for items in plan.adapter.values() for a, v in items if v == "False"} for c in conds):
+        return None  # the spawning flag is switched off under torchrun
+    stmt = m.parent(sp)
+    os_ = ctx.name("os")
+    args_kw = kwarg(sp, "args")
+    args = args_kw.value if args_kw is not None else (sp.args[1] if len(sp.args) > 1 else None)
+    params = m.params(target)
+    call_args = [f'int({os_}.environ["LOCAL_RANK"])']
+    if args is not None:
+        if not isinstance(args, ast.Tuple):
+            call_args.append("*" + m.source(args))
+        else:
+            for i, el in enumerate(args.elts):
+                pname = params[i + 1] if i + 1 < len(params) else None
+                if pname is not None and "world" in pname.lower():
+                    call_args.append(f'int({os_}.environ["WORLD_SIZE"])')
+                else:
+                    call_args.append(m.source(el))
+    text = (
+        f'if "LOCAL_RANK" in {os_}.environ:  # dp2ddp: torchrun started this process: run the worker here\n'
+        f"    {target.name}({', '.join(call_args)})\n"  # type: ignore[attr-defined]
+        f"else:\n    pass\n"
+    )
+    new = ctx.stmt(text)
+    node = ctx.bridge.statement(stmt)
+
+    def wrap(u, new=new):
+        inner = u.with_changes(leading_lines=())
+        orelse = new.orelse.with_changes(body=new.orelse.body.with_changes(body=[inner]))
+        return new.with_changes(orelse=orelse, leading_lines=u.leading_lines)
+
+    return ctx.note(sp, "DDP121", f"under torchrun, {target.name}() runs in this process instead of mp.spawn", [Replace(node, wrap)])  # type: ignore[attr-defined]
+
+
+def _cuda_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
+    """``torch.device("cuda", local_rank)`` in the distributed path: the CPU when there is no
+    CUDA (a gloo run on CPU)."""
+    m = ctx.m
+    first = call.args[0] if call.args else None
+    text = m.source(first) if first is not None else ""
+    if any(isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, CUDA_AVAILABLE) for a in call.args for n in ast.walk(a)):
+        return None
+    if not (len(call.args) == 2 and isinstance(first, ast.Constant) and first.value == "cuda") and not (
+        first is not None and not isinstance(first, ast.Constant) and ("'cuda:" in text or '"cuda:' in text)
+    ):
+        return None
+    for a in m.ancestors(call):
+        if isinstance(a, (ast.If, ast.IfExp)) and any(
+            isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(a.test)
+        ):
+            return None
+        if isinstance(a, ast.stmt):
+            break
+    torch = ctx.name("torch")
+    return ctx.note(call, "DDP121", "the rank's CUDA device, or the CPU without CUDA",
+                    [Replace(ctx.cst(call), ctx.expr('{c} if {cuda} else {t}.device("cpu")', c=call, cuda=cuda, t=torch))])
+
+
+def _master_env(ctx: Context, assign: ast.Assign) -> Optional[Finding]:
+    """``os.environ["MASTER_PORT"] = "8000"`` -> ``os.environ.setdefault(...)``: torchrun's wins."""
+    m = ctx.m
+    if len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Subscript):
+        return None
+    t = assign.targets[0]
+    if not m.is_name(t.value, {"os.environ"}) or not isinstance(t.slice, ast.Constant) or t.slice.value not in ("MASTER_ADDR", "MASTER_PORT"):
+        return None
+    if not ctx.bridge.alone_on_line(assign):
+        return None
+    new = ctx.stmt("{e}.setdefault({k}, {v})", e=t.value, k=t.slice, v=assign.value)
+    return ctx.note(assign, "DDP121", f"{t.slice.value} keeps torchrun's value", [Replace(ctx.bridge.statement(assign), lambda u, n=new: n.with_changes(leading_lines=u.leading_lines))])
+
+
+def _paren(m: SemanticModel, node: ast.AST) -> str:
+    text = m.source(node)
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Compare)):
+        return text
+    return f"({text})"
+
+
+__all__ = ["detect_mode", "propose", "RANK_WORD"]

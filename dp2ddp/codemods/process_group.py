@@ -1,9 +1,8 @@
 """Process-group lifecycle: initialise once, destroy at the end (also on errors).
 
-* A script whose main guard calls ``main()`` gets the set-up at the top of ``main()`` and
-  ``try: main() finally: destroy_process_group()`` in the guard.
-* Otherwise the set-up goes after the imports (or at the top of the guard body) and
-  ``atexit`` destroys the group.
+* A script with a ``__main__`` guard gets the set-up at the top of the guard, before
+  anything the script does (option parsing included); one without, or one that does
+  work at import, right after the imports. ``atexit`` destroys the group.
 
 The set-up reads ``LOCAL_RANK`` (device), picks ``nccl`` when CUDA is available and
 ``gloo`` otherwise, and falls back to an in-process store when the script is run with
@@ -18,7 +17,7 @@ from typing import List
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.engine import Finding, InsertAfter, InsertBefore
 from dp2ddp.model.core import is_docstring
 
 
@@ -26,7 +25,7 @@ def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "plain":
         return []
     m = ctx.m
-    kind, where, call_stmt = ctx.setup_site
+    kind, where, _ = ctx.setup_site
     values = dict(
         os=ctx.name("os"),
         torch=ctx.name("torch"),
@@ -36,43 +35,25 @@ def propose(ctx: Context) -> List[Finding]:
     )
     setup = ctx.render("setup_process_group.py.tmpl", **values)
     edits = []
-    if kind == "function":
-        func = where
-        body = [s for s in func.body]  # type: ignore[union-attr]
-        if body and is_docstring(body[0]):
-            body = body[1:]
-        if not body:
-            return []
-        edits.append(InsertBefore(ctx.bridge.statement(body[0]), tuple(setup)))
-        teardown = ctx.render("teardown_call.py.tmpl", dist=values["dist"], call="pass")[0]
-
-        def wrap(updated, teardown=teardown):
-            inner = updated.with_changes(leading_lines=())
-            return teardown.with_changes(body=teardown.body.with_changes(body=[inner]), leading_lines=updated.leading_lines)
-
-        edits.append(Replace(ctx.bridge.statement(call_stmt), wrap))
-        anchor = call_stmt
-        message = f"initialise the process group at the top of {func.name}() and destroy it when it returns or raises"  # type: ignore[union-attr]
+    teardown = ctx.render("teardown_atexit.py.tmpl", atexit=ctx.name("atexit"), dist=values["dist"])
+    if kind == "guard":
+        first = where.body[0]  # type: ignore[union-attr]
+        edits.append(InsertBefore(ctx.bridge.statement(first), tuple(setup + teardown)))
+        anchor = where
+        message = "initialise the process group at the top of the main guard; atexit destroys it"
     else:
-        teardown = ctx.render("teardown_atexit.py.tmpl", atexit=ctx.name("atexit"), dist=values["dist"])
-        if kind == "guard":
-            first = where.body[0]  # type: ignore[union-attr]
-            edits.append(InsertBefore(ctx.bridge.statement(first), tuple(setup + teardown)))
-            anchor = where
-            message = "initialise the process group at the top of the main guard; atexit destroys it"
+        end = m.top_import_end
+        block = setup + teardown
+        if end is None:
+            first = next((s for s in m.tree.body if not is_docstring(s)), None)
+            if first is None:
+                return []
+            edits.append(InsertBefore(ctx.bridge.statement(first), tuple(block)))
+            anchor = first
         else:
-            end = m.top_import_end
-            block = setup + teardown
-            if end is None:
-                first = next((s for s in m.tree.body if not is_docstring(s)), None)
-                if first is None:
-                    return []
-                edits.append(InsertBefore(ctx.bridge.statement(first), tuple(block)))
-                anchor = first
-            else:
-                edits.append(InsertAfter(ctx.bridge.statement(end), tuple(_spaced(block))))
-                anchor = end
-            message = "initialise the process group after the imports; atexit destroys it"
+            edits.append(InsertAfter(ctx.bridge.statement(end), tuple(_spaced(block))))
+            anchor = end
+        message = "initialise the process group after the imports; atexit destroys it"
     return [ctx.note(anchor, "DDP120", message, edits)]
 
 

@@ -28,6 +28,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel, kwarg
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.writers import Writer, writers
 
 
@@ -50,8 +51,47 @@ def tensorboard_keys(ctx: Context) -> Set[VarKey]:
                 bad.append((w, problem))  # type: ignore[attr-defined]
                 continue
             got.update(all_keys)
+        for key, creation in _writer_like(ctx.m).items():
+            if key in got:
+                continue
+            all_keys = wrapper_keys(ctx.m, {key})
+            if _unguardable_use(ctx.m, all_keys) is None:
+                got.update(all_keys)
+                ctx.cache.setdefault("tensorboard_made", []).append(creation)  # type: ignore[attr-defined]
         ctx.cache["tensorboard_keys"] = got
     return got  # type: ignore[return-value]
+
+
+TB_METHODS = frozenset({
+    "add_scalar", "add_scalars", "add_image", "add_images", "add_figure", "add_histogram", "add_text", "add_graph",
+    "add_pr_curve", "add_embedding", "add_hparams", "add_video", "add_audio", "add_mesh", "add_image_with_boxes",
+    "flush", "close",
+})
+
+
+def _writer_like(m: SemanticModel):
+    """Variables that behave like a TensorBoard writer although its class is not visible
+    (``self.writer = self.summary.create_summary()`` from a helper module): assigned once
+    from a call, and only ever used through ``add_scalar``-like methods (one ``add_*`` at
+    least). var key -> the call that creates it."""
+    uses: dict = {}
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if isinstance(f, ast.Attribute) and f.attr in TB_METHODS:
+            k = var_key(m, f.value)
+            if k is not None:
+                uses.setdefault(k, set()).add(f.attr)
+    out = {}
+    for key, methods in uses.items():
+        if not any(x.startswith("add_") for x in methods):
+            continue
+        creations = [
+            a.value for a in m.nodes(ast.Assign)
+            if len(a.targets) == 1 and var_key(m, a.targets[0]) == key and isinstance(a.value, ast.Call)
+        ]
+        if len(creations) == 1 and not m.qualified_names(creations[0].func) & SUMMARY_WRITERS:
+            out[key] = creations[0]
+    return out
 
 
 def is_writer_use(ctx: Context, stmt: ast.stmt) -> bool:
@@ -59,8 +99,12 @@ def is_writer_use(ctx: Context, stmt: ast.stmt) -> bool:
     keys = tensorboard_keys(ctx)
     if not keys or not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
         return False
-    f = stmt.value.func
-    return isinstance(f, ast.Attribute) and var_key(ctx.m, f.value) in keys
+    call = stmt.value
+    f = call.func
+    if isinstance(f, ast.Attribute) and var_key(ctx.m, f.value) in keys:
+        return True
+    # summary.visualize_image(writer, ...): an outside helper that writes with it
+    return ctx.m.resolve_call(call) is None and any(var_key(ctx.m, a) in keys for a in call.args)
 
 
 def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
@@ -69,7 +113,7 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
         ident = node.id if isinstance(node, ast.Name) else node.attr
         if ident not in names or not isinstance(node.ctx, ast.Load):
             continue
-        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+        if isinstance(node, ast.Attribute) and not isinstance(node.value, ast.Name):
             continue
         if var_key(m, node) not in keys:
             continue
@@ -80,6 +124,13 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
                 continue  # writer.add_scalar(...) as a statement
         if isinstance(parent, ast.Call) and node in parent.args and m.resolve_call(parent) is not None:
             continue  # passed to a function of the script: followed by wrapper_keys
+        if isinstance(parent, ast.Call) and node in parent.args and isinstance(m.parent(parent), ast.Expr):
+            continue  # passed to another module's function as a statement: the statement is guarded
+        ret = parent if isinstance(parent, ast.Return) else m.parent(parent) if isinstance(parent, ast.Tuple) else None
+        if isinstance(ret, ast.Return) and isinstance(node, ast.Name):
+            func = m.enclosing_function(node)
+            if func is not None and m.call_sites(func) and all(isinstance(m.parent(c), ast.Assign) for c in m.call_sites(func)):
+                continue  # returned to callers that keep it (followed by wrapper_keys)
         if isinstance(parent, (ast.Compare, ast.If, ast.BoolOp, ast.UnaryOp)) or (
             isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in ("isinstance", "bool")
         ):
@@ -93,6 +144,9 @@ def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
     tensorboard_keys(ctx)
     bad = {id(w): why for w, why in ctx.cache.get("tensorboard_bad", [])}  # type: ignore[union-attr]
+    for made in ctx.cache.get("tensorboard_made", []):  # type: ignore[union-attr]
+        if not rank_guarded(m, made) and (ctx.mode != "plain" or ctx.in_setup_region(made)):
+            out.append(_restrict(ctx, Writer("tensorboard", made), None))  # type: ignore[arg-type]
     for w in writers(m):
         if w.kind not in ("tensorboard", "wandb", "tqdm", "logfile", "open"):
             continue
@@ -119,18 +173,18 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str]) -> Optional[Findi
     if w.kind == "tensorboard":
         if problem is not None:
             return ctx.warn(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
-        new = f"{{c}} if {rank0} else None"
+        new = f"{{c}} if {_paren_text(rank0)} else None"
         return ctx.note(call, "DDP135", "SummaryWriter created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
     if w.kind == "wandb":
         mode = kwarg(call, "mode")
         if mode is not None:
-            edit = Replace(ctx.cst(mode.value), ctx.expr('{v} if {r} else "disabled"', v=_paren(m, mode.value), r=rank0))
+            edit = Replace(ctx.cst(mode.value), ctx.expr('{v} if {r} else "disabled"', v=_paren(m, mode.value), r=_paren_text(rank0)))
         else:
-            edit = Replace(ctx.cst(call), lambda u, r=rank0: _add_kwarg(u, "mode", f'None if {r} else "disabled"'))
+            edit = Replace(ctx.cst(call), lambda u, r=_paren_text(rank0): _add_kwarg(u, "mode", f'None if {r} else "disabled"'))
         return ctx.note(call, "DDP135", "wandb.init(mode=\"disabled\") on ranks other than 0", [edit])
     if w.kind == "tqdm":
         dis = kwarg(call, "disable")
-        not0 = f"{ctx.name('dist')}.get_rank() != 0"
+        not0 = ctx.not_rank0()
         if dis is not None:
             if mentions_rank(m, dis.value):
                 return None
@@ -148,9 +202,14 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str]) -> Optional[Findi
                 return ctx.warn(call, "DDP110", "file opened for writing in a mode dp2ddp cannot redirect: restrict it to rank 0 by hand")
             if _rank_specific(m, path):
                 return None
-        edit = Replace(ctx.cst(path), ctx.expr("{p} if {r} else {os}.devnull", p=_paren(m, path), r=rank0, os=ctx.name("os")))
+        edit = Replace(ctx.cst(path), ctx.expr("{p} if {r} else {os}.devnull", p=_paren(m, path), r=_paren_text(rank0), os=ctx.name("os")))
         return ctx.note(call, "DDP135", f"{_what(w)} written on rank 0 only (os.devnull on other ranks)", [edit])
     return None
+
+
+def _paren_text(test: str) -> str:
+    """A test inside a conditional expression: parenthesized when it has ``or``/``and``."""
+    return f"({test})" if " or " in test or " and " in test else test
 
 
 def _rank_specific(m: SemanticModel, path: ast.AST) -> bool:

@@ -54,20 +54,24 @@ class _Hoist:
         self.guarded = False
 
 
-def propose(ctx: Context) -> List[Finding]:
+def problems(ctx: Context) -> List[Finding]:
+    """Uses of DataParallel that cannot be migrated at all (checked before anything else)."""
     m = ctx.m
     out: List[Finding] = []
     for ref in dp_other_refs(m):
-        parent = m.parent(ref)
-        if isinstance(parent, ast.Call) and parent.func is ref:
-            continue
         out.append(ctx.block(ref, "DDP101", "DataParallel is used indirectly (alias, subclass or argument); migrate this by hand"))
-    wraps = [w for w in dp_wraps(m) if not w.functional]
-    for w in wraps:
+    for w in dp_wraps(m):
         if w.problem:
             out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
-    if any(f.severity == "error" for f in out):
-        return out
+        elif not w.functional and w.target is not None and _root_name(w.target) is not None and _root_name(w.target).id == "self" and _is_module_class(m, m.enclosing_class(w.call)):
+            out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
+    return out
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    out: List[Finding] = []
+    wraps = [w for w in dp_wraps(m) if not w.functional]
 
     keep: List[Wrap] = []
     for w in wraps:
@@ -331,7 +335,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
 
     if not w.conditions and partial_root is None:
         if target is not None:
-            anchor = _absorb_placement(m, stmt, target)
+            anchor = _absorb_placement(m, stmt, target, w.module)
             if anchor is not stmt:
                 hoist = _register(hoists, anchor, target)
                 edits = _unwrap_in_place(ctx, w, inner_text, hoist)
@@ -344,7 +348,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     anchor = w.conditions[-1] if w.conditions else stmt
     if not ctx.bridge.alone_on_line(anchor):
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
-    anchor = _absorb_placement(m, anchor, wrap_target)
+    anchor = _absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
     hoist = _register(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     edits = _unwrap_in_place(ctx, w, inner_text, hoist)
@@ -402,6 +406,9 @@ def _drop_emptied_if(ctx: Context, w: Wrap, hoist: _Hoist) -> Optional[list]:
 
 
 def _is_placement(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
+    """``t.cuda()``, ``t = t.to(device)``, or an ``if`` made only of such statements."""
+    if isinstance(stmt, ast.If):
+        return bool(stmt.body) and all(_is_placement(m, s, target) for s in stmt.body + stmt.orelse)
     text = m.source(target)
     value = None
     if isinstance(stmt, ast.Expr):
@@ -416,6 +423,13 @@ def _is_placement(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
     )
 
 
+def _mentions_text(m: SemanticModel, stmt: ast.AST, text: str) -> bool:
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
+            return True
+    return False
+
+
 def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
     text = m.source(target)
     root = _root_name(target)
@@ -427,17 +441,39 @@ def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
     return False
 
 
-def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST) -> ast.stmt:
-    """Move the insertion point past statements that place ``target`` on its device.
-    Statements that do not mention the target may be skipped, but only when a placement
-    follows them; the first other use of the target stops the search."""
+def _opaque(m: SemanticModel, stmt: ast.stmt) -> bool:
+    """A statement the wrap is never moved past: a loop, a ``with``, a ``def``, or a call
+    of a function of this script (it may train or read the wrapper)."""
+    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Return, ast.Try)):
+        return True
+    return any(isinstance(c, ast.Call) and m.resolve_call(c) is not None for c in ast.walk(stmt))
+
+
+def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST] = None) -> ast.stmt:
+    """Where the wrap goes: after the statements that still prepare the module.
+
+    The insertion point moves past placements of ``target`` (``t.cuda()``, ``if cuda: t =
+    t.cuda()``) and, when the wrapper has its own name (``net = DP(ssd_net)``), past the
+    statements that prepare the bare module (``ssd_net.load_weights(...)``,
+    ``ssd_net.extras.apply(weights_init)``): DDP broadcasts rank 0's parameters when it
+    is built, so initialisation must come first. Statements that mention neither are
+    passed only when such a statement follows; the first other use of the target, a
+    loop, a ``with`` or a call of the script's functions stops the search."""
     best = anchor
+    root = _root_name(module) if module is not None else None
+    target_root = _root_name(target)
+    separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
     for s in m.siblings_after(anchor):
         if _is_placement(m, s, target):
             best = s
             continue
         if _mentions(m, s, target):
             break
+        if _opaque(m, s):
+            break
+        if separate and _mentions_text(m, s, root.id):  # type: ignore[union-attr]
+            best = s
+            continue
     return best
 
 

@@ -31,9 +31,14 @@ def var_key(m: SemanticModel, node: ast.AST) -> Optional[VarKey]:
         if where.kind == "function":
             return ("local", where.node, node.id)
         return ("other", where.node, node.id)
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        cls = m.enclosing_class(node)
-        return ("attr", cls, "self." + node.attr) if cls is not None else None
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if node.value.id == "self":
+            cls = m.enclosing_class(node)
+            return ("attr", cls, "self." + node.attr) if cls is not None else None
+        # trainer.writer where trainer = Trainer(...): the attribute of that class
+        cls = m.instance_class(node.value)
+        if cls is not None:
+            return ("attr", cls, "self." + node.attr)
     return None
 
 
@@ -159,3 +164,50 @@ def reaches_collective(m: SemanticModel, node: ast.AST, dp: bool = False) -> Opt
 def in_function(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
     f = m.enclosing_function(node)
     return f if isinstance(f, FUNCTIONS) else None
+
+
+# --------------------------------------------------------------------------- DDP code
+
+DIST_PREFIX = "torch.distributed"
+
+
+def is_ddp_name(qualified: str) -> bool:
+    """``torch.distributed`` or anything in it, or ``DistributedDataParallel`` itself (a
+    name *below* the class, ``DistributedDataParallel.x``, is not)."""
+    return qualified in DDP or qualified == DIST_PREFIX or qualified.startswith(DIST_PREFIX + ".")
+
+
+_DDP_TAILS = frozenset({"distributed"} | {n.rsplit(".", 1)[1] for n in DDP})
+
+
+def is_ddp_code(m: SemanticModel) -> bool:
+    """The module is distributed code: it imports or names ``torch.distributed`` (or
+    anything in it) or ``DistributedDataParallel``. Rules that only make sense under DDP
+    read this; a DataParallel script is not DDP code."""
+    got = m.cache.get("collectives:ddp-code")
+    if got is None:
+        got = any(is_ddp_name(q) for q in m.import_names)
+        if not got:
+            # every other way to name them ends in one of these attributes (or is a name an
+            # import binds, which import_names holds)
+            got = any(
+                n.attr in _DDP_TAILS and any(is_ddp_name(q) for q in m.qualified_names(n))  # type: ignore[attr-defined]
+                for n in m.nodes(ast.Attribute)
+            )
+        m.cache["collectives:ddp-code"] = got
+    return got  # type: ignore[return-value]
+
+
+def call_reaches(m: SemanticModel, call: ast.Call, dp: bool = False) -> Optional[str]:
+    """Whether ``call`` itself is a collective or calls a function of the module that
+    reaches one (its arguments are not looked at: each call is asked on its own), with
+    what it reaches (``"barrier()"``, ``"evaluate() -> DDP forward"``); ``None`` if not."""
+    what = collective_of(m, call, dp)
+    if what is not None:
+        return what
+    t = m.resolve_call(call)
+    if t is not None:
+        reach = reaching_functions(m, dp).get(t)
+        if reach is not None:
+            return f"{t.name}() -> {reach}"  # type: ignore[attr-defined]
+    return None

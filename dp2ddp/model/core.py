@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
 
@@ -312,6 +313,10 @@ class SemanticModel:
     def _name_qnames(self, name: str, scope: Scope) -> FrozenSet[str]:
         where, bindings = self.lookup(name, scope)
         if where is None:
+            if self.star_imports:
+                got = self.star_export(name)
+                if got is not None:
+                    return frozenset({got})
             if name in BUILTINS:
                 return frozenset({f"builtins.{name}"})
             return frozenset()
@@ -370,6 +375,21 @@ class SemanticModel:
                 out.append(n)
         return out
 
+    def star_export(self, name: str) -> Optional[str]:
+        """What a star import of a module beside this file binds ``name`` to (its own
+        imports: ``from modeling.deeplab import *`` gives ``torch`` when deeplab.py does
+        ``import torch``); ``None`` when no such module is found or it does not bind it."""
+        if self.path in ("<string>", "<stdin>", "-"):
+            return None
+        import os
+
+        base = os.path.dirname(os.path.abspath(self.path))
+        for imp in reversed(self.star_imports):
+            exports = _module_exports(base, imp.module or "", imp.level)
+            if exports is not None and name in exports:
+                return exports[name]
+        return None
+
     def maybe_star(self, node: ast.AST) -> bool:
         """``node``'s root name is bound nowhere, and a star import may provide it."""
         root = node
@@ -378,7 +398,7 @@ class SemanticModel:
         if not isinstance(root, ast.Name) or not self.star_imports:
             return False
         where, _ = self.lookup(root.id, self.scope_of(root))
-        return where is None and root.id not in BUILTINS
+        return where is None and root.id not in BUILTINS and self.star_export(root.id) is None
 
     @cached_property
     def all_identifiers(self) -> Set[str]:
@@ -388,11 +408,51 @@ class SemanticModel:
             out.update(s.bindings)
         return out
 
+    @cached_property
+    def import_names(self) -> FrozenSet[str]:
+        """The dotted names the module's absolute import statements name: ``import a.b``
+        gives ``a.b``; ``from m import x`` gives ``m`` and ``m.x`` (wherever they are)."""
+        out: Set[str] = set()
+        for imp in self.nodes(ast.Import):
+            out.update(a.name for a in imp.names)
+        for imp in self.nodes(ast.ImportFrom):
+            if imp.level or not imp.module:
+                continue
+            out.add(imp.module)
+            out.update(f"{imp.module}.{a.name}" for a in imp.names if a.name != "*")
+        return frozenset(out)
+
+    def mentions(self, names: Iterable[str]) -> bool:
+        """The module refers to one of ``names`` anywhere: an import statement of it, or a
+        Name/Attribute in any context (load, store, del) that resolves to it."""
+        names = frozenset(names)
+        if self.import_names & names:
+            return True
+        tails = {n.rsplit(".", 1)[-1] for n in names}
+        for n in self.nodes(ast.Attribute):
+            if n.attr in tails and self.qualified_names(n) & names:  # type: ignore[attr-defined]
+                return True
+        # a Name resolves to one of ``names`` only through an import binding of it
+        bound = {
+            b.name
+            for s in self.scopes.values()
+            for bs in s.bindings.values()
+            for b in bs
+            if b.kind == "import" and b.qualified in names
+        }
+        for n in self.nodes(ast.Name):
+            if (n.id in tails or n.id in bound) and self.qualified_names(n) & names:  # type: ignore[attr-defined]
+                return True
+        return False
+
     # ------------------------------------------------------------------ positions
     @property
     def lines(self) -> List[str]:
+        """The source lines as Python counts them: ``\\n``, ``\\r\\n`` and ``\\r`` end a line;
+        form feeds, vertical tabs, ``\\x1c``-``\\x1e``, ``\\x85`` and ``\\u2028``/``\\u2029``
+        (which :meth:`str.splitlines` also splits on) do not."""
         if self._lines is None:
-            self._lines = self.text.splitlines()
+            self._lines = _LINE_BREAK.split(self.text)
         return self._lines
 
     def line_text(self, line: int) -> str:
@@ -434,14 +494,51 @@ class SemanticModel:
                 return None
             where, _ = self.lookup(f.id, self.scope_of(f))
             return func if where is self.scopes[self.tree] else None
-        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls"):
-            cls = self.enclosing_class(call)
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+            if f.value.id in ("self", "cls"):
+                cls = self.enclosing_class(call)
+            else:
+                cls = self.instance_class(f.value)
+            start = cls
             while cls is not None:
                 m = self.methods(cls).get(f.attr)
                 if m is not None:
                     return m
                 cls = self._base_class(cls)
+            if start is not None and f.value.id in ("self", "cls"):
+                # defined by the one subclass of this module that has it (a template method)
+                found = [
+                    self.methods(c)[f.attr] for c in self.classes.values()
+                    if f.attr in self.methods(c) and self._derives(c, start)
+                ]
+                if len(found) == 1:
+                    return found[0]
         return None
+
+    def _derives(self, cls: ast.ClassDef, base: ast.ClassDef) -> bool:
+        seen = set()
+        cur = self._base_class(cls)
+        while cur is not None and id(cur) not in seen:
+            if cur is base:
+                return True
+            seen.add(id(cur))
+            cur = self._base_class(cur)
+        return False
+
+    def instance_class(self, name: ast.Name) -> Optional[ast.ClassDef]:
+        """The class of this module that ``name`` holds an instance of, when every binding
+        of the name is ``name = ThatClass(...)``."""
+        _, bindings = self.lookup(name.id, self.scope_of(name))
+        classes = set()
+        for b in bindings:
+            v = b.value
+            if b.kind != "assign" or not isinstance(v, ast.Call) or not isinstance(v.func, ast.Name):
+                return None
+            cls = self.classes.get(v.func.id)
+            if cls is None:
+                return None
+            classes.add(cls)
+        return classes.pop() if len(classes) == 1 else None
 
     def _base_class(self, cls: ast.ClassDef) -> Optional[ast.ClassDef]:
         for b in cls.bases:
@@ -515,6 +612,9 @@ class SemanticModel:
 
 
 # ---------------------------------------------------------------------------- helpers
+
+_LINE_BREAK = re.compile(r"\r\n?|\n")
+
 
 
 def _order_key(node: ast.AST) -> Tuple[int, int]:
@@ -884,6 +984,65 @@ class _Builder:
                 self._stmt(c, s, scope)
             else:
                 self._generic(c, s, scope)
+
+
+_EXPORTS: Dict[str, Optional[Dict[str, str]]] = {}
+
+
+def _module_exports(base: str, module: str, level: int) -> Optional[Dict[str, str]]:
+    """The names a star import of ``module`` binds to imports, read from its file found
+    beside the importing script (or up to three folders above it for absolute names)."""
+    import os
+
+    parts = module.split(".") if module else []
+    roots = []
+    if level:
+        d = base
+        for _ in range(level - 1):
+            d = os.path.dirname(d)
+        roots = [d]
+    else:
+        d = base
+        for _ in range(4):
+            roots.append(d)
+            d = os.path.dirname(d)
+    for root in roots:
+        for cand in (os.path.join(root, *parts) + ".py", os.path.join(root, *parts, "__init__.py")):
+            if os.path.isfile(cand):
+                key = os.path.realpath(cand)
+                if key not in _EXPORTS:
+                    _EXPORTS[key] = _read_exports(cand)
+                return _EXPORTS[key]
+    return None
+
+
+def _read_exports(path: str) -> Optional[Dict[str, str]]:
+    try:
+        with open(path, "rb") as fh:
+            tree = ast.parse(decode(fh.read()))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+        return None
+    out: Dict[str, str] = {}
+    names_all = None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            for a in stmt.names:
+                if a.asname:
+                    out[a.asname] = a.name
+                else:
+                    top = a.name.split(".", 1)[0]
+                    out[top] = top
+        elif isinstance(stmt, ast.ImportFrom) and not stmt.level and stmt.module:
+            for a in stmt.names:
+                if a.name != "*":
+                    out[a.asname or a.name] = f"{stmt.module}.{a.name}"
+        elif isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in stmt.targets):
+            if isinstance(stmt.value, (ast.List, ast.Tuple)):
+                names_all = {e.value for e in stmt.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    public = {k: v for k, v in out.items() if not k.startswith("_")}
+    if names_all is not None:
+        public = {k: v for k, v in public.items() if k in names_all}
+    return public
 
 
 def build(source: Union[str, bytes], path: str = "<string>") -> SemanticModel:

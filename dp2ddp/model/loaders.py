@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel, kwarg, terminal
-from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER
+from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER, SEQUENTIAL_SAMPLER
 
 EVAL_WORDS = ("test", "val", "eval", "dev", "valid", "infer", "predict")
 PASS_THROUGH = {"enumerate", "tqdm", "iter", "zip", "trange", "progress_bar", "track", "cycle", "islice", "prefetch"}
@@ -42,6 +42,8 @@ class Loader:
     problem: Optional[str]  # why a sampler cannot be added automatically
     training: bool
     iterable_dataset: bool = False
+    kwargs: Optional[ast.AST] = None  # the **dict of the call, when its keys are known
+    kwargs_keys: frozenset = frozenset()
 
 
 def _assign_target(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
@@ -98,6 +100,87 @@ def _is_iterable(m: SemanticModel, expr: Optional[ast.AST], classes: Set[str]) -
     return False
 
 
+def kwargs_keys(m: SemanticModel, expr: ast.AST) -> Optional[Set[str]]:
+    """The keys a ``**kwargs`` dict may hold, when they are all known: every binding is a
+    dict literal (or ``dict(k=v)``) and every change a ``.update`` with such a value or a
+    subscript store with a constant key; else ``None``."""
+    if not isinstance(expr, ast.Name):
+        return None
+    where, bindings = m.lookup(expr.id, m.scope_of(expr))
+    if where is None or not bindings:
+        return None
+    keys: Set[str] = set()
+
+    def literal(v: ast.AST, depth: int = 0) -> Optional[Set[str]]:
+        if isinstance(v, ast.Dict):
+            if any(k is None or not (isinstance(k, ast.Constant) and isinstance(k.value, str)) for k in v.keys):
+                return None
+            return {k.value for k in v.keys}  # type: ignore[union-attr]
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "dict" and not v.args:
+            if any(k.arg is None for k in v.keywords):
+                return None
+            return {k.arg for k in v.keywords}  # type: ignore[misc]
+        if isinstance(v, ast.Name) and depth < 2:
+            return kwargs_keys(m, v)
+        return None
+
+    for b in bindings:
+        got = literal(b.value) if b.kind == "assign" and b.value is not None else None
+        if got is None:
+            return None
+        keys |= got
+    for n in m.nodes(ast.Name):
+        if n.id != expr.id or not isinstance(n.ctx, ast.Load) or m.lookup(n.id, m.scope_of(n))[0] is not where:
+            continue
+        parent = m.parent(n)
+        if isinstance(parent, ast.Attribute) and parent.value is n:
+            call = m.parent(parent)
+            if parent.attr == "update" and isinstance(call, ast.Call) and call.func is parent:
+                if call.args:
+                    got = literal(call.args[0], 1)
+                    if got is None:
+                        return None
+                    keys |= got
+                keys |= {k.arg for k in call.keywords if k.arg}
+                if any(k.arg is None for k in call.keywords):
+                    return None
+            elif parent.attr in ("get", "copy", "items", "keys", "values", "pop", "setdefault"):
+                continue
+            else:
+                return None
+        elif isinstance(parent, ast.Subscript) and parent.value is n and isinstance(parent.ctx, ast.Store):
+            if not (isinstance(parent.slice, ast.Constant) and isinstance(parent.slice.value, str)):
+                return None
+            keys.add(parent.slice.value)
+    return keys
+
+
+def sampler_values(m: SemanticModel, expr: Optional[ast.AST]) -> List[ast.AST]:
+    """What a ``sampler=`` argument may be: the expression, every value assigned to the
+    name in its scope (``sampler = None`` / ``sampler = DistributedSampler(ds)``), both
+    branches of a conditional expression."""
+    if expr is None:
+        return []
+    if isinstance(expr, ast.IfExp):
+        return sampler_values(m, expr.body) + sampler_values(m, expr.orelse)
+    if isinstance(expr, ast.Name):
+        _, bindings = m.lookup(expr.id, m.scope_of(expr))
+        values = [b.value for b in bindings if b.kind == "assign" and b.value is not None]
+        if values and len(values) == len(bindings):
+            out: List[ast.AST] = []
+            for v in values:
+                out.extend(sampler_values(m, v) if not isinstance(v, ast.Name) else [v])
+            return out
+    return [expr]
+
+
+def distributed_sampler(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
+    """A ``DistributedSampler(...)``, or a conditional whose one branch is
+    (``RandomSampler(ds) if local_rank == -1 else DistributedSampler(ds)``, or
+    ``sampler = None`` / ``if distributed: sampler = DistributedSampler(ds)``)."""
+    return any(m.call_is(v, DISTRIBUTED_SAMPLER) for v in sampler_values(m, expr))
+
+
 def is_false(node: Optional[ast.AST]) -> bool:
     return isinstance(node, ast.Constant) and node.value is False
 
@@ -114,7 +197,13 @@ def loaders(m: SemanticModel) -> List[Loader]:
         label = _label(target, func, m)
         positional = list(call.args)
         problem = None
-        star = any(isinstance(a, ast.Starred) for a in positional) or any(k.arg is None for k in call.keywords)
+        star = any(isinstance(a, ast.Starred) for a in positional) or any(
+            k.arg is None and kwargs_keys(m, k.value) is None for k in call.keywords
+        )
+        extra = set()
+        for k in call.keywords:
+            if k.arg is None:
+                extra |= kwargs_keys(m, k.value) or set()
         dataset = positional[0] if positional and not isinstance(positional[0], ast.Starred) else None
         if dataset is None and kwarg(call, "dataset") is not None:
             dataset = kwarg(call, "dataset").value  # type: ignore[union-attr]
@@ -129,6 +218,8 @@ def loaders(m: SemanticModel) -> List[Loader]:
             problem = f"{name} is built from *args/**kwargs: add a DistributedSampler by hand"
         elif len(positional) > 2:
             problem = f"{name} has positional shuffle/sampler arguments: add a DistributedSampler by hand"
+        elif extra & {"sampler", "batch_sampler", "dataset"}:
+            problem = f"{name} takes its sampler from a **kwargs dict: shard it per rank by hand (every rank now sees all data)"
         elif batch_sampler is not None:
             problem = f"{name} uses a batch_sampler: shard it per rank by hand (every rank now sees all data)"
         elif iterable:
@@ -138,16 +229,22 @@ def loaders(m: SemanticModel) -> List[Loader]:
         elif sampler is not None and not (
             isinstance(sampler.value, ast.Constant) and sampler.value.value is None
         ) and not (m.call_is(sampler_value, RANDOM_SAMPLER) and sampler_value.args):  # type: ignore[union-attr]
-            if m.call_is(sampler_value, DISTRIBUTED_SAMPLER):
+            if distributed_sampler(m, sampler_value):
                 problem = None
+            elif m.call_is(sampler_value, SEQUENTIAL_SAMPLER) and not (shuffle is not None and not is_false(shuffle.value)):
+                problem = None  # in order, whole: an evaluation loader
             else:
                 problem = (
                     f"{name} uses a custom sampler: shard it per rank by hand "
                     "(e.g. DistributedSampler or a per-rank subset); every rank now sees all data"
                 )
         training = is_training(m, call, label, shuffle, sampler_value)
+        if not training and "shuffle" in extra and shuffle is None and sampler is None:
+            lowered = label.lower()
+            training = not (any(w in lowered for w in EVAL_WORDS) and "train" not in lowered)
+        star_dict = next((k.value for k in call.keywords if k.arg is None), None)
         out.append(Loader(call, dataset, batch, shuffle, sampler, sampler_value, batch_sampler, kwarg(call, "num_workers"),
-                          target, func, label, problem, training, iterable))
+                          target, func, label, problem, training, iterable, star_dict, frozenset(extra)))
     m.cache["loaders"] = out
     return out
 
@@ -156,9 +253,22 @@ def is_training(m: SemanticModel, call: ast.Call, label: str, shuffle: Optional[
     """A loader trains when it shuffles (``shuffle=<not False>``, a RandomSampler, a
     shuffling DistributedSampler) or when its name says ``train`` and nothing says
     evaluation."""
+    lowered = label.lower()
+    if any(w in lowered for w in EVAL_WORDS) and "train" not in lowered:
+        return False  # an evaluation loader, even a shuffling one
+    values = sampler_values(m, sampler_value)
+    if len(values) > 1 or (values and values[0] is not sampler_value):
+        if any(is_training(m, call, label, shuffle, v) for v in values if not (isinstance(v, ast.Constant) and v.value is None)):
+            return True
+        if all(isinstance(v, ast.Constant) and v.value is None for v in values):
+            sampler_value = None
+        else:
+            return False
     if sampler_value is not None and m.call_is(sampler_value, RANDOM_SAMPLER | DISTRIBUTED_SAMPLER):
         sh = kwarg(sampler_value, "shuffle")
         return sh is None or not is_false(sh.value)
+    if sampler_value is not None and m.call_is(sampler_value, SEQUENTIAL_SAMPLER):
+        return False
     if shuffle is not None and not is_false(shuffle.value) and not (isinstance(shuffle.value, ast.Constant) and shuffle.value.value is None):
         return True
     lowered = label.lower()

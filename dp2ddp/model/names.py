@@ -119,3 +119,12 @@ DUMPS = _names("json.dump", "pickle.dump", "yaml.dump", "yaml.safe_dump", "numpy
 CUDA_SET_DEVICE = _names("torch.cuda.set_device")
 CUDA_AVAILABLE = _names("torch.cuda.is_available")
 DEVICE_COUNT = _names("torch.cuda.device_count")
+
+
+# (added for the lint rules)
+CUDA_DEVICE_SELECT = _names("torch.cuda.set_device", "torch.cuda.device")
+BATCHNORM = _under(("torch.nn", "torch.nn.modules", "torch.nn.modules.batchnorm"), "BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
+SYNC_BATCHNORM_ANY = _names(
+    "torch.nn.SyncBatchNorm", "torch.nn.modules.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm"
+)
+CONVERT_SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in SYNC_BATCHNORM_ANY)

@@ -145,3 +145,121 @@ def rank_tested_names(m: SemanticModel) -> Set[str]:
 
 def guarded_statements(m: SemanticModel, stmts: List[ast.stmt]) -> bool:
     return all(rank_guarded(m, s) for s in stmts)
+
+
+LOCAL_RANK_WORD = re.compile(r"local_rank|localrank|local_process_index", re.IGNORECASE)
+
+
+def _identifiers(m: SemanticModel) -> Iterator[str]:
+    """Every identifier of the module, wherever it stands: names, attribute names, keyword
+    argument names, parameters, definitions, imports, globals, exception and match names."""
+    for n in m.nodes(ast.Name):
+        yield n.id  # type: ignore[attr-defined]
+    for n in m.nodes(ast.Attribute):
+        yield n.attr  # type: ignore[attr-defined]
+    for n in m.nodes(ast.keyword):
+        if n.arg:  # type: ignore[attr-defined]
+            yield n.arg  # type: ignore[attr-defined]
+    for n in m.nodes(ast.arg):
+        yield n.arg  # type: ignore[attr-defined]
+    for n in m.nodes(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+        yield n.name  # type: ignore[attr-defined]
+    for n in m.nodes(ast.alias):
+        yield from n.name.split(".")  # type: ignore[attr-defined]
+        if n.asname:  # type: ignore[attr-defined]
+            yield n.asname  # type: ignore[attr-defined]
+    for n in m.nodes(ast.ImportFrom):
+        if n.module:  # type: ignore[attr-defined]
+            yield from n.module.split(".")  # type: ignore[attr-defined]
+    for n in m.nodes(ast.Global, ast.Nonlocal):
+        yield from n.names  # type: ignore[attr-defined]
+    for n in m.nodes(ast.ExceptHandler):
+        if n.name:  # type: ignore[attr-defined]
+            yield n.name  # type: ignore[attr-defined]
+
+
+def mentions_local_rank(m: SemanticModel) -> bool:
+    """The module reads its local rank somewhere: an identifier (``local_rank``,
+    ``args.local_rank``, ``LOCAL_RANK``, ``local_process_index``) or a string literal
+    (``os.environ["LOCAL_RANK"]``, a docstring that names it) spelled like it. Parts of
+    f-strings do not count."""
+    got = m.cache.get("ranks:local-rank")
+    if got is None:
+        got = False
+        text = m.text
+        # (a string escape can spell it, and Python reads identifiers NFKC-normalized)
+        if LOCAL_RANK_WORD.search(text) or "\\" in text or not text.isascii():
+            got = any(LOCAL_RANK_WORD.search(i) for i in _identifiers(m))
+            if not got:
+                in_fstrings = {id(v) for j in m.nodes(ast.JoinedStr) for v in j.values}  # type: ignore[attr-defined]
+                got = any(
+                    isinstance(c.value, str) and id(c) not in in_fstrings and LOCAL_RANK_WORD.search(c.value)  # type: ignore[attr-defined]
+                    for c in m.nodes(ast.Constant)
+                )
+        m.cache["ranks:local-rank"] = got
+    return got  # type: ignore[return-value]
+
+
+def _is_minus_one(node: ast.AST) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+        return isinstance(node, ast.Constant) and node.value == 1 and type(node.value) is int
+    return isinstance(node, ast.Constant) and node.value == -1 and type(node.value) is int
+
+
+def _distributed_checks(test: ast.AST) -> List[ast.Compare]:
+    """``args.local_rank != -1``, ``rank == -1``: comparisons with -1 (the rank a script
+    gets without a launcher)."""
+    return [
+        c
+        for c in ast.walk(test)
+        if isinstance(c, ast.Compare)
+        and len(c.ops) == 1
+        and isinstance(c.ops[0], (ast.Eq, ast.NotEq, ast.Is, ast.IsNot))
+        and (_is_minus_one(c.comparators[0]) or _is_minus_one(c.left))
+    ]
+
+
+def splits_ranks(m: SemanticModel, test: ast.AST) -> bool:
+    """``test`` depends on the rank (:func:`mentions_rank`) in a way that can differ
+    between the ranks of one job. A rank only compared with -1 (``if args.local_rank !=
+    -1:``, the Hugging Face way to ask "distributed or not?") is the same on every rank:
+    such a test does not split them."""
+    if not mentions_rank(m, test):
+        return False
+    checks = _distributed_checks(test)
+    if not checks:
+        return True
+    functions = _rank_functions(m)
+    skip = {id(c) for c in checks}
+    todo = [test]
+    while todo:
+        n = todo.pop()
+        if id(n) in skip:
+            continue
+        if _mentions_here(m, n, functions):
+            return True
+        todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def _mentions_here(m: SemanticModel, n: ast.AST, functions: Set[str]) -> bool:
+    """:func:`_mentions` of the node alone (not its children)."""
+    if isinstance(n, (ast.Name, ast.Attribute, ast.Subscript)):
+        ident = terminal(n)
+        return bool(ident and RANK_WORD.search(ident))
+    if isinstance(n, ast.Constant):
+        return isinstance(n.value, str) and n.value.upper() in ("RANK", "LOCAL_RANK")
+    if isinstance(n, ast.Call):
+        return m.is_name(n.func, GET_RANK) or (isinstance(n.func, ast.Name) and n.func.id in functions)
+    if isinstance(n, ast.keyword):
+        return bool(n.arg and RANK_WORD.search(n.arg))
+    return False
+
+
+def rank_split_conditionals(m: SemanticModel, node: ast.AST) -> Iterator[Tuple[ast.AST, str]]:
+    """:func:`rank_conditionals` whose test can differ between ranks (:func:`splits_ranks`):
+    what only *some* ranks of a distributed job run."""
+    for a, branch in rank_conditionals(m, node):
+        if splits_ranks(m, a.test):  # type: ignore[attr-defined]
+            yield a, branch

@@ -42,29 +42,49 @@ class Use:
     function: Optional[ast.AST] = None  # for `passed`: the function of this script it is passed to
 
 
-def _returned_locals(m: SemanticModel, func: ast.AST) -> Set[str]:
-    out = set()
+def _returned_locals(m: SemanticModel, func: ast.AST) -> Dict[str, Set[Optional[int]]]:
+    """Locals ``func`` returns: name -> positions (``None``: the whole value; ``i``: item
+    ``i`` of a returned tuple)."""
+    out: Dict[str, Set[Optional[int]]] = {}
     for node in ast.walk(func):
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and m.enclosing_function(node) is func:
-            out.add(node.value.id)
+        if not isinstance(node, ast.Return) or node.value is None or m.enclosing_function(node) is not func:
+            continue
+        if isinstance(node.value, ast.Name):
+            out.setdefault(node.value.id, set()).add(None)
+        elif isinstance(node.value, ast.Tuple):
+            for i, el in enumerate(node.value.elts):
+                if isinstance(el, ast.Name):
+                    out.setdefault(el.id, set()).add(i)
     return out
+
+
+def _call_targets(m: SemanticModel, call: ast.Call, index: Optional[int]) -> List[VarKey]:
+    parent = m.parent(call)
+    if index is None:
+        return assigned_keys(m, call)
+    if isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1:
+        t = parent.targets[0]
+        if isinstance(t, (ast.Tuple, ast.List)) and index < len(t.elts):
+            k = var_key(m, t.elts[index])
+            return [k] if k is not None else []
+    return []
 
 
 def wrapper_keys(m: SemanticModel, seeds: Iterable[VarKey], max_depth: int = 3) -> Set[VarKey]:
     """The variables that hold the wrapper: ``seeds``, call-site targets of a function that
-    returns one of them, and parameters of functions of this script whose every call
-    passes one of them."""
+    returns one of them (also as an item of a returned tuple), and parameters of functions
+    of this script whose every call passes one of them."""
     keys: Set[VarKey] = set(seeds)
     for _ in range(max_depth):
         added = False
-        # returned from the function that builds it
         for key in list(keys):
-            if key[0] == "local" and key[1] is not None and key[2] in _returned_locals(m, key[1]):
-                for call in m.call_sites(key[1]):
-                    for k in assigned_keys(m, call):
-                        if k not in keys:
-                            keys.add(k)
-                            added = True
+            if key[0] == "local" and key[1] is not None:
+                for index in _returned_locals(m, key[1]).get(key[2], ()):
+                    for call in m.call_sites(key[1]):
+                        for k in _call_targets(m, call, index):
+                            if k not in keys:
+                                keys.add(k)
+                                added = True
         # passed to a function of the script
         for func, sites in m.call_graph.items():
             if not isinstance(func, FUNCTIONS):
@@ -98,7 +118,7 @@ def wrapper_uses(m: SemanticModel, keys: Set[VarKey]) -> List[Use]:
             if node.id not in names or not isinstance(node.ctx, ast.Load):
                 continue
         else:
-            if node.attr not in attrs or not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+            if node.attr not in attrs or not isinstance(node.value, ast.Name):
                 continue
             if not isinstance(node.ctx, ast.Load):
                 continue

@@ -129,13 +129,16 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     return out
 
 
+_TYPE_CHECKS = frozenset({"builtins.isinstance", "builtins.issubclass"})
+
+
 def _type_position(m: SemanticModel, ref: ast.AST) -> bool:
     """``isinstance(x, DP)``, ``isinstance(x, (DP, ...))``, ``type(x) is DP``,
     ``type(x) in (DP, DDP)``, ``issubclass``."""
     cur, parent = ref, m.parent(ref)
     if isinstance(parent, (ast.Tuple, ast.List, ast.Set)):
         cur, parent = parent, m.parent(parent)
-    if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in ("isinstance", "issubclass"):
+    if isinstance(parent, ast.Call) and m.is_name(parent.func, _TYPE_CHECKS):
         return len(parent.args) == 2 and parent.args[1] is cur
     if isinstance(parent, ast.Compare):
         return all(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in parent.ops)
@@ -203,3 +206,70 @@ def _defined_here(m: SemanticModel, qualified: str) -> bool:
 
 def assigned_wrapper_keys(m: SemanticModel, wrap: Wrap):
     return assigned_keys(m, wrap.outer)
+
+
+# --------------------------------------------------------------------------- idioms
+
+GPU_COUNT = re.compile(r"n_?gpus?$|num_?gpus?$|gpu_?count$|device_count$|world_size$", re.IGNORECASE)
+
+
+def _identifiers_in(expr: ast.AST):
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Name):
+            yield n.id
+        elif isinstance(n, ast.Attribute):
+            yield n.attr
+        elif isinstance(n, ast.keyword) and n.arg:
+            yield n.arg
+        elif isinstance(n, ast.arg):
+            yield n.arg
+
+
+def _same_target(a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` are the same expression, whatever their context (load/store)."""
+    return ast.dump(a).replace("ctx=Store()", "ctx=Load()") == ast.dump(b)
+
+
+def _self_mean(stmt: ast.stmt) -> bool:
+    """``x = x.mean()``: a value averaged over itself."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return False
+    v = stmt.value
+    return (
+        isinstance(v, ast.Call)
+        and isinstance(v.func, ast.Attribute)
+        and v.func.attr == "mean"
+        and not v.args
+        and not v.keywords
+        and _same_target(stmt.targets[0], v.func.value)
+    )
+
+
+def dp_loss_means(m: SemanticModel) -> List[ast.If]:
+    """DataParallel's loss averaging: an ``if`` on the GPU count (``n_gpu``,
+    ``args.n_gpu``, ``torch.cuda.device_count()``, ``world_size``) whose body only
+    averages values over themselves (``if n_gpu > 1: loss = loss.mean()``). DataParallel
+    gathers one loss per GPU; under DDP the loss is already a scalar and the ``if`` is
+    dead code (with no ``else`` and not an ``elif``, it can simply go)."""
+    got = m.cache.get("wraps:loss-means")
+    if got is None:
+        got = [
+            node
+            for node in m.nodes(ast.If)
+            if node.body  # type: ignore[attr-defined]
+            and all(_self_mean(s) for s in node.body)  # type: ignore[attr-defined]
+            and any(GPU_COUNT.search(i) for i in _identifiers_in(node.test))  # type: ignore[attr-defined]
+        ]
+        m.cache["wraps:loss-means"] = got
+    return got  # type: ignore[return-value]
+
+
+def is_elif(m: SemanticModel, node: ast.If) -> bool:
+    """``node`` is the ``elif`` of an ``if`` (not an ``if`` alone in an ``else`` block)."""
+    parent = m.parent(node)
+    return (
+        isinstance(parent, ast.If)
+        and len(parent.orelse) == 1
+        and parent.orelse[0] is node
+        and m.line_text(node.lineno)[m.position(node)[1]:].startswith("elif")
+    )

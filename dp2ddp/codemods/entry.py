@@ -1,0 +1,105 @@
+"""Is this file a training script dp2ddp should migrate at all?
+
+* A **library module** (no ``if __name__ == "__main__":`` and no module-level code that
+  runs: every DataParallel wrap sits in a function or class other scripts call) cannot
+  set up a process group for its callers: the script that runs is what needs the
+  migration. Refused (DDP116), with that advice.
+* An **inference-only script** (no ``.backward()`` or optimizer ``.step()`` anywhere, and
+  the wrapped model only ever called) gains nothing from DDP, which synchronises
+  gradients; DataParallel there only splits batches. Refused (DDP115).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_docstring
+from dp2ddp.model.uses import wrapper_keys, wrapper_uses
+from dp2ddp.model.wraps import dp_wraps
+
+
+def has_entry_point(m: SemanticModel) -> bool:
+    """The module runs something when executed: a main guard, or module-level statements
+    other than imports, definitions, assignments of plain values and docstrings."""
+    if m.main_guard is not None:
+        return True
+    for stmt in m.tree.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.ClassDef) + FUNCTIONS) or is_docstring(stmt):
+            continue
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and not any(isinstance(n, ast.Call) for n in ast.walk(stmt)):
+            continue
+        if isinstance(stmt, (ast.If, ast.Try)) and all(
+            isinstance(n, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign, ast.Expr, ast.Raise)) or not isinstance(n, ast.stmt)
+            for s in ([stmt] if False else stmt.body) for n in ast.walk(s)
+        ) and not any(isinstance(n, ast.Call) and not _harmless(n) for n in ast.walk(stmt)):
+            continue
+        if isinstance(stmt, ast.Assign) and all(_harmless(c) for c in ast.walk(stmt.value) if isinstance(c, ast.Call)):
+            continue
+        return True
+    return False
+
+
+_HARMLESS = {"logging.getLogger", "os.path.join", "os.path.dirname", "os.path.abspath", "os.environ.get", "os.getenv",
+             "collections.namedtuple", "typing.TypeVar", "re.compile", "sys.path.append", "sys.path.insert",
+             "warnings.filterwarnings", "torch.device", "torch.cuda.is_available"}
+
+
+def _harmless(call: ast.Call) -> bool:
+    f = call.func
+    parts = []
+    while isinstance(f, ast.Attribute):
+        parts.append(f.attr)
+        f = f.value
+    if isinstance(f, ast.Name):
+        parts.append(f.id)
+    name = ".".join(reversed(parts))
+    return name in _HARMLESS or name.endswith(("getLogger", "namedtuple", "compile", "path.join", "path.dirname", "path.abspath"))
+
+
+def trains(m: SemanticModel) -> bool:
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if isinstance(f, ast.Attribute) and f.attr in ("backward", "step", "minimize", "fit", "train_step", "optimize_parameters"):
+            return True
+        if m.is_name(f, {"torch.autograd.backward", "torch.autograd.grad"}):
+            return True
+    return False
+
+
+def check_entry(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    wraps = dp_wraps(m)
+    if not wraps:
+        return []
+    if not has_entry_point(m):
+        first = wraps[0].call
+        return [
+            ctx.block(
+                first,
+                "DDP116",
+                "library module (no `if __name__ == \"__main__\":` and no module-level code that runs): the process group "
+                "must be set up by the script that runs; migrate that script, and build DistributedDataParallel here only "
+                "when `torch.distributed.is_initialized()`",
+            )
+        ]
+    if not trains(m):
+        seeds = set()
+        for w in wraps:
+            from dp2ddp.model.collectives import assigned_keys
+
+            seeds.update(assigned_keys(m, w.outer))
+        uses = wrapper_uses(m, wrapper_keys(m, seeds)) if seeds else []
+        if all(u.kind in ("forward", "api", "module", "state_dict", "attribute") for u in uses):
+            return [
+                ctx.block(
+                    wraps[0].call,
+                    "DDP115",
+                    "no training step in this file (no .backward(), no optimizer.step()): DistributedDataParallel "
+                    "synchronises gradients and gains nothing for inference; DataParallel here only splits batches — "
+                    "keep it, or shard the data per process by hand",
+                )
+            ]
+    return []
