@@ -53,6 +53,12 @@ def test_unknown_error_gets_no_advice():
     assert advice.advise("ValueError: corrupt batch") == []
 
 
+def test_a_file_missing_on_a_rank_gets_barrier_advice_in_distributed_runs_only():
+    text = "FileNotFoundError: [Errno 2] No such file or directory: 'vocab.json'"
+    assert any("dist.barrier()" in a for a in advice.advise(text))
+    assert advice.advise(text, distributed=False) == []
+
+
 def test_throughput_leaves_out_warmup():
     # 3 slow warm-up steps, then 10 steps of 0.1 s with 32 samples each
     per = [(1.0, 32, t) for t in (0.0, 1.0, 2.0)] + [(1.0, 32, 2.0 + 0.1 * i) for i in range(1, 11)]
@@ -137,6 +143,15 @@ os.waitpid(pid, 0)
 nan = (w * float("nan")).sum()
 nan.backward()
 opt.step()
+open(__file__).read()  # read: not a write
+with open("log.txt", "a") as fh:
+    fh.write("done")
+torch.save(w, "w.pt")  # C++ writes it: seen through the torch.save wrapper
+with open("tmp.json", "w") as fh:
+    fh.write("{}")
+os.replace("tmp.json", "results.json")  # an atomic write
+fd = os.open("raw.bin", os.O_WRONLY | os.O_CREAT)
+os.close(fd)
 print(expected)
 """
 
@@ -173,7 +188,7 @@ def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tm
     script.write_text(PROBED)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
     env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
-    p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
     expected = json.loads(p.stdout.strip().splitlines()[-1])
     recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
@@ -184,5 +199,8 @@ def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tm
     assert steps[3]["loss"] != steps[3]["loss"]  # NaN survives the round trip
     assert steps[0]["modules"] == [] and "modules" not in steps[1]
     assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
-    end = recs[-1]
-    assert end["ev"] == "end" and end["steps"] == 4 and end["params"] == 1 and end["hash"]
+    (end,) = [r for r in recs if r["ev"] == "end"]
+    assert end["steps"] == 4 and end["params"] == 1 and end["hash"]
+    (writes,) = [r for r in recs if r["ev"] == "writes"]  # reported once, at exit
+    mine = {os.path.basename(p) for p in writes["paths"] if os.path.dirname(p) == str(tmp_path)}
+    assert mine == {"log.txt", "w.pt", "tmp.json", "results.json", "raw.bin"}

@@ -48,6 +48,7 @@ class Rank:
     error: Optional[dict] = None
     stack: str = ""
     fatal: str = ""
+    writes: List[str] = field(default_factory=list)  # absolute paths it opened for writing
 
 
 @dataclass
@@ -172,7 +173,7 @@ class _Reader:
                 ev = rec.get("ev")
                 if ev == "start":
                     if r.start is not None:  # a restarted worker: start over
-                        r.steps, r.samplers, r.end, r.error = [], [], None, None
+                        r.steps, r.samplers, r.end, r.error, r.writes = [], [], None, None, []
                     r.start, r.pid = rec, rec.get("pid")
                 elif ev == "step":
                     r.steps.append(rec)
@@ -182,6 +183,8 @@ class _Reader:
                     r.end = rec
                 elif ev == "error":
                     r.error = rec
+                elif ev == "writes":
+                    r.writes = list(rec.get("paths") or [])
         if progressed:
             self.last_event = time.monotonic()
         return progressed

@@ -12,11 +12,16 @@ It never edits the user's code. It:
 * stops the run after K optimizer steps (``SystemExit(0)`` from the step hook, so the
   script's own ``finally``/``atexit`` clean-up still runs);
 * at exit, hashes the parameters the optimizers update;
-* dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks.
+* dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks;
+* notes the files the process opens for writing (an audit hook on ``open`` and
+  ``os.rename``, and ``torch.save``, whose C++ writer Python does not see) and reports
+  them at exit, so verify can tell which ranks wrote a file.
 
 Everything here is standard library until torch is imported by the script itself.
 
 Per step the probe runs three hooks (backward, DataLoader ``__next__``, optimizer step);
+the audit hook costs nothing unless the step itself raises audit events (a DataLoader
+with workers raises ~16 a batch, each a compare and return: ~2 us);
 they only append plain values: no syscalls (a fork handler replaces the pid check), no
 dicts, no JSON and no writes, which the flush thread does (benchmarks/bench_probe.py
 measures what is left).
@@ -68,6 +73,7 @@ class _State:
         self.modules = set()  # kinds of modules seen in the first step's forward
         self.forward_hook = None
         self.finished = False
+        self.writes = set()  # absolute paths opened for writing (or renamed into place)
         self.lock = threading.Lock()  # serialises writes (main thread and flush thread)
 
     def emit(self, rec):
@@ -142,9 +148,59 @@ def activate(role):
         }
     )
     _install_excepthook()
+    sys.addaudithook(_audit)
     atexit.register(_settle)  # atexit runs last-in first-out: this one after _finish
+    atexit.register(_report_writes)  # after the script's own atexit handlers and _finish
     atexit.register(_finish, "exit")
     sys.meta_path.insert(0, _PostImport({"torch": _on_torch, "numpy": _on_numpy}))
+
+
+# --------------------------------------------------------------------------- writes
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+MAX_WRITES = 5000
+
+
+def _audit(event, args):
+    """Audit hook: files opened for writing (``open``: builtins/io open with a mode string,
+    ``os.open`` with flags) and renamed into place (``os.rename``/``os.replace``: atomic
+    writes). Every other event returns at the first compare."""
+    if event == "open":
+        s = _S
+        if s is None or not s.on:
+            return
+        path, mode, flags = args
+        if mode is None:
+            if not flags & _WRITE_FLAGS:
+                return
+        elif not isinstance(mode, str) or not ("w" in mode or "a" in mode or "x" in mode or "+" in mode):
+            return
+        _note_write(path)
+    elif event == "os.rename":
+        s = _S
+        if s is not None and s.on:
+            _note_write(args[1])
+
+
+def _note_write(path):
+    s = _S
+    if isinstance(path, int) or len(s.writes) >= MAX_WRITES:
+        return
+    try:
+        p = os.fsdecode(os.fspath(path))
+        s.writes.add(os.path.normpath(os.path.join(os.getcwd(), p)))
+    except Exception:
+        pass
+
+
+def _report_writes():
+    s = _S
+    if s is None or not s.on or not s.writes:
+        return
+    try:
+        s.emit({"ev": "writes", "t": time.time(), "paths": sorted(s.writes)})
+    except Exception:
+        pass
 
 
 # --------------------------------------------------------------------------- imports
@@ -202,6 +258,17 @@ def _on_torch(torch):
     _S.emit({"ev": "torch", "t": time.time()})
     torch.manual_seed(_S.seed)
     register_optimizer_step_post_hook(_on_step)
+
+    real_save = torch.save
+
+    @functools.wraps(real_save)
+    def save(obj, f, *args, **kwargs):
+        # torch.save writes a path through C++: the audit hook would not see it
+        if _S.on and isinstance(f, (str, bytes, os.PathLike)):
+            _note_write(f)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = save
 
     Tensor = torch.Tensor
     is_grad_enabled = torch.is_grad_enabled
