@@ -5,6 +5,16 @@ from __future__ import annotations
 import re
 from typing import List, Tuple
 
+# advice that only makes sense for a distributed run (several ranks)
+_DISTRIBUTED_ONLY: List[Tuple[str, str]] = [
+    (
+        r"FileNotFoundError|No such file or directory",
+        "If only one rank writes this file (rank 0 saving a checkpoint, a vocabulary, a "
+        "downloaded dataset), the other ranks can look for it before it exists: have rank 0 "
+        "write it, then call dist.barrier() on every rank before any of them reads it.",
+    ),
+]
+
 _ADVICE: List[Tuple[str, str]] = [
     (
         r"Expected to have finished reduction in the prior iteration|find_unused_parameters|"
@@ -52,9 +62,9 @@ _ADVICE: List[Tuple[str, str]] = [
 ]
 
 
-def advise(text: str) -> List[str]:
+def advise(text: str, distributed: bool = True) -> List[str]:
     out: List[str] = []
-    for pattern, advice in _ADVICE:
+    for pattern, advice in _ADVICE + (_DISTRIBUTED_ONLY if distributed else []):
         if re.search(pattern, text) and advice not in out:
             out.append(advice)
     return out
