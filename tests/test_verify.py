@@ -118,7 +118,7 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
-        probe = work / "probe" / "migrated-rank0.jsonl"
+        probe = work / "pair1" / "probe" / "migrated-rank0.jsonl"
         while time.monotonic() < deadline:  # wait until the ranks are training (and rank 1 stalls)
             if probe.exists() and '"ev":"step"' in probe.read_text():
                 break

@@ -44,10 +44,15 @@ def survivors(value: str) -> list:
 
 
 def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
-    """Run `dp2ddp verify ARGS --json ...`; return (exit code, report or None, stdout+stderr, seconds)."""
+    """Run `dp2ddp verify ARGS --json ...`; return (exit code, report or None, stdout+stderr, seconds).
+
+    One pair of runs (`--repeat 1`) unless ARGS choose: most tests check the comparison,
+    not the speed, and the default's three or four pairs would triple their time."""
     report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
     env, value = marker_env()
-    cmd = [sys.executable, "-m", "dp2ddp", "verify", "--json", str(report), *args]
+    mine = list(args[: args.index("--")] if "--" in args else args)
+    repeat = [] if any(a == "--repeat" or a.startswith("--repeat=") for a in mine) else ["--repeat", "1"]
+    cmd = [sys.executable, "-m", "dp2ddp", "verify", "--json", str(report), *repeat, *args]
     took = 0.0
 
     def attempt() -> subprocess.CompletedProcess:

@@ -1,8 +1,10 @@
-"""Compare an original run with its migration: losses, replicas, speed, failures."""
+"""Compare an original run with its migration (losses, replicas, failures), then combine
+the pairs of runs, the speed measurement and the outputs into one report."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -129,7 +131,7 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
             problems.extend("  " + line for line in tail.splitlines()[-8:])
         crash["log_tail"] = tail
         text = tail + (fatal[1] if fatal else "")
-    tips = advise(text)
+    tips = advise(text, distributed=distributed)
     crash["advice"] = tips
     problems.extend("  advice: " + t for t in tips)
     details.setdefault("crashes", []).append(crash)
@@ -161,6 +163,8 @@ def _first_line(s: str) -> str:
 
 
 def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
+    """One pair of runs: failures, losses, global batch, set_epoch, replicas, and this
+    pair's speed-up (a figure only: the speed verdict is :func:`combine`'s, over pairs)."""
     problems: List[str] = []
     notes: List[str] = []
     details: Dict[str, Any] = {}
@@ -267,26 +271,19 @@ def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
     elif pm and not replicas_in_sync and not mig_failed:
         problems.append("replica parameters could not be compared (no rank reported its parameters)")
 
-    # speed
+    # speed: this pair's ratio; judged over all measured pairs by combine()
     sps_o, rates_o = throughput(po, opts.warmup)
     sps_m, rates_m = throughput(pm, opts.warmup)
     speedup = sps_m / sps_o if sps_o and sps_m else None
-    if speedup is not None and speedup < opts.min_speedup:
-        problems.append(
-            f"the migrated run is {'slower' if speedup < 1 else 'not fast enough'}: {sps_m:.1f} vs {sps_o:.1f} samples/s "
-            f"(speed-up {speedup:.2f} < --min-speedup {opts.min_speedup:g})"
-        )
     if min(len(po), len(pm)) <= opts.warmup + 1 and po and pm:
         notes.append(f"only {min(len(po), len(pm))} steps: throughput includes warm-up steps (raise --steps)")
 
     failed_run = any(failed(r) for r in (orig, mig))
-    speed_ok = speedup is None or speedup >= opts.min_speedup
     passed = (
         not failed_run
         and steps_compared > 0
         and losses_agree
         and replicas_in_sync
-        and speed_ok
         and bad is None
         and not any(p.startswith("no DistributedDataParallel") for p in problems)
     )
@@ -320,3 +317,93 @@ def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
     }
     report.update(details)
     return report
+
+
+def combine(pairs, outputs: Optional[Dict[str, Any]], threads: Dict[str, Any], opts: Options, notes: List[str]) -> Dict[str, Any]:
+    """One report from every pair of runs (``session.Pair``): the comparison of the first
+    pair that failed, else of the first pair (every pair was compared, in full); the speed
+    over the measured pairs; the outputs of the first pair."""
+    from dp2ddp.verify import speed as speed_mod
+
+    failing = next((p for p in pairs if p.report["verdict"] == "fail"), None)
+    base = failing or pairs[0]
+    rep: Dict[str, Any] = dict(base.report)
+    rep["original"], rep["migrated"] = dict(rep["original"]), dict(rep["migrated"])
+    problems: List[str] = list(rep["problems"])
+    rep_notes: List[str] = list(rep["notes"])
+    if base.index > 1:
+        problems.insert(
+            0,
+            f"pair {base.index} of runs failed after {base.index - 1} that passed: the migration does not behave "
+            f"the same in every run (below: pair {base.index})",
+        )
+    for p in pairs:
+        if p is not base:
+            rep_notes.extend(f"pair {p.index}: {n}" for n in p.report["notes"] if n not in rep_notes)
+    rep_notes.extend(notes)
+
+    measured = [p for p in pairs if not p.warmup]
+    speed = speed_mod.summarize([p.report["speedup"] for p in measured], opts.min_speedup)
+    rep["speedup"] = speed["median"]
+    rep["speed"] = speed
+    for role in ("original", "migrated"):
+        sps = [p.report[role]["samples_per_s"] for p in measured if p.report[role]["samples_per_s"]]
+        walls = [p.report[role]["wall_s"] for p in measured]
+        if len(measured) > 1:
+            rep[role]["samples_per_s"] = statistics.median(sps) if sps else None
+            rep[role]["wall_s"] = round(statistics.median(walls), 3) if walls else None
+    if not speed["meets_min_speedup"]:
+        o, m = rep["original"]["samples_per_s"], rep["migrated"]["samples_per_s"]
+        if speed["ci"] is None:
+            problems.append(
+                f"the migrated run is {'slower' if speed['median'] < 1 else 'not fast enough'}: {m:.1f} vs {o:.1f} "
+                f"samples/s (speed-up {speed['median']:.2f} < --min-speedup {opts.min_speedup:g}; one pair)"
+            )
+        else:
+            lo, hi = speed["ci"]
+            problems.append(
+                f"the migrated run is measurably {'slower' if hi < 1 else 'not fast enough'}: speed-up "
+                f"{speed_mod.x(speed['median'])}, {speed['confidence']:.0%} interval {speed_mod.x(lo)} to "
+                f"{speed_mod.x(hi)} over {speed['pairs']} pairs, all below --min-speedup {opts.min_speedup:g}"
+            )
+    elif opts.min_speedup > 0 and speed["ci"] is not None and speed["median"] < opts.min_speedup:
+        rep_notes.append(f"speed-up against --min-speedup {opts.min_speedup:g}: {speed['judgement']}")
+    rep["pairs"] = [
+        {
+            "pair": p.index,
+            "order": list(p.order),
+            "warmup": p.warmup,
+            "speedup": p.report["speedup"],
+            "verdict": p.report["verdict"],
+            "wall_s": round(p.wall_s, 3),
+        }
+        for p in pairs
+    ]
+    rep["runs"] = [
+        dict(
+            {"pair": p.index, "role": role, "warmup": p.warmup},
+            **{k: p.report[role][k] for k in ("steps", "samples_per_s", "wall_s", "exit_code", "hung")},
+            throughput=p.report["throughput"][role],
+        )
+        for p in pairs
+        for role in p.order
+    ]
+    rep["pair"] = base.index
+    rep["threads"] = threads
+
+    warnings: List[str] = []
+    outputs_ok = True
+    if outputs is not None:
+        rep["outputs"] = outputs
+        for d in outputs["differences"]:
+            line = f"outputs: {d['message']}"
+            if d["severity"] == "problem":
+                outputs_ok = False
+                problems.extend([line, f"  advice: {d['advice']}"])
+            else:
+                warnings.extend([line, f"  advice: {d['advice']}"])
+        rep_notes.extend(f"outputs: {n}" for n in outputs["notes"])
+    rep["problems"], rep["notes"], rep["warnings"] = problems, rep_notes, warnings
+    passed = failing is None and speed["meets_min_speedup"] and outputs_ok
+    rep["verdict"] = "pass" if passed else "fail"
+    return rep

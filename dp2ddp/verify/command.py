@@ -16,6 +16,21 @@ import click
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class _Threads(click.ParamType):
+    """``N`` (both runs) or ``N,M`` (original, each migrated process): positive integers."""
+
+    name = "threads"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).split(",")
+        if len(parts) in (1, 2) and all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            n = [int(p) for p in parts]
+            return (n[0], n[-1])
+        self.fail(f"{value!r} is not N or N,M with positive integers (threads per process)", param, ctx)
+
+
 @click.command(
     "verify",
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -30,7 +45,9 @@ EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Steps left out of the throughput.")
 @click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative tolerance per step for deterministic models.")
 @click.option("--stochastic-rtol", type=click.FloatRange(min=0), default=0.1, show_default=True, help="Tolerance on the moving-average loss for models with BatchNorm or dropout.")
-@click.option("--min-speedup", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Speed-up (migrated/original samples/s) needed to pass; 0 ignores speed.")
+@click.option("--min-speedup", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Speed-up (migrated/original samples/s) needed to pass, judged on its 95% interval (fails when the whole interval is below); 0 ignores speed.")
+@click.option("--repeat", type=click.IntRange(min=1), default=None, help="Measured pairs of runs (original and migration, alternating) [default: 3, fewer when a pair takes long: 2 minutes of runs in all]. A first pair under 30 s is an extra warm-up pair.")
+@click.option("--threads", type=_Threads(), default=None, metavar="N[,M]", help="OMP_NUM_THREADS of each process: N for both runs, or N for the original and M for each migrated process [default: OMP_NUM_THREADS if set, else cores // processes, the same for both].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds without a completed step before a run counts as hung.")
 @click.option("--startup-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, help="Before the first step (imports, data, rendezvous), the hang timeout is at least this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for random, NumPy and torch in every process.")
@@ -48,6 +65,8 @@ def verify(
     rtol: float,
     stochastic_rtol: float,
     min_speedup: float,
+    repeat: Optional[int],
+    threads: Optional[tuple],
     timeout: float,
     startup_timeout: float,
     seed: int,
@@ -56,9 +75,10 @@ def verify(
     workdir: Optional[Path],
 ) -> int:
     """Run ORIGINAL (DataParallel, `python`) and its DDP migration (`torchrun`) on this machine,
-    compare their per-step losses and final replicas, and measure the speed-up.
+    compare their per-step losses, final replicas and the files they write, and measure the
+    speed-up over alternating pairs of runs.
 
-    Arguments after `--` go to both scripts. Exit 0 pass, 1 fail, 2 usage error."""
+    Arguments after `--` go to both scripts. Exit 0 pass, 1 fail, 2 usage error, 130 interrupted."""
     err = click.get_text_stream("stderr")
     if not original.is_file():
         click.echo(f"{original}: no such file", err=True)
@@ -76,11 +96,6 @@ def verify(
         click.echo(f"{plot_path}: folder does not exist", err=True)
         return EXIT_USAGE
 
-    own_scratch = workdir is None
-    scratch = Path(tempfile.mkdtemp(prefix="dp2ddp-verify-")) if own_scratch else workdir
-    scratch.mkdir(parents=True, exist_ok=True)
-    scratch = scratch.resolve()
-
     migrated_content: Optional[bytes] = None
     if migrated is None:
         candidate = original.with_name(original.stem + "_ddp.py")
@@ -89,7 +104,6 @@ def verify(
         else:
             rc = _rewrite(original)
             if isinstance(rc, int):
-                _cleanup(scratch, own_scratch)
                 return rc
             migrated, migrated_content = candidate, rc
     elif not migrated.is_file():
@@ -99,47 +113,20 @@ def verify(
         click.echo(f"{migrated}: the migrated script is the original itself", err=True)
         return EXIT_USAGE
 
+    own_scratch = workdir is None
+    scratch = Path(tempfile.mkdtemp(prefix="dp2ddp-verify-")) if own_scratch else workdir
+    scratch.mkdir(parents=True, exist_ok=True)
+    scratch = scratch.resolve()
+
     if nproc is None:
         import torch
 
         nproc = torch.cuda.device_count() if torch.cuda.is_available() else 0
         nproc = nproc or 2
 
-    from dp2ddp.verify import analyze, report, runner, scratch as scratch_mod
+    from dp2ddp.verify import analyze, report, runner, session, speed
 
-    tag = uuid.uuid4().hex[:12]
-    env = {}
     original, migrated = original.resolve(), migrated.resolve()
-    mirror = scratch_mod.Mirror()
-    orig_script = scratch_mod.prepare(original, scratch / "original", mirror=mirror)
-    mig_script = scratch_mod.prepare(migrated, scratch / "migrated", migrated_content, mirror=mirror)
-    progress = _Progress(err, steps)
-    common = dict(args=list(script_args), tag=tag, steps=steps, timeout=timeout, startup_timeout=startup_timeout, seed=seed, env=env)
-    restore = _sigterm_as_interrupt()
-    try:
-        progress.begin("migrated", f"torchrun, {nnodes} node(s) x {nproc} process(es)")
-        mig = runner.run(
-            runner.RunSpec(role="migrated", script=mig_script, cwd=mig_script.parent, out=scratch / "probe", nproc=nproc, nnodes=nnodes, **common),
-            progress.update,
-        )
-        progress.end(mig)
-        sampler_seed = next(
-            (ev["seed"] for r in sorted(mig.ranks.values(), key=lambda r: r.rank) for ev in r.samplers if ev.get("kind") == "distributed"),
-            0,
-        )
-        progress.begin("original", "python")
-        orig = runner.run(
-            runner.RunSpec(role="original", script=orig_script, cwd=orig_script.parent, out=scratch / "probe", sampler_seed=sampler_seed, **common),
-            progress.update,
-        )
-        progress.end(orig)
-    except runner.Interrupted:
-        progress.close()
-        click.echo("Interrupted: every process verify started has been ended.", err=True)
-        _cleanup(scratch, own_scratch)
-        return EXIT_INTERRUPTED
-    finally:
-        restore()
     opts = analyze.Options(
         steps=steps,
         warmup=warmup,
@@ -151,8 +138,26 @@ def verify(
         nproc=nproc,
         nnodes=nnodes,
     )
-    rep = analyze.compare(orig, mig, opts)
-    touched = mirror.modified()
+    budget = speed.thread_budget(threads, nproc * nnodes)
+    setup = session.Setup(
+        scratch=scratch, original=original, migrated=migrated, migrated_content=migrated_content,
+        args=list(script_args), tag=uuid.uuid4().hex[:12], steps=steps, timeout=timeout,
+        startup_timeout=startup_timeout, seed=seed, nproc=nproc, nnodes=nnodes, threads=budget,
+        repeat=repeat, opts=opts,
+    )
+    progress = _Progress(err, steps)
+    restore = _sigterm_as_interrupt()
+    try:
+        outcome = session.run(setup, progress)
+    except (runner.Interrupted, KeyboardInterrupt):
+        progress.close()
+        click.echo("Interrupted: every process verify started has been ended.", err=True)
+        _cleanup(scratch, own_scratch)
+        return EXIT_INTERRUPTED
+    finally:
+        restore()
+    rep = analyze.combine(outcome.pairs, outcome.outputs, budget, opts, outcome.notes)
+    touched = outcome.mirror.modified()
     if touched:
         rep["problems"].append("the runs changed linked input files in place: " + ", ".join(touched))
         rep["verdict"] = "fail"
@@ -160,7 +165,7 @@ def verify(
     rep["migrated"]["script"] = str(migrated) + (" (rewritten by dp2ddp)" if migrated_content is not None else "")
     rep["workdir"] = str(scratch)
     if migrated_content is not None:
-        rep["notes"].append(f"migrated script rewritten from {original.name} into {mig_script}")
+        rep["notes"].append(f"migrated script rewritten from {original.name} into {outcome.migrated_script}")
     crash = next(iter(rep.get("crashes", [])), None)
     if crash and crash.get("traceback"):
         who = f"rank {crash['rank']}" if crash["role"] == "migrated" and "rank" in crash else crash["role"]
@@ -230,22 +235,24 @@ class _Progress:
         self.bar = None
         self.task = None
         self.last = 0.0
+        self.label = ""
 
-    def begin(self, role: str, how: str) -> None:
-        self.role = role
+    def begin(self, role: str, how: str, label: str = "") -> None:
+        self.role, self.label = role, label
         self.t0 = time.monotonic()
+        prefix = f"{label}: " if label else ""
         if self.tty:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self.bar = Progress(
-                TextColumn(f"{role} ({how})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn(f"{prefix}{role} ({how})"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=Console(file=self.stream), transient=False,
             )
             self.bar.start()
             self.task = self.bar.add_task(role, total=self.steps or None)
         else:
-            self.stream.write(f"verify: {role} run ({how}) started\n")
+            self.stream.write(f"verify: {prefix}{role} run ({how}) started\n")
             self.stream.flush()
 
     def update(self, role: str, step: int, ranks) -> None:
@@ -254,13 +261,15 @@ class _Progress:
         elif time.monotonic() - self.last > 5.0 and step:
             self.last = time.monotonic()
             total = f"/{self.steps}" if self.steps else ""
-            self.stream.write(f"verify: {role} step {step}{total}\n")
+            prefix = f"{self.label}: " if self.label else ""
+            self.stream.write(f"verify: {prefix}{role} step {step}{total}\n")
             self.stream.flush()
 
     def end(self, result) -> None:
         self.close()
         state = "hung" if result.hung else f"exit code {result.exit_code}"
-        self.stream.write(f"verify: {result.role} run: {result.steps} steps in {result.wall_s:.1f} s, {state}\n")
+        prefix = f"{self.label}: " if self.label else ""
+        self.stream.write(f"verify: {prefix}{result.role} run: {result.steps} steps in {result.wall_s:.1f} s, {state}\n")
         self.stream.flush()
 
     def close(self) -> None:

@@ -66,6 +66,7 @@ class Mirror:
 def prepare(script: Path, dest: Path, content: Optional[bytes] = None, mirror: Optional[Mirror] = None) -> Path:
     """Mirror ``script``'s folder into ``dest`` and place the script (or ``content``) there."""
     mirror = mirror or Mirror()
+    mirror.budget = BUDGET  # per folder: every run's mirror is made the same way
     mirror.mirror(script.parent, dest, dest.resolve())
     target = dest / script.name
     if target.is_symlink() or target.exists():

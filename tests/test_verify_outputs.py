@@ -1,0 +1,397 @@
+"""What the runs leave behind: snapshots, grouping of per-process names, checkpoint
+structures (loaded only with weights_only=True), the findings and their advice; then real
+`python`/`torchrun` runs of the writer fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from dp2ddp.verify import outputs
+from dp2ddp.verify.runner import Rank, RunResult
+from tests.verify_helpers import FIXTURES, fixture, verify
+
+torch = pytest.importorskip("torch")
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+@pytest.mark.parametrize(
+    "path, expect",
+    [
+        ("runs/events.out.tfevents.1716200000.host.example.com.4242.0", "runs/events.out.tfevents.*"),
+        ("runs/May20_10-30-00_host/events.out.tfevents.1716200000.host.77", "runs/May<n>_<n>-<n>-<n>_host/events.out.tfevents.*"),
+        ("logs/rank1.log", "logs/rank<n>.log"),
+        ("model.pt", "model.pt"),
+    ],
+)
+def test_names_are_grouped_up_to_numbers(path, expect):
+    assert outputs.pattern(path) == expect
+
+
+def test_paths_named_in_the_arguments_outside_the_run_folder(tmp_path):
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    (tmp_path / "shared").mkdir()
+    ext = tmp_path / "ext"
+    ext.mkdir()
+    args = ["--out-dir", str(ext), f"--log={ext}/sub", "--save_dir=../shared", "--data", "data/x", "--lr", "0.1",
+            str(tmp_path / "nope" / "deeper"), "/dev/null"]
+    assert outputs.named_paths(args, cwd) == [ext, tmp_path / "shared"]  # ext/sub is inside ext
+
+
+def _run(role: str, writes=None, pids=None, stopped=False) -> RunResult:
+    ranks = {}
+    for r, pid in (pids or {0: 100}).items():
+        rank = Rank(rank=r, pid=pid)
+        rank.writes = list((writes or {}).get(r, []))
+        rank.end = {"why": "limit" if stopped else "exit"}
+        ranks[r] = rank
+    return RunResult(role=role, exit_code=0, wall_s=1.0, ranks=ranks, logs=[])
+
+
+def _two_runs(tmp_path: Path, write_orig, write_mig, mig_pids=None, mig_writes=None, orig_writes=None):
+    """Each run's folder, written by ``write_*(folder)``, watched like verify watches it."""
+    seen = {}
+    for role, write, pids, writes in (("original", write_orig, None, orig_writes),
+                                      ("migrated", write_mig, mig_pids or {0: 200, 1: 201}, mig_writes)):
+        folder = tmp_path / role
+        folder.mkdir(parents=True)
+        (folder / "input.txt").write_text("mirrored before the run\n")
+        watch = outputs.Watch(folder, [])
+        write(folder)
+        w = {r: [str(folder / p) for p in ps] for r, ps in (writes or {}).items()}
+        seen[role] = watch.after(_run(role, w, pids))
+    return seen["original"], seen["migrated"]
+
+
+def _save(state, path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+
+
+def test_unchanged_files_are_not_outputs_and_pycache_is_ignored(tmp_path):
+    def write(folder):
+        (folder / "__pycache__").mkdir()
+        (folder / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"x")
+        (folder / "out.txt").write_text("hello\n")
+
+    o, m = _two_runs(tmp_path, write, write)
+    assert set(o.files) == {"out.txt"} and o.created == {"out.txt"}
+    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    assert rep["equal"] and rep["summary"] == "equal (1 file: out.txt)"
+
+
+def test_module_prefix_gained_is_a_problem_with_advice(tmp_path):
+    model = _model()
+    o, m = _two_runs(
+        tmp_path,
+        lambda f: _save({"net": model.state_dict(), "epoch": 1}, f / "ckpt" / "model.pt"),
+        lambda f: _save({"net": torch.nn.parallel.DataParallel(model).state_dict(), "epoch": 1}, f / "ckpt" / "model.pt"),
+    )
+    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    (d,) = rep["differences"]
+    assert d["kind"] == "module_prefix" and d["severity"] == "problem"
+    assert "under ['net'] gained the `module.` prefix" in d["message"] and "module.0.weight" in d["message"]
+    assert "model.module.state_dict()" in d["advice"]
+    assert rep["files"][0]["compared"] == "keys, shapes and dtypes"
+
+
+def test_module_prefix_is_a_warning_when_the_original_ran_without_dataparallel(tmp_path):
+    model = _model()
+    o, m = _two_runs(
+        tmp_path,
+        lambda f: _save(model.state_dict(), f / "m.pt"),
+        lambda f: _save(torch.nn.parallel.DataParallel(model).state_dict(), f / "m.pt"),
+    )
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=False)["differences"]
+    assert d["severity"] == "warning" and "without DataParallel" in d["message"]
+
+
+def test_module_prefix_lost(tmp_path):
+    model = _model()
+    o, m = _two_runs(
+        tmp_path,
+        lambda f: _save(torch.nn.parallel.DataParallel(model).state_dict(), f / "m.pt"),
+        lambda f: _save(model.state_dict(), f / "m.pt"),
+    )
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert d["kind"] == "module_prefix" and "lost the `module.` prefix" in d["message"]
+
+
+def test_keys_shapes_dtypes_and_types_in_nested_checkpoints(tmp_path):
+    def orig(f):
+        _save({"model": {"w": torch.zeros(4, 3), "b": torch.zeros(3)}, "opt": [torch.zeros(2)], "step": 3, "extra": 1}, f / "c.pt")
+
+    def mig(f):
+        _save({"model": {"w": torch.zeros(2, 3), "b": torch.zeros(3, dtype=torch.float16)}, "opt": [torch.zeros(2), 1],
+               "step": "3", "new": 2}, f / "c.pt")
+
+    o, m = _two_runs(tmp_path, orig, mig)
+    diffs = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    kinds = {d["kind"]: d["message"] for d in diffs}
+    assert set(kinds) == {"keys", "shape", "dtype", "length", "type"}
+    assert "only in the original: extra" in kinds["keys"] and "only in the migration: new" in kinds["keys"]
+    assert "['model']['w'] has shape [4, 3] in the original, [2, 3]" in kinds["shape"]
+    assert "['model']['b'] is float32 in the original, float16" in kinds["dtype"]
+    assert all(d["severity"] == "problem" for d in diffs)
+
+
+def test_the_same_finding_in_several_checkpoints_is_one_difference(tmp_path):
+    model = _model()
+
+    def write(wrap):
+        def w(f):
+            for e in range(3):
+                _save((torch.nn.parallel.DataParallel(model) if wrap else model).state_dict(), f / f"epoch{e}.pt")
+        return w
+
+    o, m = _two_runs(tmp_path, write(False), write(True))
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert d["paths"] == ["epoch0.pt", "epoch1.pt", "epoch2.pt"]
+    assert d["message"].startswith("epoch0.pt, epoch1.pt, epoch2.pt: its keys gained")
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_checkpoints_are_never_unpickled_beyond_weights_only(tmp_path):
+    marker = tmp_path / "pwned"
+    o, m = _two_runs(
+        tmp_path,
+        lambda f: _save({"x": _Evil(str(marker))}, f / "c.pt"),
+        lambda f: _save({"x": _Evil(str(marker))}, f / "c.pt"),
+    )
+    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    assert not marker.exists()
+    assert any("weights_only=True" in n and "compared by size only" in n for n in rep["notes"]), rep["notes"]
+
+
+def _safetensors(path: Path, tensors: dict) -> None:
+    header, off = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = 4 * math_prod(shape)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * off)
+
+
+def math_prod(shape):
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def test_safetensors_headers_are_compared(tmp_path):
+    o, m = _two_runs(
+        tmp_path,
+        lambda f: _safetensors(f / "model.safetensors", {"w": ("F32", [2, 3])}),
+        lambda f: _safetensors(f / "model.safetensors", {"module.w": ("F32", [2, 3])}),
+    )
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert d["kind"] == "module_prefix" and "module.w" in d["message"]
+
+
+def _events(folder: Path, pid: int) -> None:
+    (folder / "runs").mkdir(exist_ok=True)
+    (folder / "runs" / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{pid}.0").write_bytes(b"e" * 40)
+
+
+def test_one_event_file_on_each_side_is_equal_two_against_one_is_not(tmp_path):
+    o, m = _two_runs(tmp_path / "a", lambda f: _events(f, 100), lambda f: _events(f, 200))
+    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    assert rep["equal"], rep["differences"]
+    assert rep["files"][0]["path"] == "runs/events.out.tfevents.*" and len(rep["files"][0]["names"]) == 2
+
+    o, m = _two_runs(tmp_path / "b", lambda f: _events(f, 100), lambda f: (_events(f, 200), _events(f, 201)))
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert d["kind"] == "count" and d["severity"] == "problem"
+    assert d["message"] == ("the migration writes 2 TensorBoard event files in runs/, the original 1 "
+                            "(one per process of 2; the names carry the pids of ranks 0 and 1)")
+    assert "SummaryWriter under `if dist.get_rank() == 0:`" in d["advice"]
+
+
+def test_missing_extra_fewer_and_deleted_files(tmp_path):
+    def orig(f):
+        (f / "results.json").write_text("{}")
+        for e in range(3):
+            (f / f"ckpt_{e}.bin").write_text("x")
+        (f / "input.txt").unlink()
+
+    def mig(f):
+        (f / "ckpt_0.bin").write_text("x")
+        (f / "store").write_text("rendezvous")
+
+    o, m = _two_runs(tmp_path, orig, mig)
+    diffs = {d["kind"]: d for d in outputs.compare(o, m, world=2, dp_in_original=True)["differences"]}
+    assert diffs["missing"]["message"] == "the migration does not write results.json; the original does"
+    assert "LOCAL_RANK" in diffs["missing"]["advice"] and diffs["missing"]["severity"] == "problem"
+    assert diffs["count"]["message"] == "the migration writes 1 of the original's 3 files named ckpt_<n>.bin in ./"
+    assert diffs["extra"]["severity"] == "warning" and "store" in diffs["extra"]["message"]
+    assert diffs["deleted"]["severity"] == "warning" and "the original deletes input.txt" in diffs["deleted"]["message"]
+
+
+def test_a_file_every_rank_writes(tmp_path):
+    o, m = _two_runs(
+        tmp_path,
+        lambda f: (f / "train.log").write_text("epoch 0\n"),
+        lambda f: (f / "train.log").write_text("epoch 0\nepoch 0\n"),
+        mig_writes={0: ["train.log"], 1: ["train.log"]},
+        orig_writes={0: ["train.log"]},
+    )
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert d["kind"] == "writers" and d["message"] == "train.log is written by every rank (ranks 0 and 1); 16 bytes against the original's 8"
+    assert "`if dist.get_rank() == 0:`" in d["advice"]
+
+
+@pytest.mark.parametrize(
+    "mig_text, kind, severity",
+    [
+        ("a" * 20, "size", "problem"),  # about world-size times: every rank appends?
+        ("", "size", "problem"),  # emptied
+        ("a" * 13, "size", "warning"),  # differs: the content may depend on the run
+    ],
+)
+def test_sizes(tmp_path, mig_text, kind, severity):
+    o, m = _two_runs(tmp_path, lambda f: (f / "log.txt").write_text("a" * 10), lambda f: (f / "log.txt").write_text(mig_text))
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert (d["kind"], d["severity"]) == (kind, severity)
+
+
+def test_stopped_runs_and_writes_outside_are_noted(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    elsewhere = Path.home() / ".dp2ddp-test-not-written"
+    watch = outputs.Watch(folder, [])
+    o = watch.after(_run("original", {0: [str(elsewhere)]}, stopped=True))
+    m = outputs.Watch(folder, []).after(_run("migrated", {}, {0: 1, 1: 2}, stopped=True))
+    rep = outputs.compare(o, m, world=2, dp_in_original=True, steps=5)
+    assert rep["summary"] == "neither run wrote a file (nothing to compare)"
+    assert any("stopped after 5 steps" in n for n in rep["notes"])
+    assert any(str(elsewhere) in n and "not compared" in n for n in rep["notes"])
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def _writer(tmp_path: Path, migrated: str, *extra: str):
+    return verify(tmp_path, fixture("writer.py"), "--migrated", fixture(migrated), "--steps", "0", "--min-speedup", "0", *extra)
+
+
+def _differences(rep):
+    return {d["kind"]: d for d in rep["outputs"]["differences"]}
+
+
+@pytest.mark.torchrun
+def test_clean_migration_passes_with_its_outputs_equal(tmp_path):
+    ext = tmp_path / "results"
+    code, rep, out, _ = _writer(tmp_path, "writer_ddp.py", "--", "--out-dir", str(ext))
+    assert code == 0, out
+    o = rep["outputs"]
+    assert o["equal"] is True and o["differences"] == []
+    assert {f["path"] for f in o["files"]} == {
+        "runs/events.out.tfevents.*", "checkpoints/epoch0.pt", "checkpoints/epoch1.pt", "train.log", f"{ext}/results.json"}
+    assert all(f["status"] == "equal" for f in o["files"])
+    assert {f["path"]: f.get("compared") for f in o["files"]}["checkpoints/epoch1.pt"] == "keys, shapes and dtypes"
+    assert str(ext) in o["roots"]
+    assert "outputs: equal (5 files:" in out
+    assert json.loads((ext / "results.json").read_text()) == {"epochs": 2, "steps": 16}
+
+
+@pytest.mark.torchrun
+def test_per_rank_event_files_and_a_log_every_rank_writes_are_reported(tmp_path):
+    plot = tmp_path / "p.png"
+    code, rep, out, _ = _writer(tmp_path, "writer_every_rank_ddp.py", "--plot", str(plot))
+    assert code == 1, out
+    assert rep["losses_agree"] and rep["replicas_in_sync"]  # trains identically; only the outputs differ
+    d = _differences(rep)
+    assert set(d) == {"count", "writers"}, rep["outputs"]["differences"]
+    assert d["count"]["message"].startswith("the migration writes 2 TensorBoard event files in runs/, the original 1")
+    assert "the names carry the pids of ranks 0 and 1" in d["count"]["message"]
+    assert d["writers"]["message"].startswith("train.log is written by every rank (ranks 0 and 1)")
+    assert "outputs: the migration writes 2 TensorBoard event files" in out and "advice: only rank 0 should write" in out
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.torchrun
+def test_checkpoint_keys_that_gain_module_are_reported(tmp_path):
+    code, rep, out, _ = _writer(tmp_path, "writer_module_keys_ddp.py")
+    assert code == 1, out
+    (d,) = rep["outputs"]["differences"]
+    assert d["kind"] == "module_prefix" and d["paths"] == ["checkpoints/epoch0.pt", "checkpoints/epoch1.pt"]
+    assert "gained the `module.` prefix" in d["message"] and "save `model.module.state_dict()`" in d["advice"]
+    assert rep["verdict"] == "fail" and any("gained the `module.` prefix" in p for p in rep["problems"])
+
+
+@pytest.mark.torchrun
+def test_a_file_no_rank_writes_any_more_is_reported(tmp_path):
+    code, rep, out, _ = _writer(tmp_path, "writer_no_results_ddp.py")
+    assert code == 1, out
+    (d,) = rep["outputs"]["differences"]
+    assert d["kind"] == "missing" and d["message"] == "the migration does not write results/results.json; the original does"
+    assert "LOCAL_RANK" in d["advice"]
+
+
+@pytest.mark.torchrun
+def test_the_same_script_on_both_sides_shows_no_measurable_difference(tmp_path):
+    """Both sides run one process doing the same work, so the true speed-up is 1: the
+    repeated measurement must give an interval around it. A 95 % interval misses the truth
+    one time in twenty, so a miss is measured once more (both missing: 1 in 400)."""
+    work = tmp_path / "proj"
+    work.mkdir()
+    shutil.copy(FIXTURES / "same.py", work / "same.py")
+    shutil.copy(FIXTURES / "same.py", work / "same_ddp.py")
+    plot = tmp_path / "speed.png"
+    for attempt in (1, 2):
+        keep = tmp_path / f"scratch{attempt}"
+        code, rep, out, _ = verify(
+            tmp_path, str(work / "same.py"), "--nproc", "1", "--steps", "40", "--repeat", "2", "--threads", "1",
+            "--workdir", str(keep), "--plot", str(plot),
+        )
+        assert code in (0, 1) and rep is not None, out
+        if rep["speed"]["verdict"] == "no measurable difference":
+            break
+        if attempt == 1:
+            import warnings
+
+            warnings.warn(f"same script on both sides: {rep['speed']} (a 1-in-20 miss); measuring again")
+    sp = rep["speed"]
+    assert sp["verdict"] == "no measurable difference", (sp, out)
+    lo, hi = sp["ci"]
+    assert lo < 1 < hi and lo <= sp["geometric_mean"] <= hi
+    assert sp["pairs"] == 2
+    assert code == 0 and rep["verdict"] == "pass", out  # --min-speedup 1 is judged on the interval
+    assert "no measurable difference" in out and "95% interval" in out
+    # every run's figures are kept: 2 measured pairs, and a warm-up pair when the first was short
+    warm = rep["pairs"][0]["warmup"]
+    assert len(rep["pairs"]) == 2 + warm and warm == (rep["pairs"][0]["wall_s"] < 30)
+    assert len(rep["runs"]) == 2 * len(rep["pairs"])
+    assert all(r["samples_per_s"] > 0 and r["throughput"] for r in rep["runs"])
+    assert [p["order"][0] for p in rep["pairs"]] == ["migrated", "original", "migrated"][: len(rep["pairs"])]
+    # the same thread budget in both runs, stated in the report and seen by the scripts
+    assert rep["threads"]["original"] == rep["threads"]["migrated"] == 1 and rep["threads"]["source"] == "--threads"
+    assert "threads: 1 per process in both runs" in out
+    for role in ("original", "migrated"):
+        assert (keep / "pair1" / role / "threads.txt").read_text() == "1\n"
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert os.path.isdir(keep / "pair1" / "probe")
