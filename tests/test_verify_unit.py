@@ -82,6 +82,22 @@ def test_missing_migrated_is_a_usage_error(tmp_path):
     assert p.returncode == 2 and "b.py: no such file" in p.stderr
 
 
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--threads", "0"], "'0' is not N or N,M with positive integers"),
+        (["--threads", "2,x"], "'2,x' is not N or N,M"),
+        (["--threads", "1,2,3"], "'1,2,3' is not N or N,M"),
+        (["--repeat", "0"], "Invalid value for '--repeat'"),
+    ],
+)
+def test_bad_repeat_or_threads_is_a_usage_error(tmp_path, option, message):
+    (tmp_path / "a.py").write_text("print(1)\n")
+    p = _cli(str(tmp_path / "a.py"), *option)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.py"]
+
+
 def test_script_without_dataparallel_cannot_be_rewritten(tmp_path):
     (tmp_path / "a.py").write_text("print(1)\n")
     p = _cli(str(tmp_path / "a.py"))

@@ -52,7 +52,7 @@ class _Threads(click.ParamType):
 @click.option("--startup-timeout", type=click.FloatRange(min=0), default=60.0, show_default=True, help="Before the first step (imports, data, rendezvous), the hang timeout is at least this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for random, NumPy and torch in every process.")
 @click.option("--json", "json_path", metavar="PATH", help="Write the report as JSON ('-' for stdout).")
-@click.option("--plot", "plot_path", metavar="PATH", help="Write loss curves and throughput as a PNG.")
+@click.option("--plot", "plot_path", metavar="PATH", help="Write a PNG: loss curves, every run's throughput, the speed-up per pair; a caption on threads, speed and outputs.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), help="Scratch folder (kept); default: a temporary one, removed after a pass.")
 def verify(
     original: Path,

@@ -54,7 +54,7 @@ def summary(report: Dict[str, Any]) -> list:
     sp = report.get("speed")
     if sp:
         req = "not judged: --min-speedup 0" if not report["min_speedup"] else f"required {report['min_speedup']:g}"
-        lines.append(("speed-up", f"{speed.describe(sp)} ({req})"))
+        lines.append(("speed-up", f"{speed.describe(sp)}; {req}"))
     else:
         lines.append(("speed-up", f"{_fmt(report['speedup'], '.2f')} (required {report['min_speedup']:g})"))
     if report.get("outputs"):

@@ -20,12 +20,11 @@ It never edits the user's code. It:
 Everything here is standard library until torch is imported by the script itself.
 
 Per step the probe runs three hooks (backward, DataLoader ``__next__``, optimizer step);
-the audit hook costs nothing unless the step itself raises audit events (a DataLoader
-with workers raises ~16 a batch: unpickling, sockets; each a call, a compare and a return,
-~0.6 us measured here);
 they only append plain values: no syscalls (a fork handler replaces the pid check), no
 dicts, no JSON and no writes, which the flush thread does (benchmarks/bench_probe.py
-measures what is left).
+measures what is left). The audit hook costs nothing unless the step itself raises audit
+events (a DataLoader with workers raises ~16 a batch: unpickling, sockets; each a call, a
+compare and a return, ~0.6 us measured here).
 """
 
 import atexit
