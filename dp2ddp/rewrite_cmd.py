@@ -48,8 +48,9 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks
     for *.py files; '-' reads standard input and writes standard output.
 
     \b
-    Exit codes: 0 migrated (or nothing to migrate), 1 a file could not be migrated and
-    was left unchanged (see its warnings), 2 usage or input error (nothing written).
+    Exit codes: 0 migrated (or nothing to migrate), 1 something is left for a human: a
+    file refused and left unchanged, or migrated with warnings (both printed as
+    path:line:col: CODE message), 2 usage or input error (nothing written).
     """
     from dp2ddp.migrate import Options, migrate_bytes
 
@@ -90,7 +91,7 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks
         mig = result.migration
         for w in mig.warnings:
             click.echo(_fmt(display, w), err=True)
-        if mig.blocked:
+        if mig.blocked or mig.warnings:
             status = EXIT_NOT_MIGRATED
         dest = None
         if show_diff:

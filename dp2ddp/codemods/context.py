@@ -130,16 +130,18 @@ class Context:
     def rank0(self) -> str:
         """A test that holds on rank 0 only (and, in a script with its own distributed path,
         also when that path is off: no process group)."""
-        dist = self.name("dist")
-        if self.mode == "mixed":
-            return f"not {dist}.is_initialized() or {dist}.get_rank() == 0"
-        return f"{dist}.get_rank() == 0"
+        return f"{self._rank()} == 0"
 
     def not_rank0(self) -> str:
+        return f"{self._rank()} != 0"
+
+    def _rank(self) -> str:
+        """This process's global rank. In a script with its own distributed path the process
+        group may not exist yet (or at all, without torchrun): then torchrun's RANK, else 0."""
         dist = self.name("dist")
         if self.mode == "mixed":
-            return f"{dist}.is_initialized() and {dist}.get_rank() != 0"
-        return f"{dist}.get_rank() != 0"
+            return f'({dist}.get_rank() if {dist}.is_initialized() else int({self.name("os")}.environ.get("RANK", 0)))'
+        return f"{dist}.get_rank()"
 
     def ddp_call(self, module_text: str, find_unused: bool = False) -> str:
         torch = self.name("torch")

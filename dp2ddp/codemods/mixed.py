@@ -34,7 +34,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import FUNCTIONS, SemanticModel, kwarg
-from dp2ddp.model.names import CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.ranks import RANK_WORD
 
 _INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
@@ -94,7 +94,7 @@ def detect_mode(ctx: Context) -> List[Finding]:
     m = ctx.m
     inits = m.calls(INIT)
     spawns = m.calls(SPAWN)
-    ddps = m.calls(DDP)
+    ddps = m.calls(DDP | APEX_DDP)
     launch = m.refs(LAUNCH_MODULES)
     local_rank_args = _local_rank_args(m)
     if not (inits or spawns or launch):
@@ -340,6 +340,11 @@ def propose(ctx: Context) -> List[Finding]:
         if f is not None:
             out.append(f)
     ensured = set()
+    out.extend(_apex(ctx))
+    for call in m.calls(APEX_DDP):
+        f = _ensure_wrapped(ctx, call, ensured)
+        if f is not None:
+            out.append(f)
     for call in m.calls(DDP):
         f = _ddp_devices(ctx, call, cuda)
         if f is not None:
@@ -374,8 +379,16 @@ def propose(ctx: Context) -> List[Finding]:
         else:
             new = ctx.expr('{t} and "LOCAL_RANK" not in {os}.environ', t=_paren(m, node), os=os_)
         out.append(ctx.note(node, "DDP121", f"`{m.source(node)}` switches the distributed path on; under torchrun it is on", [Replace(ctx.cst(node), new)]))
-    for call in m.calls({"torch.device"}):
-        f = _cuda_device(ctx, call, cuda)
+    for call in m.nodes(ast.Call):
+        f = _cuda_call(ctx, call, cuda)
+        if f is not None:
+            out.append(f)
+    for node in m.nodes(ast.Assert):
+        f = _cuda_assert(ctx, node, cuda)
+        if f is not None:
+            out.append(f)
+    for node in m.nodes(ast.Call, ast.BinOp, ast.JoinedStr):
+        f = _cuda_device(ctx, node, cuda)
         if f is not None:
             out.append(f)
     for sub in m.nodes(ast.Assign):
@@ -433,6 +446,37 @@ def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
     if not edits:
         return None
     return ctx.note(call, "DDP121", "device_ids only with CUDA (CPU ranks pass None)", edits)
+
+
+def _apex(ctx: Context) -> List[Finding]:
+    """apex's DistributedDataParallel (NVIDIA's, from before torch had its own) becomes
+    torch's: the script's distributed path then needs no apex, and runs on CPU."""
+    m = ctx.m
+    out: List[Finding] = []
+    for call in m.calls(APEX_DDP):
+        if not call.args or any(isinstance(a, ast.Starred) for a in call.args):
+            continue
+        dropped = [k.arg for k in call.keywords if k.arg is not None]
+        new = ctx.expr(ctx.ddp_call(m.source(call.args[0])))
+        msg = "apex.parallel.DistributedDataParallel -> torch's DistributedDataParallel"
+        if dropped:
+            msg += f" (apex-only arguments dropped: {', '.join(dropped)})"
+        out.append(ctx.note(call, "DDP121", msg, [Replace(ctx.cst(call), new)]))
+    for imp in m.nodes(ast.ImportFrom):
+        if not any(f"{imp.module}.{a.name}" in APEX_DDP for a in imp.names):
+            continue
+        if len(imp.names) != 1 or not ctx.bridge.alone_on_line(imp):
+            continue
+        stmt: ast.stmt = imp
+        owner = m.parent(imp)
+        if isinstance(owner, ast.Try) and owner.body == [imp] and not owner.orelse and not owner.finalbody and ctx.bridge.alone_on_line(owner):
+            stmt = owner  # try: from apex... except ImportError: raise ...: the whole try goes
+        if m.parent(stmt) is m.tree:
+            continue  # a module-level import: left for RemoveImportIfUnused
+        from dp2ddp.engine import Remove
+
+        out.append(ctx.note(imp, "DDP121", "the apex import is no longer needed", [Remove(ctx.bridge.statement(stmt))]))
+    return out
 
 
 def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> Optional[Finding]:
@@ -500,28 +544,98 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     return ctx.note(sp, "DDP121", f"under torchrun, {target.name}() runs in this process instead of mp.spawn", [Replace(node, wrap)])  # type: ignore[attr-defined]
 
 
-def _cuda_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
-    """``torch.device("cuda", local_rank)`` in the distributed path: the CPU when there is no
-    CUDA (a gloo run on CPU)."""
+def _cuda_string(m: SemanticModel, node: ast.AST) -> bool:
+    """``'cuda:%d' % rank``, ``'cuda:{}'.format(rank)``, ``f"cuda:{rank}"``: a device string
+    built from a rank."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        return isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) and node.left.value.startswith("cuda:")
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
+        v = node.func.value
+        return isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.startswith("cuda:")
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        return isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith("cuda:")
+    return False
+
+
+def _cuda_device(ctx: Context, node: ast.AST, cuda: str) -> Optional[Finding]:
+    """``torch.device("cuda", local_rank)`` or ``'cuda:%d' % local_rank`` in the distributed
+    path: the CPU when there is no CUDA (a gloo run on CPU)."""
     m = ctx.m
-    first = call.args[0] if call.args else None
-    text = m.source(first) if first is not None else ""
-    if any(isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, CUDA_AVAILABLE) for a in call.args for n in ast.walk(a)):
+    if _under_cuda_test(m, node):
         return None
-    if not (len(call.args) == 2 and isinstance(first, ast.Constant) and first.value == "cuda") and not (
-        first is not None and not isinstance(first, ast.Constant) and ("'cuda:" in text or '"cuda:' in text)
-    ):
-        return None
-    for a in m.ancestors(call):
-        if isinstance(a, (ast.If, ast.IfExp)) and any(
-            isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(a.test)
-        ):
-            return None
-        if isinstance(a, ast.stmt):
-            break
     torch = ctx.name("torch")
-    return ctx.note(call, "DDP121", "the rank's CUDA device, or the CPU without CUDA",
-                    [Replace(ctx.cst(call), ctx.expr('{c} if {cuda} else {t}.device("cpu")', c=call, cuda=cuda, t=torch))])
+    if isinstance(node, ast.Call) and m.is_name(node.func, {"torch.device"}):
+        first = node.args[0] if node.args else None
+        if not (len(node.args) == 2 and isinstance(first, ast.Constant) and first.value == "cuda"):
+            return None
+        cpu = f'{torch}.device("cpu")'
+    elif _cuda_string(m, node):
+        parent = m.parent(node)
+        if isinstance(parent, ast.Call) and m.is_name(parent.func, {"torch.device"}):
+            return None  # torch.device('cuda:%d' % r): the string is changed, the call stays
+        cpu = '"cpu"'
+    else:
+        return None
+    text = m.source(node)
+    if not isinstance(node, ast.Call):
+        text = f"({text})"
+    return ctx.note(node, "DDP121", "the rank's CUDA device, or the CPU without CUDA",
+                    [Replace(ctx.cst(node), ctx.expr("{c} if {cuda} else {cpu}", c=text, cuda=cuda, cpu=cpu))])
+
+
+def _under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:
+    """``node`` only runs with CUDA: under ``if torch.cuda.is_available()``, ``if args.cuda``,
+    ``if use_cuda``, ``x.cuda() if cuda else x`` ..."""
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.If, ast.IfExp, ast.While)) and child is not a.test:
+            for n in ast.walk(a.test):
+                if isinstance(n, (ast.Name, ast.Attribute)) and (m.is_name(n, CUDA_AVAILABLE) or "cuda" in m.source(n).lower() or "gpu" in m.source(n).lower()):
+                    return True
+        if isinstance(a, (ast.BoolOp,)) and child is not a.values[0]:
+            if any("cuda" in m.source(v).lower() for v in a.values[: a.values.index(child)] if child in a.values):
+                return True
+        if isinstance(a, FUNCTIONS + (ast.ClassDef,)):
+            return False
+        child = a
+    return False
+
+
+def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
+    """``x.cuda()`` on the distributed path runs on CPU too: ``x.cuda() if CUDA else x``."""
+    m = ctx.m
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr == "cuda"):
+        return None
+    recv = f.value
+    if not isinstance(recv, (ast.Name, ast.Attribute, ast.Subscript)) or any(isinstance(n, ast.Call) for n in ast.walk(recv)):
+        return None
+    if _under_cuda_test(m, call):
+        return None
+    parent = m.parent(call)
+    if isinstance(parent, ast.Expr) and ctx.bridge.alone_on_line(parent):
+        node = ctx.bridge.statement(parent)
+
+        def wrap(u, c=cuda):
+            inner = u.with_changes(leading_lines=())
+            guard = cst.parse_statement(f"if {c}:\n    pass\n")
+            return guard.with_changes(body=guard.body.with_changes(body=[inner]), leading_lines=u.leading_lines)
+
+        return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)", [Replace(node, wrap)])
+    return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
+                    [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=recv))])
+
+
+def _cuda_assert(ctx: Context, node: ast.Assert, cuda: str) -> Optional[Finding]:
+    """``assert torch.cuda.device_count() > LOCAL_RANK`` on the distributed path: only with CUDA."""
+    m = ctx.m
+    if not any(isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, {"torch.cuda.device_count", "torch.cuda.is_available"}) for n in ast.walk(node.test)):
+        return None
+    if _under_cuda_test(m, node):
+        return None
+    return ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
+                    [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))])
 
 
 def _master_env(ctx: Context, assign: ast.Assign) -> Optional[Finding]:

@@ -30,7 +30,7 @@ def propose(ctx: Context) -> List[Finding]:
             if key in done or calls_set_epoch(m, loop):
                 placed = True
                 continue
-            f = _insert(ctx, loop, text)
+            f = _insert(ctx, loop, text, _maybe_other_sampler(m, loader))
             if f is not None:
                 out.append(f)
                 if f.severity == "info":
@@ -68,7 +68,17 @@ def _epoch_counter(loop: ast.AST) -> Optional[str]:
     return None
 
 
-def _insert(ctx: Context, loop: ast.AST, expr_text: str) -> Optional[Finding]:
+def _maybe_other_sampler(m, loader) -> bool:
+    """The loader's sampler may be another one (``RandomSampler(ds) if local_rank == -1
+    else DistributedSampler(ds)``): then ``set_epoch`` only when it has one."""
+    from dp2ddp.model.loaders import sampler_values
+    from dp2ddp.model.names import DISTRIBUTED_SAMPLER
+
+    values = sampler_values(m, loader.sampler_value) if loader.sampler is not None else []
+    return any(not m.call_is(v, DISTRIBUTED_SAMPLER) for v in values)
+
+
+def _insert(ctx: Context, loop: ast.AST, expr_text: str, conditional: bool = False) -> Optional[Finding]:
     m = ctx.m
     if loop.body[0].lineno == loop.lineno:  # type: ignore[attr-defined]
         return ctx.warn(loop, "DDP106", f"one-line epoch loop: call {expr_text}.sampler.set_epoch(epoch) by hand")
@@ -79,7 +89,10 @@ def _insert(ctx: Context, loop: ast.AST, expr_text: str) -> Optional[Finding]:
     first = body[1] if is_docstring(body[0]) and len(body) > 1 else body[0]
     if not ctx.bridge.alone_on_line(first):
         return ctx.warn(loop, "DDP106", f"call {expr_text}.sampler.set_epoch({epoch}) at the start of every epoch")
-    stmt = ctx.stmt("{e}.sampler.set_epoch({epoch})", e=expr_text, epoch=epoch)
+    if conditional:
+        stmt = ctx.stmt("if isinstance({e}.sampler, {S}):\n    {e}.sampler.set_epoch({epoch})\n", e=expr_text, epoch=epoch, S=ctx.name("DistributedSampler"))
+    else:
+        stmt = ctx.stmt("{e}.sampler.set_epoch({epoch})", e=expr_text, epoch=epoch)
     return ctx.note(
         loop,
         "DDP131",

@@ -34,11 +34,11 @@ def var_key(m: SemanticModel, node: ast.AST) -> Optional[VarKey]:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         if node.value.id == "self":
             cls = m.enclosing_class(node)
-            return ("attr", cls, "self." + node.attr) if cls is not None else None
+            return ("attr", m.root_class(cls), "self." + node.attr) if cls is not None else None
         # trainer.writer where trainer = Trainer(...): the attribute of that class
         cls = m.instance_class(node.value)
         if cls is not None:
-            return ("attr", cls, "self." + node.attr)
+            return ("attr", m.root_class(cls), "self." + node.attr)
     return None
 
 
@@ -198,16 +198,76 @@ def is_ddp_code(m: SemanticModel) -> bool:
     return got  # type: ignore[return-value]
 
 
-def call_reaches(m: SemanticModel, call: ast.Call, dp: bool = False) -> Optional[str]:
+def call_reaches(m: SemanticModel, call: ast.Call, dp: bool = False, unguarded: bool = False) -> Optional[str]:
     """Whether ``call`` itself is a collective or calls a function of the module that
     reaches one (its arguments are not looked at: each call is asked on its own), with
-    what it reaches (``"barrier()"``, ``"evaluate() -> DDP forward"``); ``None`` if not."""
+    what it reaches (``"barrier()"``, ``"evaluate() -> DDP forward"``); ``None`` if not.
+    With ``unguarded``, through :func:`unguarded_reaching_functions`."""
     what = collective_of(m, call, dp)
     if what is not None:
         return what
     t = m.resolve_call(call)
     if t is not None:
-        reach = reaching_functions(m, dp).get(t)
+        reach = (unguarded_reaching_functions if unguarded else reaching_functions)(m, dp).get(t)
         if reach is not None:
             return f"{t.name}() -> {reach}"  # type: ignore[attr-defined]
     return None
+
+
+def collective_sites(m: SemanticModel, dp: bool = False) -> List[Tuple[ast.Call, str]]:
+    """Every call of the module that is a collective (:func:`collective_of`), found from the
+    names (not by asking every call), in source order, with what it is."""
+    key = f"collectives:sites:{dp}"
+    got = m.cache.get(key)
+    if got is None:
+        calls = m.calls(COLLECTIVES) + m.calls(DDP | (DP | DP_FUNCTIONAL if dp else frozenset()))
+        wrapped = wrapped_vars(m, dp)
+        if wrapped:
+            calls += [
+                c
+                for c in m.nodes(ast.Call)
+                if isinstance(c.func, (ast.Name, ast.Attribute)) and var_key(m, c.func) in wrapped  # type: ignore[attr-defined]
+            ]
+        seen = set()
+        got = []
+        for c in sorted(calls, key=lambda c: (c.lineno, c.col_offset)):
+            if id(c) not in seen:
+                seen.add(id(c))
+                what = collective_of(m, c, dp)
+                if what is not None:
+                    got.append((c, what))
+        m.cache[key] = got
+    return got  # type: ignore[return-value]
+
+
+def unguarded_reaching_functions(m: SemanticModel, dp: bool = False) -> Dict[ast.AST, str]:
+    """Like :func:`reaching_functions`, counting only what every rank that calls the
+    function reaches: a collective (or a call of such a function) that the function itself
+    runs under a rank test that can split the ranks (``if local_rank not in [-1, 0]:
+    barrier()``, the paired-barrier idiom) does not count — whether it runs depends on the
+    caller's rank, which a caller's own rank test may already rule out."""
+    key = f"collectives:reach-unguarded:{dp}"
+    got = m.cache.get(key)
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.ranks import rank_split_conditionals
+
+    def unguarded(call: ast.Call) -> bool:
+        return next(rank_split_conditionals(m, call), None) is None
+
+    out: Dict[ast.AST, str] = {}
+    todo: List[ast.AST] = []
+    for call, what in collective_sites(m, dp):
+        f = m.enclosing_function(call)
+        if f is not None and f not in out and unguarded(call):
+            out[f] = what
+            todo.append(f)
+    while todo:  # up the call graph: the callers of a reaching function reach too
+        t = todo.pop(0)
+        for call in m.call_sites(t):
+            f = m.enclosing_function(call)
+            if f is not None and f not in out and unguarded(call):
+                out[f] = f"{t.name}() -> {out[t]}"  # type: ignore[attr-defined]
+                todo.append(f)
+    m.cache[key] = out
+    return out

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import operator
 import re
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
@@ -119,12 +120,12 @@ class SemanticModel:
             if t not in self._sorted:
                 self._sorted.add(t)
                 if t in self._by_type:
-                    self._by_type[t].sort(key=_order_key)
+                    _sort(self._by_type[t])
             return self._by_type.get(t, [])
         out: List[ast.AST] = []
         for t in types:
             out.extend(self._by_type.get(t, ()))
-        out.sort(key=_order_key)
+        _sort(out)
         return out
 
     def parent(self, node: ast.AST) -> Optional[ast.AST]:
@@ -343,31 +344,59 @@ class SemanticModel:
     def calls(self, names: Iterable[str]) -> List[ast.Call]:
         names = frozenset(names)
         tails = {n.rsplit(".", 1)[-1] for n in names}
-        out = []
-        for c in self.nodes(ast.Call):
-            f = c.func
+        aliases = self._aliases_of(names)
+        index = self._calls_by_tail
+        found = [item for tail in tails for item in index.get(tail, ())]
+        found += [item for a in aliases - tails for item in index.get(a, ()) if isinstance(item[1].func, ast.Name)]
+        found.sort(key=_first)  # source order (the order of nodes(ast.Call))
+        return [c for _i, c in found if self.is_name(c.func, names)]
+
+    @cached_property
+    def _calls_by_tail(self) -> Dict[str, List[Tuple[int, ast.Call]]]:
+        """The calls of ``f(...)``/``a.b.f(...)`` by ``f``, with their rank in source order:
+        :meth:`calls` looks up the few candidates instead of scanning every call."""
+        out: Dict[str, List[Tuple[int, ast.Call]]] = {}
+        for i, c in enumerate(self.nodes(ast.Call)):
+            f = c.func  # type: ignore[attr-defined]
             tail = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-            if tail in tails or (tail is not None and isinstance(f, ast.Name) and self._maybe_alias(f)):
-                if self.is_name(f, names):
-                    out.append(c)
+            if tail is not None:
+                out.setdefault(tail, []).append((i, c))  # type: ignore[arg-type]
         return out
 
     def _maybe_alias(self, name: ast.Name) -> bool:
         """A name bound by an ``import ... as`` (its spelling says nothing of what it is)."""
-        return any(b.kind == "import" for b in self.bindings_of(name))
+        return name.id in self._import_bound and any(b.kind == "import" for b in self.bindings_of(name))
+
+    def _aliases_of(self, names: FrozenSet[str]) -> FrozenSet[str]:
+        """Local names an import binds to one of ``names`` (``DP`` after ``from torch.nn
+        import DataParallel as DP``), in any scope: the only names, besides the last
+        components of ``names``, that can resolve to one of them."""
+        memo = self.cache.setdefault("_aliases", {})
+        got = memo.get(names)  # type: ignore[union-attr]
+        if got is None:
+            got = memo[names] = frozenset(  # type: ignore[index]
+                b.name for s in self.scopes.values() for bs in s.bindings.values() for b in bs
+                if b.kind == "import" and b.qualified in names
+            )
+        return got
+
+    @cached_property
+    def _import_bound(self) -> FrozenSet[str]:
+        """Every name an import binds, in any scope (a cheap first test for _maybe_alias)."""
+        return frozenset(b.name for s in self.scopes.values() for bs in s.bindings.values() for b in bs if b.kind == "import")
 
     def refs(self, names: Iterable[str]) -> List[ast.AST]:
         """Outermost Name/Attribute nodes that resolve to one of ``names`` (loads only)."""
         names = frozenset(names)
         tails = {n.rsplit(".", 1)[-1] for n in names}
         out = []
-        for n in self.nodes(ast.Name, ast.Attribute):
-            if isinstance(n, ast.Attribute):
-                if n.attr not in tails or not isinstance(n.ctx, ast.Load):
-                    continue
-            else:
-                if not isinstance(n.ctx, ast.Load) or (n.id not in tails and not self._maybe_alias(n)):
-                    continue
+        # (Attributes and Names apart, then in source order: one merged, sorted list of
+        # every name of the module would cost more than the rest of the search)
+        candidates = [n for n in self.nodes(ast.Attribute) if n.attr in tails and isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
+        aliases = tails | self._aliases_of(names)
+        candidates += [n for n in self.nodes(ast.Name) if n.id in aliases and isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
+        candidates.sort(key=_order_key)
+        for n in candidates:
             if self.is_name(n, names):
                 parent = self.parents.get(n)
                 if isinstance(parent, ast.Attribute) and parent.value is n and self.is_name(parent, names):
@@ -475,9 +504,28 @@ class SemanticModel:
         return line, self.char_col(line, getattr(node, "end_col_offset", 0) or 0)
 
     def source(self, node: ast.AST) -> str:
-        """The source text of ``node`` (as written)."""
-        seg = ast.get_source_segment(self.text, node)
+        """The source text of ``node`` (as written): what ``ast.get_source_segment`` gives,
+        from the cached lines (it splits the whole text again on every call)."""
+        seg = self._segment(node)
         return seg if seg is not None else ast.unparse(node)
+
+    def _segment(self, node: ast.AST) -> Optional[str]:
+        try:
+            if node.end_lineno is None or node.end_col_offset is None:  # type: ignore[attr-defined]
+                return None
+            first, last = node.lineno, node.end_lineno  # type: ignore[attr-defined]
+            col, end_col = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+        except AttributeError:
+            return None
+        starts = self._line_starts
+        if last > len(starts):
+            return None
+        return self.text[starts[first - 1] + self.char_col(first, col) : starts[last - 1] + self.char_col(last, end_col)]
+
+    @cached_property
+    def _line_starts(self) -> List[int]:
+        """Offset in the text of each line's first character (lines as Python counts them)."""
+        return [0] + [mt.end() for mt in _LINE_BREAK.finditer(self.text)]
 
     # ------------------------------------------------------------------ calls between functions
     def resolve_call(self, call: ast.Call) -> Optional[ast.AST]:
@@ -514,6 +562,19 @@ class SemanticModel:
                 if len(found) == 1:
                     return found[0]
         return None
+
+    def root_class(self, cls: ast.ClassDef) -> ast.ClassDef:
+        """The topmost class of this module that ``cls`` derives from (itself if none):
+        ``self.x`` means the same attribute in the methods of a class and its subclasses."""
+        seen = set()
+        cur = cls
+        while id(cur) not in seen:
+            seen.add(id(cur))
+            base = self._base_class(cur)
+            if base is None:
+                return cur
+            cur = base
+        return cur
 
     def _derives(self, cls: ast.ClassDef, base: ast.ClassDef) -> bool:
         seen = set()
@@ -615,6 +676,18 @@ class SemanticModel:
 
 _LINE_BREAK = re.compile(r"\r\n?|\n")
 
+
+
+_POSITION = operator.attrgetter("lineno", "col_offset")
+_first = operator.itemgetter(0)
+
+
+def _sort(nodes: List[ast.AST]) -> None:
+    """In source order (a stable sort: nodes that start at one place keep their order)."""
+    try:
+        nodes.sort(key=_POSITION)
+    except AttributeError:  # nodes without a position (comprehension, arguments ...)
+        nodes.sort(key=_order_key)
 
 
 def _order_key(node: ast.AST) -> Tuple[int, int]:
@@ -887,31 +960,44 @@ class _Builder:
 
     # expressions --------------------------------------------------------
     def _expr(self, e: ast.AST, parent: ast.AST, scope: Scope) -> None:
-        # iterative for the common, deep expression trees
+        # iterative for the common, deep expression trees; the hottest loop of the model
+        # (every expression node passes here once), so _record is inlined and the generic
+        # children come from a per-type field table instead of ast.iter_child_nodes
         stack = [(e, parent)]
-        record = self._record
+        pop = stack.pop
+        push = stack.append
+        parents = self.parents
+        by_type = self.by_type
         scope_of_node = self.scope_of_node
+        record = self._record
+        Name, Constant, Attribute, Call, keyword = ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.keyword
+        AST = ast.AST
         while stack:
-            node, par = stack.pop()
-            record(node, par)
+            node, par = pop()
+            parents[node] = par
             t = type(node)
-            if t is ast.Name:
+            lst = by_type.get(t)
+            if lst is None:
+                by_type[t] = [node]
+            else:
+                lst.append(node)
+            if t is Name:
                 scope_of_node[node] = scope
                 continue
-            if t is ast.Constant:
+            if t is Constant:
                 continue
-            if t is ast.Attribute:
-                stack.append((node.value, node))
+            if t is Attribute:
+                push((node.value, node))
                 continue
-            if t is ast.Call:
+            if t is Call:
                 for k in reversed(node.keywords):
-                    stack.append((k, node))
+                    push((k, node))
                 for a in reversed(node.args):
-                    stack.append((a, node))
-                stack.append((node.func, node))
+                    push((a, node))
+                push((node.func, node))
                 continue
-            if t is ast.keyword:
-                stack.append((node.value, node))
+            if t is keyword:
+                push((node.value, node))
                 continue
             if t is ast.Lambda:
                 self._lambda(node, scope)
@@ -920,7 +1006,7 @@ class _Builder:
                 self._comprehension(node, scope)
                 continue
             if t is ast.NamedExpr:
-                stack.append((node.value, node))
+                push((node.value, node))
                 target_scope = scope
                 while target_scope.kind == "comprehension" and target_scope.parent is not None:
                     target_scope = target_scope.parent
@@ -928,9 +1014,18 @@ class _Builder:
                 scope_of_node[node.target] = scope
                 target_scope.add(Binding(node.target.id, "walrus", node, target_scope, target=node.target))
                 continue
-            children = [c for c in ast.iter_child_nodes(node)]
+            # what ast.iter_child_nodes yields, in its order, pushed in reverse
+            children = []
+            for name in t._fields:
+                v = getattr(node, name, None)
+                if isinstance(v, AST):
+                    children.append(v)
+                elif isinstance(v, list):
+                    for x in v:
+                        if isinstance(x, AST):
+                            children.append(x)
             for c in reversed(children):
-                stack.append((c, node))
+                push((c, node))
 
     def _lambda(self, node: ast.Lambda, scope: Scope) -> None:
         args = node.args

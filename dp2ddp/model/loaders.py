@@ -300,7 +300,7 @@ def handle_of(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
         return (None, expr.id)
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
         cls = m.enclosing_class(expr)
-        return (cls, m.source(expr)) if cls is not None else None
+        return (m.root_class(cls), m.source(expr)) if cls is not None else None
     return None
 
 
@@ -431,7 +431,8 @@ def _epoch_loops_from(m: SemanticModel, site: ast.AST, expr_text: str, depth: in
         root = root.value
     for call in m.call_sites(func):
         if isinstance(root, ast.Name) and root.id == "self":
-            if m.enclosing_class(call) is m.enclosing_class(func):
+            cc, cf = m.enclosing_class(call), m.enclosing_class(func)
+            if cc is not None and cf is not None and m.root_class(cc) is m.root_class(cf):
                 out.extend(_epoch_loops_from(m, call, expr_text, depth + 1, seen))
         elif isinstance(root, ast.Name) and root.id in params:
             arg = m.argument_for(func, call, root.id)
@@ -461,6 +462,8 @@ def epoch_loops(m: SemanticModel, loader: Loader) -> List[Tuple[ast.AST, str]]:
         else:
             loops = _epoch_loops_from(m, start, text, 0, set())
         for lp, t in loops:
+            if m.contains(lp, loader.call):
+                continue  # the loop builds the loader: not an epoch loop of it
             if (id(lp), t) not in seen:
                 seen.add((id(lp), t))
                 out.append((lp, t))

@@ -27,6 +27,7 @@ DDP = _names(
     "torch.nn.DistributedDataParallel",
     "torch.nn.parallel.distributed.DistributedDataParallel",
 )
+APEX_DDP = _names("apex.parallel.DistributedDataParallel", "apex.parallel.distributed.DistributedDataParallel")
 DATALOADER = _names("torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader")
 DISTRIBUTED_SAMPLER = _names(
     "torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"

@@ -38,15 +38,17 @@ def _rank_functions(m: SemanticModel) -> Set[str]:
     key = "ranks:functions"
     got = m.cache.get(key)
     if got is None:
-        got = set()
-        for name, func in m.module_functions.items():
-            if RANK_WORD.search(name):
-                got.add(name)
+        got = {name for name in m.module_functions if RANK_WORD.search(name)}
+        # the returns anywhere in a module function (nested ones included), from the index
+        # of Return nodes instead of a walk of every function
+        tops = {id(f): name for name, f in m.module_functions.items() if name not in got}
+        for node in m.nodes(ast.Return):
+            if node.value is None:  # type: ignore[attr-defined]
                 continue
-            for node in ast.walk(func):
-                if isinstance(node, ast.Return) and node.value is not None and _mentions(m, node.value, set()):
-                    got.add(name)
-                    break
+            top = m.top_statement(node)
+            name = tops.get(id(top))
+            if name is not None and name not in got and _mentions(m, node.value, set()):  # type: ignore[attr-defined]
+                got.add(name)
         m.cache[key] = got
     return got  # type: ignore[return-value]
 
@@ -74,20 +76,49 @@ def _mentions(m: SemanticModel, expr: ast.AST, functions: Set[str]) -> bool:
     return False
 
 
+_RANK_TEXT = ("rank", "master", "main", "primary", "chief", "leader")
+# a piece of "RANK" / "LOCAL_RANK" split into adjacent literals ('R' 'ANK'), which Python joins
+_RANK_PIECE = re.compile(r"""["'](?:r|ra|ran|l|lo|loc|loca|local|local_|local_r|local_ra|local_ran)["']""", re.IGNORECASE)
+
+
 def mentions_rank(m: SemanticModel, expr: ast.AST) -> bool:
     """``expr`` depends on which rank evaluates it."""
-    return _mentions(m, expr, _rank_functions(m))
+    functions = _rank_functions(m)
+    # (first the text: what no rank word, escape, non-ASCII identifier or rank function
+    # appears in cannot mention the rank — most tests of a script are so)
+    text = m.source(expr) if hasattr(expr, "end_col_offset") else None
+    if text is not None and text.isascii() and "\\" not in text:
+        lowered = text.lower()
+        if not any(w in lowered for w in _RANK_TEXT) and not any(f in text for f in functions) and not _RANK_PIECE.search(text):
+            return False
+    return _mentions(m, expr, functions)
+
+
+def restricts_rank(m: SemanticModel, test: ast.AST) -> bool:
+    """The test lets only some ranks through: it depends on the rank, and no operand of
+    an ``or`` can be true on every rank (``not args.multiprocessing_distributed or
+    args.rank % ngpus == 0`` is true on every rank of a torchrun job without that flag)."""
+    if isinstance(test, ast.BoolOp):
+        if isinstance(test.op, ast.And):
+            return any(restricts_rank(m, v) for v in test.values)
+        return all(restricts_rank(m, v) for v in test.values)
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name):
+        func = m.module_functions.get(test.func.id)
+        if func is not None:
+            rets = [r.value for r in ast.walk(func) if isinstance(r, ast.Return) and r.value is not None]
+            return bool(rets) and all(restricts_rank(m, r) for r in rets)
+    return mentions_rank(m, test)
 
 
 def rank_conditionals(m: SemanticModel, node: ast.AST) -> Iterator[Tuple[ast.AST, str]]:
-    """``(if_or_ifexp, "body"|"orelse")`` around ``node`` whose test depends on the rank,
-    innermost first, inside the enclosing function."""
+    """``(if_or_ifexp, "body"|"orelse")`` around ``node`` whose test lets only some ranks
+    through (:func:`restricts_rank`), innermost first, inside the enclosing function."""
     child = node
     for a in m.ancestors(node):
         if isinstance(a, FUNCTIONS + (ast.Lambda, ast.ClassDef)):
             return
         if isinstance(a, (ast.If, ast.IfExp)) and child is not a.test:
-            if mentions_rank(m, a.test):
+            if restricts_rank(m, a.test):
                 in_body = any(child is s for s in a.body) if isinstance(a, ast.If) else child is a.body
                 yield a, "body" if in_body else "orelse"
         child = a
@@ -108,7 +139,7 @@ def early_exit_before(m: SemanticModel, node: ast.AST) -> Optional[ast.If]:
     cur: Optional[ast.AST] = m.statement_of(node)
     while cur is not None and not isinstance(cur, FUNCTIONS + (ast.Module, ast.ClassDef)):
         for sib in m.siblings_before(cur):  # type: ignore[arg-type]
-            if isinstance(sib, ast.If) and ends_flow(sib) and mentions_rank(m, sib.test):
+            if isinstance(sib, ast.If) and ends_flow(sib) and restricts_rank(m, sib.test):
                 return sib
         cur = m.parent(cur)
         while cur is not None and not isinstance(cur, ast.stmt):
@@ -263,3 +294,29 @@ def rank_split_conditionals(m: SemanticModel, node: ast.AST) -> Iterator[Tuple[a
     for a, branch in rank_conditionals(m, node):
         if splits_ranks(m, a.test):  # type: ignore[attr-defined]
             yield a, branch
+
+
+def runs_undistributed_only(m: SemanticModel, node: ast.AST) -> bool:
+    """``node`` only runs when the script is not distributed: on the way to it (same
+    function) an ``if`` requires a rank to equal -1 (``if args.local_rank == -1 and ...:``,
+    or the ``else`` of ``if args.local_rank != -1:``) — one process, nothing to wait for."""
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, FUNCTIONS + (ast.Lambda, ast.ClassDef)):
+            return False
+        if isinstance(a, (ast.If, ast.IfExp)) and child is not a.test:
+            in_body = any(child is s for s in a.body) if isinstance(a, ast.If) else child is a.body
+            for c in _required(a.test, in_body):
+                if isinstance(c.ops[0], (ast.Eq, ast.Is)) == in_body and mentions_rank(m, c):
+                    return True
+        child = a
+    return False
+
+
+def _required(test: ast.AST, truth: bool) -> List[ast.Compare]:
+    """Comparisons with -1 that must hold (``truth``) or fail for ``test`` to be ``truth``:
+    the test itself, or a conjunct of an ``and`` (a disjunct of an ``or`` when false)."""
+    parts = [test]
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And if truth else ast.Or):
+        parts = list(test.values)
+    return [p for p in parts if p in _distributed_checks(p)]

@@ -1,0 +1,225 @@
+"""`rewrite` never breaks a script that ran: each promise proven by running the migration.
+
+Every fixture of ``fixtures/behaviour/`` is a DataParallel script; the test migrates it and
+runs the original (plain ``python``), the migration under ``torchrun --nproc_per_node=2``
+(gloo) and the migration as plain ``python``, each in its own scratch folder. The scripts
+report facts on standard error (``CHECK <name> <rank> <value>``); the probe on
+``PYTHONPATH`` (tests/behaviour_probe) adds whether a DistributedDataParallel object
+exists at the first optimizer step and a hash of the optimizer's parameters at exit.
+An exit code of 0 proves nothing on its own: every test asserts on what the runs did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from dp2ddp.migrate import migrate_source
+from tests._scripts import TORCHRUN, retry_exit_abort, run
+
+ROOT = Path(__file__).resolve().parent.parent
+BEHAVIOUR = ROOT / "fixtures" / "behaviour"
+SUPPORT = ROOT / "fixtures" / "corpus" / "_support"
+PROBE = Path(__file__).resolve().parent / "behaviour_probe"
+CHECK = re.compile(r"^CHECK (\S+) (\S+) (.*)$", re.MULTILINE)
+
+pytestmark = pytest.mark.torchrun
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROBE), str(SUPPORT)])
+    env["DP2DDP_BEHAVIOUR_PROBE"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Run:
+    def __init__(self, folder: Path, proc: subprocess.CompletedProcess) -> None:
+        self.folder = folder
+        self.returncode = proc.returncode
+        self.output = proc.stdout or ""
+        self.checks: Dict[str, Dict[str, str]] = defaultdict(dict)
+        for name, rank, value in CHECK.findall(self.output):
+            self.checks[name][rank] = value.strip()
+
+    def values(self, name: str) -> List[str]:
+        return list(self.checks[name].values())
+
+
+def _folder(tmp_path: Path, tag: str) -> Path:
+    d = tmp_path / tag
+    d.mkdir()
+    for f in BEHAVIOUR.glob("*.py"):
+        shutil.copy(f, d / f.name)
+    return d
+
+
+def _migrate(name: str) -> bytes:
+    src = BEHAVIOUR / f"{name}.py"
+    result = migrate_source(src.read_bytes(), src.name)
+    assert not result.migration.blocked, [f"{f.line}: {f.code} {f.message}" for f in result.migration.findings]
+    assert result.changed
+    assert not result.migration.warnings, [f"{f.line}: {f.code} {f.message}" for f in result.migration.warnings]
+    return result.output
+
+
+def _runs(name: str, tmp_path: Path, args=(), python_ddp: bool = True) -> Dict[str, Run]:
+    """original (python), migrated under torchrun (2 ranks) and as plain python (a world of
+    one with DDP; ``python_ddp=False`` for a script whose own non-distributed path runs
+    without torchrun)."""
+    migrated = _migrate(name)
+    out = {}
+    d = _folder(tmp_path, "original")
+    out["original"] = Run(d, run([sys.executable, f"{name}.py", *args], d, env=_env()))
+    d = _folder(tmp_path, "torchrun")
+    (d / f"{name}.py").write_bytes(migrated)
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", f"{name}.py", *args]
+    out["torchrun"] = Run(d, retry_exit_abort(lambda: run(cmd, d, env=_env()), name))
+    d = _folder(tmp_path, "python")
+    (d / f"{name}.py").write_bytes(migrated)
+    out["python"] = Run(d, run([sys.executable, f"{name}.py", *args], d, env=_env()))
+    for tag, r in out.items():
+        assert r.returncode == 0, f"{tag} run failed:\n{r.output[-4000:]}"
+    tr = out["torchrun"]
+    # the wrapper exists before the first optimizer step, on every rank; replicas in sync
+    assert tr.checks["ddp-at-first-step"] == {"0": "True", "1": "True"}, tr.output[-3000:]
+    assert out["python"].values("ddp-at-first-step") == [str(python_ddp)]
+    assert len(tr.checks["params"]) == 2 and len(set(tr.values("params"))) == 1, "replicas out of sync"
+    return out
+
+
+def _keys(path: Path) -> list:
+    import torch
+
+    obj = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict) and "net" in obj:
+        obj = obj["net"]
+    return sorted(obj.keys())
+
+
+def test_wrap_inside_main_guard_takes_effect_before_training(tmp_path: Path) -> None:
+    runs = _runs("wrap_in_main_guard", tmp_path)
+    # printed once per epoch: by rank 0 only
+    assert runs["torchrun"].output.count("epoch ") == 2
+
+
+def test_evaluation_inside_print_runs_on_every_rank(tmp_path: Path) -> None:
+    migrated = _migrate("eval_in_print").decode()
+    assert "nn.DataParallel(model)" not in migrated  # the evaluation re-wrap is gone
+    runs = _runs("eval_in_print", tmp_path)
+    tr = runs["torchrun"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    assert tr.output.count("eval loss = ") == 2  # two epochs, printed on rank 0 only
+
+
+def test_folder_made_on_every_rank_and_one_log_file(tmp_path: Path) -> None:
+    runs = _runs("makedirs_logging", tmp_path)
+    tr = runs["torchrun"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    logs = list(tr.folder.rglob("train.log"))
+    assert [p.relative_to(tr.folder).as_posix() for p in logs] == ["out/run1/train.log"]
+    assert logs[0].read_text().count("epoch") == 2  # rank 0's records only
+    assert (tr.folder / "ckpt" / "last.pt").exists()
+    assert _keys(tr.folder / "ckpt" / "last.pt") == _keys(runs["original"].folder / "ckpt" / "last.pt")
+
+
+def test_model_methods_attributes_and_freezing_through_the_wrapper(tmp_path: Path) -> None:
+    runs = _runs("model_methods", tmp_path)
+    for tag in ("torchrun", "python"):
+        r = runs[tag]
+        assert set(r.values("predict-shape")) == {"(5,)"}, r.output[-2000:]
+        assert set(r.values("classes")) == {"3"}
+        assert set(r.values("backbone-unchanged-after-freeze")) == {"True"}
+        assert set(r.values("head-trained")) == {"True"}
+    assert len(runs["torchrun"].checks["predict-shape"]) == 2
+    # the guarded wrap did not exist on one device: the keys stay without `module.`
+    assert _keys(runs["torchrun"].folder / "model.pt") == _keys(runs["original"].folder / "model.pt")
+    assert not any(k.startswith("module.") for k in _keys(runs["torchrun"].folder / "model.pt"))
+
+
+def test_checkpoint_keys_as_before_and_a_resumed_run_loads(tmp_path: Path) -> None:
+    runs = _runs("checkpoint_resume", tmp_path)
+    tr = runs["torchrun"]
+    ours = _keys(tr.folder / "checkpoint" / "ckpt.pth")
+    assert ours == _keys(runs["original"].folder / "checkpoint" / "ckpt.pth")
+    assert all(k.startswith("module.") for k in ours)  # unconditional wrap: the prefix as before
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "checkpoint_resume.py", "--resume", "--epochs", "1"]
+    resumed = Run(tr.folder, retry_exit_abort(lambda: run(cmd, tr.folder, env=_env()), "resume"))
+    assert resumed.returncode == 0, resumed.output[-3000:]
+    assert resumed.checks["resumed-from"] == {"0": "1", "1": "1"}
+    migrated = (tr.folder / "checkpoint_resume.py").read_text()
+    assert "map_location" in migrated
+
+
+def test_writers_exactly_one_of_each_per_run(tmp_path: Path) -> None:
+    runs = _runs("writers_all", tmp_path)
+    for tag in ("original", "torchrun", "python"):
+        r = runs[tag]
+        events = list((r.folder / "runs").glob("events.out.tfevents.*"))
+        assert len(events) == 1, (tag, events)
+        assert len(list((r.folder / "wandb").glob("offline-run-*"))) == 1, tag
+        assert json.loads((r.folder / "results.json").read_text()).keys() == {"0", "1"}
+        assert (r.folder / "logs" / "train.log").read_text().count("epoch") == 2, tag
+        assert r.output.count("[tqdm stand-in]") == 2, (tag, r.output[-2000:])  # one bar per epoch
+    assert runs["torchrun"].checks["finished"] == {"0": "1", "1": "1"}
+
+
+def test_positional_inline_dataset_is_sharded(tmp_path: Path) -> None:
+    """verify: the migration's per-step global loss equals the original's, replicas in sync."""
+    _runs("positional_inline_dataset", tmp_path)
+    work = _folder(tmp_path, "verify")
+    (work / "positional_inline_dataset_ddp.py").write_bytes(_migrate("positional_inline_dataset"))
+    report = tmp_path / "verify.json"
+    env = _env()
+    env.pop("DP2DDP_BEHAVIOUR_PROBE")
+    r = subprocess.run(
+        [sys.executable, "-m", "dp2ddp", "verify", "positional_inline_dataset.py", "--steps", "0", "--min-speedup", "0",
+         "--repeat", "1", "--json", str(report)],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )
+    data = json.loads(report.read_text())
+    assert data["verdict"] == "pass", (r.stdout[-3000:], data.get("problems"))
+    assert data["losses_agree"] and data["replicas_in_sync"]
+
+
+def test_gan_functional_data_parallel_both_models_wrapped(tmp_path: Path) -> None:
+    migrated = _migrate("gan_functional").decode()
+    import ast
+
+    called = {ast.unparse(c.func) for c in ast.walk(ast.parse(migrated)) if isinstance(c, ast.Call)}
+    assert not any(name.endswith("data_parallel") for name in called)
+    assert migrated.count("netG = DistributedDataParallel(") == 1 and migrated.count("netD = DistributedDataParallel(") == 1
+    runs = _runs("gan_functional", tmp_path)
+    tr = runs["torchrun"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    for ckpt in ("netG.pth", "netD.pth"):
+        assert _keys(tr.folder / ckpt) == _keys(runs["original"].folder / ckpt)  # no `module.`: no wrapper existed
+
+
+def test_mixed_script_forms_a_world_of_two_and_runs_as_plain_python(tmp_path: Path) -> None:
+    runs = _runs("mixed_local_rank", tmp_path, python_ddp=False)
+    assert runs["torchrun"].checks["world"] == {"0": "2", "1": "2"}
+    assert runs["python"].values("world") == ["1"]
+    assert runs["torchrun"].checks["finished"] == {"0": "1", "1": "1"}
+
+
+def test_unresolved_spelling_exits_1_naming_the_line(tmp_path: Path) -> None:
+    src = tmp_path / "unresolved_star.py"
+    shutil.copy(BEHAVIOUR / "unresolved_star.py", src)
+    r = subprocess.run([sys.executable, "-m", "dp2ddp", "rewrite", str(src)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{src}:5:9: DDP107" in r.stderr
+    assert not (tmp_path / "unresolved_star_ddp.py").exists()
