@@ -84,6 +84,7 @@ def test_stalled_rank_is_reported_as_a_hang(tmp_path):
     assert any(line.startswith("rank 0: stall_ddp.py:42 in <module> (loss.backward") for line in lines), lines
     assert rep["migrated"]["exit_code"] is None and rep["migrated"]["hung"] is True
     assert "rank 1: stall_ddp.py:39" in out
+    assert rep["outputs"]["summary"] == "not compared: the migrated run did not finish"  # no output noise
 
 
 def test_crashing_rank_shows_its_own_traceback(tmp_path):
@@ -94,6 +95,7 @@ def test_crashing_rank_shows_its_own_traceback(tmp_path):
     assert 'crash_ddp.py", line 39' in crash["traceback"]
     assert "--- traceback of rank 1" in out and "corrupt batch at step 2 on rank 1" in out
     assert rep["migrated"]["exit_code"] not in (0, None)
+    assert rep["outputs"]["differences"] == [] and rep["outputs"]["equal"] is None
 
 
 def test_unused_parameters_get_find_unused_parameters_advice(tmp_path):

@@ -169,6 +169,10 @@ def run(setup: Setup, progress) -> Outcome:
 def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> Dict[str, Any]:
     """The first pair's outputs compared; a comparison that fails on an unexpected file
     costs its section, not the verification."""
+    failed = sorted({c["role"] for c in pair.report.get("crashes", [])} | ({pair.report["hang"]["role"]} if "hang" in pair.report else set()))
+    if failed:  # what a crashed or hung run did not write is no finding of its own
+        why = f"not compared: the {' and the '.join(failed)} run did not finish"
+        return {"equal": None, "files": [], "differences": [], "notes": [], "roots": [], "summary": why}
     dp = any("dp" in (r.steps[0].get("modules") or []) for r in pair.runs["original"].ranks.values() if r.steps)
     try:
         return outputs.compare(seen["original"], seen["migrated"], setup.nproc * setup.nnodes, dp, setup.steps)
