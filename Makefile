@@ -35,8 +35,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_check.py
 	$(PY) benchmarks/bench_probe.py
 
+# docs/rules.md: every code dp2ddp prints, generated from dp2ddp/registry.py
+# (tests/test_registry.py fails when it is stale).
 docs: $(STAMP)
-	$(PY) -m dp2ddp.rules.docs > docs/rules.md
+	$(PY) -m dp2ddp.registry > docs/rules.md
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache

@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 
 import click
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+from dp2ddp.cli import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE
 
 
 class _InputFailure(click.ClickException):
@@ -25,9 +25,13 @@ def _codes_option(name: str, help_: str):
 
 @click.command("check", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, type=click.Path(), metavar="PATH...")
-@_codes_option("--select", "Rules to enable: codes, prefixes or ALL, comma-separated (default: the default rules).")
-@_codes_option("--extend-select", "Rules to enable on top of the selection.")
-@_codes_option("--ignore", "Rules to disable: codes, prefixes or ALL.")
+@_codes_option(
+    "--select",
+    "Codes to report: codes (DDP0xx rules, DDP1xx migration codes), prefixes, names or ALL, comma-separated "
+    "(default: the default rules and the migration's warnings and errors).",
+)
+@_codes_option("--extend-select", "Codes to report on top of the selection.")
+@_codes_option("--ignore", "Codes not to report: codes, prefixes, names or ALL.")
 @click.option("--fix", is_flag=True, help="Apply the fixes (the DataParallel rule's fix is the whole DDP migration).")
 @click.option("--diff", "show_diff", is_flag=True, help="Show the fixes as a unified diff; write nothing.")
 @click.option(
@@ -48,7 +52,7 @@ def _codes_option(name: str, help_: str):
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
 @click.option("--statistics", is_flag=True, help="Print the number of findings per rule instead of the findings.")
 @click.option("-q", "--quiet", is_flag=True, help="Print the findings only, no summary.")
-@click.option("--show-rules", is_flag=True, help="List the rules (code, name, default, fixable) and exit.")
+@click.option("--show-rules", is_flag=True, help="List every code (code, name, default, fixable) and exit.")
 @click.option("--no-config", is_flag=True, help="Ignore [tool.dp2ddp] in pyproject.toml.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help="Worker processes (default: CPU count).")
 @click.option(
@@ -81,17 +85,18 @@ def check(
     """Lint PATH... (files or directories; `-` for stdin) for DataParallel usage and common
     DistributedDataParallel mistakes.
 
-    Exit status: 0 clean, 1 findings (or files changed by --fix), 2 usage, config or
-    input errors. Suppress a finding with `# noqa: DDP001` (or a bare `# noqa`) on its line.
+    Exit status: 0 clean (with --fix: nothing left after fixing), 1 findings, 2 usage,
+    config or input errors. Suppress a finding with `# noqa: DDP001` (or a bare `# noqa`) on its line.
     """
-    from dp2ddp import lint, lint_output
+    from dp2ddp import lint, lint_cache, lint_git, lint_output, lint_pool
     from dp2ddp.lint_config import ConfigError, find_config, load_config
-    from dp2ddp.rules import RULES, UnknownCode, select_rules
+    from dp2ddp.registry import CODES, UnknownCode, select
 
     if show_rules:
-        for r in RULES:
-            flags = ("default" if r.default else "off") + (", fixable" if r.fixable else "")
-            click.echo(f"{r.code}  {r.name}  ({flags})")
+        for c in CODES:
+            flags = ("default" if c.default else "off") + (", fixable" if c.fixable else "")
+            kind = "" if c.kind == "rule" else f", migration {c.severity}"
+            click.echo(f"{c.code}  {c.name}  ({flags}{kind})")
         return EXIT_OK
     if not paths:
         raise click.UsageError("give at least one PATH (a file, a directory, or - for stdin)")
@@ -108,16 +113,19 @@ def check(
     except ConfigError as e:
         raise _InputFailure(str(e)) from None
     try:
-        rules = select_rules(
-            list(codes_select) if codes_select else cfg.select,
-            ignore=list(cfg.ignore) + list(codes_ignore),
-            extend_select=list(cfg.extend_select) + list(codes_extend_select),
+        codes = tuple(
+            select(
+                list(codes_select) if codes_select else cfg.select,
+                ignore=list(cfg.ignore) + list(codes_ignore),
+                extend_select=list(cfg.extend_select) + list(codes_extend_select),
+            )
         )
     except UnknownCode as e:
         raise click.UsageError(str(e)) from None
     if new_only is None:
         new_only = cfg.new_only and since is None
-    codes = tuple(r.code for r in rules)
+    # the migration's codes come from DDP001's fix: without a lint rule selected, nothing runs
+    runs = bool(lint.selected_rules(codes))
 
     # ---- files
     files: List[str] = []
@@ -125,22 +133,17 @@ def check(
     for p in paths:
         if p != "-" and not os.path.exists(p):
             missing.append(p)
-    from dp2ddp.source import iter_python_files
+    from dp2ddp.source import STDIN, iter_python_files
 
-    exclude = list(cfg.exclude)
-    for f in iter_python_files([p for p in paths if p not in missing], exclude):
-        if f != "-" and exclude and _excluded(f, exclude, cfg.root) and f not in paths:
-            continue
-        if f != "-" and exclude and f in paths and _excluded(f, exclude, cfg.root):
-            continue  # explicitly named (pre-commit passes every staged file) but excluded
-        files.append(f if f == "-" else os.path.normpath(f))
+    for f in iter_python_files([p for p in paths if p not in missing], list(cfg.exclude), cfg.root):
+        files.append(f if f == STDIN else os.path.normpath(f))
 
     # ---- new lines
     table = None
     if (new_only or since is not None) and files:
         try:
-            table = lint.added_lines([f for f in files if f != "-"] or ["."], since)
-        except lint.GitError as e:
+            table = lint_git.added_lines([f for f in files if f != "-"] or ["."], since)
+        except lint_git.GitError as e:
             raise _InputFailure(str(e)) from None
 
     stdin_data = sys.stdin.buffer.read() if "-" in files else None
@@ -148,7 +151,7 @@ def check(
     for f in files:
         lines = None
         if table is not None and f != "-":
-            lines = lint.lines_for(f, table)
+            lines = lint_git.lines_for(f, table)
         jobs_list.append(
             lint.Job(
                 path=f,
@@ -160,9 +163,9 @@ def check(
             )
         )
     cache = None
-    if codes and jobs_list and not no_cache:
-        cache = lint.ResultCache(cache_dir or os.path.join(cfg.root, lint.CACHE_DIR_NAME), codes)
-    results = lint.run_jobs(jobs_list, processes=jobs, cache=cache) if codes else [lint.FileResult(f) for f in files]
+    if runs and jobs_list and not no_cache:
+        cache = lint_cache.ResultCache(cache_dir or os.path.join(cfg.root, lint_cache.CACHE_DIR_NAME), codes)
+    results = lint_pool.run_jobs(jobs_list, processes=jobs, cache=cache) if runs else [lint.FileResult(f) for f in files]
     results.extend(lint.FileResult(m, error=f"{m}: no such file or directory") for m in missing)
 
     # ---- output
@@ -185,6 +188,9 @@ def check(
         for r in results:
             if r.error:
                 click.echo(r.error, err=True)
+            for d in r.diagnostics:  # what the migration says about the files it changes or refuses
+                if d.code.startswith("DDP1"):
+                    click.echo(f"{d.path}:{d.line}:{d.col}: {d.code} {d.message}", err=True)
         fixed = sum(r.fixed for r in changed)
         if not quiet:
             click.echo(
@@ -195,7 +201,8 @@ def check(
             )
         if any(r.error for r in results):
             return EXIT_USAGE
-        return EXIT_FINDINGS if changed and not exit_zero else EXIT_OK
+        blocked = any(r.blocked for r in results)  # as `dp2ddp rewrite --diff` exits
+        return EXIT_FINDINGS if (changed or blocked) and not exit_zero else EXIT_OK
 
     if statistics:
         text = lint_output.statistics(results)
@@ -212,24 +219,9 @@ def check(
     if any(r.error for r in results):
         return EXIT_USAGE
     findings = sum(len(r.diagnostics) for r in results)
-    changed = sum(1 for r in results if r.output is not None and fix)
     if exit_zero:
         return EXIT_OK
-    return EXIT_FINDINGS if findings or changed else EXIT_OK
+    # with --fix, what is left decides (ruff's rule, and `rewrite`'s: a file migrated with
+    # nothing left for a human is 0; the migration's warnings and errors are findings)
+    return EXIT_FINDINGS if findings else EXIT_OK
 
-
-def _excluded(path: str, patterns: List[str], root: str) -> bool:
-    import fnmatch
-
-    absolute = os.path.abspath(path)
-    rel = os.path.relpath(absolute, root).replace(os.sep, "/")
-    parts = rel.split("/")
-    for pat in patterns:
-        pat = pat.rstrip("/")
-        if fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(os.path.basename(rel), pat):
-            return True
-        # a directory pattern excludes everything below it
-        for i in range(1, len(parts)):
-            if fnmatch.fnmatch("/".join(parts[:i]), pat):
-                return True
-    return False

@@ -21,6 +21,8 @@ _COMMANDS = {
     "template": ("dp2ddp.template_cmd", "template", "Render launch files for torchrun, SLURM or Kubernetes."),
 }
 
+# The exit codes of every command (one home): 0 clean, 1 findings / files changed / a file
+# the migration refused, 2 usage, configuration or input errors.
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2

@@ -79,47 +79,8 @@ class RemoveImportIfUnused:
 Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, AddImport, RemoveImportIfUnused]
 
 
-@dataclass
-class Fix:
-    """Edits against a LibCST tree. Detection runs on the semantic model (``ast``), where no
-    LibCST node exists yet: such a fix carries ``build(bridge) -> edits``, called once the
-    tree is parsed (:func:`build_fixes`), with a :class:`dp2ddp.model.bridge.Bridge` that
-    finds the LibCST node of any model node."""
-
-    edits: List[Edit] = field(default_factory=list)
-    description: str = ""
-    build: Optional[Callable[..., List[Edit]]] = None
-
-    def __bool__(self) -> bool:  # an empty fix is no fix
-        return bool(self.edits) or self.build is not None
-
-
-@dataclass
-class Finding:
-    code: str
-    message: str
-    node: Optional[object] = None  # a model (ast) node, or a LibCST node
-    fix: Optional[Fix] = None
-    line: int = 1
-    col: int = 0  # 0-based, in characters; printers add 1
-    severity: str = "warning"  # "warning" | "info" | "error"
-    end_line: int = 0
-    end_col: int = 0
-
-    @property
-    def fixable(self) -> bool:
-        return bool(self.fix)
-
-
-def build_fixes(findings: Iterable[Finding], bridge) -> None:
-    """Turn every lazy fix into edits against ``bridge``'s tree (each fix once)."""
-    seen: set = set()
-    for f in findings:
-        fix = f.fix
-        if fix is not None and fix.build is not None and id(fix) not in seen:
-            seen.add(id(fix))
-            fix.edits = list(fix.build(bridge))
-            fix.build = None
+# Finding and Fix live in dp2ddp.findings (no LibCST there: `check` detects without it)
+from dp2ddp.findings import Finding, Fix, build_fixes  # noqa: E402,F401
 
 
 def locate(wrapper: MetadataWrapper, findings: Iterable[Finding], range_of=None) -> List[Finding]:

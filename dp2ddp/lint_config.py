@@ -1,7 +1,8 @@
 """``[tool.dp2ddp]`` configuration of `dp2ddp check`, found in the nearest pyproject.toml.
 
     [tool.dp2ddp]
-    select = ["DDP"]            # codes, prefixes or "ALL" (default: the default rules)
+    select = ["DDP"]            # codes, prefixes, names or "ALL" (default: the default rules
+                                # and the migration's warnings and errors)
     extend-select = ["DDP013"]  # added to the selection
     ignore = ["DDP005"]
     exclude = ["legacy/*", "third_party"]
@@ -105,7 +106,7 @@ def load_config(path: Optional[str]) -> Config:
         exclude=str_list("exclude") or [],
         new_only=new_only,
     )
-    from dp2ddp.rules import UnknownCode, expand, split_codes
+    from dp2ddp.registry import UnknownCode, expand, split_codes
 
     for key, values in (("select", cfg.select or []), ("extend-select", cfg.extend_select), ("ignore", cfg.ignore)):
         for v in split_codes(values):

@@ -10,7 +10,7 @@ from typing import Dict, List, Sequence
 import click
 
 from dp2ddp.lint import Diagnostic, FileResult
-from dp2ddp.rules import BY_CODE, RULES, Rule
+from dp2ddp.registry import BY_CODE, CODES, Code
 
 
 def _plural(n: int, word: str) -> str:
@@ -63,9 +63,9 @@ def statistics(results: Sequence[FileResult]) -> str:
     fixable = {d.code for r in results for d in r.diagnostics if d.fixable}
     lines = []
     for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        rule = BY_CODE.get(code)
+        entry = BY_CODE.get(code)
         mark = "[*]" if code in fixable else "[ ]"
-        lines.append(f"{n:>5}\t{code}\t{mark} {rule.name if rule else ''}")
+        lines.append(f"{n:>5}\t{code}\t{mark} {entry.name if entry else ''}")
     errors = sum(1 for r in results if r.error)
     if errors:
         lines.append(f"{errors:>5}\t\t    files with errors")
@@ -111,15 +111,19 @@ def _uri(path: str) -> str:
     return rel.replace(os.sep, "/")
 
 
-def _rule_sarif(rule: Rule) -> Dict:
+def _level(severity: str) -> str:
+    return {"info": "note", "error": "error"}.get(severity, "warning")
+
+
+def _rule_sarif(code: Code) -> Dict:
     return {
-        "id": rule.code,
-        "name": rule.name,
-        "shortDescription": {"text": rule.message.replace("{what}", "…").replace("{n}", "…")},
-        "fullDescription": {"text": rule.what},
-        "help": {"text": f"{rule.why}\n\n{rule.fix_doc}", "markdown": f"{rule.why}\n\n**Fix:** {rule.fix_doc}"},
-        "defaultConfiguration": {"level": "note" if rule.severity == "info" else "warning"},
-        "properties": {"tags": ["ddp"], "default": rule.default, "fixable": rule.fixable},
+        "id": code.code,
+        "name": code.name,
+        "shortDescription": {"text": code.message.replace("{what}", "…").replace("{n}", "…")},
+        "fullDescription": {"text": code.what},
+        "help": {"text": f"{code.why}\n\n{code.fix}", "markdown": f"{code.why}\n\n**Fix:** {code.fix}"},
+        "defaultConfiguration": {"level": _level(code.severity)},
+        "properties": {"tags": ["ddp"] if code.kind == "rule" else ["ddp", "migration"], "default": code.default, "fixable": code.fixable},
     }
 
 
@@ -130,7 +134,7 @@ def sarif(results: Sequence[FileResult]) -> str:
         ver = version("dp2ddp")
     except PackageNotFoundError:  # pragma: no cover
         ver = "0"
-    index = {r.code: i for i, r in enumerate(RULES)}
+    index = {c.code: i for i, c in enumerate(CODES)}
     sarif_results = []
     for r in results:
         for d in r.diagnostics:
@@ -138,7 +142,7 @@ def sarif(results: Sequence[FileResult]) -> str:
                 {
                     "ruleId": d.code,
                     "ruleIndex": index[d.code],
-                    "level": "note" if d.severity == "info" else "warning",
+                    "level": _level(d.severity),
                     "message": {"text": d.message},
                     "locations": [
                         {
@@ -166,7 +170,7 @@ def sarif(results: Sequence[FileResult]) -> str:
                 "name": "dp2ddp",
                 "version": ver,
                 "informationUri": "https://github.com/dp2ddp/dp2ddp",
-                "rules": [_rule_sarif(rule) for rule in RULES],
+                "rules": [_rule_sarif(c) for c in CODES],
             }
         },
         "results": sarif_results,
@@ -194,7 +198,7 @@ def github(results: Sequence[FileResult]) -> str:
         if r.error:
             lines.append(f"::error file={_gh_escape_prop(r.path)},title=dp2ddp::{_gh_escape_data(r.error)}")
     for d in sorted((d for r in results for d in r.diagnostics), key=lambda d: (d.path, d.line, d.col)):
-        level = "notice" if d.severity == "info" else "warning"
+        level = {"info": "notice", "error": "error"}.get(d.severity, "warning")
         props = (
             f"file={_gh_escape_prop(d.path)},line={d.line},col={d.col},endLine={d.end_line},"
             f"endColumn={d.end_col},title={_gh_escape_prop(f'dp2ddp ({d.code})')}"

@@ -39,7 +39,12 @@ class Source:
 
     @property
     def display(self) -> str:
-        return "<stdin>" if self.path == STDIN else self.path
+        return display_path(self.path)
+
+
+def display_path(path: str) -> str:
+    """How a path is shown in messages: standard input (``-``) is ``<stdin>``."""
+    return "<stdin>" if path == STDIN else path
 
 
 def read_source(path: str) -> Source:
@@ -138,26 +143,54 @@ def atomic_write(path: str, data: bytes, like: Optional[str] = None) -> None:
         raise
 
 
-def iter_python_files(paths: List[str], exclude: Optional[List[str]] = None) -> Iterator[str]:
-    """Expand directories into their ``*.py`` files (sorted, skipping hidden folders and
-    virtual environments); files and ``-`` are passed through unchanged."""
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "venv", "__pycache__", "node_modules", ".tox", ".nox", "build", "dist"})
+
+
+def excluded(path: str, patterns: List[str], root: Optional[str] = None) -> bool:
+    """``path`` matches one of the ``exclude`` patterns (ruff's meaning): a pattern with a
+    ``/`` is a glob relative to ``root`` (the folder of the configuration; default: the
+    current directory) that matches the path or a folder above it; a pattern without one
+    (``third_party``, ``*_pb2.py``) matches any file or folder of that name in the path."""
     import fnmatch
 
-    skip_dirs = {".git", ".hg", ".svn", ".venv", "venv", "__pycache__", "node_modules", ".tox", ".nox", "build", "dist"}
+    if not patterns or path == STDIN:
+        return False
+    absolute = os.path.abspath(path)
+    rel = os.path.relpath(absolute, root or os.getcwd()).replace(os.sep, "/")
+    parts = (absolute.replace(os.sep, "/").strip("/") if rel.startswith("../") else rel).split("/")
+    for pat in patterns:
+        pat = pat.strip().rstrip("/")
+        if pat.startswith("./"):
+            pat = pat[2:]
+        if not pat:
+            continue
+        if "/" in pat:
+            if fnmatch.fnmatch(rel, pat) or any(fnmatch.fnmatch("/".join(parts[:i]), pat) for i in range(1, len(parts))):
+                return True
+        elif any(fnmatch.fnmatch(part, pat) for part in parts):
+            return True
+    return False
+
+
+def iter_python_files(paths: List[str], exclude: Optional[List[str]] = None, root: Optional[str] = None) -> Iterator[str]:
+    """Expand directories into their ``*.py`` files (sorted, skipping hidden folders and
+    virtual environments); files and ``-`` are passed through unchanged. What ``exclude``
+    matches (see :func:`excluded`) is left out, a file named explicitly too (pre-commit
+    passes every staged file)."""
     exclude = exclude or []
-
-    def excluded(p: str) -> bool:
-        norm = p.replace(os.sep, "/")
-        return any(fnmatch.fnmatch(norm, pat) or fnmatch.fnmatch(os.path.basename(norm), pat) or f"/{pat.strip('/')}/" in f"/{norm}/" for pat in exclude)
-
     for p in paths:
         if p != STDIN and os.path.isdir(p):
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if d not in skip_dirs and not d.startswith(".") and not excluded(os.path.join(root, d)))
+            for top, dirs, files in os.walk(p):
+                dirs[:] = sorted(
+                    d for d in dirs if d not in SKIP_DIRS and not d.startswith(".") and not excluded(os.path.join(top, d), exclude, root)
+                )
                 for name in sorted(files):
                     if name.endswith(".py"):
-                        full = os.path.join(root, name)
-                        if not excluded(full):
+                        full = os.path.join(top, name)
+                        if not excluded(full, exclude, root):
                             yield full
-        else:
+        elif not excluded(p, exclude, root):
             yield p
+
+
+check_decodes = _decode_check  # raises InputError naming the first byte that does not decode

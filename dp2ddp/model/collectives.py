@@ -223,10 +223,15 @@ def collective_sites(m: SemanticModel, dp: bool = False) -> List[Tuple[ast.Call,
         calls = m.calls(COLLECTIVES) + m.calls(DDP | (DP | DP_FUNCTIONAL if dp else frozenset()))
         wrapped = wrapped_vars(m, dp)
         if wrapped:
+            spelled = {k[2] for k in wrapped}  # "model", "self.model"
             calls += [
                 c
                 for c in m.nodes(ast.Call)
-                if isinstance(c.func, (ast.Name, ast.Attribute)) and var_key(m, c.func) in wrapped  # type: ignore[attr-defined]
+                if (
+                    (isinstance(c.func, ast.Name) and c.func.id in spelled)  # type: ignore[attr-defined]
+                    or (isinstance(c.func, ast.Attribute) and "self." + c.func.attr in spelled)  # type: ignore[attr-defined]
+                )
+                and var_key(m, c.func) in wrapped  # type: ignore[attr-defined]
             ]
         seen = set()
         got = []

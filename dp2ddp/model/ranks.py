@@ -21,7 +21,7 @@ import ast
 import re
 from typing import Iterator, List, Optional, Set, Tuple
 
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, terminal
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, children, terminal
 from dp2ddp.model.names import GET_RANK
 
 RANK_WORD = re.compile(
@@ -72,7 +72,7 @@ def _mentions(m: SemanticModel, expr: ast.AST, functions: Set[str]) -> bool:
                 return True
         elif isinstance(n, ast.keyword) and n.arg and RANK_WORD.search(n.arg):
             return True
-        todo.extend(ast.iter_child_nodes(n))
+        todo.extend(children(n))
     return False
 
 
@@ -270,7 +270,7 @@ def splits_ranks(m: SemanticModel, test: ast.AST) -> bool:
             continue
         if _mentions_here(m, n, functions):
             return True
-        todo.extend(ast.iter_child_nodes(n))
+        todo.extend(children(n))
     return False
 
 

@@ -1,75 +1,99 @@
+"""DDP001: `DataParallel` is used. Its fix is the whole DataParallel -> DDP migration."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from dp2ddp.findings import Fix
+from dp2ddp.model.names import DP, DP_FUNCTIONAL
+from dp2ddp.model.wraps import _type_position
+from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
 
-import libcst as cst
-
-from dp2ddp.analysis import DP_NAMES, Analysis
-from dp2ddp.engine import Finding
-from dp2ddp.rules.base import Refs, Rule
+MIGRATION = "ddp001:migration"  # model.cache key: the migration DDP001's fix planned
 
 
-class DataParallelUsage(Rule):
-    code = "DDP001"
-    name = "data-parallel-usage"
-    message = "`DataParallel` is used; migrate to `DistributedDataParallel`"
-    what = (
+def plan_migration(model, bridge, options=None):
+    """The migration that is DDP001's fix, planned on ``model`` with the LibCST tree of
+    ``bridge``: ``(migration, ancestors)``, ``migration`` having ``.findings`` (DDP1xx),
+    ``.blocked`` and the edits (``.edits``, or ``.fix.edits`` on the old path), and
+    ``ancestors`` the function :func:`dp2ddp.engine.apply_edits` walks them with.
+
+    The one place `check` reaches the migration. Once ``dp2ddp.migrate.plan`` is there for
+    good, this is ``return migrate.plan(model, bridge, options), bridge.ancestors``."""
+    from dp2ddp import migrate
+
+    options = options or migrate.Options()
+    if hasattr(migrate, "plan"):
+        return migrate.plan(model, bridge, options), bridge.ancestors
+    from dp2ddp.analysis import Analysis  # the LibCST analysis of the old migration
+
+    an = Analysis.from_module(bridge.module, model.path)
+    return migrate.plan_migration(an, options), an.ancestors
+
+
+def migration_edits(migration) -> list:
+    if migration.blocked:
+        return []
+    edits = getattr(migration, "edits", None)
+    if edits is None:
+        edits = migration.fix.edits if migration.fix else []
+    return list(edits)
+
+
+def _fix(m) -> Fix:
+    def build(bridge):
+        migration, ancestors = plan_migration(bridge.model, bridge)
+        bridge.model.cache[MIGRATION] = (migration, ancestors)
+        return migration_edits(migration)
+
+    return Fix(build=build, description="migrate DataParallel to DistributedDataParallel")
+
+
+def check(m):
+    refs = [r for r in m.refs(DP | DP_FUNCTIONAL) if not _type_position(m, r)]
+    if refs:
+        fix = _fix(m)  # one fix, shared by every finding of the file
+        for ref in refs:
+            yield Hit(ref, fix=fix)
+
+
+RULE = Rule(
+    code="DDP001",
+    name="data-parallel-usage",
+    message="`DataParallel` is used; migrate to `DistributedDataParallel`",
+    what=(
         "Checks for uses of `torch.nn.DataParallel` (under any import spelling or alias: "
-        "`nn.DataParallel`, `torch.nn.parallel.DataParallel`, `from torch.nn import DataParallel as DP`). "
-        "`isinstance`/`issubclass` checks, which code needs to unwrap either wrapper, are not reported."
-    )
-    why = (
+        "`nn.DataParallel`, `torch.nn.parallel.DataParallel`, `from torch.nn import DataParallel as DP`) and of its "
+        "functional form `torch.nn.parallel.data_parallel`. Type checks (`isinstance(m, nn.DataParallel)`, "
+        "`type(m) is DP`), which code needs to unwrap either wrapper, are not reported."
+    ),
+    why=(
         "DataParallel runs one Python process that scatters every batch to the GPUs and gathers the outputs "
         "back on GPU 0 each step: it is bound by the GIL, overloads GPU 0, and does not scale beyond one "
         "machine. PyTorch recommends DistributedDataParallel even on a single machine."
-    )
-    fix_doc = (
+    ),
+    fix=(
         "Run the script under `torchrun` with one process per GPU and wrap the model in "
         "`DistributedDataParallel`. `dp2ddp check --fix` (or `dp2ddp rewrite`) performs the whole migration: "
-        "process-group set-up and teardown, per-rank device, `DistributedSampler`, rank-0-only saving and logging."
-    )
-    fixable = True
-    needs = (Refs(DP_NAMES, type_checks=False),)
-    # keep = None: no pruning; the finding carries the whole-module migration fix
-    invalid = (
-        "import torch.nn as nn\n\nmodel = nn.DataParallel(model)\n",
-        "from torch.nn import DataParallel as DP\n\nnet = DP(net, device_ids=[0, 1])\n",
-        "import torch\n\nmodel = torch.nn.parallel.DataParallel(model).cuda()\n",
-    )
-    valid = (
-        "import os\n\nimport torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
-        "local_rank = int(os.environ[\"LOCAL_RANK\"])\nmodel = DDP(model.to(local_rank), device_ids=[local_rank])\n",
-        "def DP(x):\n    return x\n\nmodel = DP(model)\n",
-        "import torch.nn as nn\n\nnet = model.module if isinstance(model, nn.DataParallel) else model\n",
-    )
-
-    def check(self, an: Analysis) -> Iterable[Finding]:
-        refs = []
-        for ref in an.refs(DP_NAMES):
-            if _in_type_check(an, ref):
-                continue
-            refs.append(ref)
-        if not refs:
-            return []
-        fix = _migration_fix(an)
-        return [self.finding(ref, fix=fix) for ref in refs]
-
-
-def _in_type_check(an: Analysis, node: cst.CSTNode) -> bool:
-    for a in an.ancestors(node):
-        if isinstance(a, cst.Call):
-            return an.is_name(a.func, {"builtins.isinstance", "builtins.issubclass"})
-        if isinstance(a, (cst.BaseStatement,)):
-            return False
-    return False
-
-
-def _migration_fix(an: Analysis):
-    """The DP->DDP migration is this rule's fix: one shared Fix for the whole file."""
-    key = "rules:ddp001-fix"
-    if key not in an.cache:
-        from dp2ddp.migrate import Options, plan_migration
-
-        migration = plan_migration(an, Options())
-        an.cache[key] = migration.fix if migration.fix else None
-    return an.cache[key]
+        "process-group set-up and teardown, per-rank device, `DistributedSampler`, rank-0-only saving and logging. "
+        "What the migration leaves for a human, or why it refuses a file, is reported with a `DDP1xx` code."
+    ),
+    fix_safety=(
+        "Changes how the script runs (one process per GPU under torchrun; still runs as plain `python`). "
+        "Where the migration cannot guarantee that the script does what it did, it leaves the file unchanged "
+        "and says why (`DDP101`, `DDP104`, `DDP112`)."
+    ),
+    fixable=True,
+    gate=(tails(DP, DP_FUNCTIONAL),),
+    check=check,
+    examples=(
+        Invalid("import torch.nn as nn\n\nmodel = nn.DataParallel(model)\n", 3, 9),
+        Invalid("from torch.nn import DataParallel as DP\n\nnet = DP(net, device_ids=[0, 1])\n", 3, 7),
+        Invalid("import torch\n\nmodel = torch.nn.parallel.DataParallel(model).cuda()\n", 3, 9),
+        Invalid("import torch.nn as nn\n\nout = nn.parallel.data_parallel(model, batch, [0, 1])\n", 3, 7),
+        Valid(
+            "import os\n\nimport torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
+            "local_rank = int(os.environ[\"LOCAL_RANK\"])\nmodel = DDP(model.to(local_rank), device_ids=[local_rank])\n"
+        ),
+        Valid("def DP(x):\n    return x\n\nmodel = DP(model)\n"),
+        Valid("import torch.nn as nn\n\nnet = model.module if isinstance(model, nn.DataParallel) else model\n"),
+    ),
+)

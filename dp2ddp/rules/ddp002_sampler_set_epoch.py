@@ -1,157 +1,133 @@
+"""DDP002: a `DistributedSampler` loader iterated per epoch without `set_epoch`."""
+
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Set
+import ast
+from typing import Optional
 
-import libcst as cst
-
-from dp2ddp.analysis import DATALOADER_NAMES, DISTRIBUTED_SAMPLER_NAMES, Analysis
-from dp2ddp.engine import Finding
-from dp2ddp.rules.base import Keep, Refs, Rule, Text, assigned_names, kwarg, scope_key, spelled
-
-
-class SamplerSetEpochMissing(Rule):
-    code = "DDP002"
-    name = "distributed-sampler-without-set-epoch"
-    message = "`DistributedSampler` loader is iterated in an epoch loop without `sampler.set_epoch(epoch)`"
-    what = (
-        "Checks for a `DataLoader` with a `DistributedSampler` that is iterated (or handed to a function) "
-        "inside an epoch loop that never calls `set_epoch` (also looked for in the functions the loop calls)."
-    )
-    why = (
-        "`DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch`, the epoch stays 0, "
-        "so every epoch visits the data in exactly the same order on every rank — shuffling silently stops, "
-        "which usually costs accuracy."
-    )
-    fix_doc = "Call `sampler.set_epoch(epoch)` (or `loader.sampler.set_epoch(epoch)`) at the start of each epoch."
-    needs = (Refs(DISTRIBUTED_SAMPLER_NAMES, called=True),)
-    # loaders/samplers, `set_epoch`, functions using a module-level loader variable; the
-    # epoch loop's callees are followed, so callers of kept functions stay too
-    keep = (
-        Keep(Text(refs=DATALOADER_NAMES | DISTRIBUTED_SAMPLER_NAMES, assigned=DATALOADER_NAMES)),
-        Keep(Text(words=r"set_epoch")),
-    )
-    keep_callers = True
-    invalid = (
-        "from torch.utils.data import DataLoader, DistributedSampler\n\n"
-        "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, batch_size=32, sampler=sampler)\n"
-        "for epoch in range(10):\n    for batch in loader:\n        step(batch)\n",
-        "import torch.utils.data as tud\n\n"
-        "loader = tud.DataLoader(ds, sampler=tud.distributed.DistributedSampler(ds))\n"
-        "for epoch in range(epochs):\n    train_one_epoch(model, loader)\n",
-    )
-    valid = (
-        "from torch.utils.data import DataLoader, DistributedSampler\n\n"
-        "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, batch_size=32, sampler=sampler)\n"
-        "for epoch in range(10):\n    sampler.set_epoch(epoch)\n    for batch in loader:\n        step(batch)\n",
-        "from torch.utils.data import DataLoader, DistributedSampler\n\n"
-        "loader = DataLoader(ds, sampler=DistributedSampler(ds, shuffle=False))\n"
-        "for epoch in range(10):\n    for batch in loader:\n        step(batch)\n",
-        "from torch.utils.data import DataLoader, DistributedSampler\n\n"
-        "loader = DataLoader(ds, sampler=DistributedSampler(ds))\n"
-        "def run(epoch):\n    loader.sampler.set_epoch(epoch)\n    for b in loader:\n        step(b)\n"
-        "for epoch in range(10):\n    run(epoch)\n",
-    )
-
-    def check(self, an: Analysis) -> Iterable[Finding]:
-        samplers = [c for c in an.calls(DISTRIBUTED_SAMPLER_NAMES) if not _no_shuffle(c)]
-        if not samplers:
-            return []
-        sampler_vars: Set[tuple] = set()
-        for s in samplers:
-            sampler_vars.update((scope_key(an, s), n) for n in assigned_names(an, s))
-        loader_vars: Set[tuple] = set()
-        inline_loaders: List[cst.Call] = []
-        for call in an.calls(DATALOADER_NAMES):
-            arg = kwarg(call, "sampler")
-            if arg is None:
-                continue
-            v = arg.value
-            if any(v is s for s in samplers) or _visible(an, v, spelled(v), sampler_vars):
-                names = assigned_names(an, call)
-                loader_vars.update((scope_key(an, call), n) for n in names)
-                if not names:
-                    inline_loaders.append(call)
-        out: List[Finding] = []
-        seen: Set[cst.CSTNode] = set()
-        for node in an.nodes_of(cst.Name, cst.Attribute):
-            name = spelled(node)
-            if name is None or not _visible(an, node, name, loader_vars) or not _is_iterated(an, node):
-                continue
-            self._report(an, node, seen, out)
-        for call in inline_loaders:
-            if _is_iterated(an, call):
-                self._report(an, call, seen, out)
-        return out
-
-    def _report(self, an: Analysis, node, seen, out) -> None:
-        loop = _epoch_loop(an, node)
-        if loop is None or loop in seen:
-            return
-        if _calls_set_epoch(an, loop):
-            return
-        seen.add(loop)
-        out.append(self.finding(node))
+from dp2ddp.model.collectives import assigned_keys, var_key
+from dp2ddp.model.core import FUNCTIONS
+from dp2ddp.model.loaders import calls_set_epoch, is_false, loaders
+from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
+from dp2ddp.model.core import kwarg
+from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
 
 
-def _visible(an: Analysis, node: cst.CSTNode, name: Optional[str], variables: Set[tuple]) -> bool:
-    """``name`` at ``node`` is one of ``variables`` (same function, or module level)."""
-    return name is not None and ((scope_key(an, node), name) in variables or (an.module, name) in variables)
+def _shuffles(m, call: ast.Call) -> bool:
+    k = kwarg(call, "shuffle")
+    return k is None or not is_false(k.value)
 
 
-def _no_shuffle(call: cst.Call) -> bool:
-    arg = kwarg(call, "shuffle")
-    return arg is not None and isinstance(arg.value, cst.Name) and arg.value.value == "False"
-
-
-def _is_iterated(an: Analysis, node: cst.CSTNode) -> bool:
-    """The loader is the iterable of a ``for`` (possibly through enumerate/tqdm/...) or is
-    passed to a function call."""
+def _is_iterated(m, node: ast.AST) -> bool:
+    """``node`` is the iterable of a ``for`` or a comprehension, or an argument of a call
+    (``enumerate(loader)``, ``train(model, loader)``; not ``len``/``next``)."""
     child = node
-    for a in an.ancestors(node):
-        if isinstance(a, cst.For):
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.For, ast.AsyncFor, ast.comprehension)):
             return child is a.iter
-        if isinstance(a, (cst.CompFor,)):
-            return child is a.iter
-        if isinstance(a, cst.Arg):
-            call = an.parent(a)
-            if isinstance(call, cst.Call):
-                ident = spelled(call.func) or ""
-                if ident in {"iter", "next", "len"}:
-                    return ident == "iter"
-                # f(loader) / enumerate(loader) / tqdm(loader): iterated there or by the loop above
-                return True
-        if isinstance(a, cst.BaseStatement):
+        if isinstance(a, ast.Call) and child is not a.func:
+            f = a.func
+            name = f.id if isinstance(f, ast.Name) else None
+            if name in ("iter", "next", "len"):
+                return name == "iter"
+            return True
+        if isinstance(a, ast.stmt):
             return False
         child = a
     return False
 
 
-def _epoch_loop(an: Analysis, node: cst.CSTNode) -> Optional[cst.CSTNode]:
-    """The outer loop around the iteration (the epoch loop), if any."""
+def _epoch_loop(m, node: ast.AST) -> Optional[ast.AST]:
+    """The loop around the iteration that is not the batch loop itself."""
     loops = []
-    for a in an.ancestors(node):
-        if isinstance(a, (cst.For, cst.While)):
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.For, ast.AsyncFor, ast.While)):
             loops.append(a)
-        if isinstance(a, (cst.FunctionDef, cst.Lambda)):
+        if isinstance(a, FUNCTIONS + (ast.Lambda,)):
             break
-    # the innermost loop may be the batch loop itself: ``for batch in loader``
-    if loops and isinstance(loops[0], cst.For) and an.contains(loops[0].iter, node):
+    if loops and isinstance(loops[0], (ast.For, ast.AsyncFor)) and m.contains(loops[0].iter, node):
         loops = loops[1:]
     return loops[0] if loops else None
 
 
-def _calls_set_epoch(an: Analysis, loop: cst.CSTNode) -> bool:
-    todo = [loop]
-    seen = set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
+def check(m):
+    samplers = [c for c in m.calls(DISTRIBUTED_SAMPLER) if _shuffles(m, c)]
+    if not samplers:
+        return
+    sampler_calls = {id(s) for s in samplers}
+    sampler_vars = {k for s in samplers for k in assigned_keys(m, s)}
+    loader_vars = set()
+    inline = []
+    for ld in loaders(m):
+        if ld.sampler is None:
             continue
-        seen.add(n)
-        for call in an.calls_in(n):
-            if isinstance(call.func, cst.Attribute) and call.func.attr.value == "set_epoch":
-                return True
-            target = an.resolve_call_target(call, an.enclosing_class(call))
-            if target is not None:
-                todo.append(target)
-    return False
+        v = ld.sampler.value
+        if id(v) in sampler_calls or id(ld.sampler_value) in sampler_calls or var_key(m, v) in sampler_vars:
+            keys = assigned_keys(m, ld.call)
+            loader_vars.update(keys)
+            if not keys:
+                inline.append(ld.call)
+    seen = set()
+    spelled = {k[2] for k in loader_vars}  # "loader", "self.loader"
+    names = [n for n in m.nodes(ast.Name) if n.id in spelled]
+    attrs = [n for n in m.nodes(ast.Attribute) if "self." + n.attr in spelled]
+    candidates = sorted(
+        (n for n in names + attrs if isinstance(n.ctx, ast.Load) and var_key(m, n) in loader_vars and _is_iterated(m, n)),
+        key=lambda n: (n.lineno, n.col_offset),
+    )
+    for node in candidates + [c for c in inline if _is_iterated(m, c)]:
+        loop = _epoch_loop(m, node)
+        if loop is None or id(loop) in seen or calls_set_epoch(m, loop):
+            continue
+        seen.add(id(loop))
+        yield Hit(node)
+
+
+RULE = Rule(
+    code="DDP002",
+    name="distributed-sampler-without-set-epoch",
+    message="`DistributedSampler` loader is iterated in an epoch loop without `sampler.set_epoch(epoch)`",
+    what=(
+        "Checks for a `DataLoader` with a `DistributedSampler` that is iterated (or handed to a function) "
+        "inside an epoch loop that never calls `set_epoch` (also looked for in the functions the loop calls)."
+    ),
+    why=(
+        "`DistributedSampler` seeds its shuffle with `seed + epoch`. Without `set_epoch`, the epoch stays 0, "
+        "so every epoch visits the data in exactly the same order on every rank — shuffling silently stops, "
+        "which usually costs accuracy."
+    ),
+    fix="Call `sampler.set_epoch(epoch)` (or `loader.sampler.set_epoch(epoch)`) at the start of each epoch.",
+    fix_safety="",
+    gate=(tails(DISTRIBUTED_SAMPLER), tails(DATALOADER)),
+    check=check,
+    examples=(
+        Invalid(
+            "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+            "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, batch_size=32, sampler=sampler)\n"
+            "for epoch in range(10):\n    for batch in loader:\n        step(batch)\n",
+            6, 18,
+        ),
+        Invalid(
+            "import torch.utils.data as tud\n\n"
+            "loader = tud.DataLoader(ds, sampler=tud.distributed.DistributedSampler(ds))\n"
+            "for epoch in range(epochs):\n    train_one_epoch(model, loader)\n",
+            5, 28,
+        ),
+        Valid(
+            "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+            "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, batch_size=32, sampler=sampler)\n"
+            "for epoch in range(10):\n    sampler.set_epoch(epoch)\n    for batch in loader:\n        step(batch)\n"
+        ),
+        Valid(
+            "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+            "loader = DataLoader(ds, sampler=DistributedSampler(ds, shuffle=False))\n"
+            "for epoch in range(10):\n    for batch in loader:\n        step(batch)\n"
+        ),
+        Valid(
+            "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+            "loader = DataLoader(ds, sampler=DistributedSampler(ds))\n"
+            "def run(epoch):\n    loader.sampler.set_epoch(epoch)\n    for b in loader:\n        step(b)\n"
+            "for epoch in range(10):\n    run(epoch)\n"
+        ),
+    ),
+)

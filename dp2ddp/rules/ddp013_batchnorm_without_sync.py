@@ -1,51 +1,53 @@
+"""DDP013 (off by default): BatchNorm in DDP code without SyncBatchNorm."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from dp2ddp.model.collectives import is_ddp_code
+from dp2ddp.model.names import BATCHNORM, SYNC_BATCHNORM_ANY
+from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, tails
 
-from dp2ddp.analysis import Analysis
-from dp2ddp.engine import Finding
-from dp2ddp.rules.base import DDP_CODE, DDP_CONTEXT, Keep, Refs, Text, Rule, all_qnames, is_ddp_code
-
-BATCHNORM = frozenset(
-    f"{mod}.{cls}"
-    for mod in ("torch.nn", "torch.nn.modules", "torch.nn.modules.batchnorm")
-    for cls in ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d")
-)
-SYNC = frozenset(
-    {"torch.nn.SyncBatchNorm", "torch.nn.modules.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm"}
-)
+_SYNC_PREFIXES = tuple(s + "." for s in SYNC_BATCHNORM_ANY)
 
 
-class BatchNormWithoutSync(Rule):
-    code = "DDP013"
-    name = "batchnorm-without-syncbatchnorm"
-    message = "BatchNorm in DDP code without `SyncBatchNorm`: statistics are computed per rank (per-GPU batch)"
-    what = (
+def _mentions_sync(m) -> bool:
+    return m.mentions(SYNC_BATCHNORM_ANY) or any(q.startswith(_SYNC_PREFIXES) for q in m.import_names)
+
+
+def check(m):
+    if not is_ddp_code(m):
+        return
+    calls = m.calls(BATCHNORM)
+    if calls and not _mentions_sync(m):
+        for call in calls:
+            yield Hit(call)
+
+
+RULE = Rule(
+    code="DDP013",
+    name="batchnorm-without-syncbatchnorm",
+    message="BatchNorm in DDP code without `SyncBatchNorm`: statistics are computed per rank (per-GPU batch)",
+    what=(
         "In DDP code that never mentions `SyncBatchNorm`, reports `BatchNorm1d/2d/3d` layers. Informational and "
         "off by default: select it with `--select DDP013`."
-    )
-    why = (
+    ),
+    why=(
         "Each rank normalises with the mean and variance of its own per-GPU batch. With small per-GPU batches "
         "(detection, segmentation) the statistics are noisy and accuracy drops compared to the large "
         "single-process batch. For large per-GPU batches this is harmless and faster, which is why the rule "
         "is informational."
-    )
-    fix_doc = "If per-GPU batches are small, convert before wrapping: `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`."
-    default = False
-    severity = "info"
-    needs = (DDP_CODE, Refs(BATCHNORM))
-    keep = (Keep(Text(refs=BATCHNORM)), Keep(Text(refs=SYNC, prefix=True)), DDP_CONTEXT)
-    invalid = ("import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n",)
-    valid = (
-        "import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n"
-        "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n",
-        "import torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)  # not DDP code\n",
-    )
-
-    def check(self, an: Analysis) -> Iterable[Finding]:
-        if not is_ddp_code(an):
-            return []
-        qn = all_qnames(an)
-        if any(q in SYNC or q.startswith(tuple(s + "." for s in SYNC)) for q in qn):
-            return []
-        return [self.finding(c) for c in an.calls(BATCHNORM)]
+    ),
+    fix="If per-GPU batches are small, convert before wrapping: `model = nn.SyncBatchNorm.convert_sync_batchnorm(model)`.",
+    fix_safety="",
+    default=False,
+    severity="info",
+    gate=(DDP_CODE, tails(BATCHNORM)),
+    check=check,
+    examples=(
+        Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n", 4, 9),
+        Valid(
+            "import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n"
+            "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+        ),
+        Valid("import torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)  # not DDP code\n"),
+    ),
+)
