@@ -55,21 +55,17 @@ def apply_fixes(data: bytes, path: str, codes: Sequence[str], model, findings: l
     except BridgeError as e:
         out.error = f"{display}: fix not applied: {e}"
         return out
-    ancestors = bridge.ancestors
     said: List = []
-    planned = model.cache.get(MIGRATION)
-    if planned is not None:
-        migration, migration_ancestors = planned
+    migration = model.cache.get(MIGRATION)
+    if migration is not None:
         out.blocked = bool(migration.blocked)
         said = _selected(migration.findings, codes)
-        if migration_ancestors is not bridge.ancestors:
-            ancestors = None  # the old migration path: walk the whole tree
     done = [f for f in fixable if f.fix and f.fix.edits]
     edits = collect_edits(done)
     new = data
     if edits:
         try:
-            new = apply_edits(MetadataWrapper(module, unsafe_skip_copy=True), edits, ancestors).bytes
+            new = apply_edits(MetadataWrapper(module, unsafe_skip_copy=True), edits, bridge.ancestors).bytes
             cst.parse_module(new)  # never write something that does not parse
             compile(new, display, "exec")
         except Exception as e:

@@ -12,36 +12,21 @@ MIGRATION = "ddp001:migration"  # model.cache key: the migration DDP001's fix pl
 
 def plan_migration(model, bridge, options=None):
     """The migration that is DDP001's fix, planned on ``model`` with the LibCST tree of
-    ``bridge``: ``(migration, ancestors)``, ``migration`` having ``.findings`` (DDP1xx),
-    ``.blocked`` and the edits (``.edits``, or ``.fix.edits`` on the old path), and
-    ``ancestors`` the function :func:`dp2ddp.engine.apply_edits` walks them with.
-
-    The one place `check` reaches the migration. Once ``dp2ddp.migrate.plan`` is there for
-    good, this is ``return migrate.plan(model, bridge, options), bridge.ancestors``."""
+    ``bridge`` (``.findings``: what it says, DDP1xx; ``.blocked``; ``.edits``): the one
+    place `check` reaches the migration (`rewrite` calls the same ``plan``)."""
     from dp2ddp import migrate
 
-    options = options or migrate.Options()
-    if hasattr(migrate, "plan"):
-        return migrate.plan(model, bridge, options), bridge.ancestors
-    from dp2ddp.analysis import Analysis  # the LibCST analysis of the old migration
-
-    an = Analysis.from_module(bridge.module, model.path)
-    return migrate.plan_migration(an, options), an.ancestors
+    return migrate.plan(model, bridge, options or migrate.Options())
 
 
 def migration_edits(migration) -> list:
-    if migration.blocked:
-        return []
-    edits = getattr(migration, "edits", None)
-    if edits is None:
-        edits = migration.fix.edits if migration.fix else []
-    return list(edits)
+    return [] if migration.blocked else list(migration.edits)
 
 
 def _fix(m) -> Fix:
     def build(bridge):
-        migration, ancestors = plan_migration(bridge.model, bridge)
-        bridge.model.cache[MIGRATION] = (migration, ancestors)
+        migration = plan_migration(bridge.model, bridge)
+        bridge.model.cache[MIGRATION] = migration
         return migration_edits(migration)
 
     return Fix(build=build, description="migrate DataParallel to DistributedDataParallel")
