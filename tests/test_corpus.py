@@ -61,7 +61,7 @@ def _env() -> dict:
 def _migrated(name: str, work: Path) -> Path:
     spec = SCRIPTS[name]
     src = work / spec["file"]
-    result = migrate_source(src.read_bytes(), spec["file"])
+    result = migrate_source(src.read_bytes(), str(src))
     errors = [f"{f.line}:{f.col + 1} {f.code} {f.message}" for f in result.migration.findings if f.severity == "error"]
     assert not result.migration.blocked, "refused:\n" + "\n".join(errors)
     assert result.changed
@@ -127,7 +127,7 @@ def test_migration_trains_like_the_original(name: str, tmp_path: Path) -> None:
     work = _scratch(tmp_path)
     out = _migrated(name, work)
     args = list(spec.get("args", []))
-    mixed = "DDP121" in {f.code for f in migrate_source((work / spec["file"]).read_bytes(), spec["file"]).migration.findings}
+    mixed = "DDP121" in {f.code for f in migrate_source((work / spec["file"]).read_bytes(), str(work / spec["file"])).migration.findings}
     exact = spec.get("loss_match") == "exact"
     if spec.get("trains", True):
         two = _verify(work, tmp_path, spec, out, 2, "two")
@@ -154,7 +154,7 @@ def test_migration_trains_like_the_original(name: str, tmp_path: Path) -> None:
 def test_refused_with_a_reason(name: str) -> None:
     spec = SCRIPTS[name]
     src = CORPUS / spec["file"]
-    result = migrate_source(src.read_bytes(), spec["file"])
+    result = migrate_source(src.read_bytes(), str(src))
     assert result.migration.blocked
     assert not result.changed
     assert any(f.severity == "error" and f.code.startswith("DDP1") for f in result.migration.findings)

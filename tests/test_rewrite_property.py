@@ -1,8 +1,9 @@
 """Property test over generated DataParallel scripts (hypothesis, 1,000 variants).
 
-For every variant: the output compiles, rewriting it again changes nothing, and every
-line outside the statements the migration edits (marked ``# keep-N`` here) comes out
-byte-identical and in the same order.
+For every variant: the output compiles, rewriting it again changes nothing, every line
+outside the statements the migration edits (marked ``# keep-N`` here) comes out
+byte-identical and in the same order, and nothing under a rank-0 guard reaches a
+collective.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dp2ddp.migrate import migrate_bytes
+from tests.invariants import collectives_under_rank_guards
 
 IMPORTS = [
     ("import torch\nimport torch.nn as nn\n", "nn.DataParallel"),
@@ -131,3 +133,5 @@ def test_generated_scripts_compile_are_idempotent_and_untouched_lines_survive(te
     if "\r\n" in text:
         assert out.count(b"\n") == out.count(b"\r\n")
     assert b"DistributedDataParallel(" in out
+    # nothing the migration puts under `if dist.get_rank() == 0:` reaches a collective
+    assert collectives_under_rank_guards(out) == []

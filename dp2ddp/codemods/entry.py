@@ -17,6 +17,7 @@ from typing import List
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_docstring
+from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 from dp2ddp.model.uses import wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
 
@@ -69,6 +70,21 @@ def trains(m: SemanticModel) -> bool:
     return False
 
 
+def _trains_elsewhere(m: SemanticModel, use) -> bool:
+    """The wrapped model is handed to code of another module (``trainer.fit(model)``),
+    which may train it."""
+    if use.kind != "other":
+        return False
+    parent = m.parent(use.node)
+    call = m.parent(parent) if isinstance(parent, ast.keyword) else parent
+    if not isinstance(call, ast.Call) or call.func is use.node:
+        return False
+    q = m.qualified_names(call.func)
+    if q & (DP | DP_FUNCTIONAL | DDP):
+        return False  # the wrap itself
+    return not any(x.startswith("builtins.") for x in q)
+
+
 def check_entry(ctx: Context) -> List[Finding]:
     m = ctx.m
     wraps = dp_wraps(m)
@@ -92,7 +108,7 @@ def check_entry(ctx: Context) -> List[Finding]:
 
             seeds.update(assigned_keys(m, w.outer))
         uses = wrapper_uses(m, wrapper_keys(m, seeds)) if seeds else []
-        if all(u.kind in ("forward", "api", "module", "state_dict", "attribute") for u in uses):
+        if not any(_trains_elsewhere(m, u) for u in uses):
             return [
                 ctx.block(
                     wraps[0].call,

@@ -584,17 +584,37 @@ def _cuda_device(ctx: Context, node: ast.AST, cuda: str) -> Optional[Finding]:
                     [Replace(ctx.cst(node), ctx.expr("{c} if {cuda} else {cpu}", c=text, cuda=cuda, cpu=cpu))])
 
 
+_CUDA_FLAGS = {"cuda", "use_cuda", "is_cuda", "has_cuda", "use_gpu", "on_gpu", "gpu"}
+
+
+def _cuda_test(m: SemanticModel, test: ast.AST) -> bool:
+    """The test holds only with CUDA: ``torch.cuda.is_available()``, ``args.cuda``,
+    ``use_cuda``, ``x.is_cuda``, ``device == "cuda"`` (also as one operand of ``and``)."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return any(_cuda_test(m, v) for v in test.values)
+    if isinstance(test, ast.Call):
+        return m.is_name(test.func, CUDA_AVAILABLE)
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        return (test.id if isinstance(test, ast.Name) else test.attr) in _CUDA_FLAGS
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is)):
+        sides = [test.left] + test.comparators
+        return any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides) or any(
+            isinstance(x, ast.Attribute) and x.attr == "type" for x in sides
+        ) and any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides)
+    return False
+
+
 def _under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:
-    """``node`` only runs with CUDA: under ``if torch.cuda.is_available()``, ``if args.cuda``,
-    ``if use_cuda``, ``x.cuda() if cuda else x`` ..."""
+    """``node`` only runs with CUDA: in the body of an ``if``/conditional expression whose test
+    holds only with CUDA, or after such a test in an ``and``."""
     child = node
     for a in m.ancestors(node):
-        if isinstance(a, (ast.If, ast.IfExp, ast.While)) and child is not a.test:
-            for n in ast.walk(a.test):
-                if isinstance(n, (ast.Name, ast.Attribute)) and (m.is_name(n, CUDA_AVAILABLE) or "cuda" in m.source(n).lower() or "gpu" in m.source(n).lower()):
-                    return True
-        if isinstance(a, (ast.BoolOp,)) and child is not a.values[0]:
-            if any("cuda" in m.source(v).lower() for v in a.values[: a.values.index(child)] if child in a.values):
+        if isinstance(a, ast.If) and child is not a.test and any(child is s for s in a.body) and _cuda_test(m, a.test):
+            return True
+        if isinstance(a, ast.IfExp) and child is a.body and _cuda_test(m, a.test):
+            return True
+        if isinstance(a, ast.BoolOp) and isinstance(a.op, ast.And) and child in a.values:
+            if any(_cuda_test(m, v) for v in a.values[: a.values.index(child)]):
                 return True
         if isinstance(a, FUNCTIONS + (ast.ClassDef,)):
             return False

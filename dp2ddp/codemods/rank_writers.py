@@ -33,31 +33,39 @@ from dp2ddp.model.writers import Writer, writers
 
 
 def tensorboard_keys(ctx: Context) -> Set[VarKey]:
-    """Variables holding a SummaryWriter whose every use can be guarded (cached)."""
+    """Variables holding a SummaryWriter whose every use can be guarded (cached). The
+    writers are followed together: a function called once with each of two writers
+    (``train(logger=train_logger)``, ``train(logger=val_logger)``) holds one of them."""
     got = ctx.cache.get("tensorboard_keys")
     if got is None:
-        got = set()
+        m = ctx.m
         bad = ctx.cache.setdefault("tensorboard_bad", [])
-        for w in writers(ctx.m):
+        made = ctx.cache.setdefault("tensorboard_made", [])
+        creations = []
+        for w in writers(m):
             if w.kind != "tensorboard":
                 continue
-            keys = assigned_keys(ctx.m, w.call)
+            keys = assigned_keys(m, w.call)
             if not keys:
                 bad.append((w, "its value is not kept in a variable"))  # type: ignore[attr-defined]
                 continue
-            all_keys = wrapper_keys(ctx.m, keys)
-            problem = _unguardable_use(ctx.m, all_keys)
-            if problem is not None:
-                bad.append((w, problem))  # type: ignore[attr-defined]
-                continue
-            got.update(all_keys)
-        for key, creation in _writer_like(ctx.m).items():
-            if key in got:
-                continue
-            all_keys = wrapper_keys(ctx.m, {key})
-            if _unguardable_use(ctx.m, all_keys) is None:
-                got.update(all_keys)
-                ctx.cache.setdefault("tensorboard_made", []).append(creation)  # type: ignore[attr-defined]
+            creations.append((w, keys))
+        for key, creation in _writer_like(m).items():
+            creations.append((Writer("tensorboard", creation), [key]))
+        seeds: Set[VarKey] = set()
+        for _, keys in creations:
+            seeds.update(keys)
+        got = wrapper_keys(m, seeds) if seeds else set()
+        problem = _unguardable_use(m, got) if got else None
+        if problem is not None:
+            for w, _ in creations:
+                if m.qualified_names(w.call.func) & SUMMARY_WRITERS:
+                    bad.append((w, problem))  # type: ignore[attr-defined]
+            got = set()
+        else:
+            for w, _ in creations:
+                if not m.qualified_names(w.call.func) & SUMMARY_WRITERS:
+                    made.append(w.call)  # type: ignore[attr-defined]
         ctx.cache["tensorboard_keys"] = got
     return got  # type: ignore[return-value]
 
@@ -124,6 +132,8 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
                 continue  # writer.add_scalar(...) as a statement
         if isinstance(parent, ast.Call) and node in parent.args and m.resolve_call(parent) is not None:
             continue  # passed to a function of the script: followed by wrapper_keys
+        if isinstance(parent, ast.keyword) and isinstance(m.parent(parent), ast.Call) and m.resolve_call(m.parent(parent)) is not None:
+            continue  # f(logger=writer): likewise
         if isinstance(parent, ast.Call) and node in parent.args and isinstance(m.parent(parent), ast.Expr):
             continue  # passed to another module's function as a statement: the statement is guarded
         ret = parent if isinstance(parent, ast.Return) else m.parent(parent) if isinstance(parent, ast.Tuple) else None

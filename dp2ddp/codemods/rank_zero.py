@@ -312,8 +312,37 @@ def _writes(call: ast.Call) -> bool:
     return not (mode is None or (isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "r" in mode.value and "+" not in mode.value))
 
 
+def _reads_files(m: SemanticModel, func) -> bool:
+    """The function (or one it calls) reads a file: torch.load, open for reading, np.load ..."""
+    for f in m.reach(func):
+        for call in m.calls_in(f):
+            q = m.qualified_names(call.func)
+            if q & READS or (q & OPEN and not _writes(call)):
+                return True
+    return False
+
+
+def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> ast.stmt:
+    """Where every rank passes after ``stmt`` and before the reads: out of the ``if``
+    statements around it (their tests may differ between ranks: ``if not
+    os.path.exists(path)``) that do not hold a read, not out of a loop."""
+    cur = stmt
+    while True:
+        parent = m.parent(cur)
+        if (
+            isinstance(parent, ast.If)
+            and m.block_of(parent) is not None
+            and not any(m.contains(parent, r) for r in reads)
+            and not (parent is m.main_guard)
+        ):
+            cur = parent
+            continue
+        return cur
+
+
 def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
-    """``dist.barrier()`` after a rank-0 write of a file the script reads later."""
+    """``dist.barrier()`` after a rank-0 write of a file the script reads later (directly, or
+    through a function of the script that reads the path it is given)."""
     m = ctx.m
     if not guarded:
         return []
@@ -322,13 +351,22 @@ def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]]) -> List[Fi
     done: Set[int] = set()
     for stmt, last in guarded:
         for path in _written_paths(m, stmt):
-            later = [c for c, p in reads if p == path and (c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset)]
-            later += [c for c, p in reads if p == path and m.enclosing_function(c) is not m.enclosing_function(stmt)]
-            if later and id(last) not in done:
-                done.add(id(last))
-                barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
-                out.append(
-                    ctx.note(stmt, "DDP132", f"dist.barrier() after the rank-0 write: line {later[0].lineno} reads the file on every rank",
-                             [InsertAfter(ctx.bridge.statement(last), (barrier,))])
-                )
+            later = [c for c, p in reads if p == path and ((c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset) or m.enclosing_function(c) is not m.enclosing_function(stmt))]
+            for call in m.nodes(ast.Call):
+                if (call.lineno, call.col_offset) <= (stmt.lineno, stmt.col_offset):
+                    continue
+                t = m.resolve_call(call)
+                if t is not None and any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _reads_files(m, t):
+                    later.append(call)
+            if not later:
+                continue
+            anchor = _barrier_anchor(m, last, later)
+            if id(anchor) in done or not ctx.bridge.alone_on_line(anchor):
+                continue
+            done.add(id(anchor))
+            barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
+            out.append(
+                ctx.note(stmt, "DDP132", f"dist.barrier() after the rank-0 write: line {later[0].lineno} reads the file on every rank",
+                         [InsertAfter(ctx.bridge.statement(anchor), (barrier,))])
+            )
     return out

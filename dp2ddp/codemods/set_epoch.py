@@ -30,17 +30,51 @@ def propose(ctx: Context) -> List[Finding]:
             if key in done or calls_set_epoch(m, loop):
                 placed = True
                 continue
-            f = _insert(ctx, loop, text, _maybe_other_sampler(m, loader))
+            f = _insert(ctx, loop, text, ctx.mode == "mixed" and _maybe_other_sampler(m, loader))
             if f is not None:
                 out.append(f)
                 if f.severity == "info":
                     done.add(key)
                     placed = True
+        if not placed:
+            got = _reiterations(ctx, done)
+            if got:
+                out.extend(got)
+                placed = True
         if not placed and not _has_set_epoch_anywhere(ctx, loader):
             name = m.source(loader.target) if loader.target is not None else "the training loader"
             out.append(
                 ctx.warn(loader.call, "DDP106", f"no epoch loop found for {name}: call {name}.sampler.set_epoch(epoch) at the start of every epoch")
             )
+    return out
+
+
+def _reiterations(ctx: Context, done: Set) -> List[Finding]:
+    """An endless loader (``try: batch = next(it) except StopIteration: it = iter(loader)``,
+    deep-text-recognition, ssd.pytorch): a new epoch starts where the iterator is made again,
+    so the sampler's epoch advances there."""
+    m = ctx.m
+    out: List[Finding] = []
+    for handler in m.nodes(ast.ExceptHandler):
+        if handler.type is None or "StopIteration" not in m.source(handler.type):
+            continue
+        for stmt in handler.body:
+            for call in ast.walk(stmt):
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "iter" and len(call.args) == 1):
+                    continue
+                arg = call.args[0]
+                if any(isinstance(n, ast.Call) for n in ast.walk(arg)) or (id(stmt), "reiter") in done:
+                    continue
+                if not ctx.bridge.alone_on_line(stmt):
+                    continue
+                done.add((id(stmt), "reiter"))
+                e = m.source(arg)
+                new = ctx.stmt(
+                    "if isinstance({e}.sampler, {S}):\n    {e}.sampler.set_epoch({e}.sampler.epoch + 1)\n",
+                    e=e, S=ctx.name("DistributedSampler"),
+                )
+                out.append(ctx.note(stmt, "DDP131", f"{e}.sampler.set_epoch(...) where the endless loader starts a new epoch",
+                                    [InsertBefore(ctx.bridge.statement(stmt), (new,))]))
     return out
 
 

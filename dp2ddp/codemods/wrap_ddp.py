@@ -65,6 +65,80 @@ def problems(ctx: Context) -> List[Finding]:
             out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
         elif not w.functional and w.target is not None and _root_name(w.target) is not None and _root_name(w.target).id == "self" and _is_module_class(m, m.enclosing_class(w.call)):
             out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
+    out.extend(_shared_forward(ctx))
+    return out
+
+
+_CUT = {"detach", "item", "data", "cpu", "numpy", "tolist"}
+
+
+def _uses_tainted(expr: ast.AST, tainted: Set[str]) -> bool:
+    """``expr`` reads a tainted name other than through ``.detach()``/``.item()``/``.data``."""
+    todo = [expr]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Attribute) and n.attr in _CUT:
+            continue
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
+            continue
+        if isinstance(n, ast.Name) and n.id in tainted:
+            return True
+        todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def _shared_forward(ctx: Context) -> List[Finding]:
+    """One forward of a wrapped model whose output feeds two or more ``.backward()`` calls
+    in the same loop (pix2pixHD: the generator and discriminator losses of one forward):
+    DDP marks each parameter ready once per forward, so this cannot be migrated as it is."""
+    m = ctx.m
+    seeds: Set[VarKey] = set()
+    for w in dp_wraps(m):
+        if not w.functional:
+            seeds.update(assigned_keys(m, w.outer))
+    if not seeds:
+        return []
+    keys = wrapper_keys(m, seeds)
+    out = []
+    done = set()
+    for use in wrapper_uses(m, keys):
+        if use.kind != "forward":
+            continue
+        call = m.parent(use.node)
+        loops = m.enclosing_loops(call)
+        if not loops or id(loops[0]) in done:
+            continue
+        loop = loops[0]
+        forwards = [c for c in m.calls_in(loop) if var_key(m, c.func) in keys]
+        if len(forwards) != 1:
+            continue
+        done.add(id(loop))
+        stmt = m.statement_of(call)
+        tainted: Set[str] = set()
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if not tainted:
+            continue
+        backwards = []
+        for s in ast.walk(loop):
+            if isinstance(s, ast.Assign) and s is not stmt and _uses_tainted(s.value, tainted):
+                for t in s.targets:
+                    tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        for c in m.calls_in(loop):
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and _uses_tainted(c.func.value, tainted):
+                backwards.append(c)
+        if len(backwards) >= 2:
+            lines = ", ".join(str(b.lineno) for b in backwards)
+            out.append(
+                ctx.block(
+                    call,
+                    "DDP101",
+                    f"one forward of {m.source(use.node)} feeds {len(backwards)} backward passes (lines {lines}): "
+                    "DistributedDataParallel synchronises each parameter once per forward; split the forward per "
+                    "loss (or wrap the parts separately) and migrate by hand",
+                )
+            )
     return out
 
 
@@ -90,7 +164,21 @@ def propose(ctx: Context) -> List[Finding]:
     find_unused = _find_unused(ctx, keep, out)
     if any(f.severity == "error" for f in out):
         return out
+    done_ifexp: Set[int] = set()
     for w in keep:
+        ifexp = m.parent(w.outer)
+        if isinstance(ifexp, ast.IfExp) and ifexp.test is not w.outer:
+            if id(ifexp) in done_ifexp:
+                continue
+            done_ifexp.add(id(ifexp))
+            got, keys, conditional = _ifexp_wrap(ctx, ifexp, [x for x in keep if m.parent(x.outer) is ifexp], find_unused)
+            out.extend(got)
+            if any(f.severity == "error" for f in got):
+                return out
+            seeds.update(keys)
+            if conditional and _DEVICE_WORDS.search(m.source(ifexp.test)):
+                guarded_keys.update(keys)
+            continue
         got = _wrap_site(ctx, w, hoists, find_unused)
         out.extend(got)
         if any(f.severity == "error" for f in got):
@@ -364,6 +452,28 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU", edits)]
 
 
+def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: bool):
+    """``m = DP(net).cuda() if cuda else DP(net)``: both branches wrap -> one DDP around the
+    conditional; one branch wraps -> that branch unwrapped and a DDP wrap after the
+    statement (the wrapper must exist on every path)."""
+    m = ctx.m
+    stmt = m.statement_of(ifexp)
+    parent = m.parent(ifexp)
+    target = parent.targets[0] if isinstance(parent, ast.Assign) and parent.value is ifexp and len(parent.targets) == 1 else None
+    if not isinstance(target, (ast.Name, ast.Attribute)) or stmt is None or not ctx.bridge.alone_on_line(stmt):
+        return [ctx.block(wraps[0].call, "DDP101", "DataParallel inside a conditional expression dp2ddp cannot rewrite; migrate this by hand")], [], False
+    edits = [Replace(ctx.cst(w.outer), ctx.expr(_inner_text(ctx, w))) for w in wraps]
+    both = {id(ifexp.body), id(ifexp.orelse)} == {id(w.outer) for w in wraps}
+    if both:
+        ddp = ctx.ddp_call("{inner}", find_unused)
+        edits.append(Replace(ctx.cst(ifexp), lambda u, ddp=ddp: cst.parse_expression(ddp.format(inner=cst.Module(body=[]).code_for_node(u)))))
+        return [ctx.note(wraps[0].call, "DDP100", "DataParallel -> DistributedDataParallel around the conditional expression", edits)], assigned_keys(m, ifexp), False
+    t = m.source(target)
+    new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
+    edits.append(InsertAfter(ctx.bridge.statement(stmt), (new,)))
+    return [ctx.note(wraps[0].call, "DDP103", f"DistributedDataParallel wrap of {t} after the conditional expression, so that every rank wraps", edits)], assigned_keys(m, ifexp), True
+
+
 def _ancestors_in_function(m: SemanticModel, stmt: ast.AST):
     for a in m.ancestors(stmt):
         if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda, ast.Module)):
@@ -441,6 +551,21 @@ def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
     return False
 
 
+def _initialises(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
+    """``init_weights(net, ...)``, ``net.apply(weights_init)``: the module's weights are set
+    (by a function of the script whose name says so, or ``apply``). DDP broadcasts rank 0's
+    parameters when it is built, so this must come first."""
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return False
+    call = stmt.value
+    text = m.source(target)
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "apply" and m.source(f.value) == text:
+        return True
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return "init" in name.lower() and any(m.source(a) == text for a in call.args)
+
+
 def _opaque(m: SemanticModel, stmt: ast.stmt) -> bool:
     """A statement the wrap is never moved past: a loop, a ``with``, a ``def``, or a call
     of a function of this script (it may train or read the wrapper)."""
@@ -464,16 +589,16 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
     target_root = _root_name(target)
     separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
     for s in m.siblings_after(anchor):
-        if _is_placement(m, s, target):
+        if _is_placement(m, s, target) or _initialises(m, s, target):
             best = s
             continue
         if _mentions(m, s, target):
             break
-        if _opaque(m, s):
-            break
-        if separate and _mentions_text(m, s, root.id):  # type: ignore[union-attr]
+        if separate and _mentions_text(m, s, root.id) and not isinstance(s, (ast.For, ast.AsyncFor, ast.While) + FUNCTIONS):  # type: ignore[union-attr]
             best = s
             continue
+        if _opaque(m, s):
+            break
     return best
 
 

@@ -192,7 +192,7 @@ def is_ddp_code(m: SemanticModel) -> bool:
             # import binds, which import_names holds)
             got = any(
                 n.attr in _DDP_TAILS and any(is_ddp_name(q) for q in m.qualified_names(n))  # type: ignore[attr-defined]
-                for n in m.nodes(ast.Attribute)
+                for n in m.all_nodes(ast.Attribute)
             )
         m.cache["collectives:ddp-code"] = got
     return got  # type: ignore[return-value]

@@ -112,6 +112,22 @@ class SemanticModel:
         self.cache: Dict[str, object] = {}  # derived facts, see dp2ddp.model.facts
         _Builder(self).run()
 
+    def release(self) -> None:
+        """Drop what the model holds, for a caller that is done with it: its scopes and
+        bindings refer to each other (a reference cycle that keeps the whole tree alive
+        until the cyclic garbage collector runs); after this, reference counting frees it
+        at once (`dp2ddp check` runs with the collector off). The model is unusable after."""
+        for scope in self.scopes.values():
+            scope.bindings.clear()
+        self.scopes.clear()
+        self._scope_of_node.clear()
+        self.parents.clear()
+        self._by_type.clear()
+        self.cache.clear()
+        for key in [k for k, v in vars(self).items() if isinstance(v, (dict, list, set, frozenset))]:
+            if key not in ("scopes", "_scope_of_node", "parents", "_by_type", "cache"):
+                self.__dict__.pop(key, None)
+
     # ------------------------------------------------------------------ structure
     def nodes(self, *types: Type[ast.AST]) -> List[ast.AST]:
         """Every node of these types, in source (pre-)order."""
@@ -127,6 +143,12 @@ class SemanticModel:
             out.extend(self._by_type.get(t, ()))
         _sort(out)
         return out
+
+    def all_nodes(self, *types: Type[ast.AST]) -> Iterator[ast.AST]:
+        """Every node of these types, in no particular order (no sort: for a question about
+        the whole module, where :meth:`nodes` would sort for nothing)."""
+        for t in types:
+            yield from self._by_type.get(t, ())
 
     def parent(self, node: ast.AST) -> Optional[ast.AST]:
         return self.parents.get(node)
@@ -351,6 +373,11 @@ class SemanticModel:
         found.sort(key=_first)  # source order (the order of nodes(ast.Call))
         return [c for _i, c in found if self.is_name(c.func, names)]
 
+    def calls_spelled(self, name: str) -> List[ast.Call]:
+        """Calls whose callee is spelled ``name`` or ``<anything>.name`` (``.cuda()``), in
+        source order, whatever they resolve to."""
+        return [c for _i, c in self._calls_by_tail.get(name, ())]
+
     @cached_property
     def _calls_by_tail(self) -> Dict[str, List[Tuple[int, ast.Call]]]:
         """The calls of ``f(...)``/``a.b.f(...)`` by ``f``, with their rank in source order:
@@ -534,14 +561,16 @@ class SemanticModel:
         in the same class (or a class of this module it derives from)."""
         f = call.func
         if isinstance(f, ast.Name):
-            func = self.module_functions.get(f.id)
-            if func is None:
-                cls = self.classes.get(f.id)
-                if cls is not None:
-                    return self.methods(cls).get("__init__")
+            where, bindings = self.lookup(f.id, self.scope_of(f))
+            if where is None or not bindings:
                 return None
-            where, _ = self.lookup(f.id, self.scope_of(f))
-            return func if where is self.scopes[self.tree] else None
+            defs = {id(b.node): b.node for b in bindings if b.kind in ("def", "class")}
+            if len(defs) != 1 or len(bindings) != len([b for b in bindings if b.kind in ("def", "class")]):
+                return None
+            node = next(iter(defs.values()))
+            if isinstance(node, ast.ClassDef):
+                return self.methods(node).get("__init__")
+            return node
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
             if f.value.id in ("self", "cls"):
                 cls = self.enclosing_class(call)
@@ -1001,6 +1030,8 @@ class _Builder:
         record = self._record
         Name, Constant, Attribute, Call, keyword = ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.keyword
         AST = ast.AST
+        names = by_type.setdefault(Name, [])
+        constants = by_type.setdefault(Constant, [])
         while stack:
             node, par = pop()
             parents[node] = par
@@ -1016,17 +1047,37 @@ class _Builder:
             if t is Constant:
                 continue
             if t is Attribute:
-                push((node.value, node))
+                v = node.value
+                if type(v) is Name:  # a leaf, recorded here instead of through the stack
+                    parents[v] = node
+                    names.append(v)
+                    scope_of_node[v] = scope
+                else:
+                    push((v, node))
                 continue
             if t is Call:
                 for k in reversed(node.keywords):
                     push((k, node))
                 for a in reversed(node.args):
-                    push((a, node))
+                    ta = type(a)
+                    if ta is Name:
+                        parents[a] = node
+                        names.append(a)
+                        scope_of_node[a] = scope
+                    elif ta is Constant:
+                        parents[a] = node
+                        constants.append(a)
+                    else:
+                        push((a, node))
                 push((node.func, node))
                 continue
             if t is keyword:
-                push((node.value, node))
+                v = node.value
+                if type(v) is Constant:
+                    parents[v] = node
+                    constants.append(v)
+                else:
+                    push((v, node))
                 continue
             if t is ast.Lambda:
                 self._lambda(node, scope)

@@ -122,9 +122,29 @@ def kwargs_keys(m: SemanticModel, expr: ast.AST) -> Optional[Set[str]]:
             return {k.arg for k in v.keywords}  # type: ignore[misc]
         if isinstance(v, ast.Name) and depth < 2:
             return kwargs_keys(m, v)
+        if isinstance(v, ast.IfExp):
+            a, b = literal(v.body, depth), literal(v.orelse, depth)
+            return None if a is None or b is None else a | b
         return None
 
     for b in bindings:
+        if b.kind == "param" and isinstance(b.node, ast.arg) and where.kind == "function":
+            func = where.node
+            if getattr(func.args.kwarg, "arg", None) == expr.id:  # type: ignore[attr-defined]
+                # def make_loader(args, **kwargs): the keywords its callers pass
+                named = set(m.params(func))
+                for call in m.call_sites(func):
+                    for k in call.keywords:
+                        if k.arg is None:
+                            got = literal(k.value, 1)
+                            if got is None:
+                                return None
+                            keys |= got
+                        elif k.arg not in named:
+                            keys.add(k.arg)
+                if not m.call_sites(func):
+                    return None
+                continue
         got = literal(b.value) if b.kind == "assign" and b.value is not None else None
         if got is None:
             return None
@@ -282,11 +302,17 @@ def is_training(m: SemanticModel, call: ast.Call, label: str, shuffle: Optional[
 Handle = Tuple[Optional[ast.AST], str]
 
 
-def unwrap_iter(expr: ast.AST) -> ast.AST:
-    """``enumerate(tqdm(loader))`` -> ``loader``."""
-    while isinstance(expr, ast.Call) and expr.args:
+_NOT_THROUGH = {"range", "len", "sorted", "list", "tuple", "set", "dict", "reversed", "sum", "min", "max", "map", "filter"}
+
+
+def unwrap_iter(expr: ast.AST, strict: bool = False) -> ast.AST:
+    """``enumerate(tqdm(loader))`` -> ``loader``; unless ``strict``, an iterator wrapper of
+    another module (``IteratorTimer(loader)``, ``Prefetcher(loader)``) passes through too."""
+    while isinstance(expr, ast.Call) and expr.args and not isinstance(expr.args[0], ast.Starred):
         name = terminal(expr.func)
-        if name not in PASS_THROUGH:
+        if name in _NOT_THROUGH or name == "DataLoader":
+            break
+        if name not in PASS_THROUGH and (strict or not (name and name[:1].isupper())):
             break
         expr = expr.args[0]
     return expr
@@ -377,11 +403,38 @@ def _subscript_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
     return None
 
 
+def _through_aliases(m: SemanticModel, expr: ast.AST) -> ast.AST:
+    """``progress = enumerate(data_loader)`` (in every branch), then ``for b in progress``:
+    ``data_loader``."""
+    for _ in range(3):
+        if not isinstance(expr, ast.Name):
+            return expr
+        _, bindings = m.lookup(expr.id, m.scope_of(expr))
+        values = [b.value for b in bindings if b.kind == "assign" and b.value is not None]
+        if not values or len(values) != len(bindings):
+            return expr
+        inner = [unwrap_iter(v, strict=True) for v in values]
+        if any(i is v for i, v in zip(inner, values)) or len({ast.dump(i) for i in inner}) != 1:
+            return expr
+        expr = inner[0]
+    return expr
+
+
+def in_stop_iteration(m: SemanticModel, node: ast.AST) -> bool:
+    """``node`` is in an ``except StopIteration:`` handler (an endless loader made again)."""
+    for a in m.ancestors(node):
+        if isinstance(a, ast.ExceptHandler):
+            return a.type is not None and "StopIteration" in m.source(a.type)
+        if isinstance(a, FUNCTIONS):
+            return False
+    return False
+
+
 def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[ast.AST, str]]:
     """Where the loader is iterated: ``(the For node or the call passing it on, expression)``."""
     sites = []
     for loop in m.nodes(ast.For) + m.nodes(ast.AsyncFor):
-        it = unwrap_iter(loop.iter)
+        it = _through_aliases(m, unwrap_iter(loop.iter))
         if isinstance(it, (ast.Name, ast.Attribute)):
             h = handle_of(m, it)
         else:
@@ -407,7 +460,7 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
         if isinstance(call.func, ast.Name) and call.func.id == "iter" and call.args:
             arg = call.args[0]
             h = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
-            if h in handles and not isinstance(m.parent(call), (ast.For, ast.AsyncFor)):
+            if h in handles and not isinstance(m.parent(call), (ast.For, ast.AsyncFor)) and not in_stop_iteration(m, call):
                 sites.append((call, handles[h]))  # type: ignore[index]
     return sites
 
@@ -432,8 +485,13 @@ def _epoch_loops_from(m: SemanticModel, site: ast.AST, expr_text: str, depth: in
     for call in m.call_sites(func):
         if isinstance(root, ast.Name) and root.id == "self":
             cc, cf = m.enclosing_class(call), m.enclosing_class(func)
-            if cc is not None and cf is not None and m.root_class(cc) is m.root_class(cf):
-                out.extend(_epoch_loops_from(m, call, expr_text, depth + 1, seen))
+            f = call.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
+                if cc is not None and cf is not None and m.root_class(cc) is m.root_class(cf):
+                    out.extend(_epoch_loops_from(m, call, expr_text, depth + 1, seen))
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                # trainer.training(epoch): self.train_loader is trainer.train_loader there
+                out.extend(_epoch_loops_from(m, call, f.value.id + expr_text[len("self"):], depth + 1, seen))
         elif isinstance(root, ast.Name) and root.id in params:
             arg = m.argument_for(func, call, root.id)
             if arg is None or not isinstance(arg, (ast.Name, ast.Attribute)):

@@ -179,32 +179,35 @@ def guarded_statements(m: SemanticModel, stmts: List[ast.stmt]) -> bool:
 
 
 LOCAL_RANK_WORD = re.compile(r"local_rank|localrank|local_process_index", re.IGNORECASE)
+# a piece of such a string split into adjacent literals ("local_" "rank"), which Python joins
+_LOCAL_RANK_PIECE = re.compile(r"""["'](?:l|lo|loc|loca|local|local_|local_r|local_ra|local_ran|localr|localra|localran|local_p\w*)["']""", re.IGNORECASE)
 
 
 def _identifiers(m: SemanticModel) -> Iterator[str]:
     """Every identifier of the module, wherever it stands: names, attribute names, keyword
     argument names, parameters, definitions, imports, globals, exception and match names."""
-    for n in m.nodes(ast.Name):
+    nodes = m.all_nodes
+    for n in nodes(ast.Name):
         yield n.id  # type: ignore[attr-defined]
-    for n in m.nodes(ast.Attribute):
+    for n in nodes(ast.Attribute):
         yield n.attr  # type: ignore[attr-defined]
-    for n in m.nodes(ast.keyword):
+    for n in nodes(ast.keyword):
         if n.arg:  # type: ignore[attr-defined]
             yield n.arg  # type: ignore[attr-defined]
-    for n in m.nodes(ast.arg):
+    for n in nodes(ast.arg):
         yield n.arg  # type: ignore[attr-defined]
-    for n in m.nodes(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+    for n in nodes(ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
         yield n.name  # type: ignore[attr-defined]
-    for n in m.nodes(ast.alias):
+    for n in nodes(ast.alias):
         yield from n.name.split(".")  # type: ignore[attr-defined]
         if n.asname:  # type: ignore[attr-defined]
             yield n.asname  # type: ignore[attr-defined]
-    for n in m.nodes(ast.ImportFrom):
+    for n in nodes(ast.ImportFrom):
         if n.module:  # type: ignore[attr-defined]
             yield from n.module.split(".")  # type: ignore[attr-defined]
-    for n in m.nodes(ast.Global, ast.Nonlocal):
+    for n in nodes(ast.Global, ast.Nonlocal):
         yield from n.names  # type: ignore[attr-defined]
-    for n in m.nodes(ast.ExceptHandler):
+    for n in nodes(ast.ExceptHandler):
         if n.name:  # type: ignore[attr-defined]
             yield n.name  # type: ignore[attr-defined]
 
@@ -216,17 +219,16 @@ def mentions_local_rank(m: SemanticModel) -> bool:
     f-strings do not count."""
     got = m.cache.get("ranks:local-rank")
     if got is None:
-        got = False
         text = m.text
-        # (a string escape can spell it, and Python reads identifiers NFKC-normalized)
-        if LOCAL_RANK_WORD.search(text) or "\\" in text or not text.isascii():
-            got = any(LOCAL_RANK_WORD.search(i) for i in _identifiers(m))
-            if not got:
-                in_fstrings = {id(v) for j in m.nodes(ast.JoinedStr) for v in j.values}  # type: ignore[attr-defined]
-                got = any(
-                    isinstance(c.value, str) and id(c) not in in_fstrings and LOCAL_RANK_WORD.search(c.value)  # type: ignore[attr-defined]
-                    for c in m.nodes(ast.Constant)
-                )
+        # an identifier can only spell it in the text (or NFKC-normalized, when non-ASCII);
+        # a string also through an escape
+        spelled = LOCAL_RANK_WORD.search(text) is not None or not text.isascii()
+        # (one search over the distinct identifiers, one over the string values)
+        got = spelled and LOCAL_RANK_WORD.search("\n".join(set(_identifiers(m)))) is not None
+        if not got and (spelled or "\\" in text or _LOCAL_RANK_PIECE.search(text)):
+            in_fstrings = {id(v) for j in m.all_nodes(ast.JoinedStr) for v in j.values}  # type: ignore[attr-defined]
+            strings = {c.value for c in m.all_nodes(ast.Constant) if isinstance(c.value, str) and id(c) not in in_fstrings}  # type: ignore[attr-defined]
+            got = LOCAL_RANK_WORD.search("\n".join(strings)) is not None
         m.cache["ranks:local-rank"] = got
     return got  # type: ignore[return-value]
 

@@ -57,16 +57,15 @@ def _open_mode(call: ast.Call) -> Optional[str]:
 
 
 def _path_mkdir(m: SemanticModel, call: ast.Call) -> bool:
-    """``Path(...).mkdir(...)`` / ``p.mkdir(...)`` with a pathlib-looking receiver."""
+    """``Path(...).mkdir(...)``, ``self.save_dir.mkdir(...)``: a method of a path object, not
+    ``os.mkdir`` nor the ``mkdir`` function of an imported module."""
     f = call.func
-    if not (isinstance(f, ast.Attribute) and f.attr == "mkdir"):
+    if not (isinstance(f, ast.Attribute) and f.attr == "mkdir") or m.is_name(f, MKDIR):
         return False
-    if m.is_name(f, MKDIR):
-        return False
-    recv = f.value
-    if isinstance(recv, ast.Call) and m.is_name(recv.func, {"pathlib.Path", "pathlib.PurePath"}):
-        return True
-    return not m.qualified_names(f)  # an object's method, not os.mkdir
+    root = f.value
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    return not (isinstance(root, ast.Name) and any(b.kind == "import" for b in m.bindings_of(root)) and isinstance(f.value, (ast.Name, ast.Attribute)))
 
 
 def writers(m: SemanticModel) -> List[Writer]:
@@ -76,7 +75,7 @@ def writers(m: SemanticModel) -> List[Writer]:
     out: List[Writer] = []
     for call in m.nodes(ast.Call):
         q = m.qualified_names(call.func)
-        if not q:
+        if not q or (isinstance(call.func, ast.Attribute) and call.func.attr == "mkdir" and not q & MKDIR):
             if _path_mkdir(m, call):
                 ok = kwarg(call, "exist_ok")
                 out.append(Writer("mkdir", call, call.func.value, idempotent=ok is not None and _truthy(ok.value)))  # type: ignore[attr-defined]

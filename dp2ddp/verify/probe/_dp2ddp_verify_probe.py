@@ -70,6 +70,7 @@ class _State:
         self.primary = None  # id of the optimizer whose steps are counted
         self.primary_ref = None  # weak reference to it: the fast path of _on_step
         self.optimizers = []  # weak references
+        self.kept_params = []  # the parameters of each, as seen at its first step
         self.modules = set()  # kinds of modules seen in the first step's forward
         self.forward_hook = None
         self.finished = False
@@ -444,6 +445,9 @@ def _is_primary(s, optimizer):
         s.primary = id(optimizer)
     if not any(r() is optimizer for r in s.optimizers):
         s.optimizers.append(weakref.ref(optimizer))
+        # the parameters themselves too: a script whose optimizer is a local of its train()
+        # has dropped it by exit, when the digest is taken (the model keeps them alive anyway)
+        s.kept_params.append([p for g in optimizer.param_groups for p in g["params"]])
     if id(optimizer) != s.primary:
         return False
     s.primary_ref = weakref.ref(optimizer)
@@ -491,12 +495,11 @@ def _param_digest():
     count = 0
     sq = 0.0
     seen = set()
-    for ref in _S.optimizers:
+    for ref, kept in zip(_S.optimizers, _S.kept_params):
         opt = ref()
-        if opt is None:
-            continue
-        for group in opt.param_groups:
-            for p in group["params"]:
+        params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else kept
+        if params:
+            for p in params:
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
