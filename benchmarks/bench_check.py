@@ -97,9 +97,12 @@ def check_cmd(source: Optional[str]) -> List[str]:
 
 
 def hook_repo(tree: str, files: List[str], into: str) -> str:
-    """A git repository holding ``tree``'s files, committed, with one file changed."""
-    repo = os.path.join(into, "hook-repo")
-    shutil.copytree(tree, repo, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
+    """A git repository holding ``tree``'s ``.py`` files, committed, with one file changed."""
+    repo = tempfile.mkdtemp(prefix="hook-repo-", dir=into)
+    for f in files:
+        dest = os.path.join(repo, os.path.relpath(f, tree))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        shutil.copyfile(f, dest)
     git = ["git", "-c", "user.name=b", "-c", "user.email=b@example.com", "-c", "commit.gpgsign=false"]
     subprocess.run(git + ["init", "-q"], cwd=repo, check=True)
     subprocess.run(git + ["add", "-A"], cwd=repo, check=True)
@@ -116,7 +119,8 @@ def measure(name: str, tree: str, repeat: int, compare_with: Optional[str], scra
     for f in files:
         with open(f, "rb") as fh:
             lines += fh.read().count(b"\n")
-    print(f"\n{name}: {tree} ({len(files)} .py files, {lines:,} lines), cpus: {os.cpu_count()}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"\n{name}: {tree} ({len(files)} .py files, {lines:,} lines), cpus: {os.cpu_count()}, load {load:.1f}", flush=True)
     # warm the page cache and the .pyc files once so that every contender starts alike
     parse_time(files)
     subprocess.run(check_cmd(None) + ["--no-cache", "-q", "--exit-zero", os.devnull], stdout=subprocess.DEVNULL)
@@ -134,7 +138,7 @@ def measure(name: str, tree: str, repeat: int, compare_with: Optional[str], scra
         hook = cmd + ["--no-cache", "--select", "DDP001", "--new-only", "."]
         rows["hook (--select DDP001 --new-only)" + suffix] = best(lambda: run_time(hook, cwd=repo), repeat)
     for label, t in rows.items():
-        print(f"  {label:<48} {t:7.2f} s   {t / base:5.2f}x ast.parse")
+        print(f"  {label:<48} {t:7.2f} s   {t / base:5.2f}x ast.parse", flush=True)
     return rows
 
 

@@ -90,7 +90,8 @@ def candidates(data: bytes, codes: Sequence[str]) -> list:
         from dp2ddp.rules.base import gate_bytes
 
         gated, memo = gate_bytes(data), {}
-        out = [r for r in rules if r in out or r.may_fire(gated, memo)]
+        if gated is not None:
+            out = [r for r in rules if r in out or r.may_fire(gated, memo)]
     return out
 
 
@@ -156,7 +157,8 @@ def lint_bytes(
 
     # Python's ``ast`` builds hundreds of thousands of objects per big file; the cyclic GC
     # would rescan them at each of its collections. They die by reference counting when
-    # the file is done; what cycles are left are collected once the GC is back on.
+    # the file is done (the model is released); what cycles are left are collected once
+    # the GC is back on (lint_pool keeps it off for a whole run).
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -177,6 +179,13 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
     if error:
         result.error = error
         return result
+    try:
+        return _results(result, data, path, codes, lines, fix, write, everything, findings, model)
+    finally:
+        model.release()  # freed now, not by the cyclic collector (off while checking)
+
+
+def _results(result, data, path, codes, lines, fix, write, everything, findings, model) -> FileResult:
     if fix:
         from dp2ddp.lint_fix import apply_fixes
 

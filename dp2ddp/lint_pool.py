@@ -13,7 +13,10 @@ from dp2ddp.lint_cache import ResultCache
 def _worker_init(parent: int, cache: Optional[ResultCache] = None) -> None:
     import signal
 
+    import gc
+
     lint.CACHE = cache  # already there after fork; pickled once per worker with spawn
+    gc.disable()  # as in the parent: each file's objects die by reference counting
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and reaps us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -33,11 +36,17 @@ def run_jobs(jobs: List[Job], processes: Optional[int] = None, cache: Optional[R
     """Lint all jobs; in a process pool when there are enough files for it to pay. With
     ``cache``, files whose content is in it are not analysed, and the new results are
     stored when all jobs are done."""
+    import gc
+
     lint.CACHE = cache
+    enabled = gc.isenabled()
+    gc.disable()  # every file's objects die by reference counting (see lint.lint_bytes)
     try:
         results = _run_jobs(jobs, processes, cache)
     finally:
         lint.CACHE = None
+        if enabled:
+            gc.enable()
     if cache is not None:
         cache.save(results)
     return results

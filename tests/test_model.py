@@ -245,3 +245,8 @@ def test_rank_functions_read_nested_returns():
     )
     tests = [n.test for n in m.nodes(ast.If)]
     assert [mentions_rank(m, t) for t in tests] == [True, False]
+
+
+def test_mentions_local_rank_in_adjacent_literals():
+    assert mentions_local_rank(_m("x = 'local_' 'rank'\n"))
+    assert mentions_local_rank(_m("x = ('LOCAL'\n     '_RANK')\n"))

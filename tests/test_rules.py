@@ -13,7 +13,6 @@ import pytest
 from dp2ddp.lint import check_source, lint_bytes
 from dp2ddp.model.core import build
 from dp2ddp.rules import BY_CODE, BY_NAME, RULES
-from dp2ddp.rules.base import gate_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "lint"
@@ -38,7 +37,7 @@ def test_rule_examples(code, index):
         return
     assert len(findings) == ex.count, f"{code} Invalid #{index}: {[(f.line, f.col + 1) for f in findings]}\n{ex.source}"
     assert (findings[0].line, findings[0].col + 1) == (ex.line, ex.col), ex.source
-    assert rule.may_fire(gate_bytes(ex.source.encode())), f"the gate of {code} rejects its Invalid #{index}"
+    assert rule.passes_gate(ex.source.encode()), f"the gate of {code} rejects its Invalid #{index}"
     # the same through the pipeline (noqa, positions as printed)
     diags = lint_bytes(ex.source.encode(), "t.py", (code,)).diagnostics
     assert [(d.line, d.col) for d in diags][:1] == [(ex.line, ex.col)]
@@ -175,7 +174,7 @@ ALL_SOURCES = (
 def test_tricky_spellings_are_found(code, src):
     rule = BY_CODE[code]
     assert _run(rule, src), f"{code} should flag:\n{src}"
-    assert rule.may_fire(gate_bytes(src.encode()))
+    assert rule.passes_gate(src.encode())
 
 
 @functools.lru_cache(maxsize=None)
@@ -203,7 +202,7 @@ def test_gate_is_sound_on_every_source(rule):
         m = _model(variant)
         if m is not None and rule.run(m):
             fired += 1
-            assert rule.may_fire(gate_bytes(variant.encode())), f"{rule.code} gate rejects:\n{variant}"
+            assert rule.passes_gate(variant.encode()), f"{rule.code} gate rejects:\n{variant}"
     assert fired, f"{rule.code} fires on none of the sources"
 
 
@@ -211,8 +210,8 @@ def test_gate_reads_identifiers_as_python_does():
     """A non-ASCII file is gated after NFKC normalization: ``ｓave`` is ``save``."""
     src = "import torch\nimport torch.distributed as dist\ntorch.\uff53ave(m, 'x')\n"
     assert unicodedata.normalize("NFKC", "\uff53ave") == "save"
-    assert BY_CODE["DDP004"].may_fire(gate_bytes(src.encode()))
-    assert not BY_CODE["DDP004"].may_fire(gate_bytes(b"import torch\nimport torch.distributed as dist\ntorch.sav(m)\n"))
+    assert BY_CODE["DDP004"].passes_gate(src.encode())
+    assert not BY_CODE["DDP004"].passes_gate(b"import torch\nimport torch.distributed as dist\ntorch.sav(m)\n")
     # and the rules read them so too: a fullwidth ``ｄist`` is ``dist``, so this module
     # does destroy its process group (LibCST, which read it as another name, said it did not)
     src = "import torch.distributed as dist\ndist.init_process_group('nccl')\n\uff44ist.destroy_process_group()\n"
@@ -266,3 +265,22 @@ def test_positions_and_noqa(name):
     diags, _f, _m, err = check_source(src.encode(), "t.py", RULES)
     assert err is None
     assert [(d.line, d.col, d.code) for d in diags] == expected
+
+
+def test_gates_decide_alike_alone_and_together():
+    """The gates of one file share what they found (a word's presence, the absence of a
+    string that longer words hold): each rule is a candidate exactly when its gate alone
+    lets the file through."""
+    from dp2ddp.lint import candidates
+
+    codes = [r.code for r in RULES]
+    sources = ALL_SOURCES + [
+        "import torch.distributed as dist\nsave_state = 1\nsavepoint(x)\n",
+        "import torch.distributed as dist\ndef save_all(): pass\ntorch.save(m)\n",
+        "from torch.nn.parallel import DistributedDataParallel\n",
+    ]
+    for src in sources:
+        data = src.encode()
+        together = {r.code for r in candidates(data, codes)}
+        alone = {r.code for r in RULES if r.passes_gate(data)}
+        assert together == alone, src[:200]

@@ -160,15 +160,27 @@ class _Requirement:
             self.texts += (b"\\",)
 
     def holds(self, data: bytes, memo: dict) -> bool:
-        if any(t in data for t in self.texts):
-            return True
-        for w in self.words:  # a whole word: no identifier character either side
-            i = data.find(w)
-            while i >= 0:
-                j = i + len(w)
-                if (i == 0 or data[i - 1] not in _IDENT) and (j == len(data) or data[j] not in _IDENT):
-                    return True
-                i = data.find(w, i + 1)
+        for t in self.texts:
+            got = memo.get(t)
+            if got is None:
+                got = memo[t] = t in data
+            if got:
+                return True
+        for w in self.words:
+            got = memo.get(w)
+            if got is None:
+                absent = memo.setdefault("absent", [])
+                # a word that holds a string absent from the bytes is absent too
+                # (DistributedDataParallel without DataParallel): no other pass over them
+                if any(a in w for a in absent):
+                    got = memo[w] = False
+                else:
+                    i = data.find(w)
+                    if i < 0:
+                        absent.append(w)
+                    got = memo[w] = i >= 0 and _has_word(data, w, i)
+            if got:
+                return True
         if self.folded:
             lowered = memo.get("lower")
             if lowered is None:
@@ -178,9 +190,24 @@ class _Requirement:
         return any(p.search(data) is not None for p in self.patterns)
 
 
-def gate_bytes(data: bytes) -> bytes:
+def _has_word(data: bytes, w: bytes, i: Optional[int] = None) -> bool:
+    """``w`` occurs as a whole word: no identifier character either side (``i``: where
+    the search starts, when the first occurrence is already known)."""
+    if i is None:
+        i = data.find(w)
+    while i >= 0:
+        j = i + len(w)
+        if (i == 0 or data[i - 1] not in _IDENT) and (j == len(data) or data[j] not in _IDENT):
+            return True
+        i = data.find(w, i + 1)
+    return False
+
+
+def gate_bytes(data: bytes) -> Optional[bytes]:
     """The bytes gates read: the file itself, or for a non-ASCII file its text after NFKC
-    normalization (Python normalizes identifiers so: ``ｓave`` is ``save``)."""
+    normalization (Python normalizes identifiers so: ``ｓave`` is ``save``). ``None`` when
+    normalizing cannot make a new identifier character appear (no non-ASCII character of
+    the file normalizes to a letter, digit or underscore): the bytes already said it all."""
     if data.isascii():
         return data
     try:
@@ -189,7 +216,21 @@ def gate_bytes(data: bytes) -> bytes:
         text = decode(data)
     except Exception:  # undecodable: the parser will say so; let every rule through
         return b"\\" + data
+    if not any(_IDENT.intersection(unicodedata.normalize("NFKC", c).encode("utf-8", "replace")) for c in set(text) if c > "\x7f"):
+        return None
     return unicodedata.normalize("NFKC", text).encode("utf-8", "surrogatepass")
+
+
+def components(*name_sets: Iterable[str]) -> Tuple[Tuple[str, ...], ...]:
+    """Requirements derived from names the way :func:`tails` is: every component (other
+    than ``torch``) that all the names share — ``torch.distributed.init_process_group``
+    and ``torch.distributed.distributed_c10d.init_process_group`` both need ``distributed``
+    and ``init_process_group`` — each a requirement of its own."""
+    names = [n for ns in name_sets for n in ns]
+    common = set(names[0].split("."))
+    for n in names[1:]:
+        common &= set(n.split("."))
+    return tuple((c,) for c in sorted(common - {"torch"}, key=len))
 
 
 def tails(*name_sets: Iterable[str]) -> Tuple[str, ...]:
@@ -237,6 +278,14 @@ class Rule:
         """The gate: ``False`` means the rule certainly reports nothing on these bytes
         (``gated`` from :func:`gate_bytes`; ``memo`` shared by the rules of one file)."""
         return self._gate.passes(gated, memo)
+
+    def passes_gate(self, data: bytes) -> bool:
+        """What :func:`dp2ddp.lint.candidates` decides for this rule alone: the bytes, and
+        for a non-ASCII file the NFKC-normalized text, let it through."""
+        if self.may_fire(data):
+            return True
+        gated = gate_bytes(data) if not data.isascii() else None
+        return gated is not None and self.may_fire(gated)
 
     def run(self, m) -> List[Finding]:
         """The rule's findings on the model ``m``, positioned."""

@@ -38,7 +38,7 @@ RULE = Rule(
         "(outside the `if`) before other ranks read the file."
     ),
     fix_safety="",
-    gate=(tails(SAVE), DDP_CODE),
+    gate=(DDP_CODE, tails(SAVE)),
     check=check,
     examples=(
         Invalid(

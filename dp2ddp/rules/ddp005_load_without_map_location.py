@@ -30,7 +30,7 @@ RULE = Rule(
     ),
     fix='Pass `map_location="cpu"` (then move to the local device) or `map_location=f"cuda:{local_rank}"`.',
     fix_safety="",
-    gate=(tails(LOAD), DDP_CODE),
+    gate=(DDP_CODE, tails(LOAD)),
     check=check,
     examples=(
         Invalid(_HEAD + "state = torch.load(\"ckpt.pt\")\nmodel.load_state_dict(state)\n", 4, 9),

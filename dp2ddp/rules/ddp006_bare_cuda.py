@@ -30,12 +30,12 @@ def _device_literal_site(m, node: ast.Constant) -> bool:
 def check(m):
     if not is_ddp_code(m) or m.calls(CUDA_DEVICE_SELECT) or mentions_local_rank(m):
         return
-    for call in m.nodes(ast.Call):
+    for call in m.calls_spelled("cuda"):
         f = call.func
-        if isinstance(f, ast.Attribute) and f.attr == "cuda" and not positional(call) and kwarg(call, "device") is None:
+        if isinstance(f, ast.Attribute) and not positional(call) and kwarg(call, "device") is None:
             if not m.is_name(f, _TORCH_CUDA):  # the module torch.cuda is not called
                 yield Hit(f, MESSAGE.format(what=".cuda()"), at=attribute_name_position(m, f))
-    for s in m.nodes(ast.Constant):
+    for s in m.all_nodes(ast.Constant):  # (findings are put in order by the caller)
         v = s.value
         if isinstance(v, str) and v in ("cuda", "cuda:0") and _device_literal_site(m, s):
             yield Hit(s, MESSAGE.format(what=f'"{v}"'))

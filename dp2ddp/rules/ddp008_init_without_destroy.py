@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dp2ddp.model.names import DESTROY, INIT
-from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
+from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, components
 
 
 def check(m):
@@ -28,7 +28,7 @@ RULE = Rule(
         "register it once: `atexit.register(dist.destroy_process_group)`."
     ),
     fix_safety="",
-    gate=(tails(INIT),),
+    gate=components(INIT),
     check=check,
     examples=(
         Invalid("import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    train()\n", 4, 5),

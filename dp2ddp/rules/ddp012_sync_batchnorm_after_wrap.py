@@ -45,7 +45,7 @@ RULE = Rule(
     ),
     fix="Convert before wrapping: `model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model), device_ids=[local_rank])`.",
     fix_safety="",
-    gate=(tails(CONVERT_SYNC_BATCHNORM), tails(DDP)),
+    gate=(tails(DDP), tails(CONVERT_SYNC_BATCHNORM)),
     check=check,
     examples=(
         Invalid(_HEAD + "model = DDP(model, device_ids=[rank])\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n", 5, 9),
