@@ -71,12 +71,10 @@ def _run_jobs(jobs: List[Job], processes: Optional[int], cache: Optional[ResultC
     previous = signal.signal(signal.SIGTERM, _on_term) if _main_thread() else None
     pool = ctx.Pool(processes, initializer=_worker_init, initargs=(os.getpid(), cache))
     try:
-        # biggest files first, handed out one at a time: a 10,000-line file drawn last
-        # (or in one chunk with another) would keep one worker busy while the rest idle
-        order = sorted(range(len(jobs)), key=lambda i: -_size(jobs[i].path))
         results: List[Optional[FileResult]] = [None] * len(jobs)
-        for i, result in pool.imap_unordered(_indexed_job, [(i, jobs[i]) for i in order], chunksize=1):
-            results[i] = result
+        for batch in pool.imap_unordered(_batch_jobs, _batches(jobs, processes), chunksize=1):
+            for i, result in batch:
+                results[i] = result
         pool.close()
     except BaseException:
         pool.terminate()
@@ -88,8 +86,30 @@ def _run_jobs(jobs: List[Job], processes: Optional[int], cache: Optional[ResultC
     return results
 
 
-def _indexed_job(item: Tuple[int, Job]) -> Tuple[int, FileResult]:
-    return item[0], lint.lint_job(item[1])
+def _batches(jobs: List[Job], processes: int) -> List[List[Tuple[int, Job]]]:
+    """Biggest files first, each big file alone (a 10,000-line file drawn last would keep
+    one worker busy while the others idle), the many small ones in batches of about the
+    same size (one message to a worker and one back per batch, not per file: most files
+    of a large tree are only read and gated)."""
+    sizes = [_size(j.path) for j in jobs]
+    order = sorted(range(len(jobs)), key=lambda i: -sizes[i])
+    share = max(sum(sizes) // (processes * 16), 1)
+    out: List[List[Tuple[int, Job]]] = []
+    batch: List[Tuple[int, Job]] = []
+    held = 0
+    for i in order:
+        batch.append((i, jobs[i]))
+        held += sizes[i]
+        if held >= share:
+            out.append(batch)
+            batch, held = [], 0
+    if batch:
+        out.append(batch)
+    return out
+
+
+def _batch_jobs(batch: List[Tuple[int, Job]]) -> List[Tuple[int, FileResult]]:
+    return [(i, lint.lint_job(job)) for i, job in batch]
 
 
 def _size(path: str) -> int:
