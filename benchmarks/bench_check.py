@@ -12,7 +12,9 @@ Trees (each measured on its own):
   * ``--pip PACKAGE``: a pure-Python package pip installs into a temporary folder at bench
     time (never into the project's environment).
 
-For each tree, best of ``--repeat`` wall-clock times, measured in this run:
+For each tree, best of ``--repeat`` wall-clock times, measured in this run, and the CPU
+time (user + system, every process of the run) of that best run, which other work on a
+shared machine distorts less:
   * ``ast.parse``: this process reads and parses every ``.py`` file of the tree (the
     baseline: what the cheapest possible analysis costs);
   * ``check cold``: ``dp2ddp check --no-cache`` with the default rules (every file read,
@@ -33,6 +35,7 @@ import argparse
 import ast
 import gc
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -57,6 +60,12 @@ def py_files(tree: str) -> List[str]:
     return sorted(os.path.join(r, f) for r, _d, fs in os.walk(tree) for f in fs if f.endswith(".py"))
 
 
+def _cpu_of(fn) -> float:
+    c = time.process_time()
+    fn()
+    return time.process_time() - c
+
+
 def parse_time(files: List[str]) -> float:
     """Read and ``ast.parse`` every file, in this process (garbage collection off, as
     `check` runs)."""
@@ -75,25 +84,48 @@ def parse_time(files: List[str]) -> float:
     return took
 
 
-def best(fn, repeat: int) -> float:
-    return min(fn() for _ in range(repeat))
+def best(fn, repeat: int, label: str = "") -> float:
+    """The best wall-clock time of ``repeat`` runs (and, in ``CPU[label]``, the CPU time
+    that run used: less sensitive to other work on a shared machine)."""
+    runs = []
+    for _ in range(repeat):
+        c = time.process_time()
+        w = fn()
+        runs.append((w, getattr(run_time, "cpu", None) if label else time.process_time() - c))
+        run_time.cpu = None  # type: ignore[attr-defined]
+    w, cpu = min(runs, key=lambda r: r[0])
+    if label:
+        CPU[label] = cpu if cpu is not None else float("nan")
+    return w
+
+
+CPU: Dict[str, float] = {}  # label -> CPU seconds (user + system, all processes) of the best run
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def run_time(cmd: List[str], cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None) -> float:
+    c = _children_cpu()
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     took = time.perf_counter() - t
-    if proc.returncode not in (0, 1):
+    run_time.cpu = _children_cpu() - c  # type: ignore[attr-defined]
+    if proc.returncode not in (0, 1) or b"Traceback" in proc.stderr:
         raise SystemExit(f"{' '.join(cmd)} failed with exit {proc.returncode}: {proc.stderr.decode()[-500:]}")
     return took
 
 
 def check_cmd(source: Optional[str]) -> List[str]:
     """``python -m dp2ddp check`` of this checkout, or of the dp2ddp in ``source``."""
+    # -P: the current folder is not put on sys.path (a tree's own `signal` package, say,
+    # would shadow the standard library's when the hook runs inside it)
     if source is None:
-        return [sys.executable, "-m", "dp2ddp", "check"]
+        return [sys.executable, "-P", "-m", "dp2ddp", "check"]
     code = f"import sys; sys.path.insert(0, {source!r}); from dp2ddp.cli import console_main; sys.argv[0] = 'dp2ddp'; console_main()"
-    return [sys.executable, "-c", code, "check"]
+    return [sys.executable, "-P", "-c", code, "check"]
 
 
 def hook_repo(tree: str, files: List[str], into: str) -> str:
@@ -125,20 +157,27 @@ def measure(name: str, tree: str, repeat: int, compare_with: Optional[str], scra
     parse_time(files)
     subprocess.run(check_cmd(None) + ["--no-cache", "-q", "--exit-zero", os.devnull], stdout=subprocess.DEVNULL)
     rows: Dict[str, float] = {}
-    rows["ast.parse (this process)"] = best(lambda: parse_time(files), repeat)
+    rows["ast.parse (this process)"] = best(lambda: parse_time(files), repeat, "")
+    CPU["ast.parse (this process)"] = min(_cpu_of(lambda: parse_time(files)) for _ in range(repeat))
     base = rows["ast.parse (this process)"]
     contenders = [("", None)] + ([(" [compared]", compare_with)] if compare_with else [])
     repo = hook_repo(tree, files, scratch)
     for suffix, source in contenders:
         cmd = check_cmd(source) + ["--exit-zero", "-q"]
-        rows["check cold (default rules, --no-cache)" + suffix] = best(lambda: run_time(cmd + ["--no-cache", tree]), repeat)
+        label = "check cold (default rules, --no-cache)" + suffix
+        rows[label] = best(lambda: run_time(cmd + ["--no-cache", tree]), repeat, label)
         cache = tempfile.mkdtemp(prefix="bench-cache-", dir=scratch)
         run_time(cmd + ["--cache-dir", cache, tree])
-        rows["check warm (result cache)" + suffix] = best(lambda: run_time(cmd + ["--cache-dir", cache, tree]), repeat)
+        label = "check warm (result cache)" + suffix
+        rows[label] = best(lambda: run_time(cmd + ["--cache-dir", cache, tree]), repeat, label)
         hook = cmd + ["--no-cache", "--select", "DDP001", "--new-only", "."]
-        rows["hook (--select DDP001 --new-only)" + suffix] = best(lambda: run_time(hook, cwd=repo), repeat)
+        label = "hook (--select DDP001 --new-only)" + suffix
+        rows[label] = best(lambda: run_time(hook, cwd=repo), repeat, label)
+    cbase = CPU["ast.parse (this process)"]
+    print(f"  {'':<48} {'wall':>9}  {'':<14} {'CPU (all processes)':>20}")
     for label, t in rows.items():
-        print(f"  {label:<48} {t:7.2f} s   {t / base:5.2f}x ast.parse", flush=True)
+        cpu = CPU.get(label, float("nan"))
+        print(f"  {label:<48} {t:7.2f} s  {t / base:5.2f}x parse   {cpu:7.2f} s  {cpu / cbase:5.2f}x parse", flush=True)
     return rows
 
 

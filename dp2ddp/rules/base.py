@@ -210,15 +210,23 @@ def gate_bytes(data: bytes) -> Optional[bytes]:
     the file normalizes to a letter, digit or underscore): the bytes already said it all."""
     if data.isascii():
         return data
+    head = data[:400]
     try:
-        from dp2ddp.model.core import decode
+        if b"coding" in head:  # a PEP 263 declaration: read the file as Python would
+            from dp2ddp.model.core import decode
 
-        text = decode(data)
+            text = decode(data)
+        else:
+            text = data.decode("utf-8")
     except Exception:  # undecodable: the parser will say so; let every rule through
         return b"\\" + data
-    if not any(_IDENT.intersection(unicodedata.normalize("NFKC", c).encode("utf-8", "replace")) for c in set(text) if c > "\x7f"):
+    chars = set(text) - _ASCII
+    if not any(_IDENT.intersection(unicodedata.normalize("NFKC", c).encode("utf-8", "replace")) for c in chars):
         return None
     return unicodedata.normalize("NFKC", text).encode("utf-8", "surrogatepass")
+
+
+_ASCII = frozenset(chr(i) for i in range(128))
 
 
 def components(*name_sets: Iterable[str]) -> Tuple[Tuple[str, ...], ...]:
