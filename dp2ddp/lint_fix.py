@@ -81,7 +81,9 @@ def apply_fixes(data: bytes, path: str, codes: Sequence[str], model, findings: l
     everything: List[Diagnostic] = []
     rules = candidates(new, codes)
     if rules:
-        everything, _findings, _model, error = check_source(new, path, rules)
+        everything, _findings, again, error = check_source(new, path, rules)
+        if again is not None:
+            again.release()
         if error:
             out.error = error
             return out
