@@ -122,10 +122,11 @@ def check_cmd(source: Optional[str]) -> List[str]:
     """``python -m dp2ddp check`` of this checkout, or of the dp2ddp in ``source``."""
     # -P: the current folder is not put on sys.path (a tree's own `signal` package, say,
     # would shadow the standard library's when the hook runs inside it)
+    safe = ["-P"] if sys.version_info >= (3, 11) else []
     if source is None:
-        return [sys.executable, "-P", "-m", "dp2ddp", "check"]
+        return [sys.executable, *safe, "-m", "dp2ddp", "check"]
     code = f"import sys; sys.path.insert(0, {source!r}); from dp2ddp.cli import console_main; sys.argv[0] = 'dp2ddp'; console_main()"
-    return [sys.executable, "-P", "-c", code, "check"]
+    return [sys.executable, *safe, "-c", code, "check"]
 
 
 def hook_repo(tree: str, files: List[str], into: str) -> str:
