@@ -61,6 +61,9 @@ def _env() -> dict:
     env.pop("LOCAL_RANK", None)
     env.pop("WORLD_SIZE", None)
     env["PYTHONUNBUFFERED"] = "1"
+    # stand-ins for tqdm / tensorboardX / wandb, which some fixtures import (not dependencies)
+    support = str(Path(__file__).resolve().parent.parent / "fixtures" / "corpus" / "_support")
+    env["PYTHONPATH"] = os.pathsep.join([support] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return guarded(env)
 
 

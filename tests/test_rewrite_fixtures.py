@@ -25,6 +25,11 @@ REWRITE_DIRS = {
     "rank_zero": Options(),
     "cuda_devices": Options(),
     "styles": Options(),
+    "functional_dp": Options(),
+    "mixed": Options(),
+    "rank_writers": Options(),
+    "map_location": Options(),
+    "wrapper_uses": Options(),
     "keep_batch_size": Options(keep_batch_size=True),
     "print_all_ranks": Options(print_all_ranks=True),
 }

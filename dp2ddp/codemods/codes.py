@@ -177,6 +177,15 @@ CODES: Tuple[MigrationCode, ...] = (
         "def build(model):\n    return nn.DataParallel(model).cuda()\n",
     ),
     _c(
+        "DDP117", "parameters-replaced-after-wrap", "error",
+        "a method that replaces parameters (`resize_token_embeddings`) runs after the wrap; the file is left unchanged",
+        "DataParallel replicates the module on every forward and sees new parameters; DistributedDataParallel "
+        "registers its parameters when it is built, so parameters that replace them later are never synchronised.",
+        "Call the method before the model is wrapped.",
+        "No fix: the file is left byte-for-byte as it was.",
+        "model = nn.DataParallel(model)\nmodel.module.resize_token_embeddings(len(tokenizer))\n",
+    ),
+    _c(
         "DDP120", "process-group-set-up", "info",
         "the process group is set up from torchrun's environment and destroyed at exit",
         "DDP needs a process group; the script must still run as plain `python` (a world of one).",

@@ -33,7 +33,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, kwarg
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.ranks import RANK_WORD
 
@@ -44,8 +44,7 @@ _LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 
 @dataclass
 class MixedPlan:
-    adapter: Dict[str, List[Tuple[str, str]]] = field(default_factory=dict)  # namespace -> [(attr, value template)]
-    namespace_stmt: Dict[str, ast.stmt] = field(default_factory=dict)  # namespace -> its `ns = parser.parse_args()`
+    adapter: Dict[ast.stmt, List[Tuple[str, str]]] = field(default_factory=dict)  # `args = parse_args()` -> [(attr, value template)]
     edits_nodes: list = field(default_factory=list)
     overrides: list = field(default_factory=list)  # (assignment, init argument): computed by the script, env under torchrun
     predicates: list = field(default_factory=list)  # (test, branch) that switch the distributed path on
@@ -73,20 +72,51 @@ def _namespace(m: SemanticModel, expr: ast.AST) -> Optional[Tuple[str, str]]:
     return expr.value.id, expr.attr
 
 
-def _parse_args_stmt(m: SemanticModel, name: str) -> Optional[ast.stmt]:
-    """The statement ``name = <parser>.parse_args(...)`` (or ``parse_known_args()[0]``) of the script."""
-    found = []
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr in ("parse_args", "parse_known_args"):
-            stmt = m.statement_of(call)
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                t = stmt.targets[0]
-                if isinstance(t, ast.Name) and t.id == name:
-                    found.append(stmt)
-                elif isinstance(t, ast.Tuple) and t.elts and isinstance(t.elts[0], ast.Name) and t.elts[0].id == name:
-                    found.append(stmt)
-    return found[0] if len(found) == 1 else None
+def _origin(m: SemanticModel, name: ast.AST, depth: int = 0) -> Optional[ast.stmt]:
+    """The statement that creates the object ``name`` holds (``args = parser.parse_args()``,
+    ``args = get_parser()``), followed through plain assignments, ``global``, and the
+    parameters of functions it is passed to (also by ``mp.spawn(fn, args=(..., args))``)."""
+    if not isinstance(name, ast.Name) or depth > 5:
+        return None
+    where, bindings = m.lookup(name.id, m.scope_of(name))
+    if where is None or not bindings:
+        return None
+    found = set()
+    for b in bindings:
+        if b.kind in ("assign", "unpack") and isinstance(b.node, ast.Assign):
+            v = b.node.value
+            if isinstance(v, ast.Call) or (isinstance(v, ast.Subscript) and isinstance(v.value, ast.Call)):
+                found.add(b.node)
+            elif isinstance(v, ast.Name) and b.kind == "assign":
+                found.add(_origin(m, v, depth + 1))
+            else:
+                return None
+        elif b.kind == "param" and where.kind == "function":
+            func = where.node
+            params = m.params(func)
+            args = [m.argument_for(func, c, b.name) for c in m.call_sites(func)]
+            for sp in m.calls(SPAWN):
+                fn = sp.args[0] if sp.args else None
+                tup = kwarg(sp, "args")
+                if isinstance(fn, ast.Name) and fn.id == getattr(func, "name", None) and tup is not None and isinstance(tup.value, ast.Tuple):
+                    i = params.index(b.name) - 1
+                    args.append(tup.value.elts[i] if 0 <= i < len(tup.value.elts) else None)
+            if not args:
+                return None
+            for a in args:
+                found.add(_origin(m, a, depth + 1) if a is not None else None)
+        else:
+            return None
+    found.discard(None) if len(found) > 1 and None not in found else None
+    return found.pop() if len(found) == 1 and None not in found else None
+
+
+def _namespace_origin(m: SemanticModel, attr: ast.AST) -> Optional[ast.stmt]:
+    """For ``args.world_size``: the statement that makes ``args``, when it is one statement
+    the adapter can follow."""
+    if isinstance(attr, ast.Attribute) and isinstance(attr.value, ast.Name):
+        return _origin(m, attr.value)
+    return None
 
 
 def detect_mode(ctx: Context) -> List[Finding]:
@@ -125,6 +155,10 @@ def detect_mode(ctx: Context) -> List[Finding]:
         spawn_targets[target] = sp
     for init in inits:
         func = m.enclosing_function(init)
+        star = next((k for k in init.keywords if k.arg is None), None)
+        if star is not None or any(isinstance(a, ast.Starred) for a in init.args):
+            return [ctx.block(init, "DDP104", f"init_process_group({m.source(init)[len(m.source(init.func)) + 1:-1][:60]}): dp2ddp cannot see "
+                              "which arguments reach it through **kwargs; pass backend/init_method/world_size/rank explicitly")]
         for name in ("init_method", "world_size", "rank"):
             value = _arg(init, name)
             if value is None or _env_read(m, value):
@@ -137,9 +171,9 @@ def detect_mode(ctx: Context) -> List[Finding]:
                     continue
                 return [ctx.block(value, "DDP104", f"init_process_group({name}={m.source(value)}) is fixed in the script; under torchrun it must come from the environment")]
             ns = _namespace(m, value)
-            if ns is not None and _parse_args_stmt(m, ns[0]) is not None:
-                plan.adapter.setdefault(ns[0], []).append((ns[1], _ENV[name]))
-                plan.namespace_stmt[ns[0]] = _parse_args_stmt(m, ns[0])  # type: ignore[assignment]
+            origin = _namespace_origin(m, value)
+            if ns is not None and origin is not None:
+                plan.adapter.setdefault(origin, []).append((ns[1], _ENV[name]))
                 continue
             if isinstance(value, ast.Name) and func is not None and value.id in m.params(func) and func in spawn_targets:
                 continue  # a parameter the spawned worker receives: see the spawn rewrite
@@ -160,30 +194,30 @@ def detect_mode(ctx: Context) -> List[Finding]:
         backend = _arg(init, "backend")
         if backend is not None:
             ns = _namespace(m, backend)
-            if ns is not None and _parse_args_stmt(m, ns[0]) is not None:
-                plan.adapter.setdefault(ns[0], []).append((ns[1], "backend"))
-                plan.namespace_stmt[ns[0]] = _parse_args_stmt(m, ns[0])  # type: ignore[assignment]
+            origin = _namespace_origin(m, backend)
+            if ns is not None and origin is not None:
+                plan.adapter.setdefault(origin, []).append((ns[1], "backend"))
     # a flag that decides whether the script spawns its own processes
     for target, sp in spawn_targets.items():
         flags = [c for c in _conditions(m, sp) if _namespace(m, c) is not None]
         if flags:
             ns = _namespace(m, flags[0])
-            if _parse_args_stmt(m, ns[0]) is not None:  # type: ignore[index]
-                plan.adapter.setdefault(ns[0], []).append((ns[1], "False"))  # type: ignore[index]
-                plan.namespace_stmt[ns[0]] = _parse_args_stmt(m, ns[0])  # type: ignore[index,assignment]
+            origin = _namespace_origin(m, flags[0])
+            if origin is not None:
+                plan.adapter.setdefault(origin, []).append((ns[1], "False"))  # type: ignore[index]
                 continue
         if not (isinstance(m.parent(sp), ast.Expr) and ctx.bridge.alone_on_line(m.parent(sp))):
             return [ctx.block(sp, "DDP104", "mp.spawn in a form dp2ddp cannot redirect to torchrun; migrate the launch by hand")]
-    # attribute stores of the adapted arguments after parsing: they get the env value too
-    for ns, items in plan.adapter.items():
-        attrs = {a for a, v in items if v not in ("backend", "False")}
+    # attribute stores of the adapted arguments after they are made: they get the env value too
+    for origin, items in plan.adapter.items():
+        attrs = {a: next((n for n, t in _ENV.items() if t == v), None) for a, v in items if v not in ("backend", "False")}
         for a in m.nodes(ast.Assign):
-            if len(a.targets) == 1 and _namespace(m, a.targets[0]) in {(ns, x) for x in attrs}:
-                name = next(n for x, v in items for n, t in _ENV.items() if t == v and x == a.targets[0].attr)
-                plan.overrides.append((a, name))
+            t = a.targets[0] if len(a.targets) == 1 else None
+            if isinstance(t, ast.Attribute) and t.attr in attrs and attrs[t.attr] and _namespace_origin(m, t) is origin:
+                plan.overrides.append((a, attrs[t.attr]))
     derived = _env_derived(m, plan, local_rank_args)
     for init in inits:
-        for test, branch in _branches(m, init):
+        for test, branch in _activation_branches(m, init):
             spell = _spellings(m, test)
             if spell & derived:
                 continue
@@ -210,9 +244,24 @@ def _branches(m: SemanticModel, node: ast.AST):
     for a in m.ancestors(node):
         if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef)):
             return
-        if isinstance(a, ast.If) and child is not a.test:
+        if isinstance(a, ast.If) and child is not a.test and not is_main_test(a.test):
             yield a.test, "body" if any(child is s for s in a.body) else "orelse"
         child = a
+
+
+def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=None):
+    """The branches that lead to ``node``: the ifs around it in its function, and around
+    the calls of that function (BasicSR: ``if args.launcher == 'none': ... else:
+    init_dist(...)``), a few levels up."""
+    seen = set() if seen is None else seen
+    yield from _branches(m, node)
+    func = m.enclosing_function(node)
+    if func is None or depth >= 3 or func in seen:
+        return
+    seen.add(func)
+    sites = m.call_sites(func)
+    if len(sites) == 1:
+        yield from _activation_branches(m, sites[0], depth + 1, seen)
 
 
 def _spellings(m: SemanticModel, expr: ast.AST) -> set:
@@ -228,19 +277,33 @@ def _env_derived(m: SemanticModel, plan: "MixedPlan", local_rank_args) -> set:
         dest = kwarg(call, "dest")
         names = [dest.value.value] if dest is not None and isinstance(dest.value, ast.Constant) else ["local_rank"]
         out.update(f"{ns}.{n}" for ns in _namespaces(m) for n in names)
-    for ns, items in plan.adapter.items():
-        out.update(f"{ns}.{a}" for a, _ in items)
+    for origin, items in plan.adapter.items():
+        adapted = {a for a, _ in items}
+        for node in m.nodes(ast.Attribute):
+            if node.attr in adapted and _namespace_origin(m, node) is origin:
+                out.add(m.source(node))
+    assigns: dict = {}
+    for a in m.nodes(ast.Assign):
+        if len(a.targets) == 1 and isinstance(a.targets[0], (ast.Name, ast.Attribute)):
+            assigns.setdefault(m.source(a.targets[0]), []).append(a.value)
+    base = set(out)
     changed = True
     while changed:
         changed = False
-        for a in m.nodes(ast.Assign):
-            if len(a.targets) != 1 or not isinstance(a.targets[0], (ast.Name, ast.Attribute)):
-                continue
-            t = m.source(a.targets[0])
+        for t, values in assigns.items():
             if t in out:
                 continue
-            if _env_read(m, a.value) or _spellings(m, a.value) & out:
+            if any(_env_read(m, v) or _spellings(m, v) & out for v in values):
                 out.add(t)
+                changed = True
+    # a spelling is decided by the environment only if every assignment of it is
+    # (``args.distributed = False`` under a config test switches the path off again)
+    changed = True
+    while changed:
+        changed = False
+        for t in list(out - base):
+            if any(not (_env_read(m, v) or _spellings(m, v) & out) for v in assigns.get(t, [])):
+                out.discard(t)
                 changed = True
     return out
 
@@ -312,8 +375,8 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK",
                                 [Replace(ctx.cst(call), lambda u: _add_kwarg(u, "default", f'int({os_}.environ.get("LOCAL_RANK", -1))'))]))
     # arguments set from torchrun's environment right after parsing
-    for ns, items in plan.adapter.items():
-        stmt = plan.namespace_stmt[ns]
+    for stmt, items in plan.adapter.items():
+        ns = m.source(stmt.targets[0].elts[0] if isinstance(stmt.targets[0], ast.Tuple) else stmt.targets[0])  # type: ignore[attr-defined]
         lines = [f'if "LOCAL_RANK" in {os_}.environ:  # dp2ddp: started by torchrun: rank and world size come from it']
         seen = set()
         for attr, value in items:
@@ -359,6 +422,8 @@ def propose(ctx: Context) -> List[Finding]:
     for assign, name in plan.overrides:
         env = _ENV[name].format(os=os_)
         value = assign.value
+        if _env_read(m, value):
+            continue  # already torchrun's value
         text = m.source(value)
         if not isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)):
             text = f"({text})"
@@ -443,6 +508,12 @@ def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
         if any(m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(k.value) if isinstance(n, (ast.Name, ast.Attribute))):
             continue
         edits.append(Replace(ctx.cst(k.value), ctx.expr("{v} if {c} else None", v=_paren(m, k.value), c=cuda)))
+    if kwarg(call, "device_ids") is None and len(call.args) < 2 and not any(k.arg is None for k in call.keywords):
+        torch = ctx.name("torch")
+        from dp2ddp.codemods.rank_writers import _add_kwarg
+
+        value = f"[{torch}.cuda.current_device()] if {cuda} else None"
+        edits.append(Replace(ctx.cst(call), lambda u, v=value: _add_kwarg(u, "device_ids", v)))
     if not edits:
         return None
     return ctx.note(call, "DDP121", "device_ids only with CUDA (CPU ranks pass None)", edits)
@@ -480,11 +551,19 @@ def _apex(ctx: Context) -> List[Finding]:
 
 
 def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> Optional[Finding]:
-    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did."""
+    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did.
+    A wrap a helper returns (yolov5's ``smart_DDP(model)``) counts where the helper is called."""
     m = ctx.m
+    parent = m.parent(call)
+    if isinstance(parent, ast.Return):
+        func = m.enclosing_function(call)
+        sites = m.call_sites(func) if func is not None else []
+        found = None
+        for site in sites:
+            found = _ensure_wrapped(ctx, site, ensured) or found
+        return found
     stmt = m.statement_of(call)
     keys = assigned_keys(m, call)
-    parent = m.parent(call)
     if not keys or not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
         return None
     target = m.source(parent.targets[0])
@@ -510,7 +589,7 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     m = ctx.m
     plan: MixedPlan = ctx.cache["mixed"]  # type: ignore[assignment]
     conds = _conditions(m, sp)
-    if any(_namespace(m, c) is not None and _namespace(m, c)[1] in {a for items in plan.adapter.values() for a, v in items if v == "False"} for c in conds):
+    if any(_namespace(m, c) is not None and (c.attr, "False") in {x for items in plan.adapter.values() for x in items} for c in conds):  # type: ignore[attr-defined]
         return None  # the spawning flag is switched off under torchrun
     stmt = m.parent(sp)
     os_ = ctx.name("os")
@@ -611,6 +690,14 @@ def _under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:
     for a in m.ancestors(node):
         if isinstance(a, ast.If) and child is not a.test and any(child is s for s in a.body) and _cuda_test(m, a.test):
             return True
+        if (
+            isinstance(a, ast.If)
+            and any(child is s for s in a.orelse)
+            and isinstance(a.test, ast.UnaryOp)
+            and isinstance(a.test.op, ast.Not)
+            and _cuda_test(m, a.test.operand)
+        ):
+            return True  # if not torch.cuda.is_available(): ... elif/else: (CUDA from here)
         if isinstance(a, ast.IfExp) and child is a.body and _cuda_test(m, a.test):
             return True
         if isinstance(a, ast.BoolOp) and isinstance(a.op, ast.And) and child in a.values:

@@ -50,8 +50,12 @@ def tensorboard_keys(ctx: Context) -> Set[VarKey]:
                 bad.append((w, "its value is not kept in a variable"))  # type: ignore[attr-defined]
                 continue
             creations.append((w, keys))
+        seen_calls = {id(w.call) for w, _ in creations}
+        helper_made = []
         for key, creation in _writer_like(m).items():
-            creations.append((Writer("tensorboard", creation), [key]))
+            if id(creation) not in seen_calls:
+                creations.append((Writer("tensorboard", creation), [key]))
+                helper_made.append(creation)
         seeds: Set[VarKey] = set()
         for _, keys in creations:
             seeds.update(keys)
@@ -59,13 +63,11 @@ def tensorboard_keys(ctx: Context) -> Set[VarKey]:
         problem = _unguardable_use(m, got) if got else None
         if problem is not None:
             for w, _ in creations:
-                if m.qualified_names(w.call.func) & SUMMARY_WRITERS:
+                if all(w.call is not h for h in helper_made):
                     bad.append((w, problem))  # type: ignore[attr-defined]
             got = set()
         else:
-            for w, _ in creations:
-                if not m.qualified_names(w.call.func) & SUMMARY_WRITERS:
-                    made.append(w.call)  # type: ignore[attr-defined]
+            made.extend(helper_made)  # type: ignore[attr-defined]
         ctx.cache["tensorboard_keys"] = got
     return got  # type: ignore[return-value]
 
@@ -136,6 +138,14 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
             continue  # f(logger=writer): likewise
         if isinstance(parent, ast.Call) and node in parent.args and isinstance(m.parent(parent), ast.Expr):
             continue  # passed to another module's function as a statement: the statement is guarded
+        if (
+            isinstance(parent, ast.Call)
+            and isinstance(parent.func, ast.Name)
+            and parent.func.id == "getattr"
+            and len(parent.args) == 3
+            and parent.args[0] is node
+        ):
+            continue  # getattr(writer, name, None): a script that already allows no writer
         ret = parent if isinstance(parent, ast.Return) else m.parent(parent) if isinstance(parent, ast.Tuple) else None
         if isinstance(ret, ast.Return) and isinstance(node, ast.Name):
             func = m.enclosing_function(node)

@@ -32,7 +32,7 @@ from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import COMPREHENSIONS, SemanticModel, kwarg
 from dp2ddp.model.names import COPY, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
-from dp2ddp.model.writers import writers
+from dp2ddp.model.writers import LOGGING_CONFIG, writers
 
 PURE_BUILTINS = {
     "len", "str", "repr", "int", "float", "round", "abs", "min", "max", "sum", "sorted", "list", "tuple", "dict",
@@ -126,7 +126,7 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             if calls and not all(_hoistable(m, c, stmt) for c in calls):
                 return None
             return _Plan("print", calls)
-        if q & (SAVE | FILE_WRITES | COPY):
+        if q & (SAVE | FILE_WRITES | COPY | LOGGING_CONFIG):
             if reaches_collective(m, call, dp=True):
                 return None
             return _Plan("save")

@@ -36,7 +36,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, RemoveImportIfUnused, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel
-from dp2ddp.model.names import DP, DP_FUNCTIONAL
+from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps
 
@@ -66,6 +66,57 @@ def problems(ctx: Context) -> List[Finding]:
         elif not w.functional and w.target is not None and _root_name(w.target) is not None and _root_name(w.target).id == "self" and _is_module_class(m, m.enclosing_class(w.call)):
             out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
     out.extend(_shared_forward(ctx))
+    out.extend(_replaced_after_wrap(ctx))
+    return out
+
+
+_REPLACING = {"resize_token_embeddings", "resize_position_embeddings", "prune_heads", "reset_classifier"}
+
+
+def _replacing_methods(m: SemanticModel) -> Set[str]:
+    """Method names that replace parameters: HF's ``resize_token_embeddings`` and
+    friends, and methods of this module's classes that assign a new layer or parameter to
+    ``self`` outside ``__init__``."""
+    out = set(_REPLACING)
+    for cls in m.classes.values():
+        for name, meth in m.methods(cls).items():
+            if name == "__init__":
+                continue
+            for node in ast.walk(meth):
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" for t in node.targets
+                ):
+                    v = node.value
+                    if isinstance(v, ast.Call) and any(q.startswith("torch.nn.") for q in m.qualified_names(v.func)):
+                        out.add(name)
+    return out
+
+
+def _replaced_after_wrap(ctx: Context) -> List[Finding]:
+    """``model.resize_token_embeddings(n)`` after the model is wrapped: DataParallel
+    replicates the module on every forward and sees the new parameters; DDP keeps
+    synchronising the ones it was built with, and the new ones train apart."""
+    m = ctx.m
+    names = _replacing_methods(m)
+    wraps = [w.stmt for w in dp_wraps(m) if not w.functional and w.stmt is not None]
+    wraps += [m.statement_of(c) for c in m.calls(DDP_NAMES)]
+    out = []
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and f.attr in names):
+            continue
+        func = m.enclosing_function(call)
+        for w in wraps:
+            if w is not None and m.enclosing_function(w) is func and (w.lineno, w.col_offset) < (call.lineno, call.col_offset):
+                out.append(
+                    ctx.block(
+                        call,
+                        "DDP117",
+                        f"{f.attr}() replaces parameters after the model is wrapped (line {w.lineno}): DistributedDataParallel "
+                        "keeps synchronising the parameters it was built with and the new ones train apart; call it before the wrap",
+                    )
+                )
+                break
     return out
 
 

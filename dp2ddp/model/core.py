@@ -1002,7 +1002,10 @@ class _Builder:
             if record:
                 self._record(target, parent)
                 self.scope_of_node[target] = scope
-            scope.add(Binding(target.id, kind, parent, scope, value=value if kind == "assign" else None, target=target))
+            owner = scope
+            if target.id in scope.globals:
+                owner = self.m.scopes[self.m.tree]  # `global x` then `x = ...`: a module-level binding
+            owner.add(Binding(target.id, kind, parent, owner, value=value if kind == "assign" else None, target=target))
         elif t is ast.Tuple or t is ast.List:
             if record:
                 self._record(target, parent)

@@ -12,6 +12,7 @@ something says otherwise. :func:`writers` lists them with their kind:
 ``wandb``      ``wandb.init``
 ``tqdm``       a tqdm progress bar (``disable=`` given or not)
 ``logfile``    ``logging.FileHandler(...)``, ``logging.basicConfig(filename=...)``
+``logconfig``  ``logging.config.dictConfig(...)``/``fileConfig(...)`` (file handlers in a config)
 ``print``      ``print(...)``
 """
 
@@ -37,6 +38,7 @@ from dp2ddp.model.names import (
 )
 
 WRITE_MODES = ("w", "a", "x", "+")
+LOGGING_CONFIG = frozenset({"logging.config.dictConfig", "logging.config.fileConfig"})
 
 
 @dataclass
@@ -75,6 +77,13 @@ def writers(m: SemanticModel) -> List[Writer]:
     out: List[Writer] = []
     for call in m.nodes(ast.Call):
         q = m.qualified_names(call.func)
+        if not q and isinstance(call.func, ast.Attribute) and call.func.attr == "SummaryWriter":
+            # __import__(module, fromlist=['SummaryWriter']).SummaryWriter(log_dir) (pytorch-template)
+            out.append(Writer("tensorboard", call, call.args[0] if call.args else None))
+            continue
+        if q & LOGGING_CONFIG:
+            out.append(Writer("logconfig", call))
+            continue
         if not q or (isinstance(call.func, ast.Attribute) and call.func.attr == "mkdir" and not q & MKDIR):
             if _path_mkdir(m, call):
                 ok = kwarg(call, "exist_ok")
