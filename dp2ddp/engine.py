@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import MetadataWrapper
 
 NodeOrFn = Union[cst.CSTNode, cst.RemovalSentinel, Callable[[cst.CSTNode], cst.CSTNode]]
 
@@ -81,25 +81,6 @@ Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, AddImport, Remov
 
 # Finding and Fix live in dp2ddp.findings (no LibCST there: `check` detects without it)
 from dp2ddp.findings import Finding, Fix, build_fixes  # noqa: E402,F401
-
-
-def locate(wrapper: MetadataWrapper, findings: Iterable[Finding], range_of=None) -> List[Finding]:
-    """Fill in line/col from the wrapper's position metadata (or from ``range_of(node)``,
-    :meth:`dp2ddp.analysis.Analysis.range_of`, which gives the same positions)."""
-    positions = wrapper.resolve(PositionProvider) if range_of is None else None
-    out = []
-    for f in findings:
-        if f.node is not None:
-            if range_of is not None:
-                pos = range_of(f.node).start
-                f.line, f.col = pos.line, pos.column
-            elif f.node in positions:
-                pos = positions[f.node]
-                pos = (pos() if type(pos).__name__ == "LazyValue" else pos).start
-                f.line, f.col = pos.line, pos.column
-        out.append(f)
-    out.sort(key=lambda f: (f.line, f.col, f.code))
-    return out
 
 
 # --------------------------------------------------------------------------- applying

@@ -194,13 +194,3 @@ def migrate_file(path: str, options: Optional[Options] = None) -> Result:
 
 __all__ = ["Options", "Migration", "Result", "plan", "migrate_source", "migrate_bytes", "migrate_file", "quick_reject", "InputError"]
 
-
-def plan_migration(an, options: Optional[Options] = None) -> Migration:
-    """Transitional: the migration over a LibCST ``Analysis`` (the old lint rules' DDP001
-    fix). Builds the model from the module's code and bridges onto the same tree, so the
-    edits apply to ``an.wrapper``."""
-    from dp2ddp.model.bridge import Bridge
-    from dp2ddp.model.core import build
-
-    model = build(an.module.code, an.path)
-    return plan(model, Bridge(model, an.module), options)

@@ -14,9 +14,9 @@ from typing import List
 
 import click
 
-from dp2ddp.source import STDIN, InputError, atomic_write, iter_python_files, read_source
-
-EXIT_OK, EXIT_NOT_MIGRATED, EXIT_USAGE = 0, 1, 2
+from dp2ddp.cli import EXIT_FINDINGS as EXIT_NOT_MIGRATED
+from dp2ddp.cli import EXIT_OK, EXIT_USAGE
+from dp2ddp.source import STDIN, InputError, atomic_write, display_path, iter_python_files, read_source
 
 
 def default_output(path: str) -> str:
@@ -87,7 +87,7 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks
     status = EXIT_OK
     report = []
     for path, result in results:
-        display = "<stdin>" if path == STDIN else path
+        display = display_path(path)
         mig = result.migration
         for w in mig.warnings:
             click.echo(_fmt(display, w), err=True)

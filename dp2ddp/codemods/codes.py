@@ -152,13 +152,6 @@ CODES: Tuple[MigrationCode, ...] = (
         "print(f\"eval loss = {evaluate(model, ds):.4f}\")\n",
     ),
     _c(
-        "DDP114", "mixed-script-refused", "error",
-        "a distributed script without DataParallel: nothing to migrate",
-        "The file uses `torch.distributed` already and has no DataParallel fallback.",
-        "Nothing to do; `dp2ddp check` lints it.",
-        "No fix.",
-    ),
-    _c(
         "DDP115", "inference-only", "error",
         "a script without a training step: nothing to migrate; the file is left unchanged",
         "DDP synchronises gradients; a script that never calls `.backward()` or `optimizer.step()` gains nothing from "

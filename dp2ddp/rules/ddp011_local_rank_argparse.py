@@ -16,16 +16,31 @@ def check(m):
     for call in m.nodes(ast.Call):
         f = call.func
         if isinstance(f, ast.Attribute) and f.attr == "add_argument":
+            if _default_from_environment(m, call):
+                continue  # the flag is kept for launchers that pass it; torchrun's LOCAL_RANK is the default
             for a in call.args:
                 if string_value(a) in FLAGS:
                     yield Hit(a)
+
+
+def _default_from_environment(m, call: ast.Call) -> bool:
+    """``default=int(os.environ.get("LOCAL_RANK", -1))``: torchrun's variable decides."""
+    for k in call.keywords:
+        if k.arg == "default":
+            for n in ast.walk(k.value):
+                if isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, {"os.environ", "os.getenv", "os.environ.get"}):
+                    return any(string_value(c) == "LOCAL_RANK" for c in ast.walk(k.value))
+    return False
 
 
 RULE = Rule(
     code="DDP011",
     name="local-rank-argparse-flag",
     message="`--local_rank` flag of the deprecated `torch.distributed.launch`: read `os.environ[\"LOCAL_RANK\"]`",
-    what="In DDP code, checks for `add_argument(\"--local_rank\")` / `add_argument(\"--local-rank\")`.",
+    what=(
+        "In DDP code, checks for `add_argument(\"--local_rank\")` / `add_argument(\"--local-rank\")` whose default "
+        "does not come from the `LOCAL_RANK` environment variable."
+    ),
     why=(
         "`torch.distributed.launch` passed `--local_rank=N` to every process; it is deprecated and `torchrun` "
         "does not pass the flag but sets the `LOCAL_RANK` environment variable. A script that relies on the "
@@ -45,6 +60,10 @@ RULE = Rule(
             6, 21,
         ),
         Valid("import os\n\nimport torch.distributed as dist\n\nlocal_rank = int(os.environ[\"LOCAL_RANK\"])\n"),
+        Valid(
+            "import argparse\nimport os\n\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\n"
+            "parser.add_argument(\"--local_rank\", type=int, default=int(os.environ.get(\"LOCAL_RANK\", -1)))\n"
+        ),
         Valid("import argparse\n\nparser = argparse.ArgumentParser()\nparser.add_argument(\"--local_rank\", type=int)  # not DDP code\n"),
     ),
 )
