@@ -165,6 +165,45 @@ def test_the_same_finding_in_several_checkpoints_is_one_difference(tmp_path):
     assert d["message"].startswith("epoch0.pt, epoch1.pt, epoch2.pt: its keys gained")
 
 
+def test_a_saved_batch_tensor_that_is_a_ranks_share_is_a_note_not_a_problem(tmp_path):
+    """DCGAN saves the current real batch: under DDP rank 0 holds (and saves) its share."""
+    def write(rows):
+        def w(f):
+            for e in range(2):
+                _save(torch.zeros(rows, 3, 4, 4), f / "out" / f"real_{e}.pt")
+        return w
+
+    o, m = _two_runs(tmp_path, write(16), write(8), mig_writes={0: ["out/real_0.pt", "out/real_1.pt"]})
+    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    assert rep["equal"] is True and rep["differences"] == []
+    (note,) = rep["notes"]
+    assert note.startswith("out/real_0.pt, out/real_1.pt: the saved tensor is rank 0's share of a batch, not the whole batch")
+    assert "[8, 3, 4, 4] in the migration, [16, 3, 4, 4] in the original" in note and "dist.all_gather" in note
+    assert {f["status"] for f in rep["files"]} == {"share"}
+    assert "a rank's share of the batch" in rep["summary"]
+
+
+@pytest.mark.parametrize(
+    "orig, mig",
+    [
+        ({"w": torch.zeros(16, 3)}, {"w": torch.zeros(8, 3)}),  # a checkpoint entry: a real change
+        (torch.zeros(16, 3), torch.zeros(4, 3)),  # not the world size's share
+        (torch.zeros(16, 6), torch.zeros(16, 3)),  # another dimension
+        (torch.zeros(16, 3), torch.zeros(8, 2)),  # dimension 0 and another
+    ],
+)
+def test_other_shape_changes_stay_problems(tmp_path, orig, mig):
+    o, m = _two_runs(tmp_path, lambda f: _save(orig, f / "t.pt"), lambda f: _save(mig, f / "t.pt"))
+    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    assert (d["kind"], d["severity"]) == ("shape", "problem")
+
+
+def test_a_halved_tensor_is_a_problem_in_a_world_of_one(tmp_path):
+    o, m = _two_runs(tmp_path, lambda f: _save(torch.zeros(16), f / "t.pt"), lambda f: _save(torch.zeros(8), f / "t.pt"))
+    (d,) = outputs.compare(o, m, world=1, dp_in_original=True)["differences"]
+    assert d["kind"] == "shape"
+
+
 class _Evil:
     def __init__(self, marker):
         self.marker = marker

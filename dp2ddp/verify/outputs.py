@@ -373,6 +373,13 @@ class _Report:
         self.files: List[Dict[str, Any]] = []
         self.differences: List[Dict[str, Any]] = []
         self.notes: List[str] = []
+        self.shares: Dict[str, List[str]] = {}  # note -> files: a saved tensor that is a rank's share of a batch
+
+    def share(self, path: str, note: str) -> None:
+        """A note that may hold for several files (a batch saved every epoch): one note listing them."""
+        paths = self.shares.setdefault(note, [])
+        if path not in paths:
+            paths.append(path)
 
     def add(self, path: str, kind: str, severity: str, message: str, advice: str) -> None:
         """``message`` names the file as ``{path}``: the same finding in several files
@@ -462,6 +469,9 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
         more = f" and {len(outside) - MAX_LISTED} more" if len(outside) > MAX_LISTED else ""
         rep.notes.append("written outside the compared folders, not compared: " + ", ".join(outside[:MAX_LISTED]) + more)
 
+    for note, paths in rep.shares.items():
+        shown = ", ".join(paths[:MAX_LISTED]) + (f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else "")
+        rep.notes.insert(0, note.replace("{path}", shown))
     differences = rep.finished()
     return {
         "equal": not differences,
@@ -556,6 +566,16 @@ def _one(rep: _Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOut
         else:
             entry["compared"] = "keys, shapes and dtypes"
             diffs = compare_structure(sta, stb)
+            share = _batch_share(diffs, world)
+            if share is not None:
+                entry["status"] = "share"
+                who = f"rank {min(ranks)}'s" if len(ranks) == 1 else "one rank's"
+                o, m = share
+                rep.share(shown, f"{{path}}: the saved tensor is {who} share of a batch, not the whole batch "
+                                 f"(shape {m} in the migration, {o} in the original: 1/{world} of dimension 0); "
+                                 "under DDP each rank holds its part of the global batch; gather it "
+                                 "(`dist.all_gather`) before saving if the whole batch is wanted")
+                return
             for d in diffs:
                 entry["status"] = "differs"
                 _checkpoint_difference(rep, shown, d, dp_in_original)
@@ -574,6 +594,22 @@ def _one(rep: _Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOut
         rep.add(shown, "size", "warning", f"{{path}}: {sb} bytes in the migration, {sa} in the original",
                 "if the content depends on the run (times, float formatting), nothing to do; otherwise compare the "
                 "two files in the scratch folder (--workdir keeps it)")
+
+
+def _batch_share(diffs: List[Dict[str, Any]], world: int) -> Optional[Tuple[List[int], List[int]]]:
+    """(original shape, migrated shape) when the only difference is that the saved object
+    is a plain tensor (not a state_dict or a checkpoint entry) whose dimension 0 is the
+    original's divided by the world size, every other dimension equal: a rank's share of a
+    batch (DCGAN's ``torch.save(real_cpu, ...)``), which is how DDP splits the batch."""
+    if world < 2 or len(diffs) != 1:
+        return None
+    d = diffs[0]
+    if d["what"] != "shape" or d["path"] != ():
+        return None
+    o, m = list(d["original"]), list(d["migrated"])
+    if len(o) != len(m) or not o or o[1:] != m[1:] or m[0] * world != o[0]:
+        return None
+    return o, m
 
 
 def _checkpoint_difference(rep: _Report, shown: str, d: Dict[str, Any], dp_in_original: bool) -> None:
@@ -632,8 +668,13 @@ def summary_line(files: List[Dict[str, Any]], differences: List[Dict[str, Any]])
     def listed(names: List[str]) -> str:
         return ", ".join(names[:MAX_LISTED]) + (f" and {len(names) - MAX_LISTED} more" if len(names) > MAX_LISTED else "")
 
+    def shown(f: Dict[str, Any]) -> str:
+        if f["status"] == "share":
+            return f["path"] + " (a rank's share of the batch: see notes)"
+        return f["path"] + (" (keys, shapes, dtypes)" if f.get("compared") else "")
+
     if not differences:
-        names = [f["path"] + (" (keys, shapes, dtypes)" if f.get("compared") else "") for f in files]
+        names = [shown(f) for f in files]
         return f"equal ({len(files)} file{'s' if len(files) != 1 else ''}: {listed(names)})"
     problems = sum(d["severity"] == "problem" for d in differences)
     warnings = len(differences) - problems
@@ -645,6 +686,6 @@ def summary_line(files: List[Dict[str, Any]], differences: List[Dict[str, Any]])
     differing = []
     for d in differences:
         differing.extend(p for p in d["paths"] if p not in differing)
-    equal = [f["path"] for f in files if f["status"] == "equal" and f["path"] not in differing]
+    equal = [f["path"] for f in files if f["status"] in ("equal", "share") and f["path"] not in differing]
     tail = f"; equal: {listed(equal)}" if equal else ""
     return f"{' and '.join(parts)} ({listed(differing)}){tail}"
