@@ -220,3 +220,57 @@ def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tm
     (writes,) = [r for r in recs if r["ev"] == "writes"]  # reported once, at exit
     mine = {os.path.basename(p) for p in writes["paths"] if os.path.dirname(p) == str(tmp_path)}
     assert mine == {"log.txt", "w.pt", "tmp.json", "results.json", "raw.bin"}
+
+
+# --------------------------------------------------------------------------- which samples a step counts
+
+FED = r"""
+import json, os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+w = torch.nn.Parameter(torch.randn(4, 1))
+opt = torch.optim.SGD([w], lr=0.1)
+train_set = TensorDataset(torch.randn(24, 4), torch.arange(24))
+# shuffled, with a worker: the RandomSampler is iterated in this process all the same
+train = DataLoader(train_set, batch_size=4, shuffle=True, num_workers=1)
+val = DataLoader(TensorDataset(torch.randn(10, 4)), batch_size=5)  # evaluation: whole, not shuffled
+orders = []
+for epoch in range(2):
+    seen, batches = [], 0
+    for x, idx in train:  # gradient accumulation: a step every 2 batches
+        seen += idx.tolist()
+        (x @ w).pow(2).mean().backward()
+        batches += 1
+        if batches % 2:
+            continue
+        opt.step()
+        opt.zero_grad()
+        for (v,) in val:  # evaluation between steps, fetched with gradients enabled
+            v.requires_grad_(True)
+            (v @ w).sum().backward()  # an attack's backward on the input (PGD): no step follows
+        opt.zero_grad()
+    orders.append(seen)
+print(json.dumps(orders))
+"""
+
+
+def test_a_step_counts_the_loader_that_fed_it(tmp_path):
+    """Evaluation batches between steps (whole on every migrated rank) are not the step's:
+    a step counts the samples of the loader whose batch its last backward used, over every
+    batch that loader gave since the previous step (accumulation)."""
+    import json
+    import os
+
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(FED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
+    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
+    steps = [r for r in recs if r["ev"] == "step"]
+    assert [r["samples"] for r in steps] == [8] * 6  # not 8 + 10 after an evaluation
+

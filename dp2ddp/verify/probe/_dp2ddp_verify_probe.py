@@ -3,9 +3,10 @@
 It never edits the user's code. It:
 
 * seeds ``random``, NumPy and torch identically in every run;
-* records each optimizer step (the loss that was back-propagated, the samples consumed,
-  a timestamp) as one JSON line in ``$DP2DDP_VERIFY_OUT/<role>-rank<R>.jsonl``; those
-  lines are also the heartbeat verify's hang detection watches;
+* records each optimizer step (the loss that was back-propagated, the samples of the
+  loader that fed it, a timestamp) as one JSON line in
+  ``$DP2DDP_VERIFY_OUT/<role>-rank<R>.jsonl``; those lines are also the heartbeat verify's
+  hang detection watches;
 * in the original run, replaces the order of ``RandomSampler`` by the order of
   ``DistributedSampler(num_replicas=1, seed=S)`` with its epoch advanced each time
   iteration starts, which is the order of the union of the migrated ranks' batches;
@@ -20,11 +21,11 @@ It never edits the user's code. It:
 Everything here is standard library until torch is imported by the script itself.
 
 Per step the probe runs three hooks (backward, DataLoader ``__next__``, optimizer step);
-they only append plain values: no syscalls (a fork handler replaces the pid check), no
-dicts, no JSON and no writes, which the flush thread does (benchmarks/bench_probe.py
-measures what is left). The audit hook costs nothing unless the step itself raises audit
-events (a DataLoader with workers raises ~16 a batch: unpickling, sockets; each a call, a
-compare and a return, ~0.6 us measured here).
+they only append plain values and add to one small dict (samples per loader): no
+syscalls (a fork handler replaces the pid check), no JSON and no writes, which the flush
+thread does (benchmarks/bench_probe.py measures what is left). The audit hook costs
+nothing unless the step itself raises audit events (a DataLoader with workers raises ~16
+a batch: unpickling, sockets; each a call, a compare and a return, ~0.6 us measured here).
 """
 
 import atexit
@@ -65,7 +66,9 @@ class _State:
         self.fatal_file = open(base + ".fatal", "w")
         self.step = 0
         self.losses = []  # losses back-propagated since the last step: floats (CPU) or device tensors
-        self.samples = 0  # samples fetched from DataLoaders since the last step
+        self.fetched = {}  # samples fetched since the last step, per loader (id of its index sampler)
+        self.last = None  # the loader of the most recent training batch
+        self.fed = None  # the loader of the most recent batch when the step's last backward ran
         self.pending = []  # (step tuple without loss, pinned host tensor, event) waiting for the device
         self.primary = None  # id of the optimizer whose steps are counted
         self.primary_ref = None  # weak reference to it: the fast path of _on_step
@@ -278,6 +281,7 @@ def _on_torch(torch):
     @functools.wraps(real_backward)  # also sets __wrapped__, which the benchmark uses
     def backward(tensors, *args, **kwargs):
         if _S.on:
+            _S.fed = _S.last  # the loader whose batch this loss most likely came from
             t = tensors
             if isinstance(t, (list, tuple)):
                 t = t[0] if len(t) else None
@@ -292,11 +296,17 @@ def _on_torch(torch):
     @functools.wraps(real_next)
     def __next__(self):
         batch = real_next(self)
-        # Training batches only: evaluation loops run under torch.no_grad(), and the
-        # migration keeps evaluation loaders whole on every rank, so counting them would
-        # make the migrated run's global batch look larger than the original's.
-        if _S.on and is_grad_enabled():
-            _S.samples += _batch_size(batch, Tensor)
+        # Counted per loader (its index sampler is one object for the loader's life), so
+        # that a step counts only the loader that fed it (see _on_step): the migration
+        # keeps evaluation loaders whole on every rank, and counting their batches would
+        # make the migrated run's global batch look larger than the original's. Batches
+        # fetched under torch.no_grad() feed no backward: not counted at all.
+        s = _S
+        if s.on and is_grad_enabled():
+            key = id(getattr(self, "_index_sampler", None))
+            fetched = s.fetched
+            fetched[key] = fetched.get(key, 0) + _batch_size(batch, Tensor)
+            s.last = key
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = __next__
@@ -408,7 +418,14 @@ def _on_step(optimizer, args, kwargs):
     t = time.time()
     s.step += 1
     losses, s.losses = s.losses, []
-    samples, s.samples = s.samples, 0
+    # The samples of this step: those of the loader that fed it, i.e. of the most recent
+    # batch when the step's last backward ran (the most recent batch at all when no
+    # backward ran since the last step), summed over every batch that loader gave since
+    # the last step (gradient accumulation). Batches of other loaders since the last step
+    # (an evaluation between two steps, whole on every migrated rank) are not this step's.
+    fetched, s.fetched = s.fetched, {}
+    fed, s.fed = s.fed, None
+    samples = fetched.get(s.last if fed is None else fed, 0) if fetched else 0
     modules = _first_step(s) if s.step == 1 else None
     if s.pending:
         _drain(block=False)
