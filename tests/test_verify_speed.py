@@ -150,7 +150,8 @@ def _result(role: str, step_s: float, loss_shift: float = 0.0, pid: int = 100) -
         rank = Rank(rank=r, pid=pid + r)
         rank.steps = [{"loss": 2.0 - 0.1 * i + loss_shift, "samples": samples, "t": 10.0 + step_s * i} for i in range(STEPS)]
         rank.steps[0]["modules"] = ["ddp"] if role == "migrated" else ["dp"]
-        rank.samplers = [{"kind": "distributed", "seed": 7}] if role == "migrated" else []
+        rank.samplers = [{"ev": "sampler", "kind": "distributed", "id": 5, "seed": 7, "epoch": 1, "shuffle": True, "n": 16}] \
+            if role == "migrated" else []
         rank.end = {"ev": "end", "why": "limit", "steps": STEPS, "hash": "h", "norm": 1.0}
         out[r] = rank
     return RunResult(role=role, exit_code=0, wall_s=1.0, ranks=out, logs=[])
@@ -203,7 +204,7 @@ class _FakeRuns:
     def run(self, spec, progress=None):
         self.now += self.pair_s / 2
         pair = int(spec.out.parent.name[4:])
-        self.calls.append((pair, spec.role, spec.sampler_seed, spec.env["OMP_NUM_THREADS"]))
+        self.calls.append((pair, spec.role, spec.samplers, spec.env["OMP_NUM_THREADS"]))
         shift = 0.5 if (pair == self.fail_at and spec.role == "migrated") else 0.0
         return _result(spec.role, 0.1, shift, pid=1000 + len(self.calls))
 
@@ -240,8 +241,9 @@ def test_pairs_alternate_and_a_short_first_pair_is_a_warm_up(tmp_path, monkeypat
     assert [c[:2] for c in fake.calls] == [
         (1, "migrated"), (1, "original"), (2, "original"), (2, "migrated"),
         (3, "migrated"), (3, "original"), (4, "original"), (4, "migrated")]
-    # the original's sampler order uses the seed the first migrated run's DistributedSampler used
-    assert {c[2] for c in fake.calls if c[1] == "original"} == {7}
+    # the original's sampler order uses the seed and epochs the first migrated run's DistributedSampler used
+    assert [c[2] for c in fake.calls if c[1] == "original"] == [[{"n": 16, "seed": 7, "epochs": [1]}]] * 4
+    assert [c[2] for c in fake.calls if c[1] == "migrated"] == [[]] * 4
     assert {(c[1], c[3]) for c in fake.calls} == {("original", "2"), ("migrated", "1")}
     assert any("warm-up" in n for n in out.notes)
     # later pairs' script folders are removed once they passed; the first pair's stay for the outputs

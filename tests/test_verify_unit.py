@@ -222,7 +222,7 @@ def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tm
     assert mine == {"log.txt", "w.pt", "tmp.json", "results.json", "raw.bin"}
 
 
-# --------------------------------------------------------------------------- which samples a step counts
+# --------------------------------------------------------------------------- which samples a step counts, which order a sampler takes
 
 FED = r"""
 import json, os
@@ -256,21 +256,82 @@ print(json.dumps(orders))
 """
 
 
-def test_a_step_counts_the_loader_that_fed_it(tmp_path):
+def test_a_step_counts_the_loader_that_fed_it_and_the_sampler_follows_the_migrated_epochs(tmp_path):
     """Evaluation batches between steps (whole on every migrated rank) are not the step's:
     a step counts the samples of the loader whose batch its last backward used, over every
-    batch that loader gave since the previous step (accumulation)."""
+    batch that loader gave since the previous step (accumulation). The shuffled loader
+    visits DistributedSampler(num_replicas=1)'s order at the epochs the migration set
+    (1 and 2: a script counting epochs from 1), not at 0 and 1."""
     import json
     import os
 
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    from torch.utils.data.distributed import DistributedSampler
+
     script = tmp_path / "train.py"
     script.write_text(FED)
+    plans = [{"n": 10, "seed": 0, "epochs": [0, 1]}, {"n": 24, "seed": 3, "epochs": [1, 2]}]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
-    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path),
+               DP2DDP_VERIFY_SAMPLERS=json.dumps(plans))
     p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["ev"] == "step"]
     assert [r["samples"] for r in steps] == [8] * 6  # not 8 + 10 after an evaluation
+    orders = json.loads(p.stdout.strip().splitlines()[-1])
+    ds = list(range(24))
+    for epoch, order in zip((1, 2), orders):
+        sampler = DistributedSampler(ds, num_replicas=1, rank=0, shuffle=True, seed=3)
+        sampler.set_epoch(epoch)
+        assert order == list(sampler)
+    assert [(r["seed"], r["epoch"]) for r in recs if r["ev"] == "sampler"] == [(3, 1), (3, 2)]
 
+
+def _probe_state(probe, plans):
+    from types import SimpleNamespace
+
+    probe._S = SimpleNamespace(samplers=plans, claimed=set())
+    return probe
+
+
+@pytest.mark.parametrize(
+    "planned, expect",
+    [
+        ([0, 1, 2], [0, 1, 2, 3]),  # set_epoch(epoch) from 0; a 4th iteration goes on counting
+        ([1, 2], [1, 2, 3]),  # epochs counted from 1 (CycleGAN's --epoch_count)
+        ([5, 6], [5, 6, 7]),  # resumed at epoch 5
+        ([0, 0, 0], [0, 1, 2]),  # set_epoch forgotten: the original still reshuffles, and the losses show it
+        ([], [0, 1, 2]),  # no migrated sampler to follow
+    ],
+)
+def test_the_original_sampler_follows_the_migrated_epochs_while_they_increase(planned, expect):
+    probe = _probe_state(_probe_module(), [{"n": 8, "seed": 0, "epochs": planned}])
+    plan = probe._claim_plan(8)
+    assert [probe._next_epoch(plan) for _ in expect] == expect
+
+
+def test_a_random_sampler_claims_the_plan_of_its_dataset_length_once():
+    probe = _probe_state(_probe_module(), [{"n": 10, "seed": 4, "epochs": [3]}, {"n": 24, "seed": 9, "epochs": [1]}])
+    first = probe._claim_plan(24)
+    assert (first["seed"], first["epochs"]) == (9, [1])
+    again = probe._claim_plan(24)  # a second sampler of that length: no plan left, the first plan's seed
+    assert (again["seed"], again["epochs"]) == (4, [])
+    assert probe._claim_plan(10)["epochs"] == [3]
+    empty = _probe_state(probe, [])._claim_plan(5)
+    assert (empty["seed"], empty["epochs"]) == (0, [])
+
+
+def test_sampler_plans_come_from_the_lowest_rank_in_order_of_first_iteration():
+    from dp2ddp.verify import session
+    from dp2ddp.verify.runner import Rank, RunResult
+
+    def ev(sid, epoch, n, shuffle=True, seed=0):
+        return {"ev": "sampler", "kind": "distributed", "id": sid, "seed": seed, "epoch": epoch, "shuffle": shuffle, "n": n}
+
+    r0, r1 = Rank(rank=0), Rank(rank=1)
+    r0.samplers = [ev(7, 1, 64, seed=2), ev(8, 0, 16, shuffle=False), ev(9, 0, 32), ev(7, 2, 64, seed=2), ev(9, 1, 32)]
+    r1.samplers = [ev(70, 5, 64)]
+    run = RunResult(role="migrated", exit_code=0, wall_s=1.0, ranks={1: r1, 0: r0}, logs=[])
+    assert session.sampler_plans(run) == [{"n": 64, "seed": 2, "epochs": [1, 2]}, {"n": 32, "seed": 0, "epochs": [0, 1]}]
+    assert session.sampler_plans(RunResult(role="migrated", exit_code=1, wall_s=1.0, ranks={}, logs=[])) == []

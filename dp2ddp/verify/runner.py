@@ -31,7 +31,7 @@ class RunSpec:
     timeout: float
     startup_timeout: float = 60.0  # before every rank has completed a step (imports, data, rendezvous)
     seed: int = 0
-    sampler_seed: int = 0
+    samplers: List[dict] = field(default_factory=list)  # the original's sampler plans (session.sampler_plans)
     nproc: int = 1
     nnodes: int = 1
     env: Dict[str, str] = field(default_factory=dict)
@@ -128,7 +128,7 @@ def _env(spec: RunSpec) -> Dict[str, str]:
             "DP2DDP_VERIFY_OUT": str(spec.out),
             "DP2DDP_VERIFY_STEPS": str(spec.steps),
             "DP2DDP_VERIFY_SEED": str(spec.seed),
-            "DP2DDP_VERIFY_SAMPLER_SEED": str(spec.sampler_seed),
+            "DP2DDP_VERIFY_SAMPLERS": json.dumps(spec.samplers, separators=(",", ":")),
             "PYTHONHASHSEED": str(spec.seed),
             "PYTHONUNBUFFERED": "1",
         }

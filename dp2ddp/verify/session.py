@@ -4,10 +4,10 @@ budget, and what each run of the first pair leaves behind.
 Pair k runs both scripts, each in a fresh mirror of its folder (``pair<k>/original``,
 ``pair<k>/migrated``; the probe's records and the logs in ``pair<k>/probe``): a script that
 resumes from its own checkpoint must not find the previous run's. The first pair runs the
-migration first (the original's sampler order needs the seed the migrated run's
-DistributedSampler used); after that the order alternates (M O, O M, M O, ...), so a
-steady drift of the machine, or a run that warms a cache for the next, favours neither
-side.
+migration first (the original's sampler order needs the seeds the migrated run's
+DistributedSamplers used and the epochs they were iterated with: :func:`sampler_plans`);
+after that the order alternates (M O, O M, M O, ...), so a steady drift of the machine, or
+a run that warms a cache for the next, favours neither side.
 
 Every pair is compared in full (losses, replicas, failures), so a migration that only
 sometimes diverges or hangs is caught; the first pair that fails ends the repetition. The
@@ -76,7 +76,7 @@ def run(setup: Setup, progress) -> Outcome:
     pairs: List[Pair] = []
     notes: List[str] = []
     outs: Optional[Dict[str, Any]] = None
-    sampler_seed = 0
+    samplers: List[Dict[str, Any]] = []
     first_script: Optional[Path] = None
     t0 = time.monotonic()
     while True:
@@ -106,7 +106,7 @@ def run(setup: Setup, progress) -> Outcome:
                 timeout=setup.timeout,
                 startup_timeout=setup.startup_timeout,
                 seed=setup.seed,
-                sampler_seed=sampler_seed if role == "original" else 0,
+                samplers=samplers if role == "original" else [],
                 nproc=setup.nproc if role == "migrated" else 1,
                 nnodes=setup.nnodes if role == "migrated" else 1,
                 env=speed.thread_env(setup.threads[role]),
@@ -118,11 +118,7 @@ def run(setup: Setup, progress) -> Outcome:
             if watch is not None:
                 seen[role] = watch.after(result)
             if role == "migrated" and k == 1:
-                sampler_seed = next(
-                    (ev["seed"] for r in sorted(result.ranks.values(), key=lambda r: r.rank)
-                     for ev in r.samplers if ev.get("kind") == "distributed"),
-                    0,
-                )
+                samplers = sampler_plans(result)
         pair.wall_s = time.monotonic() - start
         pair.report = analyze.compare(pair.runs["original"], pair.runs["migrated"], setup.opts)
         pairs.append(pair)
@@ -164,6 +160,35 @@ def run(setup: Setup, progress) -> Outcome:
             "but its speed is not counted"
         )
     return Outcome(pairs=pairs, outputs=outs, notes=notes, mirror=mirror, migrated_script=first_script)
+
+
+MAX_PLANS = 64  # samplers handed to the original run ...
+MAX_EPOCHS = 1000  # ... and iterations of each
+
+
+def sampler_plans(run: runner.RunResult) -> List[Dict[str, Any]]:
+    """What the original run's shuffling RandomSamplers follow (the probe's
+    ``DP2DDP_VERIFY_SAMPLERS``): the migrated run's shuffling DistributedSamplers, as its
+    lowest rank iterated them, in the order of their first iteration, each with its
+    dataset length, seed and the epoch of every iteration (``set_epoch`` may start at 1,
+    or at a resumed epoch). The probe gives each RandomSampler the first plan not yet
+    taken with the same dataset length."""
+    ranks = sorted(run.ranks.values(), key=lambda r: r.rank)
+    if not ranks:
+        return []
+    plans: Dict[Any, Dict[str, Any]] = {}
+    for ev in ranks[0].samplers:
+        if ev.get("kind") != "distributed" or not ev.get("shuffle", True):
+            continue
+        key = ev.get("id", len(plans))
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= MAX_PLANS:
+                continue
+            plan = plans[key] = {"n": ev.get("n"), "seed": int(ev.get("seed") or 0), "epochs": []}
+        if "epoch" in ev and len(plan["epochs"]) < MAX_EPOCHS:
+            plan["epochs"].append(int(ev["epoch"]))
+    return list(plans.values())
 
 
 def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> Dict[str, Any]:

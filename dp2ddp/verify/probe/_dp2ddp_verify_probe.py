@@ -8,8 +8,9 @@ It never edits the user's code. It:
   ``$DP2DDP_VERIFY_OUT/<role>-rank<R>.jsonl``; those lines are also the heartbeat verify's
   hang detection watches;
 * in the original run, replaces the order of ``RandomSampler`` by the order of
-  ``DistributedSampler(num_replicas=1, seed=S)`` with its epoch advanced each time
-  iteration starts, which is the order of the union of the migrated ranks' batches;
+  ``DistributedSampler(num_replicas=1, seed=S)`` at the epochs the migrated run's sampler
+  was iterated with (``$DP2DDP_VERIFY_SAMPLERS``), which is the order of the union of the
+  migrated ranks' batches;
 * stops the run after K optimizer steps (``SystemExit(0)`` from the step hook, so the
   script's own ``finally``/``atexit`` clean-up still runs);
 * at exit, hashes the parameters the optimizers update;
@@ -58,7 +59,8 @@ class _State:
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.limit = int(env.get("DP2DDP_VERIFY_STEPS", "0") or 0)
         self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
-        self.sampler_seed = int(env.get("DP2DDP_VERIFY_SAMPLER_SEED", "0") or 0)
+        self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
+        self.claimed = set()  # indices of the plans RandomSamplers have taken
         base = os.path.join(self.out, "%s-rank%d" % (role, self.rank))
         self.fd = os.open(base + ".jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.buf = collections.deque()  # records not yet written: dicts, or _step_line tuples
@@ -358,21 +360,66 @@ def _batch_size(batch, tensor_type, depth=0):
     return 0
 
 
+def _sampler_plans(text):
+    """The migrated run's shuffling DistributedSamplers, in the order of their first
+    iteration: ``[{"n": len(dataset), "seed": S, "epochs": [...]}, ...]`` (verify reads them
+    from the migrated run's records and hands them over as JSON)."""
+    try:
+        plans = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return [p for p in plans if isinstance(p, dict)] if isinstance(plans, list) else []
+
+
+def _claim_plan(n):
+    """The plan for a RandomSampler iterated for the first time: the first plan not yet
+    claimed whose dataset has the same length (the migrated run's sampler of the same
+    loader), else none: the first plan's seed (the migration's sampler seed) and epochs
+    0, 1, 2, ..."""
+    s = _S
+    for i, p in enumerate(s.samplers):
+        if i not in s.claimed and p.get("n") == n:
+            s.claimed.add(i)
+            epochs = [int(e) for e in (p.get("epochs") or [])]
+            return {"seed": int(p.get("seed") or 0), "epochs": epochs, "k": 0, "epoch": None}
+    seed = int(s.samplers[0].get("seed") or 0) if s.samplers else 0
+    return {"seed": seed, "epochs": [], "k": 0, "epoch": None}
+
+
+def _next_epoch(plan):
+    """The epoch of the plan's next iteration: the epoch the migrated run's sampler had at
+    its k-th iteration (the script's own ``set_epoch``, which may start at 1 or at a
+    resumed epoch) while those epochs increase; else the previous epoch + 1, as a correct
+    ``set_epoch`` would have it. So a migration that forgets ``set_epoch`` (epochs 0, 0,
+    ...) still meets an original that reshuffles every epoch, and the losses show it."""
+    k, prev, planned = plan["k"], plan["epoch"], plan["epochs"]
+    plan["k"] = k + 1
+    if k < len(planned) and (prev is None or planned[k] > prev):
+        epoch = planned[k]
+    else:
+        epoch = 0 if prev is None else prev + 1
+    plan["epoch"] = epoch
+    return epoch
+
+
 def _patch_random_sampler(torch):
     from torch.utils.data import RandomSampler
 
     real_iter = RandomSampler.__iter__
-    seed = _S.sampler_seed
 
     def __iter__(self):
         if self.replacement or self._num_samples is not None or not _S.on:
             yield from real_iter(self)
             return
-        epoch = getattr(self, "_dp2ddp_epoch", 0)
-        self._dp2ddp_epoch = epoch + 1
         n = len(self.data_source)
+        plan = self.__dict__.get("_dp2ddp_plan")
+        if plan is None:
+            plan = self._dp2ddp_plan = _claim_plan(n)
+        epoch = _next_epoch(plan)
+        seed = plan["seed"]
         _S.emit({"ev": "sampler", "kind": "random", "id": id(self), "seed": seed, "epoch": epoch, "n": n})
         # == DistributedSampler(num_replicas=1, rank=0, shuffle=True, seed=seed) at this epoch
+        # (which, like the migration's sampler, draws nothing from the global random stream)
         g = torch.Generator()
         g.manual_seed(seed + epoch)
         yield from torch.randperm(n, generator=g).tolist()
