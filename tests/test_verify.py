@@ -178,6 +178,20 @@ def test_bundled_example_with_an_evaluation_loader_passes(tmp_path):
     assert rep["steps_compared"] >= 9  # crosses the end of the first epoch (8 steps) and its evaluation
 
 
+def test_evaluation_between_epochs_epochs_from_one_and_a_saved_batch_pass(tmp_path):
+    """What the styles corpus showed verify misreading, in one small script: a validation
+    loader iterated in full between epochs with gradients enabled (whole on every migrated
+    rank: not the steps' samples), epochs counted from 1 (the migration's set_epoch starts
+    at 1: the original's shuffled order must follow it), and the current batch saved as a
+    tensor (rank 0's share under DDP: a note)."""
+    code, rep, out, _ = verify(tmp_path, fixture("evaluate.py"), "--steps", "0", "--min-speedup", "0")
+    assert code == 0, out
+    assert rep["tolerance"]["kind"] == "exact" and rep["losses_agree"] is True
+    assert rep["steps_compared"] == 8 and rep["max_rel_loss_diff"] < 1e-5  # 2 epochs, each followed by an evaluation
+    assert rep["problems"] == [] and rep["outputs"]["equal"] is True
+    assert any(n.startswith("outputs: samples/batch.pt: the saved tensor is rank 0's share of a batch") for n in rep["notes"])
+
+
 def test_two_nodes_on_loopback_match_the_original(tmp_path):
     code, rep, out, _ = verify(
         tmp_path, fixture("mlp.py"), "--nnodes", "2", "--nproc", "1", "--steps", "12", "--min-speedup", "0"
