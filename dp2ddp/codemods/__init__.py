@@ -17,6 +17,8 @@ from dp2ddp.codemods import (
     distributed_sampler,
     dp_idioms,
     functional_dp,
+    guarded_forward,
+    loss_scale,
     map_location,
     mixed,
     process_group,
@@ -37,5 +39,7 @@ TRANSFORMS: List[Callable] = [
     rank_zero.propose,
     cuda_devices.propose,
     map_location.propose,
+    guarded_forward.propose,
+    loss_scale.propose,
     dp_idioms.propose,
 ]

@@ -30,6 +30,19 @@ def _c(*args, **kwargs) -> MigrationCode:
     return MigrationCode(*args, **kwargs)
 
 
+_IMPORTS = "import torch\nimport torch.nn as nn\n\n"
+_STEP = (
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "loss = model(torch.randn(8, 4)).sum()\nloss.backward()\nopt.step()\n"
+)
+
+
+def _script(body: str) -> str:
+    """An example as a whole (tiny) training script: the imports, the lines that matter,
+    one training step."""
+    return _IMPORTS + "model = nn.Linear(4, 1)\n" + body + _STEP
+
+
 CODES: Tuple[MigrationCode, ...] = (
     _c(
         "DDP100", "wrap-migrated", "info",
@@ -39,7 +52,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "device] if CUDA else None)`; the module is placed on its device first (`DP(m).cuda()` -> `DDP(m.cuda())`, a "
         "following `m.to(device)` is absorbed).",
         "Safe: the wrap stays where it was or moves just below the placement of the same module.",
-        "model = nn.DataParallel(model).cuda()\n",
+        _script("model = nn.DataParallel(model).cuda()\n"),
         "model = DistributedDataParallel(model.cuda(), device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)\n",
     ),
     _c(
@@ -50,7 +63,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "Migrate the named line by hand, or restructure it into a plain `model = DataParallel(model)` wrap and run "
         "`dp2ddp rewrite` again.",
         "No fix: the file is left byte-for-byte as it was.",
-        "model = nn.DataParallel(model, dim=1)\n",
+        _script("model = nn.DataParallel(model, dim=1)\n"),
     ),
     _c(
         "DDP102", "partial-wrap-widened", "info",
@@ -58,7 +71,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "DDP must average the gradients of every trained parameter; wrapping a part would leave the rest to drift apart.",
         "The sub-module assignment is dropped and the whole model is wrapped once after its placement.",
         "Safe for training; the model's attribute structure (`model.features`) stays as it was.",
-        "model.features = torch.nn.DataParallel(model.features)\nmodel.cuda()\n",
+        _IMPORTS + "model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))\nmodel.features = model[0]\nmodel.features = torch.nn.DataParallel(model.features)\nmodel.to(\"cpu\")\n" + _STEP,
     ),
     _c(
         "DDP103", "guarded-wrap-hoisted", "info",
@@ -67,7 +80,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "The wrap is placed after the `if`; uses of the wrapped name that the original made on the bare module (its own "
         "methods and attributes, `state_dict` keys) go through `.module`, so the script behaves as it did on one device.",
         "Safe: on one device the original had no wrapper, so checkpoints keep keys without the `module.` prefix.",
-        "if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\n",
+        _script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\n"),
     ),
     _c(
         "DDP104", "distributed-path-incomplete", "error",
@@ -87,7 +100,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "Shard it by hand: `sampler=DistributedSampler(dataset)` (and remove `shuffle=`), or a per-rank subset for "
         "custom samplers and IterableDatasets.",
         "No fix.",
-        "loader = DataLoader(ds, batch_sampler=BucketSampler(ds))\n",
+        _IMPORTS + "from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset\n\nds = TensorDataset(torch.randn(16, 4))\ntrain_loader = DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 4, False))\nmodel = nn.DataParallel(nn.Linear(4, 1))\n" + _STEP,
     ),
     _c(
         "DDP106", "set-epoch-not-placed", "warning",
@@ -104,7 +117,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "Import DataParallel explicitly (`from torch.nn import DataParallel`, `import torch.nn as nn`) and run again, "
         "or migrate the named line by hand.",
         "No fix.",
-        "from modeling import *\nmodel = torch.nn.DataParallel(model)\n",
+        "from modeling import *\n\nmodel = torch.nn.DataParallel(model)\n",
     ),
     _c(
         "DDP108", "eval-loader-whole", "info",
@@ -149,7 +162,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "all-reduces) that every rank must join.",
         "The calls run on every rank into locals; the `print` of those locals runs on rank 0.",
         "Safe: evaluation order is kept.",
-        "print(f\"eval loss = {evaluate(model, ds):.4f}\")\n",
+        _IMPORTS + "\ndef evaluate(model):\n    return model(torch.randn(8, 4)).sum().item()\n\n\nmodel = nn.DataParallel(nn.Linear(4, 1))\n" + _STEP + "print(f\"eval loss = {evaluate(model):.4f}\")\n",
     ),
     _c(
         "DDP115", "inference-only", "error",
@@ -158,7 +171,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "it, and DataParallel there only splits batches over the GPUs of one process.",
         "Keep DataParallel, or run one process per GPU on a shard of the data by hand.",
         "No fix: the file is left byte-for-byte as it was.",
-        "model = nn.DataParallel(model)\nwith torch.no_grad():\n    preds = model(x)\n",
+        _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nwith torch.no_grad():\n    preds = model(torch.randn(8, 4))\n",
     ),
     _c(
         "DDP116", "library-module", "error",
@@ -167,7 +180,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "setting up a process group at import would surprise every caller.",
         "Migrate the entry script; here, build `DistributedDataParallel` only when `torch.distributed.is_initialized()`.",
         "No fix: the file is left byte-for-byte as it was.",
-        "def build(model):\n    return nn.DataParallel(model).cuda()\n",
+        _IMPORTS + "\ndef build(model):\n    return nn.DataParallel(model).cuda()\n",
     ),
     _c(
         "DDP117", "parameters-replaced-after-wrap", "error",
@@ -176,7 +189,17 @@ CODES: Tuple[MigrationCode, ...] = (
         "registers its parameters when it is built, so parameters that replace them later are never synchronised.",
         "Call the method before the model is wrapped.",
         "No fix: the file is left byte-for-byte as it was.",
-        "model = nn.DataParallel(model)\nmodel.module.resize_token_embeddings(len(tokenizer))\n",
+        _IMPORTS + "\ndef train(model, tokenizer):\n    model = nn.DataParallel(model)\n    model.module.resize_token_embeddings(len(tokenizer))\n    model(torch.randn(8, 4)).sum().backward()\n\n\nif __name__ == \"__main__\":\n    train(load_model(), load_tokenizer())\n",
+    ),
+    _c(
+        "DDP118", "sum-reduction-scale", "warning",
+        "a `reduction=\"sum\"` loss: under DDP each step is 1/world_size of DataParallel's",
+        "DataParallel sums over the whole batch; under DDP each process sums its share and the gradients are averaged "
+        "across processes.",
+        "Multiply the loss (or the learning rate) by `dist.get_world_size()` to keep DataParallel's steps, or use the "
+        "mean. Lint rule DDP015 reports the same places.",
+        "No fix: whether the sum is wanted is the script's decision.",
+        _script("criterion = nn.MSELoss(reduction=\"sum\")\nmodel = nn.DataParallel(model)\n"),
     ),
     _c(
         "DDP120", "process-group-set-up", "info",

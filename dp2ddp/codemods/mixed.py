@@ -259,7 +259,9 @@ def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=N
     if func is None or depth >= 3 or func in seen:
         return
     seen.add(func)
-    sites = m.call_sites(func)
+    # a worker started by mp.spawn: under torchrun the spawn itself runs it (see _spawn)
+    spawns = [sp for sp in m.calls(SPAWN) if sp.args and isinstance(sp.args[0], ast.Name) and sp.args[0].id == getattr(func, "name", None)]
+    sites = spawns or m.call_sites(func)
     if len(sites) == 1:
         yield from _activation_branches(m, sites[0], depth + 1, seen)
 
@@ -429,11 +431,15 @@ def propose(ctx: Context) -> List[Finding]:
             text = f"({text})"
         out.append(ctx.note(assign, "DDP121", f"{m.source(assign.targets[0])}: torchrun's {name.replace('_', ' ')} when it started this process",
                             [Replace(ctx.cst(value), ctx.expr('{e} if "LOCAL_RANK" in {os}.environ else {v}', e=env, os=os_, v=text))]))
-    dumps = {}
+    # each test on the way to init_process_group gets the polarity of its own branch; the
+    # same test elsewhere (``if args.distributed:`` around the sampler) the polarity of the
+    # innermost one (the first found)
+    dumps: dict = {}
+    exact = {id(t): b for t, b in plan.predicates}
     for test, branch in plan.predicates:
-        dumps[ast.dump(test)] = branch
+        dumps.setdefault(ast.dump(test), branch)
     for node in m.nodes(*{type(t) for t, _ in plan.predicates}) if plan.predicates else []:
-        branch = dumps.get(ast.dump(node))
+        branch = exact.get(id(node), dumps.get(ast.dump(node)))
         if branch is None:
             continue
         parent = m.parent(node)

@@ -59,6 +59,14 @@ def _mentions(m: SemanticModel, expr: ast.AST, functions: Set[str]) -> bool:
         n = todo.pop()
         if isinstance(n, ast.Lambda):
             continue
+        if (
+            isinstance(n, ast.Compare)
+            and len(n.ops) == 1
+            and isinstance(n.ops[0], (ast.In, ast.NotIn))
+            and isinstance(n.left, ast.Constant)
+            and isinstance(n.comparators[0], (ast.Name, ast.Attribute))
+        ):
+            continue  # "LOCAL_RANK" in os.environ: launched by torchrun or not, the same on every rank
         if isinstance(n, (ast.Name, ast.Attribute, ast.Subscript)):
             ident = terminal(n)
             if ident and RANK_WORD.search(ident):

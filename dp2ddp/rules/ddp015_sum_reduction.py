@@ -5,18 +5,15 @@ from __future__ import annotations
 import ast
 
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.core import kwarg
+from dp2ddp.model.losses import sum_reductions
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal, string_value
 
 
 def check(m):
     if not is_ddp_code(m):
         return
-    for call in m.nodes(ast.Call):
-        arg = kwarg(call, "reduction")
-        if arg is not None and string_value(arg.value) == "sum":
-            if any(q.startswith("torch.nn.") for q in m.qualified_names(call.func)):
-                yield Hit(arg)
+    for arg in sum_reductions(m):
+        yield Hit(arg)
 
 
 RULE = Rule(

@@ -1,0 +1,37 @@
+"""A forward of the wrapped model that only some ranks run calls the bare module.
+
+A DDP forward is a collective (it broadcasts buffers after a training step and prepares
+the gradient all-reduce): evaluating the wrapped model under ``if rank == 0:`` (HF's
+``if args.local_rank in [-1, 0]: evaluate(...)``) hangs the other ranks. Under the guard
+the forward goes to the module itself, as lint rule DDP009 advises: ``model.module(x)``,
+or ``getattr(model, "module", model)(x)`` in a script whose own path may run unwrapped.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding, Replace
+from dp2ddp.model.collectives import collective_of
+from dp2ddp.model.ranks import rank_conditionals
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    edits = []
+    first = None
+    for call in m.nodes(ast.Call):
+        if collective_of(m, call, dp=True) != "DDP forward":
+            continue
+        if next(rank_conditionals(m, call), None) is None:
+            continue
+        f = call.func
+        text = m.source(f)
+        new = f"getattr({text}, \"module\", {text})" if ctx.mode == "mixed" else f"{text}.module"
+        edits.append(Replace(ctx.cst(f), ctx.expr(new)))
+        first = first or call
+    if not edits:
+        return []
+    return [ctx.note(first, "DDP124", "a forward only some ranks run calls the bare module (a DDP forward is a collective)", edits)]
