@@ -58,6 +58,7 @@ def check(m):
     sampler_vars = {k for s in samplers for k in assigned_keys(m, s)}
     loader_vars = set()
     inline = []
+    made = []  # the DataLoader calls of those loaders: a loop that builds one is not its epoch loop
     for ld in loaders(m):
         if ld.sampler is None:
             continue
@@ -65,6 +66,7 @@ def check(m):
         if id(v) in sampler_calls or id(ld.sampler_value) in sampler_calls or var_key(m, v) in sampler_vars:
             keys = assigned_keys(m, ld.call)
             loader_vars.update(keys)
+            made.append(ld.call)
             if not keys:
                 inline.append(ld.call)
     seen = set()
@@ -77,7 +79,7 @@ def check(m):
     )
     for node in candidates + [c for c in inline if _is_iterated(m, c)]:
         loop = _epoch_loop(m, node)
-        if loop is None or id(loop) in seen or calls_set_epoch(m, loop):
+        if loop is None or id(loop) in seen or calls_set_epoch(m, loop) or any(m.contains(loop, c) for c in made):
             continue
         seen.add(id(loop))
         yield Hit(node)
