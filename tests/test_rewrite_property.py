@@ -1,4 +1,4 @@
-"""Property test over generated DataParallel scripts (hypothesis, 1,000 variants).
+"""Property test over generated DataParallel scripts (hypothesis, 300 variants).
 
 For every variant: the output compiles, rewriting it again changes nothing, every line
 outside the statements the migration edits (marked ``# keep-N`` here) comes out
@@ -116,7 +116,7 @@ def _keep_lines(text: str):
     return [ln for ln in text.splitlines() if "keep-" in ln]
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scripts())
 def test_generated_scripts_compile_are_idempotent_and_untouched_lines_survive(text: str) -> None:
     data = text.encode()
