@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Tuple
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, InsertAfter, Replace
+from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
@@ -489,19 +489,9 @@ def _guard_set_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Findi
     stmt = m.statement_of(call)
     if not (isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt)):
         return None
-    for a in m.ancestors(stmt):
-        if isinstance(a, ast.If) and any(m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(a.test) if isinstance(n, (ast.Name, ast.Attribute))):
-            return None
-        if isinstance(a, FUNCTIONS):
-            break
-    node = ctx.bridge.statement(stmt)
-
-    def wrap(u, c=cuda):
-        inner = u.with_changes(leading_lines=())
-        guard = cst.parse_statement(f"if {c}:\n    pass\n")
-        return guard.with_changes(body=guard.body.with_changes(body=[inner]), leading_lines=u.leading_lines)
-
-    return ctx.note(call, "DDP121", "torch.cuda.set_device only with CUDA", [Replace(node, wrap)])
+    if _under_cuda_test(m, stmt):
+        return None
+    return ctx.note(call, "DDP121", "torch.cuda.set_device only with CUDA", [Guard((ctx.bridge.statement(stmt),), ctx.expr(cuda))])
 
 
 def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
@@ -728,14 +718,8 @@ def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
         return None
     parent = m.parent(call)
     if isinstance(parent, ast.Expr) and ctx.bridge.alone_on_line(parent):
-        node = ctx.bridge.statement(parent)
-
-        def wrap(u, c=cuda):
-            inner = u.with_changes(leading_lines=())
-            guard = cst.parse_statement(f"if {c}:\n    pass\n")
-            return guard.with_changes(body=guard.body.with_changes(body=[inner]), leading_lines=u.leading_lines)
-
-        return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)", [Replace(node, wrap)])
+        return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
+                        [Guard((ctx.bridge.statement(parent),), ctx.expr(cuda))])
     return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
                     [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=recv))])
 

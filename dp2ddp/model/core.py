@@ -182,21 +182,20 @@ class SemanticModel:
                 return owner, field, block
         return None
 
-    def siblings_after(self, stmt: ast.stmt) -> List[ast.stmt]:
+    def _split_block(self, stmt: ast.stmt) -> Tuple[List[ast.stmt], List[ast.stmt]]:
+        """The statements of ``stmt``'s block before it and after it."""
         b = self.block_of(stmt)
         if b is None:
-            return []
+            return [], []
         block = b[2]
         i = next(i for i, s in enumerate(block) if s is stmt)
-        return block[i + 1 :]
+        return block[:i], block[i + 1 :]
+
+    def siblings_after(self, stmt: ast.stmt) -> List[ast.stmt]:
+        return self._split_block(stmt)[1]
 
     def siblings_before(self, stmt: ast.stmt) -> List[ast.stmt]:
-        b = self.block_of(stmt)
-        if b is None:
-            return []
-        block = b[2]
-        i = next(i for i, s in enumerate(block) if s is stmt)
-        return block[:i]
+        return self._split_block(stmt)[0]
 
     def top_statement(self, node: ast.AST) -> Optional[ast.stmt]:
         """The module-level statement that holds ``node``."""

@@ -27,25 +27,11 @@ from dp2ddp.rules import (
 )
 from dp2ddp.rules.base import Rule
 
+# every module of this package that defines a rule, in code order
 RULES: List[Rule] = [
-    m.RULE
-    for m in (
-        ddp001_data_parallel,
-        ddp002_sampler_set_epoch,
-        ddp003_sampler_with_shuffle,
-        ddp004_unguarded_save,
-        ddp005_load_without_map_location,
-        ddp006_bare_cuda,
-        ddp007_ddp_without_device_ids,
-        ddp008_init_without_destroy,
-        ddp009_collective_in_rank_branch,
-        ddp010_dp_loss_mean,
-        ddp011_local_rank_argparse,
-        ddp012_sync_batchnorm_after_wrap,
-        ddp013_batchnorm_without_sync,
-        ddp014_few_loader_workers,
-        ddp015_sum_reduction,
-    )
+    module.RULE
+    for name, module in sorted(globals().items())
+    if name.startswith("ddp0") and hasattr(module, "RULE")
 ]
 
 BY_CODE: Dict[str, Rule] = {r.code: r for r in RULES}
