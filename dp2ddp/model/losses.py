@@ -15,14 +15,52 @@ from dp2ddp.model.core import SemanticModel, kwarg
 
 
 def sum_reductions(m: SemanticModel) -> List[ast.keyword]:
-    """The ``reduction="sum"`` arguments of ``torch.nn`` losses."""
+    """The ``reduction="sum"`` arguments of ``torch.nn`` losses that may train: a loss
+    class (made once, used anywhere), or a functional loss outside ``torch.no_grad()``
+    that is not in code apart from the module's ``backward`` calls (an evaluation's summed
+    loss changes no gradient)."""
     got = m.cache.get("losses:sum")
     if got is None:
         got = []
         for call in m.nodes(ast.Call):
             arg = kwarg(call, "reduction")
             if arg is not None and isinstance(arg.value, ast.Constant) and arg.value.value == "sum":
-                if any(q.startswith("torch.nn.") for q in m.qualified_names(call.func)):
-                    got.append(arg)
+                names = m.qualified_names(call.func)
+                if not any(q.startswith("torch.nn.") for q in names):
+                    continue
+                functional = any(q.startswith("torch.nn.functional.") for q in names)
+                if functional and (_no_grad(m, call) or not _trains_here(m, call)):
+                    continue
+                got.append(arg)
         m.cache["losses:sum"] = got
     return got  # type: ignore[return-value]
+
+
+def _no_grad(m: SemanticModel, node: ast.AST) -> bool:
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.With, ast.AsyncWith)) and any(
+            isinstance(i.context_expr, ast.Call) and m.is_name(i.context_expr.func, {"torch.no_grad", "torch.inference_mode"})
+            for i in a.items
+        ):
+            return True
+    return False
+
+
+def _trains_here(m: SemanticModel, node: ast.AST) -> bool:
+    """The function around ``node`` (or module-level code) reaches a ``.backward()`` — itself,
+    through what it calls, or in a caller (a loss helper called from the training step).
+    A module that calls ``backward`` nowhere (a module of losses, a snippet) may train
+    anywhere: it counts as training."""
+    if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in m.nodes(ast.Call)):
+        return True
+    func = m.enclosing_function(node)
+    scopes = [func] if func is not None else [m.tree]
+    if func is not None:
+        scopes += [m.enclosing_function(c) or m.tree for c in m.call_sites(func)]
+    for scope in scopes:
+        reach = m.reach(scope) if scope is not m.tree else {scope}
+        for f in reach:
+            for c in m.calls_in(f):
+                if isinstance(c.func, ast.Attribute) and c.func.attr == "backward":
+                    return True
+    return False

@@ -41,5 +41,10 @@ RULE = Rule(
         ),
         Valid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss()\n"),
         Valid("import torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")  # not DDP code\n"),
+        Valid(
+            "import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n\n\n"
+            "def evaluate(model, x, y):\n    with torch.no_grad():\n        return F.mse_loss(model(x), y, reduction=\"sum\")\n\n\n"
+            "def step(model, x, y):\n    F.mse_loss(model(x), y).backward()\n"
+        ),
     ),
 )
