@@ -230,7 +230,15 @@ def propose(ctx: Context) -> List[Finding]:
             if conditional and _DEVICE_WORDS.search(m.source(ifexp.test)):
                 guarded_keys.update(keys)
             continue
-        got = _wrap_site(ctx, w, hoists, find_unused)
+        flag_kept = _caller_flag(m, w) and any(x is not w and not x.conditions for x in keep)
+        if flag_kept:
+            # `if parallel: model = DP(model)` in a factory the caller controls, beside an
+            # unconditional wrap elsewhere: keep the caller's choice, as DDP
+            got = [ctx.note(w.call, "DDP127", f"DistributedDataParallel wrap kept under `if {m.source(w.conditions[0].test)}:`, "
+                            "a flag of the caller; another wrap trains the model unconditionally",
+                            [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(_inner_text(ctx, w), find_unused)))])]
+        else:
+            got = _wrap_site(ctx, w, hoists, find_unused)
         out.extend(got)
         if any(f.severity == "error" for f in got):
             return out
@@ -238,7 +246,7 @@ def propose(ctx: Context) -> List[Finding]:
         if target is not None:
             keys = _keys_of(m, w)
             seeds.update(keys)
-            if w.conditions and _device_condition(m, w):
+            if w.conditions and _device_condition(m, w) and not flag_kept:
                 guarded_keys.update(keys)
     for hoist in hoists.values():
         out.append(_insert_hoisted(ctx, hoist, find_unused))
@@ -277,6 +285,13 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
             return False
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
             return False
+    # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
+    # train() of another module) may be trained there
+    for use in wrapper_uses(m, {key}):
+        if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
+            parent = m.parent(use.node)
+            if not (isinstance(parent, ast.Call) and m.is_name(parent.func, DP | DP_FUNCTIONAL)):
+                return False
     return not _trains(m, func)
 
 
@@ -418,6 +433,17 @@ def _partial(m: SemanticModel, w: Wrap) -> bool:
         and w.module is not None
         and m.source(t) == m.source(w.module)
     )
+
+
+def _caller_flag(m: SemanticModel, w: Wrap) -> bool:
+    """The wrap's only condition is a bare parameter of its function (``def build(...,
+    parallel=False): if parallel: ...``): the caller chooses whether to wrap."""
+    func = w.function
+    if len(w.conditions) != 1 or func is None or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    test = w.conditions[0].test
+    params = {a.arg for a in func.args.args + func.args.kwonlyargs + func.args.posonlyargs}
+    return isinstance(test, ast.Name) and test.id in params
 
 
 def _device_condition(m: SemanticModel, w: Wrap) -> bool:
