@@ -25,7 +25,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertBefore, Replace
 from dp2ddp.model.core import COMPREHENSIONS, SemanticModel
-from dp2ddp.model.loaders import Loader, distributed_sampler, loaders
+from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, subclass_loaders
 from dp2ddp.model.names import DISTRIBUTED_SAMPLER, RANDOM_SAMPLER
 
 _HOISTABLE_OWNERS = (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)
@@ -45,6 +45,9 @@ def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
     shared = training_loaders(ctx)
+    for cls, call in subclass_loaders(m):
+        out.append(ctx.warn(call, "DDP105", f"{cls.name} subclasses DataLoader: shard its sampler per rank by hand "
+                            "(e.g. a DistributedSampler, or a per-rank share of its indices)" + _SAME_DATA))
     for loader in loaders(m):
         call = loader.call
         label = loader.label or "DataLoader"

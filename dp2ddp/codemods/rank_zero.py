@@ -30,7 +30,7 @@ from dp2ddp.codemods.rank_writers import is_writer_use
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import COMPREHENSIONS, SemanticModel, kwarg
-from dp2ddp.model.names import COPY, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
+from dp2ddp.model.names import COPY, DUMPS, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.writers import LOGGING_CONFIG, writers
 
@@ -106,6 +106,27 @@ class _Plan:
         self.split = split or []
 
 
+def _path_open_for_write(expr: ast.AST) -> bool:
+    """``fname.open("wt")`` (a pathlib path's open, for writing)."""
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "open"):
+        return False
+    mode = expr.args[0] if expr.args else next((k.value for k in expr.keywords if k.arg == "mode"), None)
+    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(c in mode.value for c in "wax")
+
+
+def _writes_only_to(m: SemanticModel, stmt: ast.stmt, handle: str) -> bool:
+    """``json.dump(obj, f)``, ``f.write(text)``, ``print(..., file=f)``: a statement that only
+    writes into the open file ``handle``."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return False
+    call = stmt.value
+    f = call.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == handle and f.attr in ("write", "writelines"):
+        return not impure_calls(m, call.args[0]) if call.args else True
+    uses_handle = any(isinstance(a, ast.Name) and a.id == handle for a in list(call.args) + [k.value for k in call.keywords])
+    return uses_handle and (m.is_name(f, DUMPS | PRINT)) and not any(impure_calls(m, a) for a in call.args if not (isinstance(a, ast.Name) and a.id == handle))
+
+
 def _statement_plan(ctx: Context, stmt: ast.stmt, memo: Dict[ast.AST, Optional[_Plan]]) -> Optional[_Plan]:
     if stmt in memo:
         return memo[stmt]
@@ -134,6 +155,12 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             if reaches_collective(m, call, dp=True):
                 return None
             return _Plan("writer")
+        return None
+    if isinstance(stmt, ast.With) and len(stmt.items) == 1 and _path_open_for_write(stmt.items[0].context_expr):
+        # with path.open("w") as f: json.dump(obj, f) — a write by a pathlib object's open
+        handle = stmt.items[0].optional_vars
+        if isinstance(handle, ast.Name) and all(_writes_only_to(m, s, handle.id) for s in stmt.body):
+            return _Plan("save")
         return None
     if isinstance(stmt, ast.If):
         if impure_calls(m, stmt.test) or mentions_rank(m, stmt.test):
