@@ -14,7 +14,7 @@ from dp2ddp.codemods.codes import BY_CODE as MIGRATION_CODES
 from dp2ddp.lint import lint_bytes
 from dp2ddp.registry import BY_CODE, CODES, UnknownCode, render, select
 from dp2ddp.rules import RULES
-from tests.data.migration_code_examples import NOT_EMITTED, example
+from tests.data.migration_code_examples import NOT_EMITTED, PROJECT_MODULES, example
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,18 +103,24 @@ def _migration_params():
 
 
 @pytest.mark.parametrize("code,source", _migration_params())
-def test_every_migration_code_is_emitted(code, source):
+def test_every_migration_code_is_emitted(code, source, tmp_path):
     """The migration (`rewrite`) draws the code on its example, and `check --fix` reports it
     when it is selected (DDP001's fix is the migration: where DDP001 finds nothing — a
-    DataParallel that only a star import may provide, DDP107 — `check` runs no migration)."""
+    DataParallel that only a star import may provide, DDP107 — `check` runs no migration).
+    An example may need the project's own modules beside it (PROJECT_MODULES)."""
     from dp2ddp.migrate import migrate_bytes
 
     assert source, f"no example for {code}: add MigrationCode.example or tests/data/migration_code_examples.py"
-    migration = migrate_bytes(source.encode(), "train.py").migration
+    path = "train.py"
+    if code in PROJECT_MODULES:
+        for name, text in PROJECT_MODULES[code].items():
+            (tmp_path / name).write_text(text)
+        path = str(tmp_path / "train.py")
+    migration = migrate_bytes(source.encode(), path).migration
     assert code in {f.code for f in migration.findings}, [(f.code, f.message) for f in migration.findings]
-    if not lint_bytes(source.encode(), "train.py", ("DDP001",)).diagnostics:
+    if not lint_bytes(source.encode(), path, ("DDP001",)).diagnostics:
         return
-    result = lint_bytes(source.encode(), "train.py", ("DDP001", code), fix=True)
+    result = lint_bytes(source.encode(), path, ("DDP001", code), fix=True)
     assert result.error is None, result.error
     assert code in {d.code for d in result.diagnostics}, [(d.code, d.message) for d in result.diagnostics]
 

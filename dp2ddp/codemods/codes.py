@@ -135,9 +135,12 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     _c(
         "DDP110", "writer-left-on-every-rank", "warning",
-        "a writer (TensorBoard, a log or results file) that dp2ddp cannot restrict to rank 0",
-        "Every rank would write its own copy or write the same file at once.",
-        "Create and use it under `if dist.get_rank() == 0:` only.",
+        "a writer (TensorBoard, a log or results file) that dp2ddp cannot restrict to rank 0, or a call of the "
+        "project's own module (a file beside the script, which the rewrite does not edit) that creates a folder "
+        "without `exist_ok`",
+        "Every rank would write its own copy or write the same file at once; ranks that create one folder race, "
+        "and one of them raises `FileExistsError`.",
+        "Create and use it under `if dist.get_rank() == 0:` only; in the named module, pass `exist_ok=True`.",
         "No fix.",
     ),
     _c(
@@ -249,6 +252,24 @@ CODES: Tuple[MigrationCode, ...] = (
         "the next iteration fails with \"Expected to have finished reduction in the prior iteration\".",
         "The wrap gets `find_unused_parameters=True` (a graph traversal per iteration, a small cost).",
         "Safe.",
+    ),
+    _c(
+        "DDP126", "dp-helper-call-removed", "info",
+        "a call that hands the wrapper to a project function asserting `isinstance(model, DataParallel)` is removed",
+        "Such a helper (`patch_replication_callback(model)` of the SyncBatchNorm ports) patches DataParallel's "
+        "per-forward replication; DDP replicates once and is not a DataParallel, so the assertion would fail.",
+        "The statement goes; a project function that names DataParallel without asserting it is left with a DDP111 "
+        "warning.",
+        "Safe: the helper could only raise under DDP.",
+    ),
+    _c(
+        "DDP127", "flag-guarded-wrap-kept", "info",
+        "a wrap under a flag of its function's caller (`if parallel:`) stays under it, as DDP",
+        "A factory such as `make_model(..., parallel=False)` wraps only when asked; when the script wraps the model "
+        "unconditionally elsewhere (its training function), moving the factory's wrap out of its `if` would wrap twice.",
+        "`DataParallel(m)` becomes `DistributedDataParallel(m, ...)` in place; the `if` stays. Only when another "
+        "unconditional wrap exists; a lone flag-guarded wrap moves out of its `if` (DDP103).",
+        "Safe: every rank passes the same flag, so either all ranks construct the wrapper or none does.",
     ),
     _c(
         "DDP130", "sampler-added", "info",

@@ -29,7 +29,7 @@ from dp2ddp.model.core import SemanticModel, kwarg
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.names import SUMMARY_WRITERS
-from dp2ddp.model.writers import Writer, writers
+from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers
 
 
 def tensorboard_keys(ctx: Context) -> Set[VarKey]:
@@ -179,6 +179,14 @@ def propose(ctx: Context) -> List[Finding]:
         f = _restrict(ctx, w, bad.get(id(w)))
         if f is not None:
             out.append(f)
+    for race in companion_folder_races(m):
+        if not rank_guarded(m, race.call):
+            out.append(ctx.warn(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank: "
+                                "the ranks race and one raises FileExistsError; create it on rank 0, or pass exist_ok=True, by hand"))
+    for w in companion_writes(m):
+        if not rank_guarded(m, w.call):
+            out.append(ctx.warn(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp does not guard "
+                                "a call of the project's own code: call it on rank 0 (`if dist.get_rank() == 0:`) by hand"))
     return out
 
 

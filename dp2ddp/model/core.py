@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import builtins
 import operator
+import os
 import re
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Type, Union
@@ -681,7 +682,9 @@ class SemanticModel:
         return out
 
     def reach(self, func: ast.AST) -> Set[ast.AST]:
-        """Functions of this module reachable from ``func`` by calls (``func`` included)."""
+        """Functions of this module reachable from ``func`` by calls (``func`` included); a
+        method reached through ``self.`` brings the overrides of its subclasses too (a base
+        class's ``train()`` calls the ``_train_epoch`` a subclass defines)."""
         seen: Set[ast.AST] = set()
         todo = [func]
         while todo:
@@ -693,7 +696,18 @@ class SemanticModel:
                 t = self.resolve_call(call)
                 if t is not None and t not in seen:
                     todo.append(t)
+                    todo.extend(self._overrides(t))
         return seen
+
+    def _overrides(self, method: ast.AST) -> List[ast.AST]:
+        cls = self.parents.get(method)
+        if not isinstance(cls, ast.ClassDef):
+            return []
+        name = method.name  # type: ignore[attr-defined]
+        return [
+            self.methods(c)[name] for c in self.classes.values()
+            if c is not cls and name in self.methods(c) and self._derives(c, cls)
+        ]
 
     def params(self, func: ast.AST) -> List[str]:
         a = func.args  # type: ignore[attr-defined]
@@ -1169,8 +1183,56 @@ _EXPORTS: Dict[str, Optional[Dict[str, str]]] = {}
 def _module_exports(base: str, module: str, level: int) -> Optional[Dict[str, str]]:
     """The names a star import of ``module`` binds to imports, read from its file found
     beside the importing script (or up to three folders above it for absolute names)."""
-    import os
+    cand = module_file(base, module, level)
+    if cand is None:
+        return None
+    key = os.path.realpath(cand)
+    if key not in _EXPORTS:
+        _EXPORTS[key] = _read_exports(cand)
+    return _EXPORTS[key]
 
+
+_PROJECT_MODELS: Dict[str, Optional["SemanticModel"]] = {}
+_NOT_PROJECT = frozenset({"torch", "os", "sys", "numpy", "torchvision", "logging", "pathlib", "shutil", "json", "builtins"})
+
+
+def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """What a call's function names in the project's own modules (a file beside the
+    script, which the rewrite reads but never edits): the model of that module, its
+    top-level ``def`` or ``class`` of that name, and the file's path relative to the
+    script's folder. ``None`` for anything else."""
+    if m.path in ("<string>", "<stdin>", "-"):
+        return None
+    base = os.path.dirname(os.path.abspath(m.path))
+    for q in m.qualified_names(func):
+        module, _, name = q.rpartition(".")
+        if not module or module.split(".")[0] in _NOT_PROJECT:
+            continue
+        path = module_file(base, module)
+        if path is None or os.path.realpath(path) == os.path.realpath(m.path):
+            continue
+        try:
+            key = f"{os.path.realpath(path)}:{os.stat(path).st_mtime_ns}"  # a file edited since is read again
+        except OSError:
+            continue
+        if key not in _PROJECT_MODELS:
+            try:
+                with open(path, "rb") as fh:
+                    _PROJECT_MODELS[key] = build(fh.read(), path)
+            except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+                _PROJECT_MODELS[key] = None
+        pm = _PROJECT_MODELS[key]
+        if pm is None:
+            continue
+        for stmt in pm.tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+                return pm, stmt, os.path.relpath(path, base)
+    return None
+
+
+def module_file(base: str, module: str, level: int = 0) -> Optional[str]:
+    """The file of a project module imported by a script in folder ``base``: beside it
+    (or up to three folders above it for absolute names); ``None`` when not found."""
     parts = module.split(".") if module else []
     roots = []
     if level:
@@ -1186,10 +1248,7 @@ def _module_exports(base: str, module: str, level: int) -> Optional[Dict[str, st
     for root in roots:
         for cand in (os.path.join(root, *parts) + ".py", os.path.join(root, *parts, "__init__.py")):
             if os.path.isfile(cand):
-                key = os.path.realpath(cand)
-                if key not in _EXPORTS:
-                    _EXPORTS[key] = _read_exports(cand)
-                return _EXPORTS[key]
+                return cand
     return None
 
 

@@ -10,6 +10,9 @@ and spellings that cannot be resolved.
 * :func:`dp_other_refs`: any other use (an alias, a subclass, an argument).
 * :func:`unresolved_dp`: code that names DataParallel in a way the model cannot
   resolve (star imports, ``getattr``, a class of another package named ``*DataParallel``).
+* :func:`dp_helper_calls`: the wrapper passed to a function of the project's own modules
+  that is written for DataParallel (``patch_replication_callback(model)`` asserting
+  ``isinstance(model, DataParallel)``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from dp2ddp.model.collectives import assigned_keys, outer_chain
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg, project_def
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 
 _DP_ARGS = ("module", "device_ids", "output_device", "dim")
@@ -273,3 +276,43 @@ def is_elif(m: SemanticModel, node: ast.If) -> bool:
         and parent.orelse[0] is node
         and m.line_text(node.lineno)[m.position(node)[1]:].startswith("elif")
     )
+
+
+@dataclass
+class DpHelperCall:
+    call: ast.Call  # in this script, with the wrapper as an argument
+    name: str
+    where: str  # ``modeling/sync_batchnorm/replicate.py:50``: its first DataParallel reference
+    asserts: bool  # it asserts ``isinstance(<arg>, DataParallel)``: under DDP it can only fail
+
+
+def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
+    """Calls that pass the DataParallel wrapper to a function of a project module (a file
+    beside the script) whose body names DataParallel: written for DataParallel, it will
+    meet a DDP wrapper after the migration."""
+    from dp2ddp.model.collectives import var_key, wrapped_vars
+
+    got = m.cache.get("dp_helper_calls")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[DpHelperCall] = []
+    keys = wrapped_vars(m, dp=True)
+    for call in m.nodes(ast.Call):
+        args = list(call.args) + [k.value for k in call.keywords]
+        if not any(var_key(m, a) in keys for a in args if not isinstance(a, ast.Starred)):
+            continue
+        found = project_def(m, call.func)
+        if found is None or not isinstance(found[1], FUNCTIONS):
+            continue
+        pm, func, rel = found
+        refs = [r for r in pm.refs(DP) if any(r is n for n in ast.walk(func))]
+        if not refs:
+            continue
+        asserts = any(
+            isinstance(n, ast.Assert) and isinstance(n.test, ast.Call) and pm.is_name(n.test.func, {"builtins.isinstance"})
+            and len(n.test.args) == 2 and pm.is_name(n.test.args[1], DP)
+            for n in ast.walk(func)
+        )
+        out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", asserts))  # type: ignore[attr-defined]
+    m.cache["dp_helper_calls"] = out
+    return out

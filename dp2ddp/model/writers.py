@@ -14,6 +14,9 @@ something says otherwise. :func:`writers` lists them with their kind:
 ``logfile``    ``logging.FileHandler(...)``, ``logging.basicConfig(filename=...)``
 ``logconfig``  ``logging.config.dictConfig(...)``/``fileConfig(...)`` (file handlers in a config)
 ``print``      ``print(...)``
+
+:func:`companion_folder_races` looks one step into the project's own modules: a call
+of a class or function beside the script that creates a folder without ``exist_ok``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional
 
-from dp2ddp.model.core import SemanticModel, kwarg
+from dp2ddp.model.core import SemanticModel, kwarg, project_def
 from dp2ddp.model.names import (
     COPY,
     FILE_WRITES,
@@ -124,3 +127,87 @@ def writers(m: SemanticModel) -> List[Writer]:
 
 def _truthy(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and bool(node.value)
+
+
+# --------------------------------------------------------------------------- project modules
+
+
+@dataclass
+class CompanionRace:
+    call: ast.Call  # the call in this script
+    name: str  # what it calls (``Saver``)
+    where: str  # ``utils/saver.py:20``, relative to the script's folder
+
+
+def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
+    """Calls of a class or function of a project module (a file beside the script) that
+    creates a folder without ``exist_ok`` when it runs (``Saver(args)`` whose ``__init__``
+    does ``if not os.path.exists(d): os.makedirs(d)``). The rewrite cannot edit that file;
+    under DDP every rank runs it, the ranks race, and one of them raises
+    ``FileExistsError``."""
+    got = m.cache.get("companion_races")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[CompanionRace] = []
+    for call in m.nodes(ast.Call):
+        found = project_def(m, call.func)
+        if found is None:
+            continue
+        pm, node, rel = found
+        body = node
+        if isinstance(node, ast.ClassDef):
+            body = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        if body is None:
+            continue
+        for w in writers(pm):
+            if w.kind == "mkdir" and not w.idempotent and any(n is w.call for n in ast.walk(body)):
+                out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}"))
+                break
+    m.cache["companion_races"] = out
+    return out
+
+
+def companion_writes(m: SemanticModel) -> List[CompanionRace]:
+    """Calls of a method of a project class (``self.saver.save_checkpoint(...)`` where
+    ``self.saver = Saver(args)`` and ``Saver`` is a class beside the script) or of a project
+    function that writes a file (``torch.save``, ``open(path, "w")``, a copy). The rewrite
+    cannot see what else such a call does, so it does not guard it: every rank writes."""
+    from dp2ddp.model.collectives import assigned_keys, var_key
+
+    got = m.cache.get("companion_writes")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[CompanionRace] = []
+    instances = {}  # VarKey -> (project model, class, path)
+    for call in m.nodes(ast.Call):
+        found = project_def(m, call.func)
+        if found is None:
+            continue
+        if isinstance(found[1], ast.ClassDef):
+            for key in assigned_keys(m, call):
+                instances[key] = found
+        else:
+            line = _writes_in(found[0], found[1])
+            if line is not None:
+                out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}"))
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and instances):
+            continue
+        found = instances.get(var_key(m, f.value))
+        if found is None:
+            continue
+        pm, cls, rel = found
+        meth = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == f.attr), None)
+        line = _writes_in(pm, meth) if meth is not None else None
+        if line is not None:
+            out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}"))
+    m.cache["companion_writes"] = out
+    return out
+
+
+def _writes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+    for w in writers(pm):
+        if w.kind in ("save", "open", "copy") and any(n is w.call for n in ast.walk(func)):
+            return w.call.lineno
+    return None

@@ -165,3 +165,43 @@ EXAMPLES["DDP111"] = EXAMPLES["DDP123"].replace("model = Net(2)\n", "model = bui
 
 # codes no DataParallel script draws yet (code -> why), for the lead's migration to settle
 NOT_EMITTED: dict = {}
+
+# codes drawn only with a project module beside the script (file name -> text), written
+# next to the example before it is migrated
+PROJECT_MODULES: dict = {
+    "DDP126": {
+        "replicate.py": (
+            "from torch.nn.parallel import DataParallel\n\n\n"
+            "def patch_replication_callback(data_parallel):\n"
+            "    assert isinstance(data_parallel, DataParallel)\n"
+        ),
+    },
+}
+EXAMPLES["DDP126"] = _HEAD + '''from replicate import patch_replication_callback
+
+model = nn.DataParallel(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)))
+patch_replication_callback(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(8, 4)).sum()
+loss.backward()
+opt.step()
+'''
+EXAMPLES["DDP127"] = _HEAD + '''
+
+def build(parallel=False):
+    model = nn.Linear(8, 1)
+    if parallel:
+        model = nn.DataParallel(model)
+    return model
+
+
+def fit(model):
+    model = nn.DataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(8, 8)).sum()
+    loss.backward()
+    opt.step()
+
+
+fit(build())
+'''
