@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -471,6 +472,10 @@ def in_stop_iteration(m: SemanticModel, node: ast.AST) -> bool:
     return False
 
 
+# methods that take a loader without iterating it
+_NOT_ITERATING = frozenset({"append", "extend", "add", "info", "debug", "warning", "log", "format", "write"})
+
+
 def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[ast.AST, str]]:
     """Where the loader is iterated: ``(the For node or the call passing it on, expression)``."""
     sites = []
@@ -496,6 +501,18 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
             h2 = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else _subscript_handle(m, arg)
             if h2 in handles:
                 sites.append((call, handles[h2]))  # type: ignore[index]
+    # train(config, train_loader, model, epoch) where train comes from another module: the
+    # loop around that call drives the loader (the same reading as check's DDP002)
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if m.resolve_call(call) is not None or (isinstance(f, ast.Name) and hasattr(builtins, f.id)):
+            continue
+        if isinstance(f, ast.Attribute) and f.attr in _NOT_ITERATING:
+            continue
+        for arg in list(call.args) + [k.value for k in call.keywords]:
+            if isinstance(arg, (ast.Name, ast.Attribute)) and handle_of(m, arg) in handles:
+                sites.append((call, handles[handle_of(m, arg)]))  # type: ignore[index]
+                break
     # next(iter(loader)) inside a loop, or a `while` that pulls batches
     for call in m.nodes(ast.Call):
         if isinstance(call.func, ast.Name) and call.func.id == "iter" and call.args:

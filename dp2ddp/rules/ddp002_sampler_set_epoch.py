@@ -7,7 +7,7 @@ from typing import Optional
 
 from dp2ddp.model.collectives import assigned_keys, var_key
 from dp2ddp.model.core import FUNCTIONS
-from dp2ddp.model.loaders import calls_set_epoch, is_false, loaders
+from dp2ddp.model.loaders import calls_set_epoch, epoch_loops, is_false, loaders
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.core import kwarg
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
@@ -58,6 +58,7 @@ def check(m):
     sampler_vars = {k for s in samplers for k in assigned_keys(m, s)}
     loader_vars = set()
     inline = []
+    epoch_of = set()  # the epoch loops of those loaders, as the migration reads them (one definition)
     made = []  # the DataLoader calls of those loaders: a loop that builds one is not its epoch loop
     for ld in loaders(m):
         if ld.sampler is None:
@@ -67,6 +68,7 @@ def check(m):
             keys = assigned_keys(m, ld.call)
             loader_vars.update(keys)
             made.append(ld.call)
+            epoch_of.update(id(lp) for lp, _ in epoch_loops(m, ld))
             if not keys:
                 inline.append(ld.call)
     seen = set()
@@ -79,7 +81,7 @@ def check(m):
     )
     for node in candidates + [c for c in inline if _is_iterated(m, c)]:
         loop = _epoch_loop(m, node)
-        if loop is None or id(loop) in seen or calls_set_epoch(m, loop) or any(m.contains(loop, c) for c in made):
+        if loop is None or id(loop) not in epoch_of or id(loop) in seen or calls_set_epoch(m, loop):
             continue
         seen.add(id(loop))
         yield Hit(node)
