@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst
 
-from dp2ddp.engine import AddImport, Edit, Finding, Fix
+from dp2ddp.engine import AddImport, Edit, Finding, Fix, RemoveImportIfUnused
 from dp2ddp.model.bridge import Bridge
 from dp2ddp.model.core import FUNCTIONS, SemanticModel
 from dp2ddp.model.names import DATALOADER, DDP, DISTRIBUTED_SAMPLER
@@ -68,6 +68,17 @@ class Context:
 
     def block(self, node, code: str, message: str) -> Finding:
         return self.finding(node, code, message, "error")
+
+    def unused_imports(self, wanted: Callable[[str, ast.alias], bool]) -> List[Edit]:
+        """``RemoveImportIfUnused`` for each ``from module import name [as alias]`` (absolute)
+        that ``wanted(module, alias)`` picks: LibCST drops it if nothing uses it after the edits."""
+        return [
+            RemoveImportIfUnused(imp.module, alias.name, alias.asname)
+            for imp in self.m.nodes(ast.ImportFrom)
+            if imp.module is not None and not imp.level
+            for alias in imp.names
+            if wanted(imp.module, alias)
+        ]
 
     # ------------------------------------------------------------------ names
     def fresh_name(self, base: str) -> str:

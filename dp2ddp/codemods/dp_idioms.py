@@ -17,7 +17,7 @@ import ast
 from typing import List
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Edit, Finding, Remove, RemoveImportIfUnused
+from dp2ddp.engine import Edit, Finding, Remove
 from dp2ddp.model.wraps import dp_helper_calls, dp_loss_means, is_elif
 
 
@@ -43,10 +43,5 @@ def _unused_import(ctx: Context, call: ast.Call) -> List[Edit]:
     """``from pkg.mod import helper``: removed when the removed call was its last use."""
     if not isinstance(call.func, ast.Name):
         return []
-    for imp in ctx.m.nodes(ast.ImportFrom):
-        if imp.module is None or imp.level:
-            continue
-        for alias in imp.names:
-            if (alias.asname or alias.name) == call.func.id:
-                return [RemoveImportIfUnused(imp.module, alias.name, alias.asname)]
-    return []
+    name = call.func.id
+    return ctx.unused_imports(lambda module, alias: (alias.asname or alias.name) == name)

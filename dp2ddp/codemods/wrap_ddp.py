@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, RemoveImportIfUnused, Replace
+from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel
 from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
@@ -763,13 +763,7 @@ def _dedupe_elements(tup):
 
 
 def _remove_imports(ctx: Context) -> List[Finding]:
-    edits = []
-    for imp in ctx.m.nodes(ast.ImportFrom):
-        if imp.module is None or imp.level or imp.module not in DP_MODULES:
-            continue
-        for alias in imp.names:
-            if alias.name in ("DataParallel", "data_parallel"):
-                edits.append(RemoveImportIfUnused(imp.module, alias.name, alias.asname))
+    edits = ctx.unused_imports(lambda module, alias: module in DP_MODULES and alias.name in ("DataParallel", "data_parallel"))
     if not edits:
         return []
     f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))

@@ -501,25 +501,25 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
             h2 = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else _subscript_handle(m, arg)
             if h2 in handles:
                 sites.append((call, handles[h2]))  # type: ignore[index]
-    # train(config, train_loader, model, epoch) where train comes from another module: the
-    # loop around that call drives the loader (the same reading as check's DDP002)
     for call in m.nodes(ast.Call):
         f = call.func
-        if m.resolve_call(call) is not None or (isinstance(f, ast.Name) and hasattr(builtins, f.id)):
-            continue
-        if isinstance(f, ast.Attribute) and f.attr in _NOT_ITERATING:
-            continue
-        for arg in list(call.args) + [k.value for k in call.keywords]:
-            if isinstance(arg, (ast.Name, ast.Attribute)) and handle_of(m, arg) in handles:
-                sites.append((call, handles[handle_of(m, arg)]))  # type: ignore[index]
-                break
-    # next(iter(loader)) inside a loop, or a `while` that pulls batches
-    for call in m.nodes(ast.Call):
-        if isinstance(call.func, ast.Name) and call.func.id == "iter" and call.args:
-            arg = call.args[0]
+        if isinstance(f, ast.Name) and f.id == "iter":
+            # next(iter(loader)) inside a loop, or a `while` that pulls batches
+            arg = call.args[0] if call.args else None
             h = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
             if h in handles and not isinstance(m.parent(call), (ast.For, ast.AsyncFor)) and not in_stop_iteration(m, call):
                 sites.append((call, handles[h]))  # type: ignore[index]
+            continue
+        # train(config, train_loader, model, epoch) where train comes from another module:
+        # the loop around that call drives the loader (the same reading as check's DDP002)
+        if (isinstance(f, ast.Name) and hasattr(builtins, f.id)) or (isinstance(f, ast.Attribute) and f.attr in _NOT_ITERATING):
+            continue
+        for arg in list(call.args) + [k.value for k in call.keywords]:
+            h = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
+            if h in handles:
+                if m.resolve_call(call) is None:
+                    sites.append((call, handles[h]))  # type: ignore[index]
+                break
     return sites
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from dp2ddp.model.collectives import assigned_keys, outer_chain
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg, project_def
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg, project_calls
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 
 _DP_ARGS = ("module", "device_ids", "output_device", "dim")
@@ -297,15 +297,13 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
         return got  # type: ignore[return-value]
     out: List[DpHelperCall] = []
     keys = wrapped_vars(m, dp=True)
-    for call in m.nodes(ast.Call):
+    for call, (pm, func, rel) in project_calls(m):
+        if not isinstance(func, FUNCTIONS):
+            continue
         args = list(call.args) + [k.value for k in call.keywords]
         if not any(var_key(m, a) in keys for a in args if not isinstance(a, ast.Starred)):
             continue
-        found = project_def(m, call.func)
-        if found is None or not isinstance(found[1], FUNCTIONS):
-            continue
-        pm, func, rel = found
-        refs = [r for r in pm.refs(DP) if any(r is n for n in ast.walk(func))]
+        refs = [r for r in pm.refs(DP) if pm.contains(func, r)]
         if not refs:
             continue
         asserts = any(

@@ -25,7 +25,7 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional
 
-from dp2ddp.model.core import SemanticModel, kwarg, project_def
+from dp2ddp.model.core import SemanticModel, kwarg, project_calls
 from dp2ddp.model.names import (
     COPY,
     FILE_WRITES,
@@ -149,18 +149,14 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
     if got is not None:
         return got  # type: ignore[return-value]
     out: List[CompanionRace] = []
-    for call in m.nodes(ast.Call):
-        found = project_def(m, call.func)
-        if found is None:
-            continue
-        pm, node, rel = found
+    for call, (pm, node, rel) in project_calls(m):
         body = node
         if isinstance(node, ast.ClassDef):
             body = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
         if body is None:
             continue
         for w in writers(pm):
-            if w.kind == "mkdir" and not w.idempotent and any(n is w.call for n in ast.walk(body)):
+            if w.kind == "mkdir" and not w.idempotent and pm.contains(body, w.call):
                 out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}"))
                 break
     m.cache["companion_races"] = out
@@ -179,10 +175,7 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         return got  # type: ignore[return-value]
     out: List[CompanionRace] = []
     instances = {}  # VarKey -> (project model, class, path)
-    for call in m.nodes(ast.Call):
-        found = project_def(m, call.func)
-        if found is None:
-            continue
+    for call, found in project_calls(m):
         if isinstance(found[1], ast.ClassDef):
             for key in assigned_keys(m, call):
                 instances[key] = found
@@ -208,6 +201,6 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
 
 def _writes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     for w in writers(pm):
-        if w.kind in ("save", "open", "copy") and any(n is w.call for n in ast.walk(func)):
+        if w.kind in ("save", "open", "copy") and pm.contains(func, w.call):
             return w.call.lineno
     return None
