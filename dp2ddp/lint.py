@@ -12,7 +12,6 @@ files), :mod:`dp2ddp.lint_cache` (the result cache), :mod:`dp2ddp.lint_git`
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
@@ -180,7 +179,12 @@ def _lint_bytes(data, path, codes, lines, fix, write) -> FileResult:
         result.error = error
         return result
     try:
-        return _results(result, data, path, codes, lines, fix, write, everything, findings, model)
+        result = _results(result, data, path, codes, lines, fix, write, everything, findings, model)
+        if model.star_imports:
+            # a star import is resolved through the modules beside the file: its findings
+            # depend on more than its bytes, so they are not cached
+            result.store = None
+        return result
     finally:
         model.release()  # freed now, not by the cyclic collector (off while checking)
 
@@ -208,15 +212,19 @@ def _results(result, data, path, codes, lines, fix, write, everything, findings,
             # offered as fixable, and what the migration said
             diags, result.hidden = only_lines(everything, lines)
             if outcome.blocked:
-                diags = [replace(d, fixable=False) if d.code == "DDP001" else d for d in diags]
+                diags = migration_refused(diags)
             result.diagnostics = sorted(diags + outcome.diagnostics, key=_order)
             result.store = (None, everything)
             return result
     result.diagnostics, result.hidden = only_lines(everything, lines)
-    # a star import is resolved through the modules beside the file: its findings depend
-    # on more than its bytes, so they are not cached
-    result.store = (None, everything) if not model.star_imports else None
+    result.store = (None, everything)
     return result
+
+
+def migration_refused(diags: List[Diagnostic]) -> List[Diagnostic]:
+    """Copies of ``diags`` in which DDP001 is no longer offered as fixable: the migration,
+    its fix, refused the file. The originals stay as they are (the result cache keeps them)."""
+    return [replace(d, fixable=False) if d.code == "DDP001" else d for d in diags]
 
 
 def _order(d: Diagnostic):
@@ -226,19 +234,12 @@ def _order(d: Diagnostic):
 def parse_model(data: bytes, path: str):
     """The semantic model of a file's bytes; a file that cannot be read as Python raises
     :class:`dp2ddp.source.InputError` with CPython's own message and line."""
-    from dp2ddp.model.core import SemanticModel, decode
-    from dp2ddp.source import InputError, Source, check_decodes
+    from dp2ddp.model.core import SemanticModel
+    from dp2ddp.source import Source, parse_ast
 
-    display = display_path(path)
-    check_decodes(Source(path, data))
-    text = decode(data)
-    try:
-        tree = ast.parse(text, filename=display)
-    except SyntaxError as e:
-        raise InputError(display, e.lineno, f"syntax error: {e.msg}") from None
-    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
-        raise InputError(display, None, f"cannot parse: {e}".splitlines()[0]) from None
-    return SemanticModel(tree, text, display)
+    src = Source(path, data)
+    tree, text = parse_ast(src)
+    return SemanticModel(tree, text, src.display)
 
 
 def check_source(data: bytes, path: str, rules: Sequence):

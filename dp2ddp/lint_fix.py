@@ -14,7 +14,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from dp2ddp.lint import Diagnostic, check_source, candidates, diagnostic, only_lines
+from dp2ddp.lint import Diagnostic, check_source, candidates, diagnostic, migration_refused, only_lines
 from dp2ddp.lint_noqa import suppressed
 from dp2ddp.source import display_path
 
@@ -87,12 +87,8 @@ def apply_fixes(data: bytes, path: str, codes: Sequence[str], model, findings: l
         if error:
             out.error = error
             return out
-    if out.blocked:  # the migration refused the file: DDP001 is not fixable after all
-        for d in everything:
-            if d.code == "DDP001":
-                d.fixable = False
     kept_lines = None if lines is None else _shifted(data, new, lines)
-    left, out.hidden = only_lines(everything, kept_lines)
+    left, out.hidden = only_lines(migration_refused(everything) if out.blocked else everything, kept_lines)
     out.diagnostics = sorted(left + _said(said, data, new, display, kept_lines), key=lambda d: (d.line, d.col, d.code))
     from dp2ddp.lint_cache import content_digest
 
@@ -111,8 +107,10 @@ def _said(findings, old: bytes, new: bytes, display: str, lines: Optional[Set[in
     with the lines around them; ``# noqa`` is read there)."""
     from dp2ddp.registry import BY_CODE
 
+    if not findings:
+        return []
     moved = _line_map(old, new) if new != old else None
-    new_lines = new.decode("utf-8", "replace").splitlines() if moved is not None else old.decode("utf-8", "replace").splitlines()
+    new_lines = _lines(new if moved is not None else old)
     out = []
     for f in findings:
         d = diagnostic(display, f, BY_CODE[f.code].name if f.code in BY_CODE else "")
@@ -130,10 +128,17 @@ def _said(findings, old: bytes, new: bytes, display: str, lines: Optional[Set[in
     return out
 
 
+def _lines(data: bytes) -> List[str]:
+    """The lines of a file as Python counts them (``str.splitlines`` also splits at form
+    feeds and other separators, which would shift every later line number)."""
+    from dp2ddp.model.core import LINE_BREAK
+
+    return LINE_BREAK.split(data.decode("utf-8", "replace"))
+
+
 def _line_map(old: bytes, new: bytes) -> Dict[int, int]:
     """Line of ``old`` -> the same line in ``new``, for the lines the fix left alone."""
-    a = old.decode("utf-8", "replace").splitlines()
-    b = new.decode("utf-8", "replace").splitlines()
+    a, b = _lines(old), _lines(new)
     out: Dict[int, int] = {}
     for tag, i1, i2, j1, _j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "equal":
@@ -144,8 +149,7 @@ def _line_map(old: bytes, new: bytes) -> Dict[int, int]:
 
 def _shifted(old: bytes, new: bytes, lines: Set[int]) -> Set[int]:
     """Map kept line numbers of ``old`` to ``new`` (lines the fix added count as kept)."""
-    a = old.decode("utf-8", "replace").splitlines()
-    b = new.decode("utf-8", "replace").splitlines()
+    a, b = _lines(old), _lines(new)
     out: Set[int] = set()
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag == "equal":

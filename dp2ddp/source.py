@@ -191,6 +191,3 @@ def iter_python_files(paths: List[str], exclude: Optional[List[str]] = None, roo
                             yield full
         elif not excluded(p, exclude, root):
             yield p
-
-
-check_decodes = _decode_check  # raises InputError naming the first byte that does not decode

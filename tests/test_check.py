@@ -636,3 +636,50 @@ def test_exclude_patterns_follow_ruff(tmp_path, capsys):
     assert not excluded(str(tmp_path / "src" / "legacy" / "x.py"), ["legacy/*"], root)
     assert excluded(str(tmp_path / "gen_pb2.py"), ["*_pb2.py"], root)
     assert not excluded("-", ["*"], root)
+
+
+def test_fix_places_migration_findings_after_a_form_feed(tmp_path, capsys):
+    """Python counts a form feed as part of its line; ``str.splitlines`` would split there
+    and move every later migration finding (and the ``# noqa`` read for it) a line down."""
+    src = UNSHARDED.replace("def main():", "# section\x0cone\ndef main():")
+    f = tmp_path / "train.py"
+    f.write_text(src)
+    assert main(["check", "--select", "DDP001", "--extend-select", "DDP105", "--fix", str(f)]) == 1
+    out = capsys.readouterr().out
+    fixed = re.split(r"\r\n?|\n", f.read_text())
+    loader_line = next(i for i, l in enumerate(fixed, 1) if "batch_sampler=" in l)
+    assert f"train.py:{loader_line}:" in out and "DDP105" in out, out
+
+
+def test_a_refused_migration_does_not_change_what_the_cache_keeps(tmp_path):
+    """``--fix`` of a file whose migration is refused while another fix applies reports
+    DDP001 as not fixable, but the cache keeps the plain findings of the new content: a
+    later plain check shows what an uncached one shows."""
+    from dp2ddp.lint import lint_bytes
+
+    src = (
+        "import torch.nn as nn\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n"
+        "model = nn.DataParallel(model, dim=1)\n"
+        "loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n"
+    )
+    fixed = lint_bytes(src.encode(), "train.py", ["DDP001", "DDP003"], fix=True)
+    assert fixed.output is not None and fixed.blocked
+    assert [d.fixable for d in fixed.diagnostics if d.code == "DDP001"] == [False]
+    plain = lint_bytes(fixed.output, "train.py", ["DDP001", "DDP003"])
+    stored = {(d.code, d.line): d.fixable for d in fixed.store[1]}
+    assert stored == {(d.code, d.line): d.fixable for d in plain.diagnostics}
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["check", "fix"])
+def test_findings_of_a_file_with_a_star_import_are_never_cached(fix):
+    """A star import is resolved through the files beside the script: the findings depend
+    on more than the file's bytes, with or without ``--fix``."""
+    from dp2ddp.lint import lint_bytes
+
+    src = (
+        b"from helpers import *\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n"
+        b"loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n"
+    )
+    result = lint_bytes(src, "train.py", ["DDP003"], fix=fix)
+    assert result.diagnostics or result.output is not None
+    assert result.store is None

@@ -508,7 +508,7 @@ class SemanticModel:
         form feeds, vertical tabs, ``\\x1c``-``\\x1e``, ``\\x85`` and ``\\u2028``/``\\u2029``
         (which :meth:`str.splitlines` also splits on) do not."""
         if self._lines is None:
-            self._lines = _LINE_BREAK.split(self.text)
+            self._lines = LINE_BREAK.split(self.text)
         return self._lines
 
     def line_text(self, line: int) -> str:
@@ -552,7 +552,7 @@ class SemanticModel:
     @cached_property
     def _line_starts(self) -> List[int]:
         """Offset in the text of each line's first character (lines as Python counts them)."""
-        return [0] + [mt.end() for mt in _LINE_BREAK.finditer(self.text)]
+        return [0] + [mt.end() for mt in LINE_BREAK.finditer(self.text)]
 
     # ------------------------------------------------------------------ calls between functions
     def resolve_call(self, call: ast.Call) -> Optional[ast.AST]:
@@ -733,7 +733,7 @@ class SemanticModel:
 
 # ---------------------------------------------------------------------------- helpers
 
-_LINE_BREAK = re.compile(r"\r\n?|\n")
+LINE_BREAK = re.compile(r"\r\n?|\n")  # Python's line ends (str.splitlines also splits at \x0c, \x85, \u2028 ...)
 
 
 
