@@ -113,9 +113,20 @@ def restricts_rank(m: SemanticModel, test: ast.AST) -> bool:
     if isinstance(test, ast.Call) and isinstance(test.func, ast.Name):
         func = m.module_functions.get(test.func.id)
         if func is not None:
-            rets = [r.value for r in ast.walk(func) if isinstance(r, ast.Return) and r.value is not None]
-            return bool(rets) and all(restricts_rank(m, r) for r in rets)
+            return _returns_restrict(m, func)
     return mentions_rank(m, test)
+
+
+def _returns_restrict(m: SemanticModel, func: ast.AST) -> bool:
+    """Every value ``func`` returns restricts the rank; once per function. A function that
+    returns a call of itself (``return is_main(dist.get_rank())``) is judged by its other
+    returns: while it is being judged, it counts as restricting."""
+    memo = m.cache.setdefault("_returns_restrict", {})
+    if func not in memo:
+        memo[func] = True  # type: ignore[index]
+        rets = [r.value for r in ast.walk(func) if isinstance(r, ast.Return) and r.value is not None]
+        memo[func] = bool(rets) and all(restricts_rank(m, r) for r in rets)  # type: ignore[index]
+    return memo[func]  # type: ignore[index]
 
 
 def rank_conditionals(m: SemanticModel, node: ast.AST) -> Iterator[Tuple[ast.AST, str]]:

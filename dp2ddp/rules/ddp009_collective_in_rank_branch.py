@@ -134,6 +134,11 @@ RULE = Rule(
     check=check,
     examples=(
         Invalid("import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    save(model)\n    dist.barrier()\n", 5, 5),
+        Invalid(  # a rank helper that calls itself
+            "import torch.distributed as dist\n\ndef is_main(rank=None):\n    if rank is None:\n"
+            "        return is_main(dist.get_rank())\n    return rank == 0\n\nif is_main():\n    dist.barrier()\n",
+            9, 5,
+        ),
         Invalid(
             "import torch.distributed as dist\n\ndef log(loss, rank):\n    if rank == 0:\n        dist.all_reduce(loss)\n"
             "        print(loss.item())\n",
