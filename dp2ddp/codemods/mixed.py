@@ -407,16 +407,12 @@ def propose(ctx: Context) -> List[Finding]:
     ensured = set()
     out.extend(_apex(ctx))
     for call in m.calls(APEX_DDP):
-        f = _ensure_wrapped(ctx, call, ensured)
-        if f is not None:
-            out.append(f)
+        out.extend(_ensure_wrapped(ctx, call, ensured))
     for call in m.calls(DDP):
         f = _ddp_devices(ctx, call, cuda)
         if f is not None:
             out.append(f)
-        f = _ensure_wrapped(ctx, call, ensured)
-        if f is not None:
-            out.append(f)
+        out.extend(_ensure_wrapped(ctx, call, ensured))
     for target, sp in ctx.cache.get("spawn_targets", {}).items():  # type: ignore[union-attr]
         f = _spawn(ctx, target, sp)
         if f is not None:
@@ -546,22 +542,19 @@ def _apex(ctx: Context) -> List[Finding]:
     return out
 
 
-def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> Optional[Finding]:
+def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> List[Finding]:
     """After the ``if`` chain that wraps the model on some paths, wrap it where no path did.
-    A wrap a helper returns (yolov5's ``smart_DDP(model)``) counts where the helper is called."""
+    A wrap a helper returns (yolov5's ``smart_DDP(model)``) counts where the helper is called
+    (at each of its call sites)."""
     m = ctx.m
     parent = m.parent(call)
     if isinstance(parent, ast.Return):
         func = m.enclosing_function(call)
-        sites = m.call_sites(func) if func is not None else []
-        found = None
-        for site in sites:
-            found = _ensure_wrapped(ctx, site, ensured) or found
-        return found
+        return [f for site in (m.call_sites(func) if func is not None else []) for f in _ensure_wrapped(ctx, site, ensured)]
     stmt = m.statement_of(call)
     keys = assigned_keys(m, call)
     if not keys or not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
-        return None
+        return []
     target = m.source(parent.targets[0])
     top = None
     for a in m.ancestors(stmt):
@@ -570,15 +563,15 @@ def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> Optional[Find
         if isinstance(a, ast.If):
             top = a
     if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
-        return None
+        return []
     ensured.add((id(top), target))
     dist = ctx.name("dist")
     new = ctx.stmt(
         "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
         dist=dist, t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
     )
-    return ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
-                    [InsertAfter(ctx.bridge.statement(top), (new,))])
+    return [ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
+                     [InsertAfter(ctx.bridge.statement(top), (new,))])]
 
 
 def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
