@@ -341,11 +341,10 @@ def _writes(call: ast.Call) -> bool:
 
 def _reads_files(m: SemanticModel, func) -> bool:
     """The function (or one it calls) reads a file: torch.load, open for reading, np.load ..."""
-    for f in m.reach(func):
-        for call in m.calls_in(f):
-            q = m.qualified_names(call.func)
-            if q & READS or (q & OPEN and not _writes(call)):
-                return True
+    for call in m.reached_calls(func):
+        q = m.qualified_names(call.func)
+        if q & READS or (q & OPEN and not _writes(call)):
+            return True
     return False
 
 

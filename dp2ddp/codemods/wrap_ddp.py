@@ -260,13 +260,12 @@ def propose(ctx: Context) -> List[Finding]:
 
 
 def _trains(m: SemanticModel, func: ast.AST) -> bool:
-    for f in m.reach(func):
-        for call in m.calls_in(f):
-            fn = call.func
-            if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step") :
-                return True
-            if m.is_name(fn, {"torch.autograd.backward"}):
-                return True
+    for call in m.reached_calls(func):
+        fn = call.func
+        if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step"):
+            return True
+        if m.is_name(fn, {"torch.autograd.backward"}):
+            return True
     return False
 
 
@@ -442,8 +441,7 @@ def _caller_flag(m: SemanticModel, w: Wrap) -> bool:
     if len(w.conditions) != 1 or func is None or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     test = w.conditions[0].test
-    params = {a.arg for a in func.args.args + func.args.kwonlyargs + func.args.posonlyargs}
-    return isinstance(test, ast.Name) and test.id in params
+    return isinstance(test, ast.Name) and test.id in m.params(func)
 
 
 def _device_condition(m: SemanticModel, w: Wrap) -> bool:

@@ -390,10 +390,6 @@ class SemanticModel:
                 out.setdefault(tail, []).append((i, c))  # type: ignore[arg-type]
         return out
 
-    def _maybe_alias(self, name: ast.Name) -> bool:
-        """A name bound by an ``import ... as`` (its spelling says nothing of what it is)."""
-        return name.id in self._import_bound and any(b.kind == "import" for b in self.bindings_of(name))
-
     def _aliases_of(self, names: FrozenSet[str]) -> FrozenSet[str]:
         """Local names an import binds to one of ``names`` (``DP`` after ``from torch.nn
         import DataParallel as DP``), in any scope: the only names, besides the last
@@ -406,11 +402,6 @@ class SemanticModel:
                 if b.kind == "import" and b.qualified in names
             )
         return got
-
-    @cached_property
-    def _import_bound(self) -> FrozenSet[str]:
-        """Every name an import binds, in any scope (a cheap first test for _maybe_alias)."""
-        return frozenset(b.name for s in self.scopes.values() for bs in s.bindings.values() for b in bs if b.kind == "import")
 
     def refs(self, names: Iterable[str]) -> List[ast.AST]:
         """Outermost Name/Attribute nodes that resolve to one of ``names`` (loads only)."""
@@ -698,6 +689,11 @@ class SemanticModel:
                     todo.append(t)
                     todo.extend(self._overrides(t))
         return seen
+
+    def reached_calls(self, root: ast.AST) -> Iterator[ast.Call]:
+        """The calls in ``root`` (a function, a loop) and in every function it reaches."""
+        for f in self.reach(root):
+            yield from self.calls_in(f)
 
     def _overrides(self, method: ast.AST) -> List[ast.AST]:
         cls = self.parents.get(method)

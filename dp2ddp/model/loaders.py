@@ -587,18 +587,6 @@ def epoch_loops(m: SemanticModel, loader: Loader) -> List[Tuple[ast.AST, str]]:
 
 
 def calls_set_epoch(m: SemanticModel, loop: ast.AST) -> bool:
-    """The loop (or a function it calls, transitively) calls ``.set_epoch(...)``."""
-    todo = [loop]
-    seen: Set[ast.AST] = set()
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        for call in m.calls_in(n):
-            if isinstance(call.func, ast.Attribute) and call.func.attr == "set_epoch":
-                return True
-            t = m.resolve_call(call)
-            if t is not None:
-                todo.append(t)
-    return False
+    """The loop (or a function it calls, transitively, overrides of methods included) calls
+    ``.set_epoch(...)``."""
+    return any(isinstance(c.func, ast.Attribute) and c.func.attr == "set_epoch" for c in m.reached_calls(loop))

@@ -51,16 +51,14 @@ def _trains_here(m: SemanticModel, node: ast.AST) -> bool:
     through what it calls, or in a caller (a loss helper called from the training step).
     A module that calls ``backward`` nowhere (a module of losses, a snippet) may train
     anywhere: it counts as training."""
-    if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in m.nodes(ast.Call)):
+    if not any(isinstance(c.func, ast.Attribute) for c in m.calls_spelled("backward")):
         return True
     func = m.enclosing_function(node)
     scopes = [func] if func is not None else [m.tree]
     if func is not None:
         scopes += [m.enclosing_function(c) or m.tree for c in m.call_sites(func)]
     for scope in scopes:
-        reach = m.reach(scope) if scope is not m.tree else {scope}
-        for f in reach:
-            for c in m.calls_in(f):
-                if isinstance(c.func, ast.Attribute) and c.func.attr == "backward":
-                    return True
+        calls = m.calls_in(scope) if scope is m.tree else m.reached_calls(scope)
+        if any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in calls):
+            return True
     return False

@@ -133,5 +133,12 @@ RULE = Rule(
             "def run(epoch):\n    loader.sampler.set_epoch(epoch)\n    for b in loader:\n        step(b)\n"
             "for epoch in range(10):\n    run(epoch)\n"
         ),
+        Valid(  # set_epoch in a subclass's override of a hook the base loop calls
+            "from torch.utils.data import DataLoader, DistributedSampler\n\n"
+            "class Base:\n    def fit(self):\n        for epoch in range(10):\n            self.before_epoch(epoch)\n"
+            "            for b in self.loader:\n                self.step(b)\n\n    def before_epoch(self, epoch):\n        pass\n\n"
+            "class Trainer(Base):\n    def __init__(self, ds):\n        self.loader = DataLoader(ds, sampler=DistributedSampler(ds))\n\n"
+            "    def before_epoch(self, epoch):\n        self.loader.sampler.set_epoch(epoch)\n"
+        ),
     ),
 )
