@@ -14,7 +14,7 @@ hook all share the same logic and the same guarantees:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import libcst as cst

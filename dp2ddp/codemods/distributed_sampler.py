@@ -26,7 +26,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertBefore, Replace
 from dp2ddp.model.core import COMPREHENSIONS, SemanticModel
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, subclass_loaders
-from dp2ddp.model.names import DISTRIBUTED_SAMPLER, RANDOM_SAMPLER
+from dp2ddp.model.names import RANDOM_SAMPLER
 
 _HOISTABLE_OWNERS = (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)
 _PURE_CALLS = {"os.cpu_count", "multiprocessing.cpu_count", "os.process_cpu_count"}

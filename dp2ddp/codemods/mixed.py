@@ -28,8 +28,6 @@ import ast
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-import libcst as cst
-
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
@@ -107,7 +105,6 @@ def _origin(m: SemanticModel, name: ast.AST, depth: int = 0) -> Optional[ast.stm
                 found.add(_origin(m, a, depth + 1) if a is not None else None)
         else:
             return None
-    found.discard(None) if len(found) > 1 and None not in found else None
     return found.pop() if len(found) == 1 and None not in found else None
 
 
@@ -666,9 +663,7 @@ def _cuda_test(m: SemanticModel, test: ast.AST) -> bool:
         return (test.id if isinstance(test, ast.Name) else test.attr) in _CUDA_FLAGS
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is)):
         sides = [test.left] + test.comparators
-        return any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides) or any(
-            isinstance(x, ast.Attribute) and x.attr == "type" for x in sides
-        ) and any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides)
+        return any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides)  # also `x.type == "cuda"`
     return False
 
 

@@ -11,7 +11,6 @@ plain ``python`` (a world of one), so the result runs with and without torchrun.
 
 from __future__ import annotations
 
-import ast
 from typing import List
 
 import libcst as cst

@@ -6,7 +6,7 @@ import ast
 
 from dp2ddp.model.core import kwarg
 from dp2ddp.model.names import DDP
-from dp2ddp.rules.base import Hit, Invalid, Rule, Text, Valid, cached, has_double_star, literal, positional, tails
+from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, has_double_star, literal, positional, tails
 
 
 def uses_cuda(m) -> bool:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import ast
-
 from dp2ddp.model.collectives import is_ddp_code
 from dp2ddp.model.losses import sum_reductions
-from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal, string_value
+from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal
 
 
 def check(m):
