@@ -32,7 +32,7 @@ from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import COMPREHENSIONS, SemanticModel, kwarg
 from dp2ddp.model.names import COPY, DUMPS, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
-from dp2ddp.model.writers import LOGGING_CONFIG, writers
+from dp2ddp.model.writers import LOGGING_CONFIG, open_mode, writers, writes_mode
 
 PURE_BUILTINS = {
     "len", "str", "repr", "int", "float", "round", "abs", "min", "max", "sum", "sorted", "list", "tuple", "dict",
@@ -110,8 +110,7 @@ def _path_open_for_write(expr: ast.AST) -> bool:
     """``fname.open("wt")`` (a pathlib path's open, for writing)."""
     if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "open"):
         return False
-    mode = expr.args[0] if expr.args else next((k.value for k in expr.keywords if k.arg == "mode"), None)
-    return isinstance(mode, ast.Constant) and isinstance(mode.value, str) and any(c in mode.value for c in "wax")
+    return writes_mode(open_mode(expr, position=0))
 
 
 def _writes_only_to(m: SemanticModel, stmt: ast.stmt, handle: str) -> bool:
@@ -335,8 +334,9 @@ def _read_paths(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
 
 
 def _writes(call: ast.Call) -> bool:
-    mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
-    return not (mode is None or (isinstance(mode, ast.Constant) and isinstance(mode.value, str) and "r" in mode.value and "+" not in mode.value))
+    """``open(path, mode)`` that may write (a mode that is not a literal may)."""
+    mode = open_mode(call)
+    return mode is None or writes_mode(mode)
 
 
 def _reads_files(m: SemanticModel, func) -> bool:

@@ -52,8 +52,10 @@ class Writer:
     idempotent: bool = False  # mkdir with exist_ok=True
 
 
-def _open_mode(call: ast.Call) -> Optional[str]:
-    mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
+def open_mode(call: ast.Call, position: int = 1) -> Optional[str]:
+    """The mode of ``open(path, mode)`` (``position=0`` for ``path.open(mode)``): ``"r"``
+    when absent, ``None`` when it is not a literal."""
+    mode = call.args[position] if len(call.args) > position else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
     if mode is None:
         return "r"
     if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
@@ -104,8 +106,8 @@ def writers(m: SemanticModel) -> List[Writer]:
             idem = ok is not None and _truthy(ok.value)
             out.append(Writer("mkdir", call, first, idempotent=idem))
         elif q & OPEN:
-            mode = _open_mode(call)
-            if mode is None or any(c in mode for c in WRITE_MODES):
+            mode = open_mode(call)
+            if mode is None or writes_mode(mode):
                 out.append(Writer("open", call, first))
         elif q & SUMMARY_WRITERS:
             out.append(Writer("tensorboard", call, first or (kwarg(call, "log_dir").value if kwarg(call, "log_dir") else None)))  # type: ignore[union-attr]
@@ -123,6 +125,11 @@ def writers(m: SemanticModel) -> List[Writer]:
             out.append(Writer("print", call))
     m.cache["writers"] = out
     return out
+
+
+def writes_mode(mode: Optional[str]) -> bool:
+    """An :func:`open_mode` that writes (``w``, ``a``, ``x``, ``+``)."""
+    return mode is not None and any(c in mode for c in WRITE_MODES)
 
 
 def _truthy(node: ast.AST) -> bool:
