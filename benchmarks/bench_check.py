@@ -41,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -122,9 +122,6 @@ def run_time(cmd: List[str], cwd: Optional[str] = None, env: Optional[Dict[str, 
 # PYTHONDONTWRITEBYTECODE=1 (as on our machines) compiles every one of its modules on every
 # run instead (about 0.15 s here). compiled_copy() copies a contender's package into the
 # scratch folder and compiles it there, so each timed run starts like an installed one.
-CURRENT: Optional[str] = None  # the compiled copy of this checkout's package (None: as installed)
-
-
 def compiled_copy(package: str, into: str) -> str:
     dest = os.path.join(into, "dp2ddp")
     shutil.copytree(package, dest, ignore=shutil.ignore_patterns("__pycache__"))
@@ -132,13 +129,11 @@ def compiled_copy(package: str, into: str) -> str:
     return into
 
 
-def check_cmd(source: Optional[str]) -> List[str]:
-    """``python -m dp2ddp check`` of this checkout, or of the dp2ddp in ``source``."""
+def check_cmd(source: str) -> List[str]:
+    """``dp2ddp check`` of the dp2ddp package in folder ``source``."""
     # -P: the current folder is not put on sys.path (a tree's own `signal` package, say,
     # would shadow the standard library's when the hook runs inside it)
     safe = ["-P"] if sys.version_info >= (3, 11) else []
-    if source is None:
-        return [sys.executable, *safe, "-m", "dp2ddp", "check"]
     code = f"import sys; sys.path.insert(0, {source!r}); from dp2ddp.cli import console_main; sys.argv[0] = 'dp2ddp'; console_main()"
     return [sys.executable, *safe, "-c", code, "check"]
 
@@ -160,7 +155,9 @@ def hook_repo(tree: str, files: List[str], into: str) -> str:
     return repo
 
 
-def measure(name: str, tree: str, repeat: int, compare_with: Optional[str], scratch: str) -> Dict[str, float]:
+def measure(name: str, tree: str, repeat: int, contenders: List[Tuple[str, str]], scratch: str) -> Dict[str, float]:
+    """Time ``ast.parse`` of ``tree`` and, for each ``(label suffix, package folder)``
+    contender, a cold check, a warm check and the hook."""
     files = py_files(tree)
     lines = 0
     for f in files:
@@ -168,14 +165,11 @@ def measure(name: str, tree: str, repeat: int, compare_with: Optional[str], scra
             lines += fh.read().count(b"\n")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"\n{name}: {tree} ({len(files)} .py files, {lines:,} lines), cpus: {os.cpu_count()}, load {load:.1f}", flush=True)
-    # warm the page cache and the .pyc files once so that every contender starts alike
-    parse_time(files)
-    subprocess.run(check_cmd(CURRENT) + ["--no-cache", "-q", "--exit-zero", os.devnull], stdout=subprocess.DEVNULL)
+    parse_time(files)  # warm the page cache once so that every contender starts alike
     rows: Dict[str, float] = {}
     rows["ast.parse (this process)"] = best(lambda: parse_time(files), repeat, "")
     CPU["ast.parse (this process)"] = min(_cpu_of(lambda: parse_time(files)) for _ in range(repeat))
     base = rows["ast.parse (this process)"]
-    contenders = [("", CURRENT)] + ([(" [compared]", compare_with)] if compare_with else [])
     repo = hook_repo(tree, files, scratch)
     for suffix, source in contenders:
         cmd = check_cmd(source) + ["--exit-zero", "-q"]
@@ -197,7 +191,6 @@ def measure(name: str, tree: str, repeat: int, compare_with: Optional[str], scra
 
 
 def main() -> int:
-    global CURRENT
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=45000, help="lines of the generated training-script corpus")
     ap.add_argument("--tree", action="append", default=[], help="also measure this folder")
@@ -213,12 +206,12 @@ def main() -> int:
     results = {}
     try:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        CURRENT = compiled_copy(os.path.join(here, "dp2ddp"), os.path.join(scratch, "current"))
+        contenders = [("", compiled_copy(os.path.join(here, "dp2ddp"), os.path.join(scratch, "current")))]
         if args.compare_with:
-            args.compare_with = compiled_copy(os.path.join(args.compare_with, "dp2ddp"), os.path.join(scratch, "compared"))
+            contenders.append((" [compared]", compiled_copy(os.path.join(args.compare_with, "dp2ddp"), os.path.join(scratch, "compared"))))
         corpus_dir = args.keep or os.path.join(scratch, "corpus")
         write_corpus(corpus_dir, args.lines)
-        results["corpus"] = measure("corpus (generated training scripts)", corpus_dir, args.repeat, args.compare_with, scratch)
+        results["corpus"] = measure("corpus (generated training scripts)", corpus_dir, args.repeat, contenders, scratch)
         trees = [(f"tree {i}", t) for i, t in enumerate(args.tree)]
         if args.pip:
             target = os.path.join(scratch, "pip")
@@ -229,7 +222,7 @@ def main() -> int:
             if t:
                 trees.append(("torch", t))
         for name, tree in trees:
-            results[name] = measure(name, tree, args.repeat, args.compare_with, scratch)
+            results[name] = measure(name, tree, args.repeat, contenders, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
