@@ -9,12 +9,11 @@ or ``getattr(model, "module", model)(x)`` in a script whose own path may run unw
 
 from __future__ import annotations
 
-import ast
 from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.collectives import collective_of
+from dp2ddp.model.collectives import collective_sites
 from dp2ddp.model.ranks import rank_conditionals
 
 
@@ -22,8 +21,8 @@ def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     edits = []
     first = None
-    for call in m.nodes(ast.Call):
-        if collective_of(m, call, dp=True) != "DDP forward":
+    for call, what in collective_sites(m, dp=True):
+        if what != "DDP forward":
             continue
         if next(rank_conditionals(m, call), None) is None:
             continue
