@@ -171,8 +171,6 @@ def _print_summary(report, show_diff: bool, err: bool) -> None:
         echo(f"{display}{where}", bold=True)
         for f in mig.notes:
             echo(f"  {f.line:>4}  {f.message}")
-        if any(f.code == "DDP108" for f in mig.notes):
-            echo("  note: evaluation loaders stay whole on every rank: every rank evaluates the full set (correct, not sharded)")
         if mig.warnings:
             echo(f"  {len(mig.warnings)} warning(s): see above; those places were left as they were", fg="yellow")
         if dest and dest != "-":

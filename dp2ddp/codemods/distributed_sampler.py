@@ -59,7 +59,7 @@ def propose(ctx: Context) -> List[Finding]:
                 out.append(ctx.warn(call, "DDP105", loader.problem + _SAME_DATA))
             continue
         if not loader.training:
-            out.append(ctx.note(call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set)"))
+            out.append(ctx.note(call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
         if ctx.mode == "plain" and not ctx.in_setup_region(call):
             out.append(ctx.warn(call, "DDP105", f"{label} is built before the process group exists; add a DistributedSampler by hand"))
