@@ -445,6 +445,11 @@ def _subscript_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
     return None
 
 
+def expr_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
+    """:func:`handle_of`, also for ``loaders[i]`` (loaders kept in a list)."""
+    return _subscript_handle(m, expr) if isinstance(expr, ast.Subscript) else handle_of(m, expr)
+
+
 def _through_aliases(m: SemanticModel, expr: ast.AST) -> ast.AST:
     """``progress = enumerate(data_loader)`` (in every branch), then ``for b in progress``:
     ``data_loader``."""
@@ -481,10 +486,7 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
     sites = []
     for loop in m.nodes(ast.For) + m.nodes(ast.AsyncFor):
         it = _through_aliases(m, unwrap_iter(loop.iter))
-        if isinstance(it, (ast.Name, ast.Attribute)):
-            h = handle_of(m, it)
-        else:
-            h = _subscript_handle(m, it)
+        h = expr_handle(m, it)
         if h is None:
             continue
         if h in handles:
@@ -498,7 +500,7 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
             if arg is None:
                 continue
             arg = unwrap_iter(arg)
-            h2 = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else _subscript_handle(m, arg)
+            h2 = expr_handle(m, arg)
             if h2 in handles:
                 sites.append((call, handles[h2]))  # type: ignore[index]
     for call in m.nodes(ast.Call):
@@ -506,7 +508,7 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
         if isinstance(f, ast.Name) and f.id == "iter":
             # next(iter(loader)) inside a loop, or a `while` that pulls batches
             arg = call.args[0] if call.args else None
-            h = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
+            h = handle_of(m, arg) if arg is not None else None
             if h in handles and not isinstance(m.parent(call), (ast.For, ast.AsyncFor)) and not in_stop_iteration(m, call):
                 sites.append((call, handles[h]))  # type: ignore[index]
             continue
@@ -515,7 +517,7 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
         if (isinstance(f, ast.Name) and hasattr(builtins, f.id)) or (isinstance(f, ast.Attribute) and f.attr in _NOT_ITERATING):
             continue
         for arg in list(call.args) + [k.value for k in call.keywords]:
-            h = handle_of(m, arg) if isinstance(arg, (ast.Name, ast.Attribute)) else None
+            h = handle_of(m, arg)
             if h in handles:
                 if m.resolve_call(call) is None:
                     sites.append((call, handles[h]))  # type: ignore[index]
