@@ -71,7 +71,7 @@ def _folder(tmp_path: Path, tag: str) -> Path:
 
 def _migrate(name: str) -> bytes:
     src = BEHAVIOUR / f"{name}.py"
-    result = migrate_source(src.read_bytes(), src.name)
+    result = migrate_source(src.read_bytes(), str(src))  # the real path: project modules beside it are read
     assert not result.migration.blocked, [f"{f.line}: {f.code} {f.message}" for f in result.migration.findings]
     assert result.changed
     assert not result.migration.warnings, [f"{f.line}: {f.code} {f.message}" for f in result.migration.warnings]
@@ -225,3 +225,24 @@ def test_unresolved_spelling_exits_1_naming_the_line(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"{src}:5:9: DDP107" in r.stderr
     assert not (tmp_path / "unresolved_star_ddp.py").exists()
+
+
+def test_training_loaders_sharded_wherever_their_values_go(tmp_path: Path) -> None:
+    """Loaders handed to a Trainer, zipped, with a sampler that is None, weighted, batch-sampled
+    and built by a project module: under torchrun the two ranks serve disjoint halves of every
+    epoch, together the whole data set, a new order every epoch, as many steps as the original."""
+    runs = _runs("data_partition", tmp_path)
+    orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
+    names = sorted({n.rsplit("-epoch", 1)[0] for n in orig.checks if n[-1].isdigit() and "-epoch" in n})
+    assert names == ["buckets", "helper", "none", "src", "tgt", "weighted"], sorted(orig.checks)
+    for name in names:
+        for epoch in (0, 1):
+            key = f"{name}-epoch{epoch}"
+            whole = sorted(int(i) for i in orig.checks[key]["-"].split(","))
+            shares = [[int(i) for i in tr.checks[key][r].split(",")] for r in ("0", "1")]
+            assert not set(shares[0]) & set(shares[1]), (key, shares)
+            assert sorted(shares[0] + shares[1]) == whole, (key, shares, whole)
+            assert sorted(int(i) for i in py.checks[key]["-"].split(",")) == whole, key
+        assert tr.checks[f"{name}-epoch0"]["0"] != tr.checks[f"{name}-epoch1"]["0"], f"{name}: epoch 1 replays epoch 0"
+    assert tr.checks["src-epoch0"]["0"] != tr.checks["tgt-epoch0"]["0"], "two zipped loaders drew one permutation"
+    assert tr.checks["steps-per-epoch"] == {"0": orig.checks["steps-per-epoch"]["-"], "1": orig.checks["steps-per-epoch"]["-"]}

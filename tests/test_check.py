@@ -526,7 +526,7 @@ def test_new_only_from_a_warm_cache(repo):
 # --------------------------------------------------------------------------- the migration's codes (DDP1xx)
 
 BLOCKED = "import torch.nn as nn\n\nmodel = nn.DataParallel(model, dim=1)\n"  # DataParallel(dim=1): DDP101
-UNSHARDED = textwrap.dedent(
+DEVICE_LEFT = textwrap.dedent(
     """\
     import torch
     import torch.nn as nn
@@ -535,7 +535,8 @@ UNSHARDED = textwrap.dedent(
 
     def main():
         model = nn.DataParallel(nn.Linear(8, 1))
-        loader = DataLoader(ds, batch_sampler=BucketSampler(ds))
+        loader = DataLoader(ds, batch_size=4, shuffle=True)
+        aux = torch.zeros(1).to("cuda:1")
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for epoch in range(2):
             for x, y in loader:
@@ -599,20 +600,20 @@ def test_fix_reports_what_the_migration_leaves(tmp_path, capsys):
     ``--ignore`` and ``# noqa`` silence them like any code; the file is what `rewrite`
     writes."""
     f = tmp_path / "train.py"
-    f.write_text(UNSHARDED)
+    f.write_text(DEVICE_LEFT)
     rc = main(["rewrite", str(f), "-o", str(tmp_path / "rewritten.py")])
     capsys.readouterr()
     assert main(["check", "--select", "DDP001", "--extend-select", "DDP1", "--fix", str(f)]) == rc == 1
     out = capsys.readouterr().out
     assert f.read_bytes() == (tmp_path / "rewritten.py").read_bytes()
     fixed = f.read_text().splitlines()
-    loader_line = next(i for i, l in enumerate(fixed, 1) if "batch_sampler=" in l)
-    assert f"train.py:{loader_line}:" in out and "DDP105" in out
+    device_line = next(i for i, l in enumerate(fixed, 1) if "cuda:1" in l)
+    assert f"train.py:{device_line}:" in out and "DDP109" in out
     assert "DDP100" in out  # a note, shown because it was selected
-    for args in (["--ignore", "DDP105"], []):
-        f.write_text(UNSHARDED if args else UNSHARDED.replace("BucketSampler(ds))", "BucketSampler(ds))  # noqa: DDP105"))
+    for args in (["--ignore", "DDP109"], []):
+        f.write_text(DEVICE_LEFT if args else DEVICE_LEFT.replace('.to("cuda:1")', '.to("cuda:1")  # noqa: DDP109'))
         assert main(["check", "--select", "DDP001", "--fix", *args, str(f)]) == 0  # nothing left
-        assert "DDP105" not in capsys.readouterr().out
+        assert "DDP109" not in capsys.readouterr().out
 
 
 def test_check_fix_on_migrated_files_leaves_no_loss_mean(tmp_path):
@@ -641,14 +642,14 @@ def test_exclude_patterns_follow_ruff(tmp_path, capsys):
 def test_fix_places_migration_findings_after_a_form_feed(tmp_path, capsys):
     """Python counts a form feed as part of its line; ``str.splitlines`` would split there
     and move every later migration finding (and the ``# noqa`` read for it) a line down."""
-    src = UNSHARDED.replace("def main():", "# section\x0cone\ndef main():")
+    src = DEVICE_LEFT.replace("def main():", "# section\x0cone\ndef main():")
     f = tmp_path / "train.py"
     f.write_text(src)
-    assert main(["check", "--select", "DDP001", "--extend-select", "DDP105", "--fix", str(f)]) == 1
+    assert main(["check", "--select", "DDP001", "--extend-select", "DDP109", "--fix", str(f)]) == 1
     out = capsys.readouterr().out
     fixed = re.split(r"\r\n?|\n", f.read_text())
-    loader_line = next(i for i, l in enumerate(fixed, 1) if "batch_sampler=" in l)
-    assert f"train.py:{loader_line}:" in out and "DDP105" in out, out
+    device_line = next(i for i, l in enumerate(fixed, 1) if "cuda:1" in l)
+    assert f"train.py:{device_line}:" in out and "DDP109" in out, out
 
 
 def test_a_refused_migration_does_not_change_what_the_cache_keeps(tmp_path):

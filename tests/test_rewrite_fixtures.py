@@ -21,8 +21,7 @@ FIXTURES = ROOT / "fixtures"
 REWRITE_DIRS = {
     "wrap_ddp": Options(),
     "process_group": Options(),
-    "distributed_sampler": Options(),
-    "set_epoch": Options(),
+    "shard_loaders": Options(),
     "rank_zero": Options(),
     "cuda_devices": Options(),
     "styles": Options(),

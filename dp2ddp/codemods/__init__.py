@@ -3,8 +3,9 @@
 Each transform is a function ``propose(ctx) -> list[Finding]``: it reads the module
 through the semantic model (``ctx.m``) and proposes findings whose fixes hold edits
 against LibCST nodes (found through ``ctx.bridge``). The engine (:mod:`dp2ddp.engine`)
-applies all of them at once. Order matters only for shared facts: ``distributed_sampler``
-records the training loaders that ``set_epoch`` then follows; ``mixed`` (run first, by
+applies all of them at once. Order matters only for shared facts: ``shard_loaders``
+records the loaders a script's own ``DistributedSampler`` shards, whose epoch loops
+``set_epoch`` then follows; ``mixed`` (run first, by
 :func:`dp2ddp.migrate.plan`) decides whether the script has its own distributed path.
 """
 
@@ -14,7 +15,6 @@ from typing import Callable, List
 
 from dp2ddp.codemods import (
     cuda_devices,
-    distributed_sampler,
     dp_idioms,
     functional_dp,
     guarded_forward,
@@ -25,6 +25,7 @@ from dp2ddp.codemods import (
     rank_writers,
     rank_zero,
     set_epoch,
+    shard_loaders,
     wrap_ddp,
 )
 
@@ -33,7 +34,7 @@ TRANSFORMS: List[Callable] = [
     functional_dp.propose,
     mixed.propose,
     process_group.propose,
-    distributed_sampler.propose,
+    shard_loaders.propose,
     set_epoch.propose,
     rank_writers.propose,
     rank_zero.propose,

@@ -93,19 +93,20 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix: the file is left byte-for-byte as it was.",
     ),
     _c(
-        "DDP105", "loader-not-sharded", "warning",
-        "a training `DataLoader` that dp2ddp cannot give a `DistributedSampler`",
-        "Without a sampler that shards the data, every rank trains on the whole data set: the work is repeated, not "
-        "split, and the effective batch and learning-rate schedule change.",
-        "Shard it by hand: `sampler=DistributedSampler(dataset)` (and remove `shuffle=`), or a per-rank subset for "
-        "custom samplers and IterableDatasets.",
+        "DDP105", "loader-not-sharded", "error",
+        "a training loader that dp2ddp cannot shard between the ranks; the file is left unchanged",
+        "Unsharded, every rank trains on the whole data set: the work is repeated, not split, and the effective batch "
+        "and learning-rate schedule change. dp2ddp refuses rather than write that migration.",
+        "Shard it by hand: an `IterableDataset` splits its stream by `torch.distributed.get_rank()` in `__iter__`; a "
+        "loader with `batch_size=None` gets a `DistributedSampler`; a loader returned inside a tuple kept whole is "
+        "unpacked into names first. `--accept DDP105` writes the migration anyway and marks the line.",
         "No fix.",
-        _IMPORTS + "from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset\n\nds = TensorDataset(torch.randn(16, 4))\ntrain_loader = DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 4, False))\nmodel = nn.DataParallel(nn.Linear(4, 1))\n" + _STEP,
     ),
     _c(
         "DDP106", "set-epoch-not-placed", "warning",
-        "no epoch loop found for a loader that now has a `DistributedSampler`",
-        "`DistributedSampler` shuffles with `seed + epoch`; without `set_epoch(epoch)` every epoch repeats the same order.",
+        "no epoch loop found for a loader that the script's own `DistributedSampler` shards",
+        "`DistributedSampler` shuffles with `seed + epoch`; without `set_epoch(epoch)` every epoch repeats the same order. "
+        "(Loaders the migration shards need no `set_epoch`: `shard_loader` reshuffles on every pass.)",
         "Call `loader.sampler.set_epoch(epoch)` at the start of every epoch.",
         "No fix.",
     ),
@@ -272,17 +273,22 @@ CODES: Tuple[MigrationCode, ...] = (
         "Safe: every rank passes the same flag, so either all ranks construct the wrapper or none does.",
     ),
     _c(
-        "DDP130", "sampler-added", "info",
-        "a training `DataLoader` gets a `DistributedSampler`",
-        "Each rank must see its own shard of the data.",
-        "`shuffle=S` moves into `DistributedSampler(ds, shuffle=S)`; an inline dataset is named first. By default "
-        "`batch_size` is divided by the world size so the global batch stays as it was (`--keep-batch-size` keeps the "
-        "per-process number); `num_workers` is divided by the processes on this machine, never below 1.",
+        "DDP130", "loader-sharded", "info",
+        "a training `DataLoader` is sharded between the ranks by `shard_loader`",
+        "Each rank must see its own share of the data, and a new order every epoch.",
+        "The loader value is passed through `shard_loader` where it is made (`shard_loader(DataLoader(...))`, or "
+        "`loader = shard_loader(loader)` after a project helper returns it), whatever its sampler, batch sampler or "
+        "`**kwargs`. `shard_loader` (written once into the script) replaces the loader's batch sampler: every rank runs "
+        "the original batch sampler under one seed per pass and keeps its slice of each batch, so the global batch, the "
+        "order, `len(loader)` and the steps per epoch stay the original's, and the shuffle changes on every pass (no "
+        "`set_epoch`). A batch that does not split evenly is padded with its own first samples. With "
+        "`--keep-batch-size` each rank takes whole batches in turn. `num_workers` is divided by the processes on this "
+        "machine, never below 1.",
         "Safe.",
     ),
     _c(
         "DDP131", "set-epoch-added", "info",
-        "`loader.sampler.set_epoch(epoch)` at the start of every epoch",
+        "`loader.sampler.set_epoch(epoch)` at the start of every epoch, for the script's own `DistributedSampler`",
         "Without it every epoch shuffles the same way.",
         "Inserted as the first statement of the epoch loop.",
         "Safe.",

@@ -25,6 +25,8 @@ from dp2ddp.templates import render_statements
 _IMPORTS = {
     "os": ("os", None, "os"),
     "atexit": ("atexit", None, "atexit"),
+    "random": ("random", None, "random"),
+    "sys": ("sys", None, "sys"),
     "torch": ("torch", None, "torch"),
     "dist": ("torch.distributed", None, "dist"),
     "DDP": ("torch.nn.parallel", "DistributedDataParallel", "DistributedDataParallel"),
@@ -33,6 +35,8 @@ _IMPORTS = {
 _QUALIFIED = {
     "os": {"os"},
     "atexit": {"atexit"},
+    "random": {"random"},
+    "sys": {"sys"},
     "torch": {"torch"},
     "dist": {"torch.distributed"},
     "DDP": set(DDP),
@@ -220,6 +224,23 @@ class Context:
         body = m.tree.body
         start = next((i for i, s in enumerate(body) if s is end), -1) + 1
         return next(i for i, s in enumerate(body) if s is top) >= start
+
+
+def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
+    args = list(call.args)
+    if not args:
+        return call.with_changes(args=[arg])
+    last = args[-1]
+    trailing = last.comma
+    if isinstance(trailing, cst.Comma):
+        # `f(a, b,\n)`: keep the trailing comma (and its newline) after the new argument
+        ws = trailing.whitespace_after
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=ws if isinstance(ws, cst.ParenthesizedWhitespace) else cst.SimpleWhitespace(" ")))
+        args.append(arg.with_changes(comma=trailing))
+    else:
+        args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(arg)
+    return call.with_changes(args=args)
 
 
 def is_function(node) -> bool:

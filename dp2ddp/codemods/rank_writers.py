@@ -253,7 +253,7 @@ def _paren(m: SemanticModel, node: ast.AST) -> str:
 
 
 def _add_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
-    from dp2ddp.codemods.distributed_sampler import _append_arg
+    from dp2ddp.codemods.context import append_arg as _append_arg
 
     arg = cst.Arg(
         keyword=cst.Name(name),

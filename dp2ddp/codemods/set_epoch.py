@@ -12,7 +12,7 @@ import ast
 from typing import List, Optional, Set, Tuple
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.codemods.distributed_sampler import training_loaders
+from dp2ddp.codemods.shard_loaders import training_loaders
 from dp2ddp.engine import Finding, InsertBefore
 from dp2ddp.model.core import is_docstring
 from dp2ddp.model.loaders import calls_set_epoch, epoch_loops

@@ -716,8 +716,8 @@ class SemanticModel:
                 return k.value
         a = func.args  # type: ignore[attr-defined]
         positional = [p.arg for p in a.posonlyargs + a.args]
-        if self.is_method(func) and positional and isinstance(call.func, ast.Attribute):
-            positional = positional[1:]
+        if self.is_method(func) and positional and (isinstance(call.func, ast.Attribute) or getattr(func, "name", "") == "__init__"):
+            positional = positional[1:]  # self: bound by `obj.method(...)`, or made by `Class(...)`
         if any(isinstance(x, ast.Starred) for x in call.args):
             return None
         if param in positional:

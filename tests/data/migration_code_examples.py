@@ -85,7 +85,45 @@ def _script(setup: str, loop: str = "", after: str = "") -> str:
     )
 
 
-EXAMPLES = {code: TRAIN for code in ("DDP100", "DDP108", "DDP113", "DDP120", "DDP130", "DDP131", "DDP132", "DDP133", "DDP134", "DDP135", "DDP136")}
+EXAMPLES = {code: TRAIN for code in ("DDP100", "DDP108", "DDP113", "DDP120", "DDP130", "DDP132", "DDP133", "DDP134", "DDP135", "DDP136")}
+
+# a script with its own distributed path (HF `--local_rank` style): its DistributedSampler
+# needs set_epoch in the epoch loop (DDP131) or, with no epoch loop to find, a human (DDP106)
+_MIXED = _HEAD + '''from torch.utils.data import RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    sampler = RandomSampler(data) if args.local_rank == -1 else DistributedSampler(data)
+    loader = DataLoader(data, batch_size=16, sampler=sampler)
+    model = nn.Linear(8, 1)
+    if args.local_rank != -1:
+        torch.distributed.init_process_group(backend="nccl")
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[args.local_rank])
+    else:
+        model = nn.DataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    LOOP
+
+
+if __name__ == "__main__":
+    main()
+'''
+EXAMPLES["DDP131"] = _MIXED.replace("    LOOP\n", """    for epoch in range(2):
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+""")
+EXAMPLES["DDP106"] = _MIXED.replace("    LOOP\n", """    batches = iter(loader)
+    x, y = next(batches)
+    nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+""")
 EXAMPLES.update(
     {
         "DDP102": _script("model = Net()\nmodel.features = nn.DataParallel(model.features)\nmodel.cuda()\n").replace(
@@ -97,13 +135,10 @@ EXAMPLES.update(
         "DDP104": _HEAD
         + "import torch.multiprocessing as mp\n\n\ndef worker(rank):\n    pass\n"
         + _script("model = nn.DataParallel(nn.Linear(8, 1))\nif os.environ.get(\"SPAWN\"):\n    mp.spawn(worker, nprocs=2)\n")[len(_HEAD):],
-        "DDP105": _script("model = nn.DataParallel(nn.Linear(8, 1))\nloader = DataLoader(data, batch_sampler=BucketSampler(data))\n"),
-        "DDP106": (
-            _HEAD
-            + "\n\nmodel = nn.DataParallel(nn.Linear(8, 1))\ndata = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))\n"
-            "loader = DataLoader(data, batch_size=16, shuffle=True)\noptimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-            "batches = iter(loader)\nx, y = next(batches)\nloss = nn.functional.mse_loss(model(x), y)\nloss.backward()\noptimizer.step()\n"
-        ),
+        "DDP105": _script("model = nn.DataParallel(nn.Linear(8, 1))\n").replace(
+            "loader = DataLoader(data, batch_size=16, shuffle=True)", "loader = DataLoader(Stream(), batch_size=16)"
+        ).replace("\n\ndef main():", "\n\nclass Stream(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
+                  "        return iter([(torch.randn(8), torch.randn(1))] * 64)\n\n\ndef main():"),
         "DDP109": _script("model = nn.DataParallel(nn.Linear(8, 1).to(\"cuda:1\"))\n"),
         "DDP110": (
             _HEAD

@@ -1,0 +1,409 @@
+"""Value flow: where the value of an expression was made.
+
+:func:`origins` follows a value backwards from where it is used to the expressions that
+made it, through
+
+* names: assignments, tuple unpacking (by position), ``for`` targets (the elements of what
+  the loop iterates), ``with ... as``, walrus; a parameter to what every caller passes
+  (bound by the callee's signature: positional, keyword, defaults);
+* ``self.x`` (and ``obj.x`` where ``obj`` holds an instance of a class of this module): every
+  ``self.x = ...`` of the class and the classes it derives from or that derive from it;
+* calls of this module's functions: what they return (a tuple item by position when the
+  caller unpacks it); iterator wrappers (``tqdm(x)``, ``enumerate(x)``, ``iter(x)``) are the
+  value they wrap;
+* containers: the items of list, tuple, set and dict literals, ``.append``/``.extend``/
+  ``d[k] = v`` into a named container, ``zip``/``enumerate``/``.items()``/``.values()``;
+  ``d["k"]`` selects the item of that key;
+* both branches of ``a if c else b`` and ``a or b``.
+
+An origin is ``(node, path)``: the expression that made the value and, when the value is a
+part of what that expression returns and the expression cannot be looked into here (a call
+into another module), the positions or keys taken out of it (``a, b = helper()`` gives
+``(call, (1,))`` for ``b``). Flow stops at anything else: that expression is the origin.
+Results are computed once per expression and cached in the model.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, terminal
+
+Origin = Tuple[ast.AST, Tuple[object, ...]]
+
+# iterator wrappers: the value they return iterates like their first argument
+WRAPPERS = {"enumerate", "tqdm", "iter", "trange", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar",
+            "ProgressBar", "IncrementalBar", "list", "tuple", "sorted", "reversed"}
+# iterator wrappers whose elements come from every argument
+ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
+MAX_DEPTH = 12
+
+
+def origins(m: SemanticModel, expr: ast.AST) -> List[Origin]:
+    """The expressions that may have made ``expr``'s value (see the module docstring)."""
+    return list(_Flow.of(m).value(expr, 0))
+
+
+def element_origins(m: SemanticModel, expr: ast.AST) -> List[Origin]:
+    """The expressions that may have made the *elements* of ``expr`` (what ``for x in expr``
+    binds ``x`` to)."""
+    return list(_Flow.of(m).elements(expr, 0))
+
+
+class _Flow:
+    def __init__(self, m: SemanticModel) -> None:
+        self.m = m
+        self.memo: Dict[Tuple[str, int], FrozenSet[Origin]] = {}
+        self.active: Set[Tuple[str, int]] = set()
+
+    @classmethod
+    def of(cls, m: SemanticModel) -> "_Flow":
+        got = m.cache.get("flow")
+        if got is None:
+            got = m.cache["flow"] = cls(m)
+        return got  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ values
+    def value(self, e: ast.AST, depth: int) -> FrozenSet[Origin]:
+        return self._cached("v", e, depth, self._value)
+
+    def elements(self, e: ast.AST, depth: int) -> FrozenSet[Origin]:
+        return self._cached("e", e, depth, self._elements)
+
+    def _cached(self, kind: str, e: ast.AST, depth: int, fn) -> FrozenSet[Origin]:
+        key = (kind, id(e))
+        got = self.memo.get(key)
+        if got is not None:
+            return got
+        if key in self.active or depth > MAX_DEPTH:
+            return frozenset()
+        self.active.add(key)
+        try:
+            got = frozenset(fn(e, depth + 1))
+        finally:
+            self.active.discard(key)
+        self.memo[key] = got
+        return got
+
+    def _value(self, e: ast.AST, d: int) -> Set[Origin]:
+        m = self.m
+        if isinstance(e, ast.Name):
+            return self._name(e, d)
+        if isinstance(e, ast.Attribute):
+            assigned = self._attribute_values(e)
+            if assigned is None:
+                return {(e, ())}
+            out: Set[Origin] = set()
+            for v in assigned:
+                out |= self.value(v, d)
+            return out or {(e, ())}
+        if isinstance(e, ast.Subscript):
+            key = e.slice.value if isinstance(e.slice, ast.Constant) else None
+            out = set()
+            for node, path in self.value(e.value, d):
+                if isinstance(node, ast.Dict) and not path and key is not None:
+                    out |= self._dict_item(node, key, d)
+                elif isinstance(node, (ast.List, ast.Tuple)) and not path and isinstance(key, int) and -len(node.elts) <= key < len(node.elts):
+                    out |= self.value(node.elts[key], d)
+                elif isinstance(node, ast.Call) and key is not None and not self._looks_into(node):
+                    out.add((node, path + (key,)))
+                else:
+                    out |= self._items(node, path, d)
+            return out or {(e, ())}
+        if isinstance(e, ast.IfExp):
+            return set(self.value(e.body, d) | self.value(e.orelse, d))
+        if isinstance(e, ast.BoolOp):
+            out = set()
+            for v in e.values:
+                out |= self.value(v, d)
+            return out
+        if isinstance(e, ast.NamedExpr):
+            return set(self.value(e.value, d))
+        if isinstance(e, ast.Call):
+            name = terminal(e.func)
+            if name in WRAPPERS and e.args and not isinstance(e.args[0], ast.Starred) and not self._is_local_def(e):
+                return set(self.value(e.args[0], d))
+            target = m.resolve_call(e)
+            if target is not None and isinstance(target, FUNCTIONS) and target.name != "__init__":
+                out = set()
+                for r in _returns(m, target):
+                    out |= self.value(r, d)
+                if out:
+                    return out
+        return {(e, ())}
+
+    def _looks_into(self, call: ast.Call) -> bool:
+        t = self.m.resolve_call(call)
+        return t is not None and isinstance(t, FUNCTIONS) and t.name != "__init__"
+
+    def _is_local_def(self, call: ast.Call) -> bool:
+        return self.m.resolve_call(call) is not None
+
+    def _name(self, e: ast.Name, d: int) -> Set[Origin]:
+        m = self.m
+        where, bindings = m.lookup(e.id, m.scope_of(e))
+        if where is None or not bindings:
+            return {(e, ())}
+        out: Set[Origin] = set()
+        for b in bindings:
+            if b.kind == "assign" and b.value is not None:
+                out |= self.value(b.value, d)
+            elif b.kind == "walrus" and isinstance(b.node, ast.NamedExpr):
+                out |= self.value(b.node.value, d)
+            elif b.kind in ("unpack", "for", "with") and b.target is not None:
+                out |= self._bound(b.target, d)
+            elif b.kind == "param" and where.kind == "function":
+                out |= self._param(where.node, e.id, d)
+            else:
+                out.add((e, ()))
+        return out
+
+    def _bound(self, target: ast.Name, d: int) -> Set[Origin]:
+        """A name bound inside a target (``a, b = v``, ``for i, x in v``, ``with v as x``)."""
+        m = self.m
+        path: List[int] = []
+        node: ast.AST = target
+        parent = m.parent(node)
+        while isinstance(parent, (ast.Tuple, ast.List, ast.Starred)):
+            if isinstance(parent, ast.Starred):
+                return {(target, ())}
+            path.insert(0, next(i for i, x in enumerate(parent.elts) if x is node))
+            node, parent = parent, m.parent(parent)
+        if isinstance(parent, ast.Assign):
+            return self._take(self.value(parent.value, d), tuple(path), d)
+        if isinstance(parent, ast.withitem):
+            return set(self.value(parent.context_expr, d))
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.comprehension)):
+            it = parent.iter
+            # `for i, x in enumerate(v)`: x is an element of v
+            if isinstance(it, ast.Call) and terminal(it.func) == "enumerate" and it.args and path[:1] == [1]:
+                return self._take(self.elements(it.args[0], d), tuple(path[1:]), d)
+            if isinstance(it, ast.Call) and terminal(it.func) in ALL_ARGS and path and path[0] < len(it.args):
+                return self._take(self.elements(it.args[path[0]], d), tuple(path[1:]), d)
+            if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr == "items" and path[:1] == [1]:
+                return self._take(self._dict_values(it.func.value, d), tuple(path[1:]), d)
+            return self._take(self.elements(it, d), tuple(path), d)
+        return {(target, ())}
+
+    def _take(self, found: FrozenSet[Origin], path: Tuple[int, ...], d: int) -> Set[Origin]:
+        """Item ``path`` of each origin: into tuple/list literals, else carried as the path."""
+        out: Set[Origin] = set()
+        for node, p in found:
+            if not path:
+                out.add((node, p))
+            elif isinstance(node, (ast.Tuple, ast.List)) and not p and not any(isinstance(x, ast.Starred) for x in node.elts):
+                i = path[0]
+                if i < len(node.elts):
+                    out |= self._take(self.value(node.elts[i], d), path[1:], d)
+            else:
+                out.add((node, p + path))
+        return out
+
+    def _param(self, func: ast.AST, name: str, d: int) -> Set[Origin]:
+        m = self.m
+        out: Set[Origin] = set()
+        for call in m.call_sites(func):
+            arg = m.argument_for(func, call, name)
+            if arg is not None:
+                out |= self.value(arg, d)
+        default = _default(func, name)
+        if default is not None:
+            out |= self.value(default, d)
+        return out
+
+    def _attribute_values(self, e: ast.Attribute) -> Optional[List[ast.AST]]:
+        """What is assigned to ``self.x`` / ``obj.x`` in the class it belongs to."""
+        m = self.m
+        owner = e.value
+        cls = None
+        if isinstance(owner, ast.Name) and owner.id == "self":
+            cls = m.enclosing_class(e)
+        elif isinstance(owner, ast.Name):
+            cls = m.instance_class(owner)
+        if cls is None:
+            return None
+        return attribute_assignments(m, cls).get(e.attr)
+
+    # ------------------------------------------------------------------ containers
+    def _elements(self, e: ast.AST, d: int) -> Set[Origin]:
+        m = self.m
+        if isinstance(e, ast.Call):
+            name = terminal(e.func)
+            if name in ALL_ARGS:
+                out: Set[Origin] = set()
+                for a in e.args:
+                    if not isinstance(a, ast.Starred):
+                        out |= self.elements(a, d)
+                return out
+            if name in WRAPPERS and e.args and not isinstance(e.args[0], ast.Starred) and not self._is_local_def(e):
+                return set(self.elements(e.args[0], d))
+            if isinstance(e.func, ast.Attribute) and e.func.attr in ("values", "items"):
+                return set(self._dict_values(e.func.value, d))
+        out = set()
+        for node, path in self.value(e, d):
+            out |= self._items(node, path, d)
+        for v in self._mutations(e):
+            out |= self.value(v, d)
+        return out
+
+    def _items(self, node: ast.AST, path: Tuple[object, ...], d: int) -> Set[Origin]:
+        """The items of a container origin (a tuple item stays a tuple: ``for name, x in [("a", v)]``
+        takes its item 1 through the loop's target)."""
+        if path:
+            return {(node, path + ("*",))}
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            out: Set[Origin] = set()
+            for x in node.elts:
+                if isinstance(x, ast.Starred):
+                    out |= self.elements(x.value, d)
+                else:
+                    out |= self.value(x, d)
+            return out
+        if isinstance(node, ast.Dict):
+            return set(self._dict_values_of(node, d))
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return set(self.value(node.elt, d))
+        if isinstance(node, ast.Call):
+            name = terminal(node.func)
+            if name in ALL_ARGS or name in WRAPPERS:
+                return set(self.elements(node, d))
+            return {(node, ("*",))}
+        return set()
+
+    def _dict_values(self, e: ast.AST, d: int) -> FrozenSet[Origin]:
+        out: Set[Origin] = set()
+        for node, path in self.value(e, d):
+            if isinstance(node, ast.Dict) and not path:
+                out |= self._dict_values_of(node, d)
+            elif not isinstance(node, ast.Dict):
+                out.add((node, path + ("*",)))
+        for v in self._mutations(e):
+            out |= self.value(v, d)
+        return frozenset(out)
+
+    def _dict_values_of(self, node: ast.Dict, d: int) -> Set[Origin]:
+        out: Set[Origin] = set()
+        for k, v in zip(node.keys, node.values):
+            out |= self.value(v, d) if k is not None else self._dict_values(v, d)
+        return out
+
+    def _dict_item(self, node: ast.Dict, key: object, d: int) -> Set[Origin]:
+        out: Set[Origin] = set()
+        for k, v in zip(node.keys, node.values):
+            if isinstance(k, ast.Constant) and k.value == key:
+                out |= self.value(v, d)
+        return out
+
+    def _mutations(self, e: ast.AST) -> List[ast.AST]:
+        """Values put into the container ``e`` names: ``e.append(v)``, ``e.extend([...])``,
+        ``e[k] = v``, ``e.update(k=v)``."""
+        m = self.m
+        from dp2ddp.model.loaders import expr_handle
+
+        h = expr_handle(m, e) if isinstance(e, (ast.Name, ast.Attribute)) else None
+        if h is None:
+            return []
+        index = container_mutations(m)
+        return index.get(h, [])
+
+
+def _returns(m: SemanticModel, func: ast.AST) -> List[ast.AST]:
+    out = []
+    for r in ast.walk(func):
+        if isinstance(r, ast.Return) and r.value is not None and m.enclosing_function(r) is func:
+            out.append(r.value)
+    return out
+
+
+def _default(func: ast.AST, name: str) -> Optional[ast.AST]:
+    a = func.args  # type: ignore[attr-defined]
+    positional = a.posonlyargs + a.args
+    offset = len(positional) - len(a.defaults)
+    for i, p in enumerate(positional):
+        if p.arg == name and i >= offset:
+            return a.defaults[i - offset]
+    for p, dflt in zip(a.kwonlyargs, a.kw_defaults):
+        if p.arg == name:
+            return dflt
+    return None
+
+
+def attribute_assignments(m: SemanticModel, cls: ast.ClassDef) -> Dict[str, List[ast.AST]]:
+    """``attr -> values`` of every ``self.attr = value`` in ``cls``'s family (the classes of
+    this module it derives from and those deriving from it: they share ``self``)."""
+    memo = m.cache.setdefault("flow:attrs", {})
+    root = m.root_class(cls)
+    got = memo.get(id(root))  # type: ignore[union-attr]
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: Dict[str, List[ast.AST]] = {}
+    for c in m.nodes(ast.ClassDef):
+        if m.root_class(c) is not root:
+            continue
+        for node in ast.walk(c):
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            for t in targets:
+                for attr, v in _self_stores(t, value):
+                    out.setdefault(attr, []).append(v)
+    memo[id(root)] = out  # type: ignore[index]
+    return out
+
+
+def _self_stores(target: ast.AST, value: ast.AST):
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+        yield target.attr, value
+    elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
+        for t, v in zip(target.elts, value.elts):
+            yield from _self_stores(t, v)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for i, t in enumerate(target.elts):
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                yield t.attr, ast.Subscript(value=value, slice=ast.Constant(i), ctx=ast.Load())
+
+
+def container_mutations(m: SemanticModel) -> Dict[object, List[ast.AST]]:
+    """handle of a named container -> the values put into it (append/extend/insert/add,
+    ``c[k] = v``, ``c.update(...)``, ``c.setdefault(k, v)``)."""
+    got = m.cache.get("flow:mutations")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.loaders import expr_handle
+
+    out: Dict[object, List[ast.AST]] = {}
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if not isinstance(f, ast.Attribute) or f.attr not in ("append", "extend", "insert", "add", "update", "setdefault"):
+            continue
+        h = expr_handle(m, f.value) if isinstance(f.value, (ast.Name, ast.Attribute)) else None
+        if h is None:
+            continue
+        vals: List[ast.AST] = []
+        if f.attr in ("append", "add") and call.args:
+            vals.append(call.args[0])
+        elif f.attr == "insert" and len(call.args) > 1:
+            vals.append(call.args[1])
+        elif f.attr == "setdefault" and len(call.args) > 1:
+            vals.append(call.args[1])
+        elif f.attr == "extend" and call.args:
+            a = call.args[0]
+            vals.extend(a.elts if isinstance(a, (ast.List, ast.Tuple)) else [])
+        elif f.attr == "update":
+            vals.extend(k.value for k in call.keywords if k.arg is not None)
+            for a in call.args:
+                if isinstance(a, ast.Dict):
+                    vals.extend(a.values)
+        out.setdefault(h, []).extend(vals)
+    for node in m.nodes(ast.Assign):
+        for t in node.targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)):
+                h = expr_handle(m, t.value)
+                if h is not None:
+                    out.setdefault(h, []).append(node.value)
+    m.cache["flow:mutations"] = out
+    return out

@@ -1,0 +1,174 @@
+"""Where the script trains, and which values feed its training steps.
+
+A *training loop* is a loop whose body reaches a ``.backward()`` call — in the loop
+itself, in a function of this module it calls (methods through ``self`` and their
+overrides included), or in a function of a project module it calls. What such a loop
+iterates feeds training: ``for x, y in loader``, ``enumerate(tqdm(loader))``,
+``zip(src_loader, tgt_loader)`` (every argument), ``itertools.cycle/chain/islice``,
+``next(iter(loader))`` inside the loop.
+
+:func:`trained_origins` follows those values back to where they were made
+(:mod:`dp2ddp.model.flow`: names, parameters, ``self`` attributes, containers, returns),
+also when the script hands them to a ``train()`` of a project module. A loader is a
+training loader when its construction is among them (:mod:`dp2ddp.model.loaders`),
+whatever it is called.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator, List, Optional, Set, Tuple
+
+from dp2ddp.model.core import SemanticModel, project_def, terminal
+
+# iterator wrappers whose arguments are all iterated
+ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
+# iterator wrappers that iterate their first argument
+FIRST_ARG = {"enumerate", "tqdm", "iter", "trange", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar", "ProgressBar", "IncrementalBar"}
+
+
+def is_backward(call: ast.Call) -> bool:
+    return isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
+
+
+def _project_trains(m: SemanticModel, call: ast.Call, depth: int = 0) -> bool:
+    """``call`` reaches a function of a project module that (itself, or through what it
+    calls in its module) calls ``.backward()``."""
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None or isinstance(found[1], ast.ClassDef):
+        return False
+    pm, func, _ = found
+    return trains(pm, func, depth + 1)
+
+
+def trains(m: SemanticModel, node: ast.AST, depth: int = 0) -> bool:
+    """Code at ``node`` (a loop, a function) reaches a ``.backward()``."""
+    memo = m.cache.setdefault("training:trains", {})
+    key = id(node)
+    if key in memo:  # type: ignore[operator]
+        return memo[key]  # type: ignore[index]
+    memo[key] = False  # type: ignore[index]
+    calls = list(m.reached_calls(node))
+    got = any(is_backward(c) for c in calls)
+    if not got and depth < 2:
+        got = any(_project_trains(m, c, depth) for c in calls if m.resolve_call(c) is None)
+    memo[key] = got  # type: ignore[index]
+    return got
+
+
+def iterated(expr: ast.AST) -> Iterator[ast.AST]:
+    """The values a ``for`` over ``expr`` iterates, through the iterator wrappers."""
+    if isinstance(expr, ast.Call) and expr.args:
+        name = terminal(expr.func)
+        if name in ALL_ARGS:
+            for a in expr.args:
+                if not isinstance(a, ast.Starred):
+                    yield from iterated(a)
+            return
+        if name in FIRST_ARG and not isinstance(expr.args[0], ast.Starred):
+            yield from iterated(expr.args[0])
+            return
+    yield expr
+
+
+def training_loops(m: SemanticModel) -> List[ast.AST]:
+    """Loops whose body reaches a ``.backward()``, innermost first where they nest."""
+    got = m.cache.get("training:loops")
+    if got is None:
+        got = [lp for lp in m.nodes(ast.For, ast.AsyncFor, ast.While) if _body_trains(m, lp)]
+        m.cache["training:loops"] = got
+    return got  # type: ignore[return-value]
+
+
+def _body_trains(m: SemanticModel, loop: ast.AST) -> bool:
+    for stmt in loop.body:  # type: ignore[attr-defined]
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Call):
+                if is_backward(n):
+                    return True
+                t = m.resolve_call(n)
+                if t is not None and trains(m, t):
+                    return True
+                if t is None and _project_trains(m, n):
+                    return True
+    return False
+
+
+def fed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.AST]]:
+    """``(value, training loop)``: each value a training loop iterates (``for``) or pulls
+    batches from (``next(iter(x))``, ``next(it)`` of ``it = iter(x)``) inside its body."""
+    got = m.cache.get("training:fed")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.AST, ast.AST]] = []
+    for loop in training_loops(m):
+        if isinstance(loop, (ast.For, ast.AsyncFor)):
+            out.extend((v, loop) for v in iterated(loop.iter))
+        for stmt in loop.body:  # type: ignore[attr-defined]
+            for n in ast.walk(stmt):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "next" and n.args:
+                    inner = n.args[0]
+                    if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "iter" and inner.args:
+                        inner = inner.args[0]
+                    out.extend((v, loop) for v in iterated(inner))
+    m.cache["training:fed"] = out
+    return out
+
+
+def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
+    """``(id(node), path)`` of every origin (:func:`dp2ddp.model.flow.origins`) of a value that
+    feeds a training loop: the loader constructions (or helper calls, with the position of
+    the loader in what they return) behind ``for batch in ...`` of every training loop, also
+    of a project module's function the script hands the value to."""
+    from dp2ddp.model.flow import origins
+
+    got = m.cache.get("training:origins")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    fed: List[ast.AST] = [v for v, _ in fed_values(m)]
+    for call in m.nodes(ast.Call):
+        if m.resolve_call(call) is not None:
+            continue
+        found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+        if found is None or isinstance(found[1], ast.ClassDef):
+            continue
+        pm, func, _ = found
+        for param in _fed_params(pm, func):
+            arg = _argument(pm, func, call, param)
+            if arg is not None:
+                fed.extend(iterated(arg))
+    out: Set[Tuple[int, tuple]] = set()
+    for v in fed:
+        for node, path in origins(m, v):
+            out.add((id(node), path))
+    m.cache["training:origins"] = out
+    return out
+
+
+def _fed_params(pm: SemanticModel, func: ast.AST) -> Set[str]:
+    """Parameters of ``func`` (in project module ``pm``) whose value feeds one of its
+    training loops."""
+    from dp2ddp.model.flow import origins
+
+    params = set(pm.params(func))
+    out = set()
+    for v, loop in fed_values(pm):
+        if pm.enclosing_function(loop) is not func:
+            continue
+        for node, _ in origins(pm, v):
+            if isinstance(node, ast.Name) and node.id in params and pm.enclosing_function(node) is func:
+                out.add(node.id)
+    return out
+
+
+def _argument(pm: SemanticModel, func: ast.AST, call: ast.Call, param: str) -> Optional[ast.AST]:
+    """What ``call`` (in another module) passes for ``param`` of ``func`` (a plain function)."""
+    for k in call.keywords:
+        if k.arg == param:
+            return k.value
+    a = func.args  # type: ignore[attr-defined]
+    positional = [p.arg for p in a.posonlyargs + a.args]
+    if any(isinstance(x, ast.Starred) for x in call.args) or param not in positional:
+        return None
+    i = positional.index(param)
+    return call.args[i] if i < len(call.args) else None
