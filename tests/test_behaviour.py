@@ -246,3 +246,27 @@ def test_training_loaders_sharded_wherever_their_values_go(tmp_path: Path) -> No
         assert tr.checks[f"{name}-epoch0"]["0"] != tr.checks[f"{name}-epoch1"]["0"], f"{name}: epoch 1 replays epoch 0"
     assert tr.checks["src-epoch0"]["0"] != tr.checks["tgt-epoch0"]["0"], "two zipped loaders drew one permutation"
     assert tr.checks["steps-per-epoch"] == {"0": orig.checks["steps-per-epoch"]["-"], "1": orig.checks["steps-per-epoch"]["-"]}
+
+
+def test_whole_model_checkpoints_load_without_a_process_group(tmp_path: Path) -> None:
+    """``torch.save(net)`` / ``{"net": net}`` of the wrapper: the migration's files load in a fresh
+    python with no process group and no dp2ddp (an evaluation script), as the original's do,
+    and hold the model itself."""
+    runs = _runs("whole_model_save", tmp_path)
+    probe = (
+        "import sys, torch\n"
+        "whole = torch.load('model.pth', weights_only=False)\n"
+        "ckpt = torch.load('ckpt.pth', weights_only=False)\n"
+        "for m in (whole, ckpt['net']):\n"
+        "    inner = getattr(m, 'module', m)\n"
+        "    print(type(m).__name__, tuple(inner(torch.zeros(2, 4)).shape))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    seen = {}
+    for tag in ("original", "torchrun", "python"):
+        r = subprocess.run([sys.executable, "-c", probe], cwd=runs[tag].folder, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (tag, r.stderr[-2000:])
+        seen[tag] = r.stdout.split("\n")
+        assert "DistributedDataParallel" not in r.stdout, (tag, r.stdout)
+    assert seen["torchrun"][0] == "Sequential (2, 1)" and seen["torchrun"] == seen["python"]
+    assert seen["original"][0] == "DataParallel (2, 1)"  # the original pickled its wrapper

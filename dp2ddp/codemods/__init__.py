@@ -3,15 +3,18 @@
 Each transform is a function ``propose(ctx) -> list[Finding]``: it reads the module
 through the semantic model (``ctx.m``) and proposes findings whose fixes hold edits
 against LibCST nodes (found through ``ctx.bridge``). The engine (:mod:`dp2ddp.engine`)
-applies all of them at once. Order matters only for shared facts: ``shard_loaders``
-records the loaders a script's own ``DistributedSampler`` shards, whose epoch loops
-``set_epoch`` then follows; ``mixed`` (run first, by
-:func:`dp2ddp.migrate.plan`) decides whether the script has its own distributed path.
+applies all of them at once. Transforms share facts only through typed values (:mod:`dp2ddp.codemods.facts`): a
+module declares ``NEEDS``/``PROVIDES`` and the order below puts every provider first
+(``wrap_ddp`` provides the wrapper variables, ``shard_loaders`` the loaders a script's own
+``DistributedSampler`` shards, which ``set_epoch`` follows; ``mixed.detect_mode``, run
+before all of them by :func:`dp2ddp.migrate.plan`, provides the mixed-script plan).
 """
 
 from __future__ import annotations
 
 from typing import Callable, List
+
+from dp2ddp.codemods.facts import order
 
 from dp2ddp.codemods import (
     cuda_devices,
@@ -26,21 +29,36 @@ from dp2ddp.codemods import (
     rank_zero,
     set_epoch,
     shard_loaders,
+    whole_saves,
     wrap_ddp,
 )
 
-TRANSFORMS: List[Callable] = [
-    wrap_ddp.propose,
-    functional_dp.propose,
-    mixed.propose,
-    process_group.propose,
-    shard_loaders.propose,
-    set_epoch.propose,
-    rank_writers.propose,
-    rank_zero.propose,
-    cuda_devices.propose,
-    map_location.propose,
-    guarded_forward.propose,
-    loss_scale.propose,
-    dp_idioms.propose,
+# the written order; providers of facts are moved before the transforms that need them
+# (each module's NEEDS / PROVIDES, see dp2ddp.codemods.facts)
+_MODULES = [
+    wrap_ddp,
+    functional_dp,
+    mixed,
+    process_group,
+    shard_loaders,
+    set_epoch,
+    whole_saves,
+    rank_writers,
+    rank_zero,
+    cuda_devices,
+    map_location,
+    guarded_forward,
+    loss_scale,
+    dp_idioms,
 ]
+
+
+def _ordered() -> List[Callable]:
+    by_name = {m.__name__.rsplit(".", 1)[1]: m for m in _MODULES}
+    # mixed.detect_mode runs before every transform (dp2ddp.migrate.plan) and provides the plan
+    spec = [("detect_mode", (), (mixed.MixedPlan,))]
+    spec += [(name, getattr(mod, "NEEDS", ()), getattr(mod, "PROVIDES", ())) for name, mod in by_name.items()]
+    return [by_name[name].propose for name in order(spec) if name in by_name]
+
+
+TRANSFORMS: List[Callable] = _ordered()

@@ -294,6 +294,26 @@ CODES: Tuple[MigrationCode, ...] = (
         "Safe.",
     ),
     _c(
+        "DDP137", "whole-model-saved-bare", "info",
+        "a wrapped model saved whole (`torch.save(model)`, `{\"net\": net}`) is saved as its bare module",
+        "A pickled `DistributedDataParallel` object only loads where its class and a process group exist: the project's "
+        "evaluation script could no longer read the file.",
+        "`torch.save(model, p)` -> `torch.save(model.module, p)`; a wrapper inside the saved dict, list or tuple (also one "
+        "built earlier, `state = {\"net\": net}`) -> `net.module`. The file holds the model as on one device.",
+        "Safe where the file's readers use the model (`model = torch.load(p); model(x)`); a reader that takes `.module` of "
+        "the loaded object needs `.module` dropped.",
+        _script("model = nn.DataParallel(model)\ntorch.save(model, \"model.pth\")\n"),
+    ),
+    _c(
+        "DDP138", "wrapper-replaced-by-checkpoint", "error",
+        "the wrapped model is replaced by an object loaded from a checkpoint; the file is left unchanged",
+        "The migration saves the bare model (DDP137), so `net = checkpoint[\"net\"]` after the wrap would put a plain "
+        "module where the DistributedDataParallel wrapper was: gradients would no longer be averaged across ranks.",
+        "Save and load the `state_dict()` instead (`net.load_state_dict(checkpoint[\"net\"])`), then migrate.",
+        "No fix.",
+        _script("model = nn.DataParallel(model)\nmodel = torch.load(\"model.pth\")\n"),
+    ),
+    _c(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",

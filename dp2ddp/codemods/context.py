@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 import libcst as cst
 
@@ -44,6 +44,7 @@ _QUALIFIED = {
 }
 
 Value = Union[str, ast.AST, cst.CSTNode]
+F = TypeVar("F")
 
 
 class Context:
@@ -53,10 +54,28 @@ class Context:
         self.module: cst.Module = bridge.module
         self.options = options
         self.extra_edits: List[Edit] = []
-        self.cache: Dict[str, object] = {}
+        self.cache: Dict[str, object] = {}  # a transform's own memo (its module's keys only)
+        self._facts: Dict[type, object] = {}
         self._names: Dict[str, str] = {}
         self._fresh: set = set()
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
+
+    # ------------------------------------------------------------------ facts between transforms
+    def provide(self, fact: object) -> None:
+        """Record a fact for the transforms that need it (see :mod:`dp2ddp.codemods.facts`)."""
+        self._facts[type(fact)] = fact
+
+    def need(self, kind: Type[F]) -> F:
+        """A fact an earlier transform provided; :class:`MissingFact` if none did."""
+        from dp2ddp.codemods.facts import MissingFact
+
+        try:
+            return self._facts[kind]  # type: ignore[return-value]
+        except KeyError:
+            raise MissingFact(f"{kind.__name__} is needed before any transform provided it") from None
+
+    def has(self, kind: type) -> bool:
+        return kind in self._facts
 
     # ------------------------------------------------------------------ findings
     def finding(self, node: Optional[ast.AST], code: str, message: str, severity: str, fix: Optional[Fix] = None) -> Finding:

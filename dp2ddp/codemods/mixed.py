@@ -46,6 +46,7 @@ class MixedPlan:
     edits_nodes: list = field(default_factory=list)
     overrides: list = field(default_factory=list)  # (assignment, init argument): computed by the script, env under torchrun
     predicates: list = field(default_factory=list)  # (test, branch) that switch the distributed path on
+    spawn_targets: dict = field(default_factory=dict)  # mp.spawn target function -> the spawn call
 
 
 def _env_read(m: SemanticModel, expr: ast.AST) -> bool:
@@ -230,8 +231,8 @@ def detect_mode(ctx: Context) -> List[Finding]:
                 "RANK/LOCAL_RANK/WORLD_SIZE read, no init_process_group argument it can set)",
             )
         )
-    ctx.cache["mixed"] = plan
-    ctx.cache["spawn_targets"] = spawn_targets
+    plan.spawn_targets = spawn_targets
+    ctx.provide(plan)
     return out
 
 
@@ -355,7 +356,7 @@ def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "mixed":
         return []
     m = ctx.m
-    plan: MixedPlan = ctx.cache["mixed"]  # type: ignore[assignment]
+    plan = ctx.need(MixedPlan)
     out: List[Finding] = []
     os_ = ctx.name("os")
     torch = ctx.name("torch")
@@ -410,7 +411,7 @@ def propose(ctx: Context) -> List[Finding]:
         if f is not None:
             out.append(f)
         out.extend(_ensure_wrapped(ctx, call, ensured))
-    for target, sp in ctx.cache.get("spawn_targets", {}).items():  # type: ignore[union-attr]
+    for target, sp in ctx.need(MixedPlan).spawn_targets.items():
         f = _spawn(ctx, target, sp)
         if f is not None:
             out.append(f)
@@ -573,7 +574,7 @@ def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> List[Finding]
 
 def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     m = ctx.m
-    plan: MixedPlan = ctx.cache["mixed"]  # type: ignore[assignment]
+    plan = ctx.need(MixedPlan)
     conds = _conditions(m, sp)
     if any(_namespace(m, c) is not None and (c.attr, "False") in {x for items in plan.adapter.values() for x in items} for c in conds):  # type: ignore[attr-defined]
         return None  # the spawning flag is switched off under torchrun

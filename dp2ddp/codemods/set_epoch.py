@@ -12,17 +12,20 @@ import ast
 from typing import List, Optional, Set, Tuple
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.codemods.shard_loaders import training_loaders
+from dp2ddp.codemods.facts import OwnSamplers
 from dp2ddp.engine import Finding, InsertBefore
 from dp2ddp.model.core import is_docstring
 from dp2ddp.model.loaders import calls_set_epoch, epoch_loops
+
+
+NEEDS = (OwnSamplers,)
 
 
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
     done: Set[Tuple[int, str]] = set()
-    for loader in training_loaders(ctx):
+    for loader in ctx.need(OwnSamplers).loaders:
         loops = epoch_loops(m, loader)
         placed = False
         for loop, text in loops:

@@ -34,25 +34,25 @@ from typing import Dict, List, Optional, Tuple
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
-from dp2ddp.model.core import is_docstring, kwarg
+from dp2ddp.model.core import is_docstring, kwarg, terminal
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, returned_loaders, sampler_values, subclass_calls
-from dp2ddp.model.names import DISTRIBUTED_SAMPLER
+from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
 
 
-def training_loaders(ctx: Context) -> List[Loader]:
-    """Loaders a ``DistributedSampler`` of the script's own already shards (their epoch loops
-    get ``set_epoch`` from :mod:`dp2ddp.codemods.set_epoch`)."""
-    return ctx.cache.setdefault("training_loaders", [])  # type: ignore[return-value]
+PROVIDES = (OwnSamplers, ShardHelper)
 
 
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
-    shared = training_loaders(ctx)
+    shared: List[Loader] = []
+    ctx.provide(OwnSamplers(shared))
+    ctx.provide(ShardHelper())
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
@@ -76,6 +76,12 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.block(call, "DDP105", lost))
         elif names:
             rebinds.append((m.statement_of(call), names))  # type: ignore[arg-type]
+    known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)}
+    for call, names, _ in returned_loaders(m):
+        known |= {(id(call), p) for p in _returned_paths(m, call)}
+    lost, named = _untraced_feeds(ctx, known)
+    out.extend(lost)
+    rebinds.extend(named)
     if not wrapped and not rebinds:
         return out
     if any(f.severity == "error" for f in out):
@@ -101,6 +107,104 @@ def propose(ctx: Context) -> List[Finding]:
     return out
 
 
+def _returned_paths(m, call: ast.Call) -> List[tuple]:
+    from dp2ddp.model.core import project_def
+    from dp2ddp.model.loaders import _returned
+
+    found = project_def(m, call.func)
+    if found is None:
+        return []
+    got = _returned(found[0], found[1]) or {}
+    return [() if k is None else (k,) for k in got]
+
+
+# what a training loop may iterate besides data: epochs and index ranges (hand batching is
+# another transform's business), numbers, literals
+_NOT_DATA = {"range", "trange", "len", "count", "repeat", "int", "float"}
+
+
+def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple[ast.stmt, List[str]]]]:
+    """Values training loops iterate that are not a loader sharded above. Each is
+
+    * passed through when it is a call that wraps a sharded loader (``inf_loop(loader)``,
+      ``Prefetcher(loader)``: a project's iterator wrapper);
+    * sharded at run time where the script names it, when that name says it holds a loader
+      (``data_loader = config.init_obj("data_loader", module)``: ``data_loader =
+      shard_loader(data_loader)`` after it, and shard_loader fails loudly on anything but a
+      DataLoader);
+    * else refused: a generator, a list of batches, a value of unknown make — every rank
+      would train on all of it."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.training import fed_values
+
+    m = ctx.m
+    unknown: List[Tuple[ast.AST, ast.AST, ast.AST]] = []  # (origin, value, loop)
+    seen = set()
+    for value, loop in fed_values(m):
+        for node, path in origins(m, value):
+            if (id(node), path) in known or (id(node), ()) in known or id(node) in seen:
+                continue
+            if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.JoinedStr)):
+                continue
+            if isinstance(node, ast.Call) and (terminal(node.func) in _NOT_DATA or m.call_is(node, DATALOADER)):
+                continue
+            seen.add(id(node))
+            unknown.append((node, value, loop))
+    rebinds: List[Tuple[ast.stmt, List[str]]] = []
+    feeds = {id(n) for n, _, _ in unknown} | {k[0] for k in known}
+    for node, _value, _loop in unknown:
+        if _wraps(m, node, feeds):
+            continue  # a wrapper of a loader: decided once that loader is
+        target = _loader_name(m, node)
+        if target is not None:
+            rebinds.append((m.statement_of(node), [target]))  # type: ignore[arg-type]
+            known.add((id(node), ()))
+    out: List[Finding] = []
+    for node, value, loop in unknown:
+        if (id(node), ()) in known or _wraps_known(m, node, known):
+            continue
+        line = m.position(loop)[0]
+        what = m.source(node)
+        what = what if len(what) <= 60 else what[:57] + "..."
+        out.append(ctx.block(value, "DDP105", f"the training loop at line {line} iterates `{m.source(value)}`, made by `{what}` "
+                             f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
+                             "on all of it; shard it by hand or build it with a DataLoader"))
+    return out, rebinds
+
+
+def _loader_name(m, node: ast.AST) -> Optional[str]:
+    """``name = <call>`` where the name says it holds a loader."""
+    if not isinstance(node, ast.Call):
+        return None
+    parent = m.parent(node)
+    if not (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1):
+        return None
+    t = parent.targets[0]
+    label = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
+    if "loader" not in label.lower() or not isinstance(t, (ast.Name, ast.Attribute)):
+        return None
+    return m.source(t)
+
+
+def _wraps(m, node: ast.AST, feeds: set) -> bool:
+    """A call whose first argument is (among other things) one of ``feeds``."""
+    from dp2ddp.model.flow import origins
+
+    if not isinstance(node, ast.Call) or not node.args or isinstance(node.args[0], ast.Starred):
+        return False
+    return any(id(n) in feeds for n, _ in origins(m, node.args[0]))
+
+
+def _wraps_known(m, node: ast.AST, known: set) -> bool:
+    """``inf_loop(loader)``: a call whose first argument is only sharded loaders."""
+    from dp2ddp.model.flow import origins
+
+    if not isinstance(node, ast.Call) or not node.args or isinstance(node.args[0], ast.Starred):
+        return False
+    got = origins(m, node.args[0])
+    return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+
+
 def _partly_distributed(m, loader: Loader) -> bool:
     """``sampler=train_sampler`` where the name holds a DistributedSampler on one path only
     (``DistributedSampler(ds) if args.distributed else None``): on the path that runs
@@ -120,13 +224,10 @@ def _cannot_shard(m, loader: Loader) -> Optional[str]:
 
 
 def _helper_names(ctx: Context) -> Dict[str, str]:
-    got = ctx.cache.get("shard_helper_names")
-    if got is None:
-        got = ctx.cache["shard_helper_names"] = {
-            "shard_loader": ctx.fresh_name(SHARD_FUNCTION),
-            "ShardedBatches": ctx.fresh_name(SHARD_CLASS),
-        }
-    return got  # type: ignore[return-value]
+    helper = ctx.need(ShardHelper)
+    if not helper.names:
+        helper.names.update(shard_loader=ctx.fresh_name(SHARD_FUNCTION), ShardedBatches=ctx.fresh_name(SHARD_CLASS))
+    return helper.names
 
 
 def _define_helpers(ctx: Context, names: Dict[str, str]):

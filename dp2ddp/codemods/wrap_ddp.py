@@ -33,10 +33,12 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel
 from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
+from dp2ddp.model.placement import placements_after
 from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps
 
@@ -193,9 +195,14 @@ def _shared_forward(ctx: Context) -> List[Finding]:
     return out
 
 
+PROVIDES = (Wrappers,)
+
+
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
+    wrappers = Wrappers()
+    ctx.provide(wrappers)
     wraps = [w for w in dp_wraps(m) if not w.functional]
 
     keep: List[Wrap] = []
@@ -250,6 +257,8 @@ def propose(ctx: Context) -> List[Finding]:
                 guarded_keys.update(keys)
     for hoist in hoists.values():
         out.append(_insert_hoisted(ctx, hoist, find_unused))
+    wrappers.seeds, wrappers.guarded = seeds, guarded_keys
+    wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
     out.extend(route_uses(ctx, seeds, guarded_keys, {w.stmt for w in keep}))
     out.extend(_type_refs(ctx))
     out.extend(_remove_imports(ctx))
@@ -499,6 +508,9 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not w.conditions and partial_root is None:
         if target is not None:
             anchor = _absorb_placement(m, stmt, target, w.module)
+            late = _placed_late(ctx, w, anchor, target)
+            if late is not None:
+                return [late]
             if anchor is not stmt:
                 hoist = _register(hoists, anchor, target)
                 edits = _unwrap_in_place(ctx, w, inner_text, hoist)
@@ -512,6 +524,9 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not ctx.bridge.alone_on_line(anchor):
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
     anchor = _absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
+    late = _placed_late(ctx, w, anchor, wrap_target)
+    if late is not None:
+        return [late]
     hoist = _register(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     edits = _unwrap_in_place(ctx, w, inner_text, hoist)
@@ -525,6 +540,23 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         return [ctx.note(call, "DDP102", msg, edits)]
     test = m.source(w.conditions[0].test)
     return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU", edits)]
+
+
+def _placed_late(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[Finding]:
+    """The module is placed on its device after the point where the DDP wrap would be
+    (``DistributedDataParallel(net, device_ids=[d])`` then meets parameters still on the CPU:
+    a migration that runs on CPU and fails on the first GPU)."""
+    m = ctx.m
+    names = {m.source(target)}
+    if w.module is not None:
+        names.add(m.source(w.module))
+    late = placements_after(m, anchor, names)
+    if not late:
+        return None
+    line = m.position(late[0])[0]
+    return ctx.block(w.call, "DDP101", f"`{m.source(late[0]).strip()[:50]}` (line {line}) places the model on its device after the "
+                     "point where every rank must wrap it: DistributedDataParallel needs its parameters on the device when it is "
+                     "built; place the model before the wrap, then migrate")
 
 
 def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: bool):
@@ -591,9 +623,12 @@ def _drop_emptied_if(ctx: Context, w: Wrap, hoist: _Hoist) -> Optional[list]:
 
 
 def _is_placement(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
-    """``t.cuda()``, ``t = t.to(device)``, or an ``if`` made only of such statements."""
+    """``t.cuda()``, ``t = t.to(device)``, or an ``if`` that places ``t`` (``if args.ngpu > 0:
+    net.cuda(); criterion.cuda()``) and does nothing else with it."""
     if isinstance(stmt, ast.If):
-        return bool(stmt.body) and all(_is_placement(m, s, target) for s in stmt.body + stmt.orelse)
+        body = stmt.body + stmt.orelse
+        placing = [s for s in body if _is_placement(m, s, target)]
+        return bool(placing) and all(s in placing or not _mentions(m, s, target) for s in body)
     text = m.source(target)
     value = None
     if isinstance(stmt, ast.Expr):
@@ -624,6 +659,25 @@ def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
         if isinstance(target, ast.Attribute) and root is not None and root.id != "self" and isinstance(n, ast.Name) and n.id == root.id:
             return True
     return False
+
+
+# methods whose result is the same through a wrapper (DP/DDP share them with the module)
+_WRAPPER_NEUTRAL = {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "train", "eval", "zero_grad"}
+
+
+def _same_through_wrapper(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
+    """Every mention of ``target`` in ``stmt`` calls a method that does the same on the
+    wrapper and the module (``optimizer = SGD(net.parameters())``): the wrap may move past it."""
+    text = m.source(target)
+    found = False
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
+            parent = m.parent(n)
+            call = m.parent(parent) if parent is not None else None
+            if not (isinstance(parent, ast.Attribute) and parent.attr in _WRAPPER_NEUTRAL and isinstance(call, ast.Call) and call.func is parent):
+                return False
+            found = True
+    return found
 
 
 def _initialises(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
@@ -667,7 +721,7 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
         if _is_placement(m, s, target) or _initialises(m, s, target):
             best = s
             continue
-        if _mentions(m, s, target):
+        if _mentions(m, s, target) and not _same_through_wrapper(m, s, target):
             break
         if separate and _mentions_text(m, s, root.id) and not isinstance(s, (ast.For, ast.AsyncFor, ast.While) + FUNCTIONS):  # type: ignore[union-attr]
             best = s

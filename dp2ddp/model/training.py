@@ -24,7 +24,7 @@ from dp2ddp.model.core import SemanticModel, project_def, terminal
 # iterator wrappers whose arguments are all iterated
 ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
 # iterator wrappers that iterate their first argument
-FIRST_ARG = {"enumerate", "tqdm", "iter", "trange", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar", "ProgressBar", "IncrementalBar"}
+FIRST_ARG = {"enumerate", "tqdm", "iter", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar", "ProgressBar", "IncrementalBar"}
 
 
 def is_backward(call: ast.Call) -> bool:

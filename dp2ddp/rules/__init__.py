@@ -24,6 +24,7 @@ from dp2ddp.rules import (
     ddp013_batchnorm_without_sync,
     ddp014_few_loader_workers,
     ddp015_sum_reduction,
+    ddp017_placed_after_wrap,
 )
 from dp2ddp.rules.base import Rule
 

@@ -313,9 +313,12 @@ def _on_torch(torch):
 
     dataloader._BaseDataLoaderIter.__next__ = __next__
 
-    if _S.role == "original":
-        _patch_random_sampler(torch)
-    else:
+    # Both runs draw a RandomSampler's order from its own pass count (DistributedSampler's
+    # order at that epoch, never the global random stream): the migration's shard_loader
+    # runs the original's RandomSampler on every rank, so its batches then are the
+    # original's at the same pass, and a DistributedSampler migration is aligned by its plans.
+    _patch_random_sampler(torch)
+    if _S.role != "original":
         _patch_distributed_sampler(torch)
 
     bn = _BatchNorm

@@ -1,0 +1,73 @@
+"""Facts one transform provides and another needs, typed: no string keys.
+
+A transform module declares ``NEEDS = (FactClass, ...)`` and ``PROVIDES = (FactClass, ...)``
+beside its ``propose(ctx)``; :mod:`dp2ddp.codemods` orders the transforms so that every
+provider runs before the transforms that need its facts, and fails at import when a
+needed fact has no provider. At run time ``ctx.provide(fact)`` records a fact and
+``ctx.need(FactClass)`` reads it; reading a fact nobody provided yet raises
+:class:`MissingFact` (a bug in the order, never a user's error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Dict, List, Set, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from dp2ddp.model.collectives import VarKey
+    from dp2ddp.model.loaders import Loader
+
+
+class MissingFact(RuntimeError):
+    pass
+
+
+@dataclass
+class Wrappers:
+    """What :mod:`wrap_ddp` decided: the variables bound to the DDP wrapper (``seeds``, where
+    the wraps are assigned; ``keys``, followed through returns and parameters) and those
+    whose wrap only existed with several devices in the original (``guarded``)."""
+
+    seeds: Set["VarKey"] = field(default_factory=set)
+    keys: Set["VarKey"] = field(default_factory=set)
+    guarded: Set["VarKey"] = field(default_factory=set)
+
+
+@dataclass
+class OwnSamplers:
+    """Training loaders that the script's own ``DistributedSampler`` shards (a mixed
+    script): their epoch loops need ``set_epoch`` (:mod:`set_epoch`)."""
+
+    loaders: List["Loader"] = field(default_factory=list)
+
+
+@dataclass
+class ShardHelper:
+    """The names :mod:`shard_loaders` gave its helper in this script (empty: none written)."""
+
+    names: Dict[str, str] = field(default_factory=dict)
+
+
+def order(transforms: List[Tuple[str, tuple, tuple]]) -> List[str]:
+    """Transform names ``(name, needs, provides)`` ordered so providers come first; the
+    written order decides among the rest. Raises ``MissingFact`` for a need no transform
+    provides and ``ValueError`` for a cycle."""
+    provided = {}
+    for name, _needs, provides in transforms:
+        for p in provides:
+            provided[p] = name
+    for name, needs, _ in transforms:
+        for n in needs:
+            if n not in provided:
+                raise MissingFact(f"transform {name} needs {n.__name__}, which no transform provides")
+    done: List[str] = []
+    pending = list(transforms)
+    while pending:
+        for i, (name, needs, _) in enumerate(pending):
+            if all(provided[n] in done for n in needs):
+                done.append(name)
+                del pending[i]
+                break
+        else:
+            raise ValueError("transforms need each other's facts in a cycle: " + ", ".join(n for n, _, _ in pending))
+    return done

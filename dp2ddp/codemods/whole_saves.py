@@ -1,0 +1,53 @@
+"""A wrapped model saved whole (``torch.save(model, path)``, ``torch.save({"net": net}, path)``)
+is saved as the bare module.
+
+Pickling the ``DistributedDataParallel`` object ties the file to the wrapper class and its
+process group: the project's evaluation script (no process group) cannot load it. The
+migration saves ``model.module`` instead: the model itself, loadable anywhere. Where the
+original pickled a DataParallel wrapper and the script reads ``.module`` of what it loads,
+or resumes by putting the loaded object back in place of the wrapper, the file is refused:
+the loaded object is no longer a wrapper.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import Wrappers
+from dp2ddp.engine import Finding, Replace
+from dp2ddp.model.checkpoints import whole_wrapper_saves, wrapper_restored
+
+NEEDS = (Wrappers,)
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    keys = ctx.need(Wrappers).keys
+    if not keys:
+        return []
+    out: List[Finding] = []
+    for assign in wrapper_restored(m, keys):
+        out.append(ctx.block(assign, "DDP138", f"`{m.source(assign.targets[0])}` is replaced by an object loaded from a checkpoint "
+                             f"(line {assign.lineno}) after it was wrapped: the migration saves the bare model, so the loaded "
+                             "object would replace the DistributedDataParallel wrapper and train unsynchronised; load its "
+                             "state_dict into the wrapped model instead"))
+    if out:
+        return out
+    edits = []
+    first = None
+    seen = set()
+    for call, part in whole_wrapper_saves(m, keys):
+        if id(part) in seen:
+            continue
+        seen.add(id(part))
+        edits.append(Replace(ctx.cst(part), ctx.expr("{p}.module", p=m.source(part))))
+        first = first or call
+    if not edits:
+        return []
+    return [ctx.note(first, "DDP137", "the wrapped model is saved as its bare module (`.module`): the file loads without "
+                     "DistributedDataParallel or a process group, as one device's checkpoint", edits)]
+
+
+__all__ = ["propose"]
