@@ -314,6 +314,20 @@ CODES: Tuple[MigrationCode, ...] = (
         _script("model = nn.DataParallel(model)\nmodel = torch.load(\"model.pth\")\n"),
     ),
     _c(
+        "DDP139", "forward-before-training", "error",
+        "the wrapped model runs on a training batch between the wrap and training; the file is left unchanged",
+        "Layers that initialise from their first batch (ActNorm, data-dependent initialisation) do it in such a forward. "
+        "DataParallel ran it on the whole batch; under DDP each rank runs it on its own share after the wrapper "
+        "broadcast rank 0's parameters, so the replicas start apart and never meet.",
+        "Run that forward on the bare model before the wrap (or broadcast the parameters from rank 0 after it), then "
+        "migrate.",
+        "No fix.",
+        _IMPORTS + "from torch.utils.data import DataLoader, TensorDataset\n\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, shuffle=True)\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nwith torch.no_grad():\n    model(next(iter(loader))[0])\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor (x,) in loader:\n    model(x).sum().backward()\n    opt.step()\n",
+    ),
+    _c(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",

@@ -298,6 +298,8 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
     for use in wrapper_uses(m, {key}):
         if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
             parent = m.parent(use.node)
+            if isinstance(parent, ast.Call) and m.is_name(parent.func, {"builtins.isinstance", "builtins.type"}):
+                continue  # `if n_gpu > 1 and not isinstance(model, DataParallel)`: a type check
             if not (isinstance(parent, ast.Call) and m.is_name(parent.func, DP | DP_FUNCTIONAL)):
                 return False
     return not _trains(m, func)
@@ -361,13 +363,58 @@ def _paren(text: str, node: ast.AST) -> str:
 # --------------------------------------------------------------------------- frozen parameters
 
 
+def _changed_owner(m: SemanticModel, change: ast.AST) -> Optional[ast.AST]:
+    """The module whose parameters a ``requires_grad`` change touches: ``X`` of
+    ``X.requires_grad_(...)``, or of ``for p in X.parameters(): p.requires_grad = ...``."""
+    if isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
+        subject = change.func.value
+    elif isinstance(change, ast.Attribute):
+        subject = change.value
+    else:
+        return None
+    if isinstance(subject, ast.Name):
+        for a in m.ancestors(subject):
+            if isinstance(a, (ast.For, ast.AsyncFor)) and isinstance(a.target, (ast.Name, ast.Tuple)) and subject.id in {
+                n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)
+            }:
+                it = a.iter
+                if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("parameters", "named_parameters"):
+                    return it.func.value
+                return None
+        return subject
+    if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Attribute) and subject.func.attr in ("parameters", "named_parameters"):
+        return subject.func.value
+    return subject if isinstance(subject, ast.Attribute) else None
+
+
+def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap]) -> bool:
+    """The change touches a model made apart from every wrapped one (an EMA copy,
+    ``copy.deepcopy(model)``, a teacher): it does not concern the wrapper's parameters."""
+    from dp2ddp.model.flow import origins
+
+    owner = _changed_owner(m, change)
+    while isinstance(owner, ast.Attribute) and not (isinstance(owner.value, ast.Name) and owner.value.id == "self"):
+        owner = owner.value  # model.backbone -> model
+    if owner is None:
+        return False
+    mine = {id(n) for n, _ in origins(m, owner)}
+    if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in origins(m, owner)):
+        return False
+    wrapped = set()
+    for w in wraps:
+        for e in (w.module, w.target):
+            if e is not None:
+                wrapped |= {id(n) for n, _ in origins(m, e)}
+    return not (mine & wrapped)
+
+
 def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
     """Whether the wraps need ``find_unused_parameters=True``; refuses an unfreeze of
     parameters frozen when the wrapper is built."""
     m = ctx.m
     if not wraps:
         return False
-    changes = requires_grad_changes(m)
+    changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
     if not changes:
         return False
     after = []

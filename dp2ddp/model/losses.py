@@ -37,13 +37,9 @@ def sum_reductions(m: SemanticModel) -> List[ast.keyword]:
 
 
 def _no_grad(m: SemanticModel, node: ast.AST) -> bool:
-    for a in m.ancestors(node):
-        if isinstance(a, (ast.With, ast.AsyncWith)) and any(
-            isinstance(i.context_expr, ast.Call) and m.is_name(i.context_expr.func, {"torch.no_grad", "torch.inference_mode"})
-            for i in a.items
-        ):
-            return True
-    return False
+    from dp2ddp.model.training import under_no_grad
+
+    return under_no_grad(m, node)
 
 
 def _trains_here(m: SemanticModel, node: ast.AST) -> bool:

@@ -27,6 +27,29 @@ ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
 FIRST_ARG = {"enumerate", "tqdm", "iter", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar", "ProgressBar", "IncrementalBar"}
 
 
+NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad", "torch.autograd.grad_mode.no_grad"})
+
+
+def under_no_grad(m: SemanticModel, node: ast.AST) -> bool:
+    """``node`` runs with gradients off: inside ``with torch.no_grad():`` (or
+    ``inference_mode()``, ``set_grad_enabled(False)``), or in a function decorated
+    ``@torch.no_grad()`` / ``@torch.inference_mode()``."""
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.With, ast.AsyncWith)):
+            for item in a.items:
+                e = item.context_expr
+                if isinstance(e, ast.Call) and m.is_name(e.func, NO_GRAD):
+                    return True
+                if isinstance(e, ast.Call) and m.is_name(e.func, {"torch.set_grad_enabled"}) and e.args and isinstance(e.args[0], ast.Constant) and e.args[0].value is False:
+                    return True
+        elif isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in a.decorator_list:
+                target = d.func if isinstance(d, ast.Call) else d
+                if m.is_name(target, NO_GRAD):
+                    return True
+    return False
+
+
 def is_backward(call: ast.Call) -> bool:
     return isinstance(call.func, ast.Attribute) and call.func.attr == "backward"
 

@@ -1,0 +1,71 @@
+"""A forward on a training batch between the wrap and training is refused.
+
+Layers that initialise themselves from the first batch they see (ActNorm in flow models,
+data-dependent initialisation, LSUV) do it in a forward before training. DataParallel ran
+that forward on the whole batch; under DDP each rank runs it on its own share, after the
+wrapper broadcast rank 0's parameters: the replicas start apart and stay apart. dp2ddp
+cannot tell such a forward from a harmless one, so a forward of the wrapped model on data
+from a loader, after the wrap and before the first training loop of the same function,
+stops the migration (DDP139) with the line.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import Wrappers
+from dp2ddp.engine import Finding
+from dp2ddp.model.collectives import var_key
+from dp2ddp.model.training import training_loops, under_no_grad
+
+NEEDS = (Wrappers,)
+
+
+def _batch(m, expr: ast.AST) -> bool:
+    """``expr`` is (made from) a batch of a loader: ``next(iter(loader))``, a loop variable."""
+    from dp2ddp.model.flow import origins
+
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "next":
+            return True
+        if not isinstance(n, ast.Name):
+            continue
+        for node, path in origins(m, n):
+            if "*" in path:
+                return True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "next":
+                return True
+    return False
+
+
+def propose(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    wrappers = ctx.need(Wrappers)
+    if not wrappers.keys:
+        return []
+    loops = training_loops(m)
+    out: List[Finding] = []
+    for call in m.nodes(ast.Call):
+        f = call.func
+        subject = f.value if isinstance(f, ast.Attribute) and f.attr == "module" else f
+        if var_key(m, subject) not in wrappers.keys:
+            continue
+        if any(isinstance(a, (ast.For, ast.AsyncFor, ast.While)) for a in m.ancestors(call)):
+            continue  # in a loop: training or evaluation, not a one-off before training
+        func = m.enclosing_function(call)
+        later = [lp for lp in loops if m.enclosing_function(lp) is func and (lp.lineno, lp.col_offset) > (call.lineno, call.col_offset)]
+        if not later:
+            continue
+        if not any(_batch(m, a) for a in list(call.args) + [k.value for k in call.keywords]):
+            continue
+        out.append(ctx.block(call, "DDP139", f"`{m.source(call)[:60]}` runs the wrapped model on a training batch before training "
+                             f"(line {later[0].lineno}): a layer that initialises from its first batch (ActNorm, data-dependent "
+                             "init) would start each rank from its own share and the replicas apart; run it before the wrap, "
+                             "then migrate" + (" (it runs under no_grad, the usual shape of such an initialisation)" if under_no_grad(m, call) else "")))
+        break
+    return out
+
+
+__all__ = ["propose"]
