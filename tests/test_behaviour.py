@@ -270,3 +270,34 @@ def test_whole_model_checkpoints_load_without_a_process_group(tmp_path: Path) ->
         assert "DistributedDataParallel" not in r.stdout, (tag, r.stdout)
     assert seen["torchrun"][0] == "Sequential (2, 1)" and seen["torchrun"] == seen["python"]
     assert seen["original"][0] == "DataParallel (2, 1)"  # the original pickled its wrapper
+
+
+def test_checkpoint_keys_as_the_projects_evaluation_script_reads_them(tmp_path: Path) -> None:
+    """The checkpoint policy (model/checkpoints.py key_policy): evaluate.py beside the script
+    loads into the bare model, so the migration writes plain keys; evaluate.py reads the
+    migration's file in a fresh python (no process group), and a resumed torchrun run
+    loads it back into the wrapper."""
+    src = BEHAVIOUR / "eval_script_keys"
+    result = migrate_source((src / "train.py").read_bytes(), str(src / "train.py"))
+    assert not result.migration.blocked and result.changed
+    assert any(f.code == "DDP150" and "evaluate.py:9" in f.message for f in result.migration.findings)
+    runs = {}
+    for tag in ("original", "torchrun"):
+        d = tmp_path / tag
+        shutil.copytree(src, d)
+        if tag == "original":
+            runs[tag] = run([sys.executable, "train.py"], d, env=_env())
+        else:
+            (d / "train.py").write_bytes(result.output)
+            cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"]
+            runs[tag] = retry_exit_abort(lambda: run(cmd, d, env=_env()), "eval_keys")
+        assert runs[tag].returncode == 0, (tag, runs[tag].stdout[-3000:])
+        ev = subprocess.run([sys.executable, "evaluate.py"], cwd=d, capture_output=True, text=True, timeout=120,
+                            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE")})
+        assert ev.returncode == 0 and ev.stdout.startswith("eval"), (tag, ev.stderr[-2000:])
+        keys = sorted(__import__("torch").load(d / "out" / "last.pth", weights_only=True)["model"])
+        assert not any(k.startswith("module.") for k in keys), (tag, keys)
+    d = tmp_path / "torchrun"
+    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py", "--resume"]
+    resumed = retry_exit_abort(lambda: run(cmd, d, env=_env()), "eval_keys_resume")
+    assert resumed.returncode == 0, resumed.stdout[-3000:]

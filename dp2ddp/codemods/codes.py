@@ -328,6 +328,18 @@ CODES: Tuple[MigrationCode, ...] = (
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor (x,) in loader:\n    model(x).sum().backward()\n    opt.step()\n",
     ),
     _c(
+        "DDP150", "checkpoint-keys", "info",
+        "the `state_dict` keys the migration writes for a wrapped model, and why",
+        "A DataParallel wrapper writes `module.`-prefixed keys; one device wrote plain keys. The project's own loaders "
+        "read one or the other, and `verify` judges the migration's checkpoints by the same policy.",
+        "As the project's loaders outside the script read them (an evaluation script that loads into the bare model: "
+        "plain keys, through `.module`; one that loads into a wrapper: `module.`); with none found, as the original "
+        "wrote them (an unconditional DataParallel wrap: `module.`; one that needed several GPUs: plain). Saves and the "
+        "script's own loads of that model go through `.module` together, or not at all.",
+        "Safe.",
+        _script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\ntorch.save(model.state_dict(), \"m.pt\")\n"),
+    ),
+    _c(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",

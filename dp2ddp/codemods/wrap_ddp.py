@@ -36,6 +36,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.checkpoints import PLAIN, key_policy
 from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel
 from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import placements_after
@@ -800,20 +801,29 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
         return []
     keys = wrapper_keys(m, seeds)
     guarded_all = wrapper_keys(m, guarded) if guarded else set()
+    policies = {g: key_policy(m, g) for g in (True, False)}
     edits = []
     first = None
+    out: List[Finding] = []
+    said = set()
     for use in wrapper_uses(m, keys):
         if use.kind not in ("attribute", "store", "state_dict"):
             continue
-        if use.kind == "state_dict" and var_key(m, use.node) not in guarded_all:
-            continue
+        if use.kind == "state_dict":
+            policy = policies[var_key(m, use.node) in guarded_all]
+            if policy.reason not in said:
+                said.add(policy.reason)
+                keys_text = "without `module.` (through `.module`)" if policy.default == PLAIN else "with `module.`"
+                out.append(ctx.note(use.node, "DDP150", f"state_dict keys of {m.source(use.node)} {keys_text}: {policy.reason}"))
+            if policy.default != PLAIN:
+                continue
         if _before_any_wrap(m, use.node, wrap_stmts):
             continue
         edits.append(Replace(ctx.cst(use.node), ctx.expr("{n}.module", n=m.source(use.node))))
         first = first or use.node
     if not edits:
-        return []
-    return [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
+        return out
+    return out + [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
 
 
 def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
