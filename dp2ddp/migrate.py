@@ -27,6 +27,7 @@ BLOCKING = "error"
 class Options:
     keep_batch_size: bool = False  # keep batch_size/num_workers per process instead of dividing
     print_all_ranks: bool = False  # do not restrict print() to rank 0
+    accept: frozenset = frozenset()  # refusal codes the user takes the risk of (rewrite --accept)
 
 
 @dataclass

@@ -36,12 +36,21 @@ def _fmt(display: str, f) -> str:
 @click.option(
     "--keep-batch-size",
     is_flag=True,
-    help="Keep batch_size/num_workers per process (default: divide by the world size, keeping DataParallel's global batch).",
+    help="Each rank takes whole batches of the original size, and num_workers is kept per process (default: each rank "
+    "takes its share of every batch, keeping DataParallel's global batch).",
+)
+@click.option(
+    "--accept",
+    "accept",
+    multiple=True,
+    metavar="CODE[,CODE]",
+    help="Take the named risk: a refusal with this code (e.g. DDP105) no longer stops the migration; the output "
+    "carries a '# dp2ddp: accepted CODE' comment at the spot.",
 )
 @click.option("--print-all-ranks", is_flag=True, help="Keep print() on every rank (default: rank 0 only).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Summary format.")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
-def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks, fmt, quiet) -> int:
+def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, print_all_ranks, fmt, quiet) -> int:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts.
 
     By default each PATH is written to <stem>_ddp.py beside it. Directories are searched
@@ -64,7 +73,13 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks
         raise click.UsageError("'-' (standard input) cannot be combined with other paths")
     if in_place and STDIN in files:
         raise click.UsageError("--in-place cannot be used with standard input")
-    options = Options(keep_batch_size=keep_batch_size, print_all_ranks=print_all_ranks)
+    accepted = frozenset(c.strip().upper() for a in accept for c in a.split(",") if c.strip())
+    from dp2ddp.registry import BY_CODE
+
+    unknown = sorted(c for c in accepted if c not in BY_CODE)
+    if unknown:
+        raise click.UsageError(f"--accept: unknown code {', '.join(unknown)}")
+    options = Options(keep_batch_size=keep_batch_size, print_all_ranks=print_all_ranks, accept=accepted)
 
     # phase 1: everything in memory
     results = []

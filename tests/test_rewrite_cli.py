@@ -170,3 +170,23 @@ def test_version_and_help(capsys) -> None:
     out = capsys.readouterr().out
     for cmd in ("rewrite", "check", "verify", "template"):
         assert cmd in out
+
+
+def test_accept_writes_a_refused_migration_with_a_comment_at_the_spot(tmp_path: Path, capsys) -> None:
+    """``--accept DDP105`` takes the named risk: the refusal becomes a warning (exit 1), the
+    migration is written, and the statement carries a comment saying so; an unknown code is
+    a usage error."""
+    src = (ROOT / "fixtures" / "shard_loaders" / "noop_iterable_dataset_refused.in.py").read_bytes()
+    f = tmp_path / "train.py"
+    f.write_bytes(src)
+    assert main(["rewrite", str(f)]) == 1
+    assert not (tmp_path / "train_ddp.py").exists()
+    assert "DDP105" in capsys.readouterr().err
+    assert main(["rewrite", "--accept", "ddp105", str(f)]) == 1
+    out = (tmp_path / "train_ddp.py").read_text()
+    lines = out.splitlines()
+    i = next(i for i, line in enumerate(lines) if line.startswith("train_loader = "))
+    assert lines[i - 1].startswith("# dp2ddp: accepted DDP105")
+    assert "DistributedDataParallel(" in out
+    assert "(accepted: written anyway)" in capsys.readouterr().err
+    assert main(["rewrite", "--accept", "DDP999", str(f)]) == 2

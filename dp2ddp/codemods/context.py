@@ -90,7 +90,25 @@ class Context:
         return self.finding(node, code, message, "warning")
 
     def block(self, node, code: str, message: str) -> Finding:
+        """A reason to leave the file unchanged; with ``--accept CODE`` a warning instead,
+        and the output says so in a comment above the statement."""
+        if code in getattr(self.options, "accept", ()):
+            edits = self._accepted_comment(node, code)
+            return self.finding(node, code, f"{message} (accepted: written anyway)", "warning", Fix(edits) if edits else None)
         return self.finding(node, code, message, "error")
+
+    def _accepted_comment(self, node, code: str) -> List[Edit]:
+        from dp2ddp.engine import Replace
+
+        stmt = self.m.statement_of(node) if node is not None else None
+        if stmt is None:
+            return []
+        line = self.bridge.statement(stmt)
+        if not hasattr(line, "leading_lines"):
+            return []
+        text = f"# dp2ddp: accepted {code}: this statement was not migrated safely (see `dp2ddp rewrite` output)"
+        comment = cst.EmptyLine(comment=cst.Comment(text))
+        return [Replace(line, lambda u: u.with_changes(leading_lines=[*u.leading_lines, comment]))]
 
     def unused_imports(self, wanted: Callable[[str, ast.alias], bool]) -> List[Edit]:
         """``RemoveImportIfUnused`` for each ``from module import name [as alias]`` (absolute)
