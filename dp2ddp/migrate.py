@@ -28,6 +28,11 @@ class Options:
     keep_batch_size: bool = False  # keep batch_size/num_workers per process instead of dividing
     print_all_ranks: bool = False  # do not restrict print() to rank 0
     accept: frozenset = frozenset()  # refusal codes the user takes the risk of (rewrite --accept)
+    # "script": one file on its own; in a project migration (rewrite --with-helpers), "entry" is
+    # the script that runs (its helpers hold the DataParallel wraps) and "helper" a project
+    # module it imports (it gets the wrap, not the process group)
+    role: str = "script"
+    project_wraps: tuple = ()  # entry role: (call in the entry, guarded) for each helper call that returns a wrapper
 
 
 @dataclass
@@ -88,7 +93,7 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
     from dp2ddp.model.wraps import dp_other_refs, dp_type_refs, dp_wraps, unresolved_dp
 
     options = options or Options()
-    if not applicable(model):
+    if not applicable(model) and options.role != "entry":
         return Migration()
     ctx = Context(model, bridge, options)
     findings: List[Finding] = []
@@ -141,6 +146,26 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
     return Migration(findings=_sorted(findings), edits=edits, blocked=blocked, applicable=True)
 
 
+def _project_miss(model) -> Migration:
+    """A script without DataParallel whose project modules wrap its model in DataParallel
+    (``model = models.build(args)``): not "nothing to migrate" but a refusal that says to
+    migrate the project (DDP151)."""
+    from dp2ddp.project import helpers_with_dp
+
+    found = helpers_with_dp(model)
+    if not found:
+        return Migration()
+    call, rel, line = found[0]
+    from dp2ddp.engine import Finding
+
+    pos = model.position(call)
+    end = model.end_position(call)
+    f = Finding("DDP151", f"{model.source(call.func)}() reaches DataParallel in the project module {rel}:{line}: migrate "
+                "the script and its helpers together with `dp2ddp rewrite {0} --with-helpers`".format(model.path.rsplit("/", 1)[-1]),
+                call, line=pos[0], col=pos[1], severity="error", end_line=end[0], end_col=end[1])
+    return Migration(findings=[f], blocked=True, applicable=True)
+
+
 def _why_unresolved(model, node) -> str:
     import ast
 
@@ -166,11 +191,15 @@ def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options
 
     src = Source(path, data)
     tree, text = parse_ast(src)
-    if quick_reject(data):
+    if quick_reject(data) and (options is None or options.role != "entry"):
+        if b"import" in data and path not in ("<stdin>", "-"):
+            from dp2ddp.model.core import SemanticModel
+
+            return Result(path, data, False, _project_miss(SemanticModel(tree, text, path)))
         return Result(path, data, False, Migration())
     model = SemanticModel(tree, text, path)
-    if not applicable(model):
-        return Result(path, data, False, Migration())
+    if not applicable(model) and (options is None or options.role != "entry"):
+        return Result(path, data, False, _project_miss(model))
     from dp2ddp.model.bridge import Bridge
 
     module = parse(src)

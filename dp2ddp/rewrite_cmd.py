@@ -47,10 +47,16 @@ def _fmt(display: str, f) -> str:
     help="Take the named risk: a refusal with this code (e.g. DDP105) no longer stops the migration; the output "
     "carries a '# dp2ddp: accepted CODE' comment at the spot.",
 )
+@click.option(
+    "--with-helpers",
+    is_flag=True,
+    help="Migrate the script and the project modules it imports that use DataParallel, as one plan (with "
+    "--in-place, --diff, or -o DIR: a copy of the project with the migration).",
+)
 @click.option("--print-all-ranks", is_flag=True, help="Keep print() on every rank (default: rank 0 only).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Summary format.")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
-def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, print_all_ranks, fmt, quiet) -> int:
+def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, with_helpers, print_all_ranks, fmt, quiet) -> int:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts.
 
     By default each PATH is written to <stem>_ddp.py beside it. Directories are searched
@@ -80,6 +86,13 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, print_a
     if unknown:
         raise click.UsageError(f"--accept: unknown code {', '.join(unknown)}")
     options = Options(keep_batch_size=keep_batch_size, print_all_ranks=print_all_ranks, accept=accepted)
+    if with_helpers:
+        if len(paths) != 1 or STDIN in files or len(files) != 1:
+            raise click.UsageError("--with-helpers takes one script (the one that runs)")
+        if not modes:
+            raise click.UsageError("--with-helpers changes several files: pass --in-place, --diff, or -o DIR (a copy of the "
+                                   "project with the migration)")
+        return _rewrite_project(files[0], options, output, in_place, show_diff, fmt, quiet)
 
     # phase 1: everything in memory
     results = []
@@ -127,6 +140,60 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, print_a
     elif not quiet:
         _print_summary(report, show_diff, err=True)
     return status
+
+
+def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: bool, fmt: str, quiet: bool) -> int:
+    """``rewrite train.py --with-helpers``: one plan for the script and its helpers
+    (:mod:`dp2ddp.project`); nothing is written unless every file migrates."""
+    from dp2ddp.project import plan_project, project_root
+
+    try:
+        project = plan_project(entry, options)
+    except InputError as e:
+        click.echo(f"error: {e}", err=True)
+        click.echo("error: nothing was written", err=True)
+        return EXIT_USAGE
+    status = EXIT_OK
+    for f in project.files:
+        for w in f.result.migration.warnings:
+            click.echo(_fmt(display_path(f.path), w), err=True)
+            status = EXIT_NOT_MIGRATED
+    if project.blocked:
+        click.echo(f"{display_path(entry)}: project not migrated, no file written (see the warnings above)", err=True)
+        return EXIT_NOT_MIGRATED
+    report = []
+    if show_diff:
+        for f in project.changed:
+            _print_diff(display_path(f.path), f.result.output, f.path)
+        report = [(display_path(f.path), None, f.result) for f in project.files]
+    else:
+        root = project_root(project)
+        writes = []
+        for f in project.changed:
+            dest = f.path if in_place else os.path.join(output, os.path.relpath(os.path.abspath(f.path), root))
+            writes.append((dest, f))
+        if output:
+            from dp2ddp.project import copy_project
+
+            copy_project(root, output)
+        for dest, f in writes:
+            atomic_write(dest, f.result.output, like=f.path)
+        dests = {id(f): dest for dest, f in writes}
+        report = [(display_path(f.path), dests.get(id(f)), f.result) for f in project.files]
+    if fmt == "json":
+        click.echo(json.dumps([_json_entry(d, dest, r) for d, dest, r in report], indent=2))
+    elif not quiet:
+        _print_summary(report[:1], show_diff, err=False)
+        _print_summary_helpers(report[1:])
+    return status
+
+
+def _print_summary_helpers(report) -> None:
+    for display, dest, result in report:
+        where = "" if dest is None else f" -> {dest}"
+        click.secho(f"{display}{where} (helper module)", bold=True)
+        for f in result.migration.notes:
+            click.echo(f"  {f.line:>4}  {f.message}")
 
 
 def _print_diff(display: str, new: bytes, path: str) -> None:

@@ -340,6 +340,14 @@ CODES: Tuple[MigrationCode, ...] = (
         _script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\ntorch.save(model.state_dict(), \"m.pt\")\n"),
     ),
     _c(
+        "DDP151", "data-parallel-in-project-module", "error",
+        "the script has no DataParallel of its own, but a project module it calls wraps the model in DataParallel",
+        "Migrating the script alone would leave the helper's DataParallel in place, and migrating the helper alone "
+        "would leave nobody to set up the process group: \"nothing to migrate\" would be a silent miss.",
+        "Migrate them together: `dp2ddp rewrite train.py --with-helpers` (with `--diff`, `--in-place` or `-o DIR`).",
+        "No fix.",
+    ),
+    _c(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",

@@ -59,6 +59,7 @@ class Context:
         self._names: Dict[str, str] = {}
         self._fresh: set = set()
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
+        self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
 
     # ------------------------------------------------------------------ facts between transforms
     def provide(self, fact: object) -> None:
@@ -191,17 +192,29 @@ class Context:
         """This process's global rank. In a script with its own distributed path the process
         group may not exist yet (or at all, without torchrun): then torchrun's RANK, else 0."""
         dist = self.name("dist")
-        if self.mode == "mixed":
+        if self.mode == "mixed" or self.role == "helper":
+            # a helper module may also be imported where no process group exists (an evaluation script)
             return f'({dist}.get_rank() if {dist}.is_initialized() else int({self.name("os")}.environ.get("RANK", 0)))'
         return f"{dist}.get_rank()"
 
     def ddp_call(self, module_text: str, find_unused: bool = False) -> str:
         torch = self.name("torch")
         extra = ", find_unused_parameters=True" if find_unused else ""
-        return (
+        call = (
             f"{self.name('DDP')}({module_text}, device_ids=[{torch}.cuda.current_device()] "
             f"if {torch}.cuda.is_available() else None{extra})"
         )
+        if self.role == "helper":
+            # a project module: also imported where no process group exists (an evaluation script)
+            return f"{call} if {self.name('dist')}.is_initialized() else {module_text}"
+        return call
+
+    def module_of(self, text: str) -> str:
+        """The bare model behind a wrapper named ``text``: ``text.module``; in a helper module
+        (where the wrapper exists only under a process group) whichever it holds."""
+        if self.role == "helper" or self.mode == "mixed":
+            return f'getattr({text}, "module", {text})'
+        return f"{text}.module"
 
     # ------------------------------------------------------------------ placement
     def work_nodes(self) -> List[ast.AST]:
@@ -218,7 +231,8 @@ class Context:
         does, so every ``dist.get_rank()`` the migration adds runs after it."""
         m = self.m
         guard = m.main_guard
-        if guard is None:
+        if guard is None or self.role == "entry":
+            # an entry script's helpers build the wrapper wherever its calls reach them: set up first
             return ("module", None, None)
         pre = self.pre_setup_functions
         work = self.work_nodes()

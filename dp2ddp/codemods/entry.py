@@ -88,8 +88,8 @@ def _trains_elsewhere(m: SemanticModel, use) -> bool:
 def check_entry(ctx: Context) -> List[Finding]:
     m = ctx.m
     wraps = dp_wraps(m)
-    if not wraps:
-        return []
+    if not wraps or ctx.role == "helper":
+        return []  # a project's helper module: the entry script sets up the group and trains
     if not has_entry_point(m):
         first = wraps[0].call
         return [
@@ -97,8 +97,8 @@ def check_entry(ctx: Context) -> List[Finding]:
                 first,
                 "DDP116",
                 "library module (no `if __name__ == \"__main__\":` and no module-level code that runs): the process group "
-                "must be set up by the script that runs; migrate that script, and build DistributedDataParallel here only "
-                "when `torch.distributed.is_initialized()`",
+                "must be set up by the script that runs; migrate that script with its helpers "
+                "(`dp2ddp rewrite train.py --with-helpers`)",
             )
         ]
     if not trains(m):

@@ -28,7 +28,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         f = call.func
         text = m.source(f)
-        new = f"getattr({text}, \"module\", {text})" if ctx.mode == "mixed" else f"{text}.module"
+        new = ctx.module_of(text)
         edits.append(Replace(ctx.cst(f), ctx.expr(new)))
         first = first or call
     if not edits:

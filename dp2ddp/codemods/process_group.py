@@ -21,8 +21,8 @@ from dp2ddp.model.core import is_docstring
 
 
 def propose(ctx: Context) -> List[Finding]:
-    if ctx.mode != "plain":
-        return []
+    if ctx.mode != "plain" or ctx.role == "helper":
+        return []  # a helper module of a project: its entry script sets the group up
     m = ctx.m
     kind, where, _ = ctx.setup_site
     values = dict(

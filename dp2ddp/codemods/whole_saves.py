@@ -42,7 +42,7 @@ def propose(ctx: Context) -> List[Finding]:
         if id(part) in seen:
             continue
         seen.add(id(part))
-        edits.append(Replace(ctx.cst(part), ctx.expr("{p}.module", p=m.source(part))))
+        edits.append(Replace(ctx.cst(part), ctx.expr(ctx.module_of(m.source(part)))))
         first = first or call
     if not edits:
         return []

@@ -258,6 +258,15 @@ def propose(ctx: Context) -> List[Finding]:
                 guarded_keys.update(keys)
     for hoist in hoists.values():
         out.append(_insert_hoisted(ctx, hoist, find_unused))
+    if ctx.role == "entry":
+        # the wrapper a helper module returns (`model = models.build(args)`) is a wrapper here too
+        from dp2ddp.model.wraps import project_wrapper_returns
+
+        for call, guarded in project_wrapper_returns(m):
+            keys = set(assigned_keys(m, call))
+            seeds |= keys
+            if guarded:
+                guarded_keys |= keys
     wrappers.seeds, wrappers.guarded = seeds, guarded_keys
     wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
     out.extend(route_uses(ctx, seeds, guarded_keys, {w.stmt for w in keep}))
@@ -394,8 +403,10 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap]) -> bool:
     from dp2ddp.model.flow import origins
 
     owner = _changed_owner(m, change)
-    while isinstance(owner, ast.Attribute) and not (isinstance(owner.value, ast.Name) and owner.value.id == "self"):
-        owner = owner.value  # model.backbone -> model
+    while isinstance(owner, (ast.Attribute, ast.Subscript)) and not (
+        isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
+    ):
+        owner = owner.value  # model.module[0], model.backbone -> model
     if owner is None:
         return False
     mine = {id(n) for n, _ in origins(m, owner)}
@@ -819,7 +830,7 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
                 continue
         if _before_any_wrap(m, use.node, wrap_stmts):
             continue
-        edits.append(Replace(ctx.cst(use.node), ctx.expr("{n}.module", n=m.source(use.node))))
+        edits.append(Replace(ctx.cst(use.node), ctx.expr(ctx.module_of(m.source(use.node)))))
         first = first or use.node
     if not edits:
         return out

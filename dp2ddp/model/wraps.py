@@ -314,3 +314,38 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
         out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", asserts))  # type: ignore[attr-defined]
     m.cache["dp_helper_calls"] = out
     return out
+
+
+def returned_wraps(m: SemanticModel, func: ast.AST) -> List[Wrap]:
+    """The DataParallel wraps of ``func`` whose wrapper it returns (``return model`` after
+    ``model = DataParallel(model)``, or ``return DataParallel(model)``)."""
+    out = []
+    for w in dp_wraps(m):
+        if w.functional or w.function is not func:
+            continue
+        for r in ast.walk(func):
+            if not isinstance(r, ast.Return) or r.value is None or m.enclosing_function(r) is not func:
+                continue
+            values = r.value.elts if isinstance(r.value, ast.Tuple) else [r.value]
+            if any(v is w.outer or (w.target is not None and m.source(v) == m.source(w.target)) for v in values):
+                out.append(w)
+                break
+    return out
+
+
+def project_wrapper_returns(m: SemanticModel) -> List[ast.Call]:
+    """Calls of this script to a function of a project module that returns a DataParallel
+    wrapper (``model = models.build(args)``), with whether that wrap needed a condition:
+    ``[(call, guarded)]``."""
+    got = m.cache.get("wraps:project_returns")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out = []
+    for call, (pm, func, _rel) in project_calls(m):
+        if isinstance(func, ast.ClassDef):
+            continue
+        ws = returned_wraps(pm, func)
+        if ws:
+            out.append((call, any(w.conditions for w in ws)))
+    m.cache["wraps:project_returns"] = out
+    return out  # type: ignore[return-value]

@@ -204,6 +204,12 @@ NOT_EMITTED: dict = {}
 # codes drawn only with a project module beside the script (file name -> text), written
 # next to the example before it is migrated
 PROJECT_MODULES: dict = {
+    "DDP151": {
+        "models.py": (
+            "import torch.nn as nn\n\n\n"
+            "def build_model():\n    return nn.DataParallel(nn.Linear(8, 1))\n"
+        ),
+    },
     "DDP126": {
         "replicate.py": (
             "from torch.nn.parallel import DataParallel\n\n\n"
@@ -239,4 +245,12 @@ def fit(model):
 
 
 fit(build())
+'''
+
+EXAMPLES["DDP151"] = _HEAD + '''from models import build_model
+
+model = build_model()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(4, 8)).sum().backward()
+opt.step()
 '''

@@ -1,0 +1,211 @@
+"""A project, not a file: the script that runs and the project modules that hold its
+DataParallel wraps, migrated as one plan (``dp2ddp rewrite train.py --with-helpers``).
+
+* :func:`project_modules`: the modules of the project a script imports (beside it, or up
+  to three folders above for absolute names, as :func:`dp2ddp.model.core.module_file`
+  finds them), transitively, each read once.
+* :func:`helpers_with_dp`: those that use DataParallel, with the call of the script that
+  reaches them — a script without DataParallel of its own is then not "nothing to
+  migrate" but a project to migrate (DDP151).
+* :func:`plan_project`: the entry script migrated in the ``entry`` role (process group,
+  loaders, writers, checkpoints; the wrappers its helpers return are followed) and every
+  helper in the ``helper`` role (the wrap, ``.module`` uses; no process group: the entry
+  sets it up). One result per file; any refusal blocks all of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from dp2ddp.model.core import module_file
+
+_DEPTH = 3
+_NOT_PROJECT = frozenset({"torch", "torchvision", "numpy", "os", "sys", "math", "time", "json", "argparse", "random",
+                          "logging", "shutil", "pathlib", "collections", "typing", "tqdm", "PIL", "scipy", "sklearn",
+                          "pandas", "matplotlib", "yaml", "transformers", "timm", "apex", "tensorboardX", "wandb"})
+
+
+def _imported_modules(tree: ast.Module) -> List[Tuple[str, int]]:
+    """``(module name, level)`` of every import in the module (functions included)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, 0) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level or base.split(".")[0] not in _NOT_PROJECT:
+                out.append((base, node.level))
+                # `from pkg import sub`: sub may be a module of the package
+                out.extend((f"{base}.{a.name}" if base else a.name, node.level) for a in node.names if a.name != "*")
+    return [(name, level) for name, level in out if level or name.split(".")[0] not in _NOT_PROJECT]
+
+
+def project_modules(path: str, tree: Optional[ast.Module] = None) -> Dict[str, Tuple[str, int]]:
+    """Project module files reachable by imports from ``path``: real path -> (path relative
+    to ``path``'s folder, depth)."""
+    base = os.path.dirname(os.path.abspath(path))
+    me = os.path.realpath(path)
+    out: Dict[str, Tuple[str, int]] = {}
+    todo: List[Tuple[str, Optional[ast.Module], int]] = [(os.path.abspath(path), tree, 0)]
+    while todo:
+        file, t, depth = todo.pop()
+        if depth >= _DEPTH:
+            continue
+        if t is None:
+            t = _parse(file)
+            if t is None:
+                continue
+        here = os.path.dirname(file)
+        for name, level in _imported_modules(t):
+            found = module_file(here, name, level) or (module_file(base, name, level) if here != base else None)
+            if found is None:
+                continue
+            real = os.path.realpath(found)
+            if real == me or real in out:
+                continue
+            out[real] = (os.path.relpath(found, base), depth + 1)
+            todo.append((found, None, depth + 1))
+    return out
+
+
+def _parse(file: str) -> Optional[ast.Module]:
+    try:
+        with open(file, "rb") as fh:
+            data = fh.read()
+        from dp2ddp.model.core import decode
+
+        return ast.parse(decode(data), filename=file)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+        return None
+
+
+def _uses_dp(file: str) -> bool:
+    from dp2ddp.migrate import quick_reject
+
+    try:
+        with open(file, "rb") as fh:
+            return not quick_reject(fh.read())
+    except OSError:
+        return False
+
+
+def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
+    """``(call in the script, helper path relative to it, line of its first DataParallel)``
+    for the project modules with DataParallel that the script's calls reach (directly, or
+    through the project modules they import)."""
+    if m.path in ("<string>", "<stdin>", "-"):
+        return []
+    mods = project_modules(m.path, m.tree)
+    dp_files = [real for real in mods if _uses_dp(real)]
+    if not dp_files:
+        return []
+    from dp2ddp.model.core import project_calls
+
+    out = []
+    base = os.path.dirname(os.path.abspath(m.path))
+    for call, (pm, _def, rel) in project_calls(m):
+        reach = {os.path.realpath(pm.path)} | set(project_modules(pm.path, pm.tree))
+        for real in dp_files:
+            if real in reach:
+                out.append((call, mods[real][0], _first_dp_line(real)))
+                break
+    if not out:
+        return []
+    out.sort(key=lambda t: (t[0].lineno, t[0].col_offset))
+    del base
+    return out
+
+
+def _first_dp_line(file: str) -> int:
+    from dp2ddp.migrate import _DP_BYTES
+
+    try:
+        with open(file, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return 1
+    hit = _DP_BYTES.search(data)
+    return data.count(b"\n", 0, hit.start()) + 1 if hit else 1
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class FileResult:
+    path: str  # as given / found
+    rel: str  # relative to the entry's folder
+    role: str
+    result: object  # dp2ddp.migrate.Result
+
+
+@dataclass
+class ProjectResult:
+    entry: str
+    files: List[FileResult] = field(default_factory=list)
+
+    @property
+    def blocked(self) -> bool:
+        return any(f.result.migration.blocked for f in self.files)  # type: ignore[attr-defined]
+
+    @property
+    def changed(self) -> List[FileResult]:
+        return [f for f in self.files if f.result.changed]  # type: ignore[attr-defined]
+
+
+def plan_project(entry: str, options) -> ProjectResult:
+    """Migrate ``entry`` and the project modules with DataParallel it reaches (see the
+    module docstring). Raises :class:`dp2ddp.source.InputError` on unreadable input."""
+    from dataclasses import replace
+
+    from dp2ddp.migrate import migrate_source
+    from dp2ddp.source import read_source
+
+    out = ProjectResult(entry)
+    mods = project_modules(entry)
+    helpers = sorted((rel, real) for real, (rel, _d) in mods.items() if _uses_dp(real))
+    for rel, real in helpers:
+        src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
+        res = migrate_source(src.data, src.display, replace(options, role="helper"))
+        out.files.append(FileResult(src.display, rel, "helper", res))
+    src = read_source(entry)
+    res = migrate_source(src.data, src.display, replace(options, role="entry" if helpers else "script"))
+    out.files.insert(0, FileResult(src.display, os.path.basename(entry), "entry" if helpers else "script", res))
+    return out
+
+
+def project_root(project: ProjectResult) -> str:
+    """The folder that holds the entry script and every helper."""
+    folders = [os.path.dirname(os.path.abspath(f.path)) for f in project.files]
+    return os.path.commonpath(folders)
+
+
+_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".tox"}
+_BIG = 20 * 1024 * 1024
+
+
+def copy_project(root: str, dest: str) -> None:
+    """Copy the project at ``root`` to ``dest`` (a new or empty folder) so that the migration
+    runs there as the original runs in ``root``: every file but version control and caches;
+    a file over 20 MB (data, weights) is linked, not copied, and never written through."""
+    import shutil
+
+    if os.path.exists(dest) and os.listdir(dest):
+        from dp2ddp.source import InputError
+
+        raise InputError(f"{dest}: not empty; -o with --with-helpers needs a new or empty folder")
+    for here, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and os.path.realpath(os.path.join(here, d)) != os.path.realpath(dest))
+        out = os.path.join(dest, os.path.relpath(here, root))
+        os.makedirs(out, exist_ok=True)
+        for name in names:
+            src = os.path.join(here, name)
+            if name.endswith(".pyc") or not os.path.isfile(src):
+                continue
+            if os.path.getsize(src) > _BIG:
+                os.symlink(os.path.abspath(src), os.path.join(out, name))
+            else:
+                shutil.copy2(src, os.path.join(out, name))
