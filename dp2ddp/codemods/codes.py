@@ -135,13 +135,15 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix.",
     ),
     _c(
-        "DDP110", "writer-left-on-every-rank", "warning",
-        "a writer (TensorBoard, a log or results file) that dp2ddp cannot restrict to rank 0, or a call of the "
-        "project's own module (a file beside the script, which the rewrite does not edit) that creates a folder "
-        "without `exist_ok`",
-        "Every rank would write its own copy or write the same file at once; ranks that create one folder race, "
-        "and one of them raises `FileExistsError`.",
-        "Create and use it under `if dist.get_rank() == 0:` only; in the named module, pass `exist_ok=True`.",
+        "DDP110", "writer-left-on-every-rank", "error",
+        "a writer that dp2ddp cannot restrict to rank 0; the file is left unchanged",
+        "Every rank would write its own copy of a log or an event file, or the same file at once; a project helper "
+        "that removes and recreates a folder on every rank deletes what rank 0 wrote. A migration that writes N copies "
+        "is refused rather than written (`--accept DDP110` writes it anyway).",
+        "Restrict it to rank 0 (`if dist.get_rank() == 0:`), or split the writing out of a helper that also keeps "
+        "state, then migrate. (What dp2ddp can restrict it does: writers in the script, project helpers that only "
+        "write — called on rank 0 —, and helpers that create a folder without `exist_ok` — run on rank 0 first, "
+        "the other ranks after a barrier.)",
         "No fix.",
     ),
     _c(

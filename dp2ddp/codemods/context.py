@@ -185,6 +185,10 @@ class Context:
         also when that path is off: no process group)."""
         return f"{self._rank()} == 0"
 
+    def env_rank0(self) -> str:
+        """Rank 0 before the process group exists: torchrun's RANK (absent: a world of one)."""
+        return f'int({self.name("os")}.environ.get("RANK", 0)) == 0'
+
     def not_rank0(self) -> str:
         return f"{self._rank()} != 0"
 

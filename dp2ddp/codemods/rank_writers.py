@@ -23,7 +23,7 @@ from typing import List, Optional, Set
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, Replace
+from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel, kwarg
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
@@ -165,42 +165,86 @@ def propose(ctx: Context) -> List[Finding]:
     tensorboard_keys(ctx)
     bad = {id(w): why for w, why in ctx.cache.get("tensorboard_bad", [])}  # type: ignore[union-attr]
     for made in ctx.cache.get("tensorboard_made", []):  # type: ignore[union-attr]
-        if not rank_guarded(m, made) and (ctx.mode != "plain" or ctx.in_setup_region(made)):
-            out.append(_restrict(ctx, Writer("tensorboard", made), None))  # type: ignore[arg-type]
+        if not rank_guarded(m, made):
+            early = ctx.mode == "plain" and not ctx.in_setup_region(made)
+            out.append(_restrict(ctx, Writer("tensorboard", made), None, early))  # type: ignore[arg-type]
     for w in writers(m):
         if w.kind not in ("tensorboard", "wandb", "tqdm", "logfile", "open"):
             continue
         if rank_guarded(m, w.call):
             continue
-        if ctx.mode == "plain" and not ctx.in_setup_region(w.call):
-            if w.kind != "open":
-                out.append(ctx.warn(w.call, "DDP110", f"{_what(w)} is created before the process group exists: restrict it to rank 0 by hand"))
+        early = ctx.mode == "plain" and not ctx.in_setup_region(w.call)
+        if early and w.kind == "open":
             continue
-        f = _restrict(ctx, w, bad.get(id(w)))
+        f = _restrict(ctx, w, bad.get(id(w)), early)
         if f is not None:
             out.append(f)
     for race in companion_folder_races(m):
         if not rank_guarded(m, race.call):
-            out.append(ctx.warn(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank: "
-                                "the ranks race and one raises FileExistsError; create it on rank 0, or pass exist_ok=True, by hand"))
+            out.append(_rank_zero_first(ctx, race))
     for w in companion_writes(m):
         if not rank_guarded(m, w.call):
-            out.append(ctx.warn(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp does not guard "
-                                "a call of the project's own code: call it on rank 0 (`if dist.get_rank() == 0:`) by hand"))
+            out.append(_companion_write(ctx, w))
     return out
+
+
+def _rank_zero_first(ctx: Context, race) -> Finding:
+    """``saver = Saver(args)`` whose ``__init__`` makes a folder without ``exist_ok``: rank 0
+    runs it first, the other ranks after a barrier (then the folder exists), each rank
+    passing exactly one barrier. One that also deletes files (``rmtree`` then ``makedirs``)
+    would delete rank 0's: refused."""
+    m = ctx.m
+    stmt = m.statement_of(race.call)
+    if race.deletes is not None:
+        return ctx.block(race.call, "DDP110", f"{race.name} removes and creates folders ({race.deletes}, {race.where}) on every "
+                         "rank: the other ranks would delete what rank 0 wrote; make it run on rank 0 only, then migrate")
+    if race.lists is not None:
+        return ctx.block(race.call, "DDP110", f"{race.name} picks the folder it creates from what already exists ({race.lists}, "
+                         f"{race.where}): every rank would pick and create its own; let rank 0 choose the folder and pass it "
+                         "to the others, then migrate")
+    if stmt is None or not ctx.bridge.alone_on_line(stmt) or any(isinstance(a, (ast.For, ast.While, ast.AsyncFor)) for a in m.ancestors(stmt)):
+        return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, in a "
+                         "statement dp2ddp cannot order between the ranks: create it on rank 0 first, then migrate")
+    dist = ctx.name("dist")
+    line = ctx.bridge.statement(stmt)
+    before = ctx.stmt(f"if {ctx.not_rank0()}:\n    {dist}.barrier()  # rank 0 creates {race.name}'s folders first\n")
+    after = ctx.stmt(f"if {ctx.rank0()}:\n    {dist}.barrier()\n")
+    return ctx.note(race.call, "DDP132", f"{race.name} runs on rank 0 first, then on the other ranks ({race.where} creates a "
+                    "folder without exist_ok: no race)", [InsertBefore(line, (before,)), InsertAfter(line, (after,))])
+
+
+def _companion_write(ctx: Context, w) -> Finding:
+    """``utils.save_checkpoint(state, path)``: a project function or method that only writes
+    (returns nothing, keeps no state, reaches no collective), called as a statement, runs on
+    rank 0; anything else is refused."""
+    m = ctx.m
+    stmt = m.statement_of(w.call)
+    whole = isinstance(stmt, ast.Expr) and stmt.value is w.call and ctx.bridge.alone_on_line(stmt)
+    if w.deletes is not None or not w.only_writes or not whole:
+        why = (
+            f"it also removes files ({w.deletes})" if w.deletes is not None
+            else "its result is used" if not whole
+            else "it also keeps state or returns a value every rank needs"
+        )
+        return ctx.block(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp cannot run it on rank 0 "
+                         f"alone: {why}; split the writing out and call that on rank 0, then migrate")
+    return ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: it runs on rank 0 only",
+                    [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))])
 
 
 def _what(w: Writer) -> str:
     return {"tensorboard": "a SummaryWriter", "wandb": "a wandb run", "tqdm": "a tqdm bar", "logfile": "a log file", "open": "a file opened for writing"}[w.kind]
 
 
-def _restrict(ctx: Context, w: Writer, problem: Optional[str]) -> Optional[Finding]:
+def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = False) -> Optional[Finding]:
+    """Restrict a writer to rank 0; ``early``: it is made before the process group exists,
+    so the rank comes from torchrun's environment (RANK)."""
     m = ctx.m
     call = w.call
-    rank0 = ctx.rank0()
+    rank0 = ctx.env_rank0() if early else ctx.rank0()
     if w.kind == "tensorboard":
         if problem is not None:
-            return ctx.warn(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
+            return ctx.block(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
         new = f"{{c}} if {_paren_text(rank0)} else None"
         return ctx.note(call, "DDP135", "SummaryWriter created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
     if w.kind == "wandb":
@@ -223,11 +267,11 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str]) -> Optional[Findi
     if w.kind in ("logfile", "open"):
         path = w.path
         if path is None:
-            return ctx.warn(call, "DDP110", f"{_what(w)} without a path dp2ddp can read: restrict it to rank 0 by hand")
+            return ctx.block(call, "DDP110", f"{_what(w)} without a path dp2ddp can read: restrict it to rank 0, then migrate")
         if w.kind == "open":
             mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
             if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)) or "x" in mode.value or "r" in mode.value:
-                return ctx.warn(call, "DDP110", "file opened for writing in a mode dp2ddp cannot redirect: restrict it to rank 0 by hand")
+                return ctx.block(call, "DDP110", "file opened for writing in a mode dp2ddp cannot redirect: restrict it to rank 0, then migrate")
             if _rank_specific(m, path):
                 return None
         edit = Replace(ctx.cst(path), ctx.expr("{p} if {r} else {os}.devnull", p=_paren(m, path), r=_paren_text(rank0), os=ctx.name("os")))

@@ -812,7 +812,7 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
         return []
     keys = wrapper_keys(m, seeds)
     guarded_all = wrapper_keys(m, guarded) if guarded else set()
-    policies = {g: key_policy(m, g) for g in (True, False)}
+    policies: Dict[bool, object] = {}
     edits = []
     first = None
     out: List[Finding] = []
@@ -821,7 +821,8 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
         if use.kind not in ("attribute", "store", "state_dict"):
             continue
         if use.kind == "state_dict":
-            policy = policies[var_key(m, use.node) in guarded_all]
+            g = var_key(m, use.node) in guarded_all
+            policy = policies.get(g) or policies.setdefault(g, key_policy(m, g))
             if policy.reason not in said:
                 said.add(policy.reason)
                 keys_text = "without `module.` (through `.module`)" if policy.default == PLAIN else "with `module.`"

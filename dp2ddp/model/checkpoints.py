@@ -283,8 +283,6 @@ def project_load_sites(m: SemanticModel) -> List[LoadSite]:
     got = m.cache.get("checkpoints:project_sites")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.core import build
-
     out: List[LoadSite] = []
     if m.path not in ("<string>", "<stdin>", "-") and os.path.isfile(m.path):
         base = os.path.dirname(os.path.abspath(m.path))
@@ -305,23 +303,42 @@ def project_load_sites(m: SemanticModel) -> List[LoadSite]:
             p = os.path.join(base, rel)
             if p not in files:
                 files.append(p)
-        for p in files[:_MAX_FILES]:
-            try:
-                if os.path.getsize(p) > _MAX_BYTES:
-                    continue
-                with open(p, "rb") as fh:
-                    data = fh.read()
-            except OSError:
-                continue
-            if b"load_state_dict" not in data:
-                continue
-            try:
-                pm = build(data, p)
-            except (SyntaxError, ValueError, UnicodeDecodeError, LookupError):
-                continue
-            out.extend(load_sites(pm, os.path.relpath(p, base)))
+        # read only files that may read our checkpoints: they name one of its files, or
+        # (where the script's saves name none) a project module the script imports
+        names = saved_file_names(m)
+        words = [n.encode() for n in names] if names else [os.path.splitext(os.path.basename(r))[0].encode() for r in _project_imports(m)]
+        if words:
+            for p in files[:_MAX_FILES]:
+                out.extend(_file_load_sites(p, os.path.relpath(p, base), words))
     m.cache["checkpoints:project_sites"] = out
     return out
+
+
+_SITES: dict = {}  # (real path, mtime, rel) -> load sites: each file read once per run
+
+
+def _file_load_sites(p: str, rel: str, words: List[bytes]) -> List[LoadSite]:
+    from dp2ddp.model.core import build
+
+    try:
+        st = os.stat(p)
+    except OSError:
+        return []
+    key = (os.path.realpath(p), st.st_mtime_ns, rel, tuple(words))
+    got = _SITES.get(key)
+    if got is not None:
+        return got
+    got = []
+    if st.st_size <= _MAX_BYTES:
+        try:
+            with open(p, "rb") as fh:
+                data = fh.read()
+            if b"load_state_dict" in data and any(w in data for w in words):
+                got = load_sites(build(data, p), rel)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+            got = []
+    _SITES[key] = got
+    return got
 
 
 def _project_modules_called(m: SemanticModel):

@@ -144,6 +144,51 @@ class CompanionRace:
     call: ast.Call  # the call in this script
     name: str  # what it calls (``Saver``)
     where: str  # ``utils/saver.py:20``, relative to the script's folder
+    deletes: Optional[str] = None  # ``utils/saver.py:18`` where it also removes files or folders
+    only_writes: bool = False  # it writes and does nothing else every rank needs (see writes_only)
+    lists: Optional[str] = None  # ``utils/saver.py:8`` where it lists a folder (``run_{n}`` from what exists)
+
+
+LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
+
+
+def _lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+    """A folder listed (``glob``, ``listdir``, ``Path.iterdir``): names picked from what
+    already exists differ between ranks that run one after the other."""
+    for call in ast.walk(func):
+        if isinstance(call, ast.Call) and (pm.is_name(call.func, LISTS) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("iterdir", "glob", "rglob"))):
+            return call.lineno
+    return None
+
+
+REMOVES = frozenset({"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.removedirs"})
+
+
+def _removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+    for call in ast.walk(func):
+        if isinstance(call, ast.Call) and (pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES))):
+            return call.lineno
+    return None
+
+
+def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
+    """``func`` (of a project module) only produces output: it returns nothing, keeps no
+    state (no ``self.x = ...``, no ``global``), and reaches no collective. Running it on
+    rank 0 alone then changes nothing the other ranks read."""
+    from dp2ddp.model.collectives import reaching_functions
+
+    if func in reaching_functions(pm) or func in reaching_functions(pm, dp=True):
+        return False
+    for n in ast.walk(func):
+        if isinstance(n, ast.Return) and n.value is not None and not (isinstance(n.value, ast.Constant) and n.value.value is None):
+            return False
+        if isinstance(n, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom)):
+            return False
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name) and n.value.id == "self":
+            return False
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend", "update", "add", "pop", "insert") and isinstance(n.func.value, ast.Attribute):
+            return False  # self.history.append(...): state kept for later
+    return True
 
 
 def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
@@ -164,7 +209,10 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
             continue
         for w in writers(pm):
             if w.kind == "mkdir" and not w.idempotent and pm.contains(body, w.call):
-                out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}"))
+                gone = _removes_in(pm, body)
+                listed = _lists_in(pm, body)
+                out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}", f"{rel}:{gone}" if gone else None,
+                                         lists=f"{rel}:{listed}" if listed else None))
                 break
     m.cache["companion_races"] = out
     return out
@@ -189,7 +237,9 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         else:
             line = _writes_in(found[0], found[1])
             if line is not None:
-                out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}"))
+                gone = _removes_in(found[0], found[1])
+                out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}", f"{found[2]}:{gone}" if gone else None,
+                                         writes_only(found[0], found[1])))
     for call in m.nodes(ast.Call):
         f = call.func
         if not (isinstance(f, ast.Attribute) and instances):
@@ -201,7 +251,9 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         meth = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == f.attr), None)
         line = _writes_in(pm, meth) if meth is not None else None
         if line is not None:
-            out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}"))
+            gone = _removes_in(pm, meth)
+            out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}", f"{rel}:{gone}" if gone else None,
+                                     writes_only(pm, meth)))
     m.cache["companion_writes"] = out
     return out
 

@@ -140,11 +140,8 @@ EXAMPLES.update(
         ).replace("\n\ndef main():", "\n\nclass Stream(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
                   "        return iter([(torch.randn(8), torch.randn(1))] * 64)\n\n\ndef main():"),
         "DDP109": _script("model = nn.DataParallel(nn.Linear(8, 1).to(\"cuda:1\"))\n"),
-        "DDP110": (
-            _HEAD
-            + "from torch.utils.tensorboard import SummaryWriter\n\nwriter = SummaryWriter(\"runs\")\n"
-            + _script("model = nn.DataParallel(nn.Linear(8, 1))\n", "writer.add_scalar(\"loss\", loss.item(), epoch)\n")[len(_HEAD):]
-        ),
+        # a project helper that removes and recreates its folder on every rank (PROJECT_MODULES)
+        "DDP110": _HEAD + "from saver import Saver\n" + _script("model = nn.DataParallel(nn.Linear(8, 1))\nsaver = Saver(\"runs\")\n")[len(_HEAD):],
         "DDP112": _script(
             "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))\nfor p in model[0].parameters():\n    p.requires_grad = False\n"
             "model = nn.DataParallel(model)\n",
@@ -204,6 +201,12 @@ NOT_EMITTED: dict = {}
 # codes drawn only with a project module beside the script (file name -> text), written
 # next to the example before it is migrated
 PROJECT_MODULES: dict = {
+    "DDP110": {
+        "saver.py": (
+            "import os\nimport shutil\n\n\nclass Saver:\n    def __init__(self, folder):\n"
+            "        if os.path.exists(folder):\n            shutil.rmtree(folder)\n        os.makedirs(folder)\n"
+        ),
+    },
     "DDP151": {
         "models.py": (
             "import torch.nn as nn\n\n\n"
