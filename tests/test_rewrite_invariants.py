@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.lint import lint_bytes
+from dp2ddp.check.engine import check_bytes
 from dp2ddp.migrate import migrate_source
 from dp2ddp.registry import select
 from tests.invariants import collectives_under_rank_guards
@@ -38,7 +38,7 @@ def _id(p: Path) -> str:
 
 
 def _findings(data: bytes, path: str, allowed: set) -> list:
-    result = lint_bytes(data, path, tuple(c for c in select() if c.startswith("DDP0")))
+    result = check_bytes(data, path, tuple(c for c in select() if c.startswith("DDP0")))
     assert result.error is None, result.error
     return [f"{d.line}:{d.col} {d.code} {d.message}" for d in result.diagnostics if d.code not in allowed]
 

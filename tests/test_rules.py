@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.lint import check_source, lint_bytes
+from dp2ddp.check.analyze import check_source
+from dp2ddp.check.engine import check_bytes
 from dp2ddp.model.core import build
-from dp2ddp.rules import BY_CODE, BY_NAME, RULES
+from dp2ddp.rules import RULES
+
+BY_CODE = {r.code: r for r in RULES}
+BY_NAME = {r.name: r for r in RULES}
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "lint"
@@ -39,14 +43,14 @@ def test_rule_examples(code, index):
     assert (findings[0].line, findings[0].col + 1) == (ex.line, ex.col), ex.source
     assert rule.passes_gate(ex.source.encode()), f"the gate of {code} rejects its Invalid #{index}"
     # the same through the pipeline (noqa, positions as printed)
-    diags = lint_bytes(ex.source.encode(), "t.py", (code,)).diagnostics
+    diags = check_bytes(ex.source.encode(), "t.py", (code,)).diagnostics
     assert [(d.line, d.col) for d in diags][:1] == [(ex.line, ex.col)]
     if ex.fixed is not None:
         assert rule.fixable and all(d.fixable for d in diags)
-        result = lint_bytes(ex.source.encode(), "t.py", (code,), fix=True)
+        result = check_bytes(ex.source.encode(), "t.py", (code,), fix=True)
         assert result.error is None, result.error
         assert result.output is not None and result.output.decode() == ex.fixed
-        assert not lint_bytes(result.output, "t.py", (code,)).diagnostics  # fixed means fixed
+        assert not check_bytes(result.output, "t.py", (code,)).diagnostics  # fixed means fixed
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
@@ -61,6 +65,33 @@ def test_rule_metadata(rule):
         assert any(e.fixed for e in rule.invalid), "a fixable rule shows its fix on an Invalid example"
     assert rule.gate, "a rule without a gate makes every file parsed"
     assert rule.severity in ("warning", "info")
+
+
+def test_every_module_in_rules_is_a_rule():
+    """Discovery: each module of dp2ddp/rules/ (but base) is one of RULES, named for its code."""
+    modules = sorted(p.stem for p in (ROOT / "dp2ddp" / "rules").glob("*.py") if p.stem not in ("__init__", "base"))
+    assert len(modules) == len(RULES)
+    assert [m.split("_", 1)[0] for m in modules] == [r.code.lower() for r in RULES]
+
+
+def test_a_module_without_a_rule_is_an_error(tmp_path, monkeypatch):
+    """A module dropped into dp2ddp/rules/ is found without being listed anywhere; one that
+    defines no RULE stops the import loudly instead of being skipped."""
+    import sys
+
+    import dp2ddp.rules as rules
+
+    source = (ROOT / "dp2ddp" / "rules" / "ddp015_sum_reduction.py").read_text()
+    (tmp_path / "ddp099_new_rule.py").write_text(source.replace('"DDP015"', '"DDP099"'))
+    monkeypatch.setattr(rules, "__path__", [*rules.__path__, str(tmp_path)])
+    try:
+        assert "DDP099" in [r.code for r in rules.discover()]
+        (tmp_path / "ddp098_forgotten.py").write_text("def check(m):\n    return []\n")
+        with pytest.raises(rules.RuleModuleError, match="must define RULE"):
+            rules.discover()
+    finally:
+        for name in ("ddp099_new_rule", "ddp098_forgotten"):
+            sys.modules.pop(f"dp2ddp.rules.{name}", None)
 
 
 def test_codes_and_names_unique():
@@ -84,7 +115,7 @@ def _render(diags) -> str:
 @pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.name}" for p in CASES])
 def test_fixture(path: Path, regen: bool):
     rule = BY_NAME[path.parent.name]
-    result = lint_bytes(path.read_bytes(), str(path), [rule.code])
+    result = check_bytes(path.read_bytes(), str(path), [rule.code])
     assert result.error is None, result.error
     got = _render(result.diagnostics)
     golden = path.with_suffix(".txt")
@@ -98,9 +129,9 @@ def test_fixture(path: Path, regen: bool):
 def test_fix_fixture(path: Path, regen: bool):
     rule = BY_NAME[path.parent.name]
     data = path.read_bytes()
-    before = lint_bytes(data, str(path), [rule.code])
+    before = check_bytes(data, str(path), [rule.code])
     assert any(d.fixable for d in before.diagnostics), "a fix case must have something to fix"
-    result = lint_bytes(data, str(path), [rule.code], fix=True)
+    result = check_bytes(data, str(path), [rule.code], fix=True)
     assert result.error is None, result.error
     assert result.output is not None and result.output != data
     compile(result.output, str(path), "exec")
@@ -271,7 +302,7 @@ def test_gates_decide_alike_alone_and_together():
     """The gates of one file share what they found (a word's presence, the absence of a
     string that longer words hold): each rule is a candidate exactly when its gate alone
     lets the file through."""
-    from dp2ddp.lint import candidates
+    from dp2ddp.check.analyze import candidates
 
     codes = [r.code for r in RULES]
     sources = ALL_SOURCES + [

@@ -288,7 +288,7 @@ class Rule:
         return self._gate.passes(gated, memo)
 
     def passes_gate(self, data: bytes) -> bool:
-        """What :func:`dp2ddp.lint.candidates` decides for this rule alone: the bytes, and
+        """What :func:`dp2ddp.check.analyze.candidates` decides for this rule alone: the bytes, and
         for a non-ASCII file the NFKC-normalized text, let it through."""
         if self.may_fire(data):
             return True

@@ -9,7 +9,7 @@ from typing import Dict, List, Sequence
 
 import click
 
-from dp2ddp.lint import Diagnostic, FileResult
+from dp2ddp.check.results import Diagnostic, FileResult
 from dp2ddp.registry import BY_CODE, CODES, Code
 
 
