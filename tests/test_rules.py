@@ -32,7 +32,9 @@ EXAMPLES = [(r.code, i) for r in RULES for i in range(len(r.examples))]
 @pytest.mark.parametrize("code,index", EXAMPLES, ids=[f"{c}-{'valid' if BY_CODE[c].examples[i].valid else 'invalid'}-{i}" for c, i in EXAMPLES])
 def test_rule_examples(code, index):
     """Fixit's Valid/Invalid: a Valid example draws nothing; an Invalid one draws its
-    findings, the first where it says, and ``--fix`` turns it into ``fixed``."""
+    findings, the first over the range it says, and ``--fix`` turns it into ``fixed`` —
+    or, without ``fixed``, the finding offers no fix (the ``[*]`` mark is never a promise
+    that ``--fix`` then breaks)."""
     rule = BY_CODE[code]
     ex = rule.examples[index]
     findings = _run(rule, ex.source)
@@ -40,17 +42,23 @@ def test_rule_examples(code, index):
         assert not findings, f"{code} flags its Valid example #{index}: {[f.message for f in findings]}\n{ex.source}"
         return
     assert len(findings) == ex.count, f"{code} Invalid #{index}: {[(f.line, f.col + 1) for f in findings]}\n{ex.source}"
-    assert (findings[0].line, findings[0].col + 1) == (ex.line, ex.col), ex.source
+    first = findings[0]
+    got = ((first.line, first.col + 1), (first.end_line, first.end_col + 1))
+    assert got == ((ex.line, ex.col), ex.end), f"{code} Invalid #{index}: the first finding spans {got}\n{ex.source}"
     assert rule.passes_gate(ex.source.encode()), f"the gate of {code} rejects its Invalid #{index}"
     # the same through the pipeline (noqa, positions as printed)
     diags = check_bytes(ex.source.encode(), "t.py", (code,)).diagnostics
-    assert [(d.line, d.col) for d in diags][:1] == [(ex.line, ex.col)]
-    if ex.fixed is not None:
-        assert rule.fixable and all(d.fixable for d in diags)
-        result = check_bytes(ex.source.encode(), "t.py", (code,), fix=True)
-        assert result.error is None, result.error
-        assert result.output is not None and result.output.decode() == ex.fixed
-        assert not check_bytes(result.output, "t.py", (code,)).diagnostics  # fixed means fixed
+    assert [((d.line, d.col), (d.end_line, d.end_col)) for d in diags][:1] == [got]
+    if ex.fixed is None:
+        if code != "DDP001":  # DDP001's fix is the migration, tested with `rewrite`
+            assert not any(d.fixable for d in diags), f"{code} Invalid #{index} is marked fixable: show `fixed`"
+        return
+    assert rule.fixable and all(d.fixable for d in diags)
+    result = check_bytes(ex.source.encode(), "t.py", (code,), fix=True)
+    assert result.error is None, result.error
+    assert result.output is not None, f"{code} Invalid #{index}: --fix changed nothing"
+    assert result.output.decode() == ex.fixed, "the replacement is not the one the example shows"
+    assert not check_bytes(result.output, "t.py", (code,)).diagnostics  # fixed means fixed
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
@@ -59,7 +67,7 @@ def test_rule_metadata(rule):
     assert rule.name == rule.name.lower() and " " not in rule.name and "_" not in rule.name
     assert rule.what and rule.why and rule.fix and rule.message
     assert rule.invalid and rule.valid
-    assert all(e.line and e.col for e in rule.invalid), "an Invalid example says where its finding is"
+    assert all(e.line and e.col and e.end for e in rule.invalid), "an Invalid example says where its finding is, start and end"
     assert bool(rule.fix_safety) == rule.fixable, "a fixable rule documents its fix safety (and only one)"
     if rule.fixable and rule.code != "DDP001":  # DDP001's fix is the migration, tested with `rewrite`
         assert any(e.fixed for e in rule.invalid), "a fixable rule shows its fix on an Invalid example"
