@@ -68,8 +68,10 @@ def test_text_output_and_exit_codes(proj, capsys):
     rc = main(["check", str(proj / "dp.py")])
     out = capsys.readouterr().out
     assert rc == 1
-    assert f"{proj / 'dp.py'}:4:9: DDP001 [*] `DataParallel` is used" in out
-    assert "Found 1 error." in out and "[*] 1 fixable with the `--fix` option." in out
+    # DDP001's fix is the migration, which may refuse the file: no [*] promise per finding
+    assert f"{proj / 'dp.py'}:4:9: DDP001 `DataParallel` is used" in out
+    assert "Found 1 error." in out and "fixable with the `--fix` option" not in out
+    assert "1 file with DataParallel: `--fix` migrates each to DDP or says why it cannot" in out
     assert "\x1b[" not in out  # no colour when stdout is not a terminal
     assert main(["check", str(proj / "clean.py")]) == 0
     assert "All checks passed!" in capsys.readouterr().out
@@ -587,6 +589,10 @@ def test_fix_refused_by_the_migration_exits_as_rewrite_does(tmp_path, capsys):
     assert f.read_text() == BLOCKED
     assert "train.py:3:9: DDP001 `DataParallel` is used" in out  # no [*]: not fixable after all
     assert re.search(r"train\.py:3:\d+: DDP101 ", out), out
+    # before --fix, `check` promised no fix either: the summary said the migration may refuse
+    assert main(["check", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "[*]" not in out and "migrates each to DDP or says why it cannot" in out
     # --ignore the error: the file is still refused, DDP001 still reported
     assert main(["check", "--fix", "--ignore", "DDP101", str(f)]) == 1
     out = capsys.readouterr().out

@@ -115,8 +115,10 @@ FIX_CASES = sorted(FIXTURES.glob("*/*.in.py"))
 
 
 def _render(diags) -> str:
+    from dp2ddp.check.output import offered
+
     return "".join(
-        f"{Path(d.path).name}:{d.line}:{d.col}: {d.code}{' [*]' if d.fixable else ''} {d.message}\n" for d in diags
+        f"{Path(d.path).name}:{d.line}:{d.col}: {d.code}{' [*]' if offered(d) else ''} {d.message}\n" for d in diags
     )
 
 
