@@ -80,6 +80,34 @@ def test_explicit_ddp_named_file_is_not_skipped_beside_a_folder(tmp_path: Path) 
     assert not (tmp_path / "pkg" / "skipped_ddp_ddp.py").exists()
 
 
+def test_config_exclude_is_honoured(tmp_path: Path, capsys) -> None:
+    """`[tool.dp2ddp] exclude` leaves the same files out of `rewrite` as out of `check`: in a
+    folder walk, and named explicitly (as pre-commit passes them), with a line saying so."""
+    (tmp_path / "pyproject.toml").write_text('[tool.dp2ddp]\nexclude = ["legacy", "gen_*.py"]\n')
+    (tmp_path / "legacy").mkdir()
+    for rel in ("train.py", "legacy/old.py", "gen_model.py"):
+        (tmp_path / rel).write_text(DP_SCRIPT)
+    assert main(["rewrite", str(tmp_path)]) == 0
+    assert (tmp_path / "train_ddp.py").exists()
+    assert not (tmp_path / "legacy" / "old_ddp.py").exists() and not (tmp_path / "gen_model_ddp.py").exists()
+    capsys.readouterr()
+    assert main(["rewrite", str(tmp_path / "legacy" / "old.py")]) == 0
+    assert not (tmp_path / "legacy" / "old_ddp.py").exists()
+    assert "old.py: excluded by [tool.dp2ddp] exclude in" in capsys.readouterr().err
+    # the same files `check` leaves out
+    from dp2ddp.check.config import load_config
+    from dp2ddp.source import iter_python_files
+
+    cfg = load_config(str(tmp_path / "pyproject.toml"))
+    checked = {Path(p).name for p in iter_python_files([str(tmp_path)], cfg.exclude, cfg.root)}
+    assert checked == {"train.py", "train_ddp.py"}
+    # a configuration that cannot be read: one line, exit 2, nothing written
+    (tmp_path / "pyproject.toml").write_text('[tool.dp2ddp]\nexclude = 3\n')
+    assert main(["rewrite", str(tmp_path / "train.py"), "-o", str(tmp_path / "x.py")]) == 2
+    assert "exclude must be a list of strings" in capsys.readouterr().err
+    assert not (tmp_path / "x.py").exists()
+
+
 def test_stdin_to_stdout() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "dp2ddp", "rewrite", "-"], input=DP_SCRIPT.encode(), capture_output=True, cwd=ROOT

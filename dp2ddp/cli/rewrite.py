@@ -54,10 +54,20 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, print_all_ranks
     """
     from dp2ddp.migrate import Options, migrate_bytes
 
+    from dp2ddp.check.config import ConfigError, find_config, load_config
+
     modes = sum(bool(x) for x in (output, in_place, show_diff))
     if modes > 1:
         raise click.UsageError("use only one of -o/--output, --in-place and --diff")
-    files = list(iter_python_files(list(paths)))
+    try:  # [tool.dp2ddp] exclude: what `check` leaves out, `rewrite` leaves alone
+        cfg = load_config(find_config(next((p for p in paths if p != STDIN), os.getcwd())))
+    except ConfigError as e:
+        click.echo(f"error: {e}", err=True)
+        return EXIT_USAGE
+    files = list(iter_python_files(list(paths), list(cfg.exclude), cfg.root))
+    for p in paths:
+        if p != STDIN and not os.path.isdir(p) and p not in files:
+            click.echo(f"{display_path(p)}: excluded by [tool.dp2ddp] exclude in {cfg.path}; left as it is", err=True)
     if output and len(files) != 1:
         raise click.UsageError("-o/--output takes exactly one input file")
     if STDIN in files and len(files) > 1:
