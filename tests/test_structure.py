@@ -100,3 +100,99 @@ def test_no_import_circle():
     assert not found, "modules that import each other (directly or around a circle): " + "; ".join(
         " <-> ".join(c) for c in found
     )
+
+
+# --------------------------------------------------------------------------- dead code
+
+# Where a definition may be used from: the package, its tests (a helper that proves a
+# property, such as Rule.passes_gate, is used) and the benchmarks.
+USERS = ("dp2ddp", "tests", "benchmarks")
+
+# Dead definitions in packages another change is rewriting (issue 21: model/ and
+# codemods/); each entry must go once its definition is removed — the test fails on an
+# entry that is no longer dead, so the list can only shrink.
+KNOWN_DEAD = {
+    "dp2ddp/codemods/context.py: is_function",
+    "dp2ddp/model/bridge.py: Bridge.statement_line",
+    "dp2ddp/model/collectives.py: in_function",
+    "dp2ddp/model/core.py: has_star_args",
+    "dp2ddp/model/ranks.py: rank_tested_names",
+    "dp2ddp/model/ranks.py: guarded_statements",
+    "dp2ddp/model/wraps.py: assigned_wrapper_keys",
+}
+
+
+def definitions(root: Path = ROOT) -> List[str]:
+    """Module-level functions, classes and aliases (``X = Y``) of dp2ddp, and the methods
+    of its classes that derive from no other class (an override of a base class's method
+    is called by that base: click's, LibCST's)."""
+    out: List[str] = []
+    package = root / "dp2ddp"
+    for path in sorted(package.rglob("*.py")):
+        if "templates" in path.relative_to(package).parts:
+            continue
+        rel = path.relative_to(root).as_posix()
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.append(f"{rel}: {node.name}")
+                if isinstance(node, ast.ClassDef) and not node.bases:
+                    out += [
+                        f"{rel}: {node.name}.{n.name}"
+                        for n in node.body
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and not n.name.startswith("__")
+                    ]
+            elif (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, (ast.Name, ast.Attribute))
+            ):
+                out.append(f"{rel}: {node.targets[0].id}")
+    return out
+
+
+def used_words(root: Path = ROOT) -> Set[str]:
+    """Every name the code reads: names, attributes, imported names, keyword arguments,
+    and the words of string constants (``"dp2ddp.cli.check"``, ``getattr(x, "name")``).
+    A definition's own name, where it is defined, is not a use."""
+    words: Set[str] = set()
+    for folder in USERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.resolve() == Path(__file__).resolve():
+                continue  # this file names dead code on purpose
+            for n in ast.walk(ast.parse(path.read_text(errors="replace"), str(path))):
+                if isinstance(n, ast.Name):
+                    words.add(n.id)
+                elif isinstance(n, ast.Attribute):
+                    words.add(n.attr)
+                elif isinstance(n, ast.alias):
+                    words.add(n.name.rsplit(".", 1)[-1])
+                elif isinstance(n, ast.keyword) and n.arg:
+                    words.add(n.arg)
+                elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                    words.update(n.value.replace(".", " ").replace(":", " ").split())
+    return words
+
+
+def dead(root: Path = ROOT) -> Set[str]:
+    words = used_words(root)
+    return {d for d in definitions(root) if d.rsplit(".", 1)[-1].split(": ")[-1] not in words}
+
+
+def test_no_dead_code():
+    """vulture's question, asked of the whole tree at once: a function, class, method or
+    alias that no code reads by name is gone, not kept."""
+    found = dead()
+    assert not sorted(found - KNOWN_DEAD), "nothing uses these; remove them"
+    assert not sorted(KNOWN_DEAD - found), "no longer dead (or gone): remove them from KNOWN_DEAD"
+
+
+def test_the_dead_code_check_sees_a_dead_function(tmp_path):
+    """The check can fail: a function nothing reads is found; once read, it is not."""
+    (tmp_path / "dp2ddp").mkdir()
+    module = tmp_path / "dp2ddp" / "probe.py"
+    module.write_text("def nobody_calls_this(): return 1\n\n\nclass Tool:\n    def unused_method(self): pass\n")
+    assert dead(tmp_path) == {"dp2ddp/probe.py: nobody_calls_this", "dp2ddp/probe.py: Tool", "dp2ddp/probe.py: Tool.unused_method"}
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_probe.py").write_text("from dp2ddp.probe import Tool\nTool().unused_method()\n")
+    assert dead(tmp_path) == {"dp2ddp/probe.py: nobody_calls_this"}
