@@ -69,7 +69,7 @@ def _sources():
         yield pytest.param(p, id=_id(p), marks=[pytest.mark.xfail(strict=True, reason=gap)] if gap else [])
 
 
-@pytest.mark.parametrize("src", _sources())
+@pytest.mark.parametrize("src", list(_sources()))
 def test_migration_is_clean(src: Path) -> None:
     result = migrate_source(src.read_bytes(), str(src))
     if not result.changed:

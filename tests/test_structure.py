@@ -196,3 +196,33 @@ def test_the_dead_code_check_sees_a_dead_function(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_probe.py").write_text("from dp2ddp.probe import Tool\nTool().unused_method()\n")
     assert dead(tmp_path) == {"dp2ddp/probe.py: nobody_calls_this"}
+
+
+# --------------------------------------------------------------------------- lower bounds
+
+
+def test_the_lowest_versions_are_the_bounds():
+    """`make test-lowest` installs constraints-lowest.txt: each pin there is the lower bound
+    pyproject.toml gives (dependencies and the verify extra), so the suite runs on exactly
+    what we promise users works."""
+    import re
+
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    bounds = {}
+    for spec in project["dependencies"] + project["optional-dependencies"]["verify"]:
+        m = re.match(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9.]*)", spec.split(";")[0])
+        if m and ";" not in spec:
+            bounds[m.group(1).lower()] = m.group(2)
+    pins = {}
+    for line in (ROOT / "constraints-lowest.txt").read_text().splitlines():
+        m = re.match(r"([A-Za-z0-9_.-]+)==([0-9][0-9.]*)", line.strip())
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    assert bounds and set(bounds) == set(pins), (bounds, pins)
+    for name, low in bounds.items():
+        assert [int(x) for x in pins[name].split(".")][: len(low.split("."))] == [int(x) for x in low.split(".")], name

@@ -189,6 +189,6 @@ def _print_summary(report, show_diff: bool, err: bool) -> None:
             echo(f"    torchrun --standalone --nproc_per_node=2 {dest}      # on CPU (gloo)")
             echo(f"    python {dest}                                        # a world of one")
             echo(f"  several machines, SLURM or Kubernetes: dp2ddp template torchrun|slurm|k8s {dest} --nodes N --gpus-per-node G")
-            echo('  (see "Scaling out" in the README)')
+            echo("  (see docs/scaling-out.md)")
     if len(report) > 1:
         echo(f"{migrated} of {len(report)} file(s) migrated")
