@@ -31,9 +31,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
-# The unit layer: everything but the tests that launch torchrun (marker `torchrun`).
+# The unit layer: everything in-process. Left out (they run in `make test`): the tests that
+# launch torchrun (marker `torchrun`) and the `slow` ones (Python processes that import
+# torch, the pre-commit hook environment, the 300-case property test).
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 2 -q -m "not torchrun" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -q -m "not torchrun and not slow" $(PYTEST_ARGS)
 
 # The whole suite on the lowest versions pyproject.toml admits (constraints-lowest.txt),
 # in its own environment. A separate CI job (`make test-lowest`), not part of `make test`:
