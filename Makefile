@@ -8,8 +8,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.dp2ddp-installed
 DEMO   ?= demo-out
 PYTEST_ARGS ?=
+VENV_LOWEST ?= .venv-lowest
 
-.PHONY: demo test bench docs clean
+.PHONY: demo test test-fast test-lowest bench docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,9 +27,26 @@ demo: $(STAMP)
 	$(PY) -m dp2ddp verify $(DEMO)/train.py --steps 0 --min-speedup 0 --plot $(DEMO)/verify.png --json $(DEMO)/verify.json
 	@echo "demo: migrated script $(DEMO)/train_ddp.py, report $(DEMO)/verify.json, plot $(DEMO)/verify.png"
 
-# The whole test suite (what CI runs).
+# The whole test suite (what CI runs: .ci/run).
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+# The unit layer: everything in-process. Left out (they run in `make test`): the tests that
+# launch torchrun (marker `torchrun`) and the `slow` ones (Python processes that import
+# torch, the pre-commit hook environment, the 300-case property test).
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -q -m "not torchrun and not slow" $(PYTEST_ARGS)
+
+# The whole suite on the lowest versions pyproject.toml admits (constraints-lowest.txt),
+# in its own environment. A separate CI job (`make test-lowest`), not part of `make test`:
+# torch 2.2 comes from PyPI as its CUDA build: 2.8 GB to download, 5.1 GB installed.
+test-lowest: $(VENV_LOWEST)/.dp2ddp-installed
+	$(VENV_LOWEST)/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
+
+$(VENV_LOWEST)/.dp2ddp-installed: pyproject.toml constraints-lowest.txt
+	$(PYTHON) -m venv $(VENV_LOWEST)
+	$(VENV_LOWEST)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints-lowest.txt -e '.[test]'
+	touch $@
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_rewrite.py
@@ -41,4 +59,4 @@ docs: $(STAMP)
 	$(PY) -m dp2ddp.registry > docs/rules.md
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache
+	rm -rf $(VENV) $(VENV_LOWEST) $(DEMO) .pytest_cache

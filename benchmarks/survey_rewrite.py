@@ -110,13 +110,13 @@ def run_check(data: bytes, path: str, subprocess_mode: bool = False) -> Tuple[Li
         return diags, error
 
     global _DEFAULT_CODES
-    from dp2ddp import lint
+    from dp2ddp.check.engine import check_bytes
 
     if _DEFAULT_CODES is None:
-        from dp2ddp.rules import select_rules
+        from dp2ddp.registry import select
 
-        _DEFAULT_CODES = tuple(r.code for r in select_rules())
-    res = lint.lint_bytes(data, path, _DEFAULT_CODES)
+        _DEFAULT_CODES = tuple(select())
+    res = check_bytes(data, path, _DEFAULT_CODES)
     return [(d.code, d.line, d.message) for d in res.diagnostics], res.error
 
 

@@ -68,14 +68,11 @@ class Result:
     migration: Migration
 
 
-_DP_BYTES = re.compile(rb"(?<!Distributed)DataParallel|data_parallel")
-
-
 def quick_reject(data: bytes) -> bool:
-    """True when the file cannot possibly use DataParallel (byte-level gate: every
-    DataParallel spelling contains one of these identifiers; ``DistributedDataParallel``
-    alone does not count, so migrated files are not analysed again)."""
-    return _DP_BYTES.search(data) is None
+    """True when the file cannot possibly use DataParallel (:data:`dp2ddp.model.names.DP_BYTES`)."""
+    from dp2ddp.model.names import may_use_dp
+
+    return not may_use_dp(data)
 
 
 def applicable(model) -> bool:
@@ -222,5 +219,29 @@ def migrate_file(path: str, options: Optional[Options] = None) -> Result:
     return migrate_source(src.data, src.display, options)
 
 
-__all__ = ["Options", "Migration", "Result", "plan", "migrate_source", "migrate_bytes", "migrate_file", "quick_reject", "InputError"]
+def migrate_project(entry: str, options: Optional[Options] = None):
+    """Migrate ``entry`` and the project modules with DataParallel it reaches, as one plan
+    (``rewrite --with-helpers``): every helper in the ``helper`` role, the entry in the
+    ``entry`` role. Raises :class:`dp2ddp.source.InputError` on unreadable input."""
+    import os
+    from dataclasses import replace
+
+    from dp2ddp.project import FileResult, ProjectResult, project_modules, uses_dp
+    from dp2ddp.source import read_source
+
+    options = options or Options()
+    out = ProjectResult(entry)
+    helpers = sorted((rel, real) for real, (rel, _d) in project_modules(entry).items() if uses_dp(real))
+    for rel, _real in helpers:
+        src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
+        res = migrate_source(src.data, src.display, replace(options, role="helper"))
+        out.files.append(FileResult(src.display, rel, "helper", res))
+    src = read_source(entry)
+    role = "entry" if helpers else "script"
+    res = migrate_source(src.data, src.display, replace(options, role=role))
+    out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
+    return out
+
+
+__all__ = ["migrate_project", "Options", "Migration", "Result", "plan", "migrate_source", "migrate_bytes", "migrate_file", "quick_reject", "InputError"]
 

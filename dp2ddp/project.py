@@ -7,10 +7,10 @@ DataParallel wraps, migrated as one plan (``dp2ddp rewrite train.py --with-helpe
 * :func:`helpers_with_dp`: those that use DataParallel, with the call of the script that
   reaches them — a script without DataParallel of its own is then not "nothing to
   migrate" but a project to migrate (DDP151).
-* :func:`plan_project`: the entry script migrated in the ``entry`` role (process group,
-  loaders, writers, checkpoints; the wrappers its helpers return are followed) and every
-  helper in the ``helper`` role (the wrap, ``.module`` uses; no process group: the entry
-  sets it up). One result per file; any refusal blocks all of them.
+* :func:`dp2ddp.migrate.migrate_project` plans them: the entry script in the ``entry`` role
+  (process group, loaders, writers, checkpoints; the wrappers its helpers return are
+  followed) and every helper in the ``helper`` role (the wrap, ``.module`` uses; no process
+  group: the entry sets it up). One result per file; any refusal blocks all of them.
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ def _parse(file: str) -> Optional[ast.Module]:
         return None
 
 
-def _uses_dp(file: str) -> bool:
-    from dp2ddp.migrate import quick_reject
+def uses_dp(file: str) -> bool:
+    from dp2ddp.model.names import may_use_dp
 
     try:
         with open(file, "rb") as fh:
-            return not quick_reject(fh.read())
+            return may_use_dp(fh.read())
     except OSError:
         return False
 
@@ -99,7 +99,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     if m.path in ("<string>", "<stdin>", "-"):
         return []
     mods = project_modules(m.path, m.tree)
-    dp_files = [real for real in mods if _uses_dp(real)]
+    dp_files = [real for real in mods if uses_dp(real)]
     if not dp_files:
         return []
     from dp2ddp.model.core import project_calls
@@ -120,14 +120,14 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
 
 
 def _first_dp_line(file: str) -> int:
-    from dp2ddp.migrate import _DP_BYTES
+    from dp2ddp.model.names import DP_BYTES
 
     try:
         with open(file, "rb") as fh:
             data = fh.read()
     except OSError:
         return 1
-    hit = _DP_BYTES.search(data)
+    hit = DP_BYTES.search(data)
     return data.count(b"\n", 0, hit.start()) + 1 if hit else 1
 
 
@@ -154,27 +154,6 @@ class ProjectResult:
     @property
     def changed(self) -> List[FileResult]:
         return [f for f in self.files if f.result.changed]  # type: ignore[attr-defined]
-
-
-def plan_project(entry: str, options) -> ProjectResult:
-    """Migrate ``entry`` and the project modules with DataParallel it reaches (see the
-    module docstring). Raises :class:`dp2ddp.source.InputError` on unreadable input."""
-    from dataclasses import replace
-
-    from dp2ddp.migrate import migrate_source
-    from dp2ddp.source import read_source
-
-    out = ProjectResult(entry)
-    mods = project_modules(entry)
-    helpers = sorted((rel, real) for real, (rel, _d) in mods.items() if _uses_dp(real))
-    for rel, real in helpers:
-        src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
-        res = migrate_source(src.data, src.display, replace(options, role="helper"))
-        out.files.append(FileResult(src.display, rel, "helper", res))
-    src = read_source(entry)
-    res = migrate_source(src.data, src.display, replace(options, role="entry" if helpers else "script"))
-    out.files.insert(0, FileResult(src.display, os.path.basename(entry), "entry" if helpers else "script", res))
-    return out
 
 
 def project_root(project: ProjectResult) -> str:

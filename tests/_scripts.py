@@ -15,7 +15,7 @@ a ``noexcept`` C++ destructor calls ``std::terminate``. Under load (``pytest -n 
 cores) it hit a few percent of launches.
 
 Two defences, both only in the test harness (the generated scripts are left alone, and
-the README's "Known issues" tells users):
+docs/known-issues.md tells users):
 * ``EXIT_RACE_GUARD``: a ``sitecustomize`` on ``PYTHONPATH`` of every script the tests
   launch, which sleeps 0.2 s in an ``atexit`` handler of any process that imported
   ``torch.distributed`` — atexit handlers run before the interpreter starts finalizing, and

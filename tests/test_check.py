@@ -24,7 +24,7 @@ DP_SCRIPT = textwrap.dedent(
     import torch.nn as nn
 
     model = nn.DataParallel(Net()).cuda()
-    for x in data:
+    for x in torch.utils.data.DataLoader(data, batch_size=8, shuffle=True):
         model(x).sum().backward()
     """
 )
@@ -68,8 +68,10 @@ def test_text_output_and_exit_codes(proj, capsys):
     rc = main(["check", str(proj / "dp.py")])
     out = capsys.readouterr().out
     assert rc == 1
-    assert f"{proj / 'dp.py'}:4:9: DDP001 [*] `DataParallel` is used" in out
-    assert "Found 1 error." in out and "[*] 1 fixable with the `--fix` option." in out
+    # DDP001's fix is the migration, which may refuse the file: no [*] promise per finding
+    assert f"{proj / 'dp.py'}:4:9: DDP001 `DataParallel` is used" in out
+    assert "Found 1 error." in out and "fixable with the `--fix` option" not in out
+    assert "1 file with DataParallel: `--fix` migrates each to DDP or says why it cannot" in out
     assert "\x1b[" not in out  # no colour when stdout is not a terminal
     assert main(["check", str(proj / "clean.py")]) == 0
     assert "All checks passed!" in capsys.readouterr().out
@@ -334,17 +336,18 @@ def test_check_never_imports_torch(proj):
 
 def test_gates_skip_parsing(tmp_path, monkeypatch):
     """A file that no selected rule's gate lets through is never parsed."""
-    import dp2ddp.lint as lint
-    from dp2ddp.rules import select_rules
+    from dp2ddp.check import analyze
+    from dp2ddp.check.engine import check_bytes
+    from dp2ddp.registry import select
 
     calls = []
-    real = lint.parse_model
-    monkeypatch.setattr(lint, "parse_model", lambda data, path: calls.append(path) or real(data, path))
-    codes = [r.code for r in select_rules()]
+    real = analyze.parse_model
+    monkeypatch.setattr(analyze, "parse_model", lambda data, path: calls.append(path) or real(data, path))
+    codes = select()
     # mentions only DistributedDataParallel and torch.save's module, no rule can fire
-    lint.lint_bytes(b"import torch\nx = torch.zeros(3)\n", "plain.py", codes)
+    check_bytes(b"import torch\nx = torch.zeros(3)\n", "plain.py", codes)
     assert calls == []
-    lint.lint_bytes(DP_SCRIPT.encode(), "dp.py", codes)
+    check_bytes(DP_SCRIPT.encode(), "dp.py", codes)
     assert calls == ["dp.py"]
 
 
@@ -420,24 +423,25 @@ def test_cached_and_uncached_output_is_identical(tmp_path, fmt):
 def test_cache_is_used_and_keyed_by_content_and_rules(tmp_path, monkeypatch):
     """A warm run does not analyse cached files; a changed file or a different rule
     selection is a miss."""
-    import dp2ddp.lint as lint
-    from dp2ddp.lint_cache import ResultCache
-    from dp2ddp.lint_pool import run_jobs
+    from dp2ddp.check import engine
+    from dp2ddp.check.cache import ResultCache
+    from dp2ddp.check.pool import run_jobs
+    from dp2ddp.check.results import Job
     from dp2ddp.registry import select
 
     (tmp_path / "dp.py").write_text(DP_SCRIPT)
     codes = tuple(select())
-    jobs = lambda: [lint.Job(str(tmp_path / "dp.py"), codes)]  # noqa: E731
+    jobs = lambda: [Job(str(tmp_path / "dp.py"), codes)]  # noqa: E731
     cache_dir = tmp_path / "c"
     first = run_jobs(jobs(), processes=1, cache=ResultCache(str(cache_dir), codes))
     assert not first[0].cached and first[0].diagnostics
     calls = []
-    real = lint.lint_bytes
-    monkeypatch.setattr(lint, "lint_bytes", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    real = engine.check_bytes
+    monkeypatch.setattr(engine, "check_bytes", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
     second = run_jobs(jobs(), processes=1, cache=ResultCache(str(cache_dir), codes))
     assert calls == [] and second[0].cached and second[0].diagnostics == first[0].diagnostics
     # another selection: another key
-    run_jobs([lint.Job(str(tmp_path / "dp.py"), ("DDP001",))], processes=1, cache=ResultCache(str(cache_dir), ("DDP001",)))
+    run_jobs([Job(str(tmp_path / "dp.py"), ("DDP001",))], processes=1, cache=ResultCache(str(cache_dir), ("DDP001",)))
     assert calls == [str(tmp_path / "dp.py")]
     # changed content: a miss
     (tmp_path / "dp.py").write_text(DP_SCRIPT + "# changed\n")
@@ -558,13 +562,13 @@ def test_migration_codes_are_selectable(proj, capsys):
     capsys.readouterr()
     assert main(["check", "--show-rules"]) == 0
     out = capsys.readouterr().out
-    assert "DDP105  loader-not-sharded  (default, migration warning)" in out and "DDP130" in out
+    assert "DDP105  loader-not-sharded  (default, migration error)" in out and "DDP130" in out
 
 
 def test_fix_exits_as_rewrite_does(tmp_path, capsys):
     """A clean migration: `rewrite` and `check --fix` exit 0 and write the same file."""
     f = tmp_path / "train.py"
-    src = DP_SCRIPT.replace("for x in data:", "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in data:")
+    src = DP_SCRIPT.replace("for x in torch", "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in torch")
     f.write_text(src)
     rc = main(["rewrite", str(f), "-o", str(tmp_path / "rewritten.py")])
     out = capsys.readouterr()
@@ -575,7 +579,7 @@ def test_fix_exits_as_rewrite_does(tmp_path, capsys):
 def test_fix_refused_by_the_migration_exits_as_rewrite_does(tmp_path, capsys):
     """A file the migration refuses: `rewrite` exits 1 and leaves it; `check --fix` exits 1,
     leaves it, and reports why (DDP101) with DDP001 no longer offered as fixable."""
-    from dp2ddp.rewrite_cmd import rewrite  # noqa: F401  (imported for its exit code)
+    from dp2ddp.cli.rewrite import rewrite  # noqa: F401  (imported for its exit code)
 
     f = tmp_path / "train.py"
     f.write_text(BLOCKED)
@@ -586,6 +590,10 @@ def test_fix_refused_by_the_migration_exits_as_rewrite_does(tmp_path, capsys):
     assert f.read_text() == BLOCKED
     assert "train.py:3:9: DDP001 `DataParallel` is used" in out  # no [*]: not fixable after all
     assert re.search(r"train\.py:3:\d+: DDP101 ", out), out
+    # before --fix, `check` promised no fix either: the summary said the migration may refuse
+    assert main(["check", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "[*]" not in out and "migrates each to DDP or says why it cannot" in out
     # --ignore the error: the file is still refused, DDP001 still reported
     assert main(["check", "--fix", "--ignore", "DDP101", str(f)]) == 1
     out = capsys.readouterr().out
@@ -619,12 +627,12 @@ def test_fix_reports_what_the_migration_leaves(tmp_path, capsys):
 def test_check_fix_on_migrated_files_leaves_no_loss_mean(tmp_path):
     """DDP010 never fires on what the migration produces (the migration removes the idiom
     the rule reports), checked on every rewrite fixture output."""
-    from dp2ddp.lint import lint_bytes
+    from dp2ddp.check.engine import check_bytes
 
     outs = sorted(p for p in (ROOT / "fixtures").glob("*/*.out.py") if "lint" not in p.parts)
     assert outs
     for p in outs:
-        diags = lint_bytes(p.read_bytes(), str(p), ("DDP010",)).diagnostics
+        diags = check_bytes(p.read_bytes(), str(p), ("DDP010",)).diagnostics
         assert not diags, f"{p}: {[(d.line, d.message) for d in diags]}"
 
 
@@ -656,17 +664,17 @@ def test_a_refused_migration_does_not_change_what_the_cache_keeps(tmp_path):
     """``--fix`` of a file whose migration is refused while another fix applies reports
     DDP001 as not fixable, but the cache keeps the plain findings of the new content: a
     later plain check shows what an uncached one shows."""
-    from dp2ddp.lint import lint_bytes
+    from dp2ddp.check.engine import check_bytes
 
     src = (
         "import torch.nn as nn\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n"
         "model = nn.DataParallel(model, dim=1)\n"
         "loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n"
     )
-    fixed = lint_bytes(src.encode(), "train.py", ["DDP001", "DDP003"], fix=True)
+    fixed = check_bytes(src.encode(), "train.py", ["DDP001", "DDP003"], fix=True)
     assert fixed.output is not None and fixed.blocked
     assert [d.fixable for d in fixed.diagnostics if d.code == "DDP001"] == [False]
-    plain = lint_bytes(fixed.output, "train.py", ["DDP001", "DDP003"])
+    plain = check_bytes(fixed.output, "train.py", ["DDP001", "DDP003"])
     stored = {(d.code, d.line): d.fixable for d in fixed.store[1]}
     assert stored == {(d.code, d.line): d.fixable for d in plain.diagnostics}
 
@@ -675,12 +683,12 @@ def test_a_refused_migration_does_not_change_what_the_cache_keeps(tmp_path):
 def test_findings_of_a_file_with_a_star_import_are_never_cached(fix):
     """A star import is resolved through the files beside the script: the findings depend
     on more than the file's bytes, with or without ``--fix``."""
-    from dp2ddp.lint import lint_bytes
+    from dp2ddp.check.engine import check_bytes
 
     src = (
         b"from helpers import *\nfrom torch.utils.data import DataLoader, DistributedSampler\n\n"
         b"loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n"
     )
-    result = lint_bytes(src, "train.py", ["DDP003"], fix=fix)
+    result = check_bytes(src, "train.py", ["DDP003"], fix=fix)
     assert result.diagnostics or result.output is not None
     assert result.store is None

@@ -99,6 +99,7 @@ def test_docstring_names_its_style(name):
 NOT_VERIFIED = sorted(k for k, v in SCRIPTS.items() if v["expect"] != "migrate" or not v["trains"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NOT_VERIFIED)
 def test_original_runs(name, tmp_path):
     entry = SCRIPTS[name]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dp2ddp.codemods.codes import BY_CODE as MIGRATION_CODES
-from dp2ddp.lint import lint_bytes
+from dp2ddp.check.engine import check_bytes
 from dp2ddp.registry import BY_CODE, CODES, UnknownCode, render, select
 from dp2ddp.rules import RULES
 from tests.data.migration_code_examples import NOT_EMITTED, PROJECT_MODULES, example
@@ -89,7 +89,7 @@ def test_selection():
 @pytest.mark.parametrize("code", [r.code for r in RULES])
 def test_every_rule_code_is_emitted(code):
     ex = BY_CODE[code].rule.invalid[0]
-    assert code in {d.code for d in lint_bytes(ex.source.encode(), "t.py", (code,)).diagnostics}
+    assert code in {d.code for d in check_bytes(ex.source.encode(), "t.py", (code,)).diagnostics}
 
 
 def _migration_params():
@@ -118,9 +118,9 @@ def test_every_migration_code_is_emitted(code, source, tmp_path):
         path = str(tmp_path / "train.py")
     migration = migrate_bytes(source.encode(), path).migration
     assert code in {f.code for f in migration.findings}, [(f.code, f.message) for f in migration.findings]
-    if not lint_bytes(source.encode(), path, ("DDP001",)).diagnostics:
+    if not check_bytes(source.encode(), path, ("DDP001",)).diagnostics:
         return
-    result = lint_bytes(source.encode(), path, ("DDP001", code), fix=True)
+    result = check_bytes(source.encode(), path, ("DDP001", code), fix=True)
     assert result.error is None, result.error
     assert code in {d.code for d in result.diagnostics}, [(d.code, d.message) for d in result.diagnostics]
 

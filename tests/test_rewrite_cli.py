@@ -80,6 +80,58 @@ def test_explicit_ddp_named_file_is_not_skipped_beside_a_folder(tmp_path: Path) 
     assert not (tmp_path / "pkg" / "skipped_ddp_ddp.py").exists()
 
 
+def test_launch_lines_find_the_modules_beside_the_original(tmp_path: Path, capsys) -> None:
+    """Written to another folder, a script that imports a module beside its original is
+    launched with that folder on PYTHONPATH (Python looks beside the script it runs);
+    written beside it, the lines are plain."""
+    src = tmp_path / "proj" / "train.py"
+    src.parent.mkdir()
+    (src.parent / "helpers.py").write_text("def f():\n    return 1\n")
+    src.write_text("import helpers\n" + DP_SCRIPT)
+    out = tmp_path / "elsewhere" / "train_ddp.py"
+    out.parent.mkdir()
+    assert main(["rewrite", str(src), "-o", str(out)]) in (0, 1)
+    text = capsys.readouterr().out
+    assert f"PYTHONPATH={src.parent} torchrun --standalone --nproc_per_node=2 {out}" in text, text
+    assert main(["rewrite", str(src), "-o", str(out), "--format", "json"]) in (0, 1)
+    launch = json.loads(capsys.readouterr().out)[0]["launch"]
+    assert launch["cpu"] == f"PYTHONPATH={src.parent} torchrun --standalone --nproc_per_node=2 {out}"
+    # the module really is found so (the original's folder on the path, not the output's)
+    r = subprocess.run([sys.executable, "-c", "import helpers"], cwd=str(out.parent), env={**os.environ, "PYTHONPATH": str(src.parent)})
+    assert r.returncode == 0
+    assert main(["rewrite", str(src)]) in (0, 1)
+    text = capsys.readouterr().out
+    assert "PYTHONPATH" not in text and f"torchrun --standalone --nproc_per_node=2 {src.parent / 'train_ddp.py'}" in text
+
+
+def test_config_exclude_is_honoured(tmp_path: Path, capsys) -> None:
+    """`[tool.dp2ddp] exclude` leaves the same files out of `rewrite` as out of `check`: in a
+    folder walk, and named explicitly (as pre-commit passes them), with a line saying so."""
+    (tmp_path / "pyproject.toml").write_text('[tool.dp2ddp]\nexclude = ["legacy", "gen_*.py"]\n')
+    (tmp_path / "legacy").mkdir()
+    for rel in ("train.py", "legacy/old.py", "gen_model.py"):
+        (tmp_path / rel).write_text(DP_SCRIPT)
+    assert main(["rewrite", str(tmp_path)]) == 0
+    assert (tmp_path / "train_ddp.py").exists()
+    assert not (tmp_path / "legacy" / "old_ddp.py").exists() and not (tmp_path / "gen_model_ddp.py").exists()
+    capsys.readouterr()
+    assert main(["rewrite", str(tmp_path / "legacy" / "old.py")]) == 0
+    assert not (tmp_path / "legacy" / "old_ddp.py").exists()
+    assert "old.py: excluded by [tool.dp2ddp] exclude in" in capsys.readouterr().err
+    # the same files `check` leaves out
+    from dp2ddp.check.config import load_config
+    from dp2ddp.source import iter_python_files
+
+    cfg = load_config(str(tmp_path / "pyproject.toml"))
+    checked = {Path(p).name for p in iter_python_files([str(tmp_path)], cfg.exclude, cfg.root)}
+    assert checked == {"train.py", "train_ddp.py"}
+    # a configuration that cannot be read: one line, exit 2, nothing written
+    (tmp_path / "pyproject.toml").write_text('[tool.dp2ddp]\nexclude = 3\n')
+    assert main(["rewrite", str(tmp_path / "train.py"), "-o", str(tmp_path / "x.py")]) == 2
+    assert "exclude must be a list of strings" in capsys.readouterr().err
+    assert not (tmp_path / "x.py").exists()
+
+
 def test_stdin_to_stdout() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "dp2ddp", "rewrite", "-"], input=DP_SCRIPT.encode(), capture_output=True, cwd=ROOT

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -116,6 +117,7 @@ def _keep_lines(text: str):
     return [ln for ln in text.splitlines() if "keep-" in ln]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scripts())
 def test_generated_scripts_compile_are_idempotent_and_untouched_lines_survive(text: str) -> None:

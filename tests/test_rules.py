@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.lint import check_source, lint_bytes
+from dp2ddp.check.analyze import check_source
+from dp2ddp.check.engine import check_bytes
 from dp2ddp.model.core import build
-from dp2ddp.rules import BY_CODE, BY_NAME, RULES
+from dp2ddp.rules import RULES
+
+BY_CODE = {r.code: r for r in RULES}
+BY_NAME = {r.name: r for r in RULES}
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "lint"
@@ -28,7 +32,9 @@ EXAMPLES = [(r.code, i) for r in RULES for i in range(len(r.examples))]
 @pytest.mark.parametrize("code,index", EXAMPLES, ids=[f"{c}-{'valid' if BY_CODE[c].examples[i].valid else 'invalid'}-{i}" for c, i in EXAMPLES])
 def test_rule_examples(code, index):
     """Fixit's Valid/Invalid: a Valid example draws nothing; an Invalid one draws its
-    findings, the first where it says, and ``--fix`` turns it into ``fixed``."""
+    findings, the first over the range it says, and ``--fix`` turns it into ``fixed`` —
+    or, without ``fixed``, the finding offers no fix (the ``[*]`` mark is never a promise
+    that ``--fix`` then breaks)."""
     rule = BY_CODE[code]
     ex = rule.examples[index]
     findings = _run(rule, ex.source)
@@ -36,17 +42,23 @@ def test_rule_examples(code, index):
         assert not findings, f"{code} flags its Valid example #{index}: {[f.message for f in findings]}\n{ex.source}"
         return
     assert len(findings) == ex.count, f"{code} Invalid #{index}: {[(f.line, f.col + 1) for f in findings]}\n{ex.source}"
-    assert (findings[0].line, findings[0].col + 1) == (ex.line, ex.col), ex.source
+    first = findings[0]
+    got = ((first.line, first.col + 1), (first.end_line, first.end_col + 1))
+    assert got == ((ex.line, ex.col), ex.end), f"{code} Invalid #{index}: the first finding spans {got}\n{ex.source}"
     assert rule.passes_gate(ex.source.encode()), f"the gate of {code} rejects its Invalid #{index}"
     # the same through the pipeline (noqa, positions as printed)
-    diags = lint_bytes(ex.source.encode(), "t.py", (code,)).diagnostics
-    assert [(d.line, d.col) for d in diags][:1] == [(ex.line, ex.col)]
-    if ex.fixed is not None:
-        assert rule.fixable and all(d.fixable for d in diags)
-        result = lint_bytes(ex.source.encode(), "t.py", (code,), fix=True)
-        assert result.error is None, result.error
-        assert result.output is not None and result.output.decode() == ex.fixed
-        assert not lint_bytes(result.output, "t.py", (code,)).diagnostics  # fixed means fixed
+    diags = check_bytes(ex.source.encode(), "t.py", (code,)).diagnostics
+    assert [((d.line, d.col), (d.end_line, d.end_col)) for d in diags][:1] == [got]
+    if ex.fixed is None:
+        if code != "DDP001":  # DDP001's fix is the migration, tested with `rewrite`
+            assert not any(d.fixable for d in diags), f"{code} Invalid #{index} is marked fixable: show `fixed`"
+        return
+    assert rule.fixable and all(d.fixable for d in diags)
+    result = check_bytes(ex.source.encode(), "t.py", (code,), fix=True)
+    assert result.error is None, result.error
+    assert result.output is not None, f"{code} Invalid #{index}: --fix changed nothing"
+    assert result.output.decode() == ex.fixed, "the replacement is not the one the example shows"
+    assert not check_bytes(result.output, "t.py", (code,)).diagnostics  # fixed means fixed
 
 
 @pytest.mark.parametrize("rule", RULES, ids=[r.code for r in RULES])
@@ -55,12 +67,39 @@ def test_rule_metadata(rule):
     assert rule.name == rule.name.lower() and " " not in rule.name and "_" not in rule.name
     assert rule.what and rule.why and rule.fix and rule.message
     assert rule.invalid and rule.valid
-    assert all(e.line and e.col for e in rule.invalid), "an Invalid example says where its finding is"
+    assert all(e.line and e.col and e.end for e in rule.invalid), "an Invalid example says where its finding is, start and end"
     assert bool(rule.fix_safety) == rule.fixable, "a fixable rule documents its fix safety (and only one)"
     if rule.fixable and rule.code != "DDP001":  # DDP001's fix is the migration, tested with `rewrite`
         assert any(e.fixed for e in rule.invalid), "a fixable rule shows its fix on an Invalid example"
     assert rule.gate, "a rule without a gate makes every file parsed"
     assert rule.severity in ("warning", "info")
+
+
+def test_every_module_in_rules_is_a_rule():
+    """Discovery: each module of dp2ddp/rules/ (but base) is one of RULES, named for its code."""
+    modules = sorted(p.stem for p in (ROOT / "dp2ddp" / "rules").glob("*.py") if p.stem not in ("__init__", "base"))
+    assert len(modules) == len(RULES)
+    assert [m.split("_", 1)[0] for m in modules] == [r.code.lower() for r in RULES]
+
+
+def test_a_module_without_a_rule_is_an_error(tmp_path, monkeypatch):
+    """A module dropped into dp2ddp/rules/ is found without being listed anywhere; one that
+    defines no RULE stops the import loudly instead of being skipped."""
+    import sys
+
+    import dp2ddp.rules as rules
+
+    source = (ROOT / "dp2ddp" / "rules" / "ddp015_sum_reduction.py").read_text()
+    (tmp_path / "ddp099_new_rule.py").write_text(source.replace('"DDP015"', '"DDP099"'))
+    monkeypatch.setattr(rules, "__path__", [*rules.__path__, str(tmp_path)])
+    try:
+        assert "DDP099" in [r.code for r in rules.discover()]
+        (tmp_path / "ddp098_forgotten.py").write_text("def check(m):\n    return []\n")
+        with pytest.raises(rules.RuleModuleError, match="must define RULE"):
+            rules.discover()
+    finally:
+        for name in ("ddp099_new_rule", "ddp098_forgotten"):
+            sys.modules.pop(f"dp2ddp.rules.{name}", None)
 
 
 def test_codes_and_names_unique():
@@ -76,15 +115,17 @@ FIX_CASES = sorted(FIXTURES.glob("*/*.in.py"))
 
 
 def _render(diags) -> str:
+    from dp2ddp.check.output import offered
+
     return "".join(
-        f"{Path(d.path).name}:{d.line}:{d.col}: {d.code}{' [*]' if d.fixable else ''} {d.message}\n" for d in diags
+        f"{Path(d.path).name}:{d.line}:{d.col}: {d.code}{' [*]' if offered(d) else ''} {d.message}\n" for d in diags
     )
 
 
 @pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.name}" for p in CASES])
 def test_fixture(path: Path, regen: bool):
     rule = BY_NAME[path.parent.name]
-    result = lint_bytes(path.read_bytes(), str(path), [rule.code])
+    result = check_bytes(path.read_bytes(), str(path), [rule.code])
     assert result.error is None, result.error
     got = _render(result.diagnostics)
     golden = path.with_suffix(".txt")
@@ -98,9 +139,9 @@ def test_fixture(path: Path, regen: bool):
 def test_fix_fixture(path: Path, regen: bool):
     rule = BY_NAME[path.parent.name]
     data = path.read_bytes()
-    before = lint_bytes(data, str(path), [rule.code])
+    before = check_bytes(data, str(path), [rule.code])
     assert any(d.fixable for d in before.diagnostics), "a fix case must have something to fix"
-    result = lint_bytes(data, str(path), [rule.code], fix=True)
+    result = check_bytes(data, str(path), [rule.code], fix=True)
     assert result.error is None, result.error
     assert result.output is not None and result.output != data
     compile(result.output, str(path), "exec")
@@ -271,7 +312,7 @@ def test_gates_decide_alike_alone_and_together():
     """The gates of one file share what they found (a word's presence, the absence of a
     string that longer words hold): each rule is a candidate exactly when its gate alone
     lets the file through."""
-    from dp2ddp.lint import candidates
+    from dp2ddp.check.analyze import candidates
 
     codes = [r.code for r in RULES]
     sources = ALL_SOURCES + [

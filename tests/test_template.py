@@ -228,7 +228,7 @@ def test_torchrun_multi_node_c10d_command(capsys, tmp_path):
     assert recorded(record) == [["--nnodes=3", "--nproc_per_node=8", "--rdzv_backend=c10d",
                                  "--rdzv_endpoint=node0.cluster:29400", "--rdzv_id=exp1", "--max_restarts=2",
                                  "train_ddp.py"]]
-    # restarts need a fresh store per attempt (see template_cmd.LaunchSpec.fresh_store_per_restart)
+    # restarts need a fresh store per attempt (see dp2ddp.cli.template.LaunchSpec.fresh_store_per_restart)
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text
 
 
@@ -527,7 +527,7 @@ def test_template_does_not_import_torch(tmp_path):
 def test_every_value_goes_through_a_quoting_filter():
     """The environment refuses a value that reaches the output unfiltered, so a template
     that forgets `| sh` / `| yq` breaks loudly instead of becoming injectable."""
-    from dp2ddp.template_cmd import environment
+    from dp2ddp.cli.template import environment
 
     env = environment()
     with pytest.raises(ValueError, match="without a quoting filter"):

@@ -71,11 +71,13 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "dp2ddp", "verify", *args], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_missing_script_is_a_usage_error(tmp_path):
     p = _cli(str(tmp_path / "nope.py"))
     assert p.returncode == 2 and "no such file" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_missing_migrated_is_a_usage_error(tmp_path):
     (tmp_path / "a.py").write_text("print(1)\n")
     p = _cli(str(tmp_path / "a.py"), "--migrated", str(tmp_path / "b.py"))
@@ -98,6 +100,7 @@ def test_bad_repeat_or_threads_is_a_usage_error(tmp_path, option, message):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["a.py"]
 
 
+@pytest.mark.slow
 def test_script_without_dataparallel_cannot_be_rewritten(tmp_path):
     (tmp_path / "a.py").write_text("print(1)\n")
     p = _cli(str(tmp_path / "a.py"))
@@ -195,6 +198,7 @@ def test_step_lines_are_what_json_dumps_writes(loss):
         assert probe._step_line(3, 1795296000.123456, 64, 2, loss, modules) == json.dumps(rec, separators=(",", ":"))
 
 
+@pytest.mark.slow
 def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tmp_path):
     import json
     import os
@@ -256,6 +260,7 @@ print(json.dumps(orders))
 """
 
 
+@pytest.mark.slow
 def test_a_step_counts_the_loader_that_fed_it_and_the_sampler_follows_the_migrated_epochs(tmp_path):
     """Evaluation batches between steps (whole on every migrated rank) are not the step's:
     a step counts the samples of the loader whose batch its last backward used, over every

@@ -298,5 +298,3 @@ def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
     return call.with_changes(args=args)
 
 
-def is_function(node) -> bool:
-    return isinstance(node, FUNCTIONS)

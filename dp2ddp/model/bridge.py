@@ -198,11 +198,6 @@ class Bridge:
             return small
         return small
 
-    def statement_line(self, stmt: ast.stmt) -> Optional[cst.SimpleStatementLine]:
-        """The ``SimpleStatementLine`` that holds only ``stmt`` (else ``None``)."""
-        node = self.statement(stmt)
-        return node if isinstance(node, cst.SimpleStatementLine) else None if isinstance(stmt, _SMALL) else None
-
     def parent(self, node: cst.CSTNode) -> Optional[cst.CSTNode]:
         return self._parents.get(node)
 

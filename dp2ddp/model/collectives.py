@@ -161,11 +161,6 @@ def reaches_collective(m: SemanticModel, node: ast.AST, dp: bool = False) -> Opt
     return None
 
 
-def in_function(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
-    f = m.enclosing_function(node)
-    return f if isinstance(f, FUNCTIONS) else None
-
-
 # --------------------------------------------------------------------------- DDP code
 
 DIST_PREFIX = "torch.distributed"

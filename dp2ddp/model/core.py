@@ -813,10 +813,6 @@ def kwarg(call: ast.Call, name: str) -> Optional[ast.keyword]:
     return None
 
 
-def has_star_args(call: ast.Call) -> bool:
-    return any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
-
-
 def is_const(node: Optional[ast.AST], value) -> bool:
     return isinstance(node, ast.Constant) and node.value is value if value in (True, False, None) else (
         isinstance(node, ast.Constant) and node.value == value

@@ -45,12 +45,6 @@ def origins(m: SemanticModel, expr: ast.AST) -> List[Origin]:
     return list(_Flow.of(m).value(expr, 0))
 
 
-def element_origins(m: SemanticModel, expr: ast.AST) -> List[Origin]:
-    """The expressions that may have made the *elements* of ``expr`` (what ``for x in expr``
-    binds ``x`` to)."""
-    return list(_Flow.of(m).elements(expr, 0))
-
-
 class _Flow:
     def __init__(self, m: SemanticModel) -> None:
         self.m = m
@@ -299,7 +293,7 @@ class _Flow:
         """Values put into the container ``e`` names: ``e.append(v)``, ``e.extend([...])``,
         ``e[k] = v``, ``e.update(k=v)``."""
         m = self.m
-        from dp2ddp.model.loaders import expr_handle
+        from dp2ddp.model.handles import expr_handle
 
         h = expr_handle(m, e) if isinstance(e, (ast.Name, ast.Attribute)) else None
         if h is None:
@@ -373,7 +367,7 @@ def container_mutations(m: SemanticModel) -> Dict[object, List[ast.AST]]:
     got = m.cache.get("flow:mutations")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.loaders import expr_handle
+    from dp2ddp.model.handles import expr_handle
 
     out: Dict[object, List[ast.AST]] = {}
     for call in m.nodes(ast.Call):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel, kwarg, terminal
+from dp2ddp.model.handles import Handle, expr_handle, handle_of
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER, SEQUENTIAL_SAMPLER
 
 EVAL_WORDS = ("test", "val", "eval", "dev", "valid", "infer", "predict")
@@ -350,9 +351,6 @@ def is_training(m: SemanticModel, call: ast.Call, label: str, shuffle: Optional[
 
 # --------------------------------------------------------------------------- iteration and epochs
 
-# A handle is where a loader can be named: (scope, text). scope is a function (local
-# name), a class (``self.x``) or None (module global).
-Handle = Tuple[Optional[ast.AST], str]
 
 
 _NOT_THROUGH = {"range", "len", "sorted", "list", "tuple", "set", "dict", "reversed", "sum", "min", "max", "map", "filter"}
@@ -369,18 +367,6 @@ def unwrap_iter(expr: ast.AST, strict: bool = False) -> ast.AST:
             break
         expr = expr.args[0]
     return expr
-
-
-def handle_of(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
-    if isinstance(expr, ast.Name):
-        where, _ = m.lookup(expr.id, m.scope_of(expr))
-        if where is not None and where.kind == "function":
-            return (where.node, expr.id)
-        return (None, expr.id)
-    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
-        cls = m.enclosing_class(expr)
-        return (m.root_class(cls), m.source(expr)) if cls is not None else None
-    return None
 
 
 def loader_handles(m: SemanticModel, loader: Loader) -> Dict[Handle, str]:
@@ -446,19 +432,6 @@ def _enclosing_loop(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
             return a
         child = a
     return None
-
-
-def _subscript_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
-    if isinstance(expr, ast.Subscript) and isinstance(expr.value, (ast.Name, ast.Attribute)):
-        h = handle_of(m, expr.value)
-        if h is not None:
-            return (h[0], m.source(expr))
-    return None
-
-
-def expr_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
-    """:func:`handle_of`, also for ``loaders[i]`` (loaders kept in a list)."""
-    return _subscript_handle(m, expr) if isinstance(expr, ast.Subscript) else handle_of(m, expr)
 
 
 def _through_aliases(m: SemanticModel, expr: ast.AST) -> ast.AST:

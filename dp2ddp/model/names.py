@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from typing import FrozenSet, Iterable
 
 
@@ -129,3 +131,13 @@ SYNC_BATCHNORM_ANY = _names(
     "torch.nn.SyncBatchNorm", "torch.nn.modules.SyncBatchNorm", "torch.nn.modules.batchnorm.SyncBatchNorm"
 )
 CONVERT_SYNC_BATCHNORM = frozenset(f"{s}.convert_sync_batchnorm" for s in SYNC_BATCHNORM_ANY)
+
+
+# the byte-level gate for DataParallel: every spelling of DataParallel (class or functional)
+# contains one of these identifiers; ``DistributedDataParallel`` alone does not count, so a
+# migrated file is not analysed again. One home: migrate, project and template read it.
+DP_BYTES = re.compile(rb"(?<!Distributed)DataParallel|data_parallel")
+
+
+def may_use_dp(data: bytes) -> bool:
+    return DP_BYTES.search(data) is not None

@@ -82,4 +82,9 @@ def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> boo
         placed = placement_of(m, s)
         if placed is not None and m.source(placed) in wanted:
             return True
+        # net = Net().cuda(): made on its device
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and m.source(s.targets[0]) in wanted:
+            v = s.value
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in PLACEMENT:
+                return True
     return False

@@ -181,22 +181,6 @@ def rank_guarded(m: SemanticModel, node: ast.AST, _depth: int = 0) -> bool:
     return bool(sites) and all(rank_guarded(m, s, _depth + 1) for s in sites)
 
 
-def rank_tested_names(m: SemanticModel) -> Set[str]:
-    """Spellings used as rank tests in this module (``args.local_rank``, ``rank``)."""
-    out: Set[str] = set()
-    for n in m.nodes(ast.If):
-        for sub in ast.walk(n.test):
-            if isinstance(sub, (ast.Name, ast.Attribute)):
-                ident = terminal(sub)
-                if ident and RANK_WORD.search(ident):
-                    out.add(m.source(sub))
-    return out
-
-
-def guarded_statements(m: SemanticModel, stmts: List[ast.stmt]) -> bool:
-    return all(rank_guarded(m, s) for s in stmts)
-
-
 LOCAL_RANK_WORD = re.compile(r"local_rank|localrank|local_process_index", re.IGNORECASE)
 # a piece of such a string split into adjacent literals ("local_" "rank"), which Python joins
 _LOCAL_RANK_PIECE = re.compile(r"""["'](?:l|lo|loc|loca|local|local_|local_r|local_ra|local_ran|localr|localra|localran|local_p\w*)["']""", re.IGNORECASE)

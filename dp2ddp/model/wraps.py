@@ -207,10 +207,6 @@ def _defined_here(m: SemanticModel, qualified: str) -> bool:
     return "<locals>" in qualified or "." not in qualified
 
 
-def assigned_wrapper_keys(m: SemanticModel, wrap: Wrap):
-    return assigned_keys(m, wrap.outer)
-
-
 # --------------------------------------------------------------------------- idioms
 
 GPU_COUNT = re.compile(r"n_?gpus?$|num_?gpus?$|gpu_?count$|device_count$|world_size$", re.IGNORECASE)

@@ -1,50 +1,46 @@
-"""The lint rules of `dp2ddp check`: one module per rule, each defining ``RULE``.
+"""The lint rules of `dp2ddp check`.
 
-``RULES`` lists them in code order; :mod:`dp2ddp.registry` joins them with the
-migration's codes (DDP1xx) into the one registry of every code the tool prints.
+Every module of this package other than :mod:`~dp2ddp.rules.base` is one rule: it is
+named for its code (``ddp004_unguarded_save``) and defines ``RULE = Rule(...)``
+(:class:`~dp2ddp.rules.base.Rule`: code, name, message, docs, examples, gate, detection).
+Rules are found by discovery — adding a rule is adding its module — and a module here
+that defines no ``RULE`` is an error, never silently skipped. :mod:`dp2ddp.registry`
+joins the rules with the migration's codes (DDP1xx) into the one registry of every code
+the tool prints. How to add one: ``docs/adding-a-rule.md``.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
+import importlib
+import pkgutil
+from typing import List
 
-from dp2ddp.rules import (
-    ddp001_data_parallel,
-    ddp002_sampler_set_epoch,
-    ddp003_sampler_with_shuffle,
-    ddp004_unguarded_save,
-    ddp005_load_without_map_location,
-    ddp006_bare_cuda,
-    ddp007_ddp_without_device_ids,
-    ddp008_init_without_destroy,
-    ddp009_collective_in_rank_branch,
-    ddp010_dp_loss_mean,
-    ddp011_local_rank_argparse,
-    ddp012_sync_batchnorm_after_wrap,
-    ddp013_batchnorm_without_sync,
-    ddp014_few_loader_workers,
-    ddp015_sum_reduction,
-    ddp017_placed_after_wrap,
-)
 from dp2ddp.rules.base import Rule
 
-# every module of this package that defines a rule, in code order
-RULES: List[Rule] = [
-    module.RULE
-    for name, module in sorted(globals().items())
-    if name.startswith("ddp0") and hasattr(module, "RULE")
-]
-
-BY_CODE: Dict[str, Rule] = {r.code: r for r in RULES}
-BY_NAME: Dict[str, Rule] = {r.name: r for r in RULES}
+NOT_RULES = frozenset({"base"})  # the modules here that are not rules
 
 
-def select_rules(select=None, ignore=None, extend_select=None) -> List[Rule]:
-    """The active lint rules for a selection (see :func:`dp2ddp.registry.select`)."""
-    from dp2ddp.registry import select as _select
-
-    codes = set(_select(select, ignore, extend_select))
-    return [r for r in RULES if r.code in codes]
+class RuleModuleError(ImportError):
+    pass
 
 
-__all__ = ["RULES", "BY_CODE", "BY_NAME", "Rule", "select_rules"]
+def discover() -> List[Rule]:
+    """The ``RULE`` of every rule module of this package, in code order."""
+    rules: List[Rule] = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
+        if info.name in NOT_RULES:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        rule = getattr(module, "RULE", None)
+        if not isinstance(rule, Rule):
+            raise RuleModuleError(f"{module.__file__}: a module of dp2ddp/rules/ is a rule and must define RULE = Rule(...)")
+        if not info.name.startswith(rule.code.lower() + "_"):
+            raise RuleModuleError(f"{module.__file__}: the module of {rule.code} is named {rule.code.lower()}_<what>.py")
+        rules.append(rule)
+    rules.sort(key=lambda r: r.code)
+    return rules
+
+
+RULES: List[Rule] = discover()
+
+__all__ = ["RULES", "Rule", "discover"]

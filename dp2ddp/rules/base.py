@@ -41,8 +41,9 @@ class Example:
     valid: bool
     line: Optional[int] = None  # Invalid: where the first finding is (1-based line ...
     col: Optional[int] = None  # ... and 1-based column, as printed)
-    fixed: Optional[str] = None  # Invalid: the source after `check --fix`, for a fixable rule
+    fixed: Optional[str] = None  # Invalid: the source after `check --fix`; None: the finding offers no fix
     count: int = 1  # Invalid: how many findings
+    end: Optional[Tuple[int, int]] = None  # Invalid: where the first finding ends (line, column, as printed)
 
 
 def Valid(source: str) -> Example:
@@ -50,10 +51,12 @@ def Valid(source: str) -> Example:
     return Example(source, True)
 
 
-def Invalid(source: str, line: int, col: int, fixed: Optional[str] = None, count: int = 1) -> Example:
-    """Code the rule reports: ``count`` findings, the first at ``line:col``; with ``fixed``,
-    what ``--fix`` makes of it."""
-    return Example(source, False, line, col, fixed, count)
+def Invalid(
+    source: str, line: int, col: int, fixed: Optional[str] = None, count: int = 1, end: Optional[Tuple[int, int]] = None
+) -> Example:
+    """Code the rule reports: ``count`` findings, the first from ``line:col`` to ``end``;
+    with ``fixed``, what ``--fix`` makes of it (without, the finding must offer no fix)."""
+    return Example(source, False, line, col, fixed, count, end)
 
 
 # --------------------------------------------------------------------------- hits
@@ -288,7 +291,7 @@ class Rule:
         return self._gate.passes(gated, memo)
 
     def passes_gate(self, data: bytes) -> bool:
-        """What :func:`dp2ddp.lint.candidates` decides for this rule alone: the bytes, and
+        """What :func:`dp2ddp.check.analyze.candidates` decides for this rule alone: the bytes, and
         for a non-ASCII file the NFKC-normalized text, let it through."""
         if self.may_fire(data):
             return True

@@ -70,10 +70,10 @@ RULE = Rule(
     gate=(tails(DP, DP_FUNCTIONAL),),
     check=check,
     examples=(
-        Invalid("import torch.nn as nn\n\nmodel = nn.DataParallel(model)\n", 3, 9),
-        Invalid("from torch.nn import DataParallel as DP\n\nnet = DP(net, device_ids=[0, 1])\n", 3, 7),
-        Invalid("import torch\n\nmodel = torch.nn.parallel.DataParallel(model).cuda()\n", 3, 9),
-        Invalid("import torch.nn as nn\n\nout = nn.parallel.data_parallel(model, batch, [0, 1])\n", 3, 7),
+        Invalid("import torch.nn as nn\n\nmodel = nn.DataParallel(model)\n", 3, 9, end=(3, 24)),
+        Invalid("from torch.nn import DataParallel as DP\n\nnet = DP(net, device_ids=[0, 1])\n", 3, 7, end=(3, 9)),
+        Invalid("import torch\n\nmodel = torch.nn.parallel.DataParallel(model).cuda()\n", 3, 9, end=(3, 39)),
+        Invalid("import torch.nn as nn\n\nout = nn.parallel.data_parallel(model, batch, [0, 1])\n", 3, 7, end=(3, 32)),
         Valid(
             "import os\n\nimport torch\nimport torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
             "local_rank = int(os.environ[\"LOCAL_RANK\"])\nmodel = DDP(model.to(local_rank), device_ids=[local_rank])\n"

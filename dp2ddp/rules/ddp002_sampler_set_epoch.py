@@ -109,13 +109,13 @@ RULE = Rule(
             "from torch.utils.data import DataLoader, DistributedSampler\n\n"
             "sampler = DistributedSampler(dataset)\nloader = DataLoader(dataset, batch_size=32, sampler=sampler)\n"
             "for epoch in range(10):\n    for batch in loader:\n        step(batch)\n",
-            6, 18,
+            6, 18, end=(6, 24),
         ),
         Invalid(
             "import torch.utils.data as tud\n\n"
             "loader = tud.DataLoader(ds, sampler=tud.distributed.DistributedSampler(ds))\n"
             "for epoch in range(epochs):\n    train_one_epoch(model, loader)\n",
-            5, 28,
+            5, 28, end=(5, 34),
         ),
         Valid(
             "from torch.utils.data import DataLoader, DistributedSampler\n\n"

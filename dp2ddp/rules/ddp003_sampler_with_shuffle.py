@@ -64,7 +64,7 @@ RULE = Rule(
     examples=(
         Invalid(
             _IMPORTS + "loader = DataLoader(ds, batch_size=64, shuffle=True, sampler=DistributedSampler(ds))\n",
-            4, 40,
+            4, 40, end=(4, 52),
             fixed=_IMPORTS + "loader = DataLoader(ds, batch_size=64, sampler=DistributedSampler(ds))\n",
         ),
         Valid(_IMPORTS + "loader = DataLoader(ds, batch_size=64, sampler=DistributedSampler(ds, shuffle=True))\n"),

@@ -44,12 +44,12 @@ RULE = Rule(
         Invalid(
             _HEAD + "dist.init_process_group(\"nccl\")\n"
             "for epoch in range(10):\n    train(epoch)\n    torch.save(model.module.state_dict(), \"ckpt.pt\")\n",
-            7, 5,
+            7, 5, end=(7, 53),
         ),
         Invalid(
             _HEAD + "def save(model):\n    torch.save(model.state_dict(), \"m.pt\")\n\ndef main():\n"
             "    dist.init_process_group(\"gloo\")\n    save(model)\n",
-            5, 5,
+            5, 5, end=(5, 43),
         ),
         Valid(
             _HEAD + "dist.init_process_group(\"nccl\")\n"

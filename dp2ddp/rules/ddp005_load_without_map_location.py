@@ -33,7 +33,7 @@ RULE = Rule(
     gate=(DDP_CODE, tails(LOAD)),
     check=check,
     examples=(
-        Invalid(_HEAD + "state = torch.load(\"ckpt.pt\")\nmodel.load_state_dict(state)\n", 4, 9),
+        Invalid(_HEAD + "state = torch.load(\"ckpt.pt\")\nmodel.load_state_dict(state)\n", 4, 9, end=(4, 30)),
         Valid(_HEAD + "state = torch.load(\"ckpt.pt\", map_location=\"cpu\")\n"),
         Valid(_HEAD + "state = torch.load(\"ckpt.pt\", \"cpu\")\n"),
         Valid("import torch\n\nstate = torch.load(\"ckpt.pt\")  # not DDP code\n"),

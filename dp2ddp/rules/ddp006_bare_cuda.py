@@ -64,8 +64,8 @@ RULE = Rule(
     gate=(DDP_CODE, literal("cuda", "cuda:0")),
     check=check,
     examples=(
-        Invalid("import torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\nmodel = model.cuda()\n", 4, 15),
-        Invalid(_DDP + "device = torch.device(\"cuda:0\")\n", 5, 23),
+        Invalid("import torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\nmodel = model.cuda()\n", 4, 15, end=(4, 19)),
+        Invalid(_DDP + "device = torch.device(\"cuda:0\")\n", 5, 23, end=(5, 31)),
         Valid(
             "import os\n\nimport torch\nimport torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\n"
             "torch.cuda.set_device(int(os.environ[\"LOCAL_RANK\"]))\nmodel = model.cuda()\n"

@@ -57,7 +57,7 @@ RULE = Rule(
     gate=(tails(DDP), literal("cuda")),
     check=check,
     examples=(
-        Invalid("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(model.cuda())\n", 4, 9),
+        Invalid("import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(model.cuda())\n", 4, 9, end=(4, 26)),
         Valid(
             "import os\n\nimport torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
             "local_rank = int(os.environ[\"LOCAL_RANK\"])\nmodel = DDP(model.to(local_rank), device_ids=[local_rank])\n"

@@ -31,7 +31,7 @@ RULE = Rule(
     gate=components(INIT),
     check=check,
     examples=(
-        Invalid("import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    train()\n", 4, 5),
+        Invalid("import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    train()\n", 4, 5, end=(4, 36)),
         Valid(
             "import torch.distributed as dist\n\ndef main():\n    dist.init_process_group(\"nccl\")\n    try:\n        train()\n"
             "    finally:\n        dist.destroy_process_group()\n"

@@ -132,26 +132,26 @@ RULE = Rule(
     ),
     check=check,
     examples=(
-        Invalid("import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    save(model)\n    dist.barrier()\n", 5, 5),
+        Invalid("import torch.distributed as dist\n\nif dist.get_rank() == 0:\n    save(model)\n    dist.barrier()\n", 5, 5, end=(5, 19)),
         Invalid(  # a rank helper that calls itself
             "import torch.distributed as dist\n\ndef is_main(rank=None):\n    if rank is None:\n"
             "        return is_main(dist.get_rank())\n    return rank == 0\n\nif is_main():\n    dist.barrier()\n",
-            9, 5,
+            9, 5, end=(9, 19),
         ),
         Invalid(
             "import torch.distributed as dist\n\ndef log(loss, rank):\n    if rank == 0:\n        dist.all_reduce(loss)\n"
             "        print(loss.item())\n",
-            5, 9,
+            5, 9, end=(5, 30),
         ),
         Invalid(
             "from torch.nn.parallel import DistributedDataParallel as DDP\n\nmodel = DDP(net, device_ids=[rank])\n"
             "if rank == 0:\n    out = model(batch)\n",
-            5, 11,
+            5, 11, end=(5, 23),
         ),
         Invalid(
             "import torch.distributed as dist\n\ndef evaluate(model, data):\n    loss = model(data)\n    dist.all_reduce(loss)\n"
             "    return loss\n\nif dist.get_rank() == 0:\n    print(evaluate(model, data))\n",
-            9, 11,
+            9, 11, end=(9, 32),
         ),
         Valid("import torch.distributed as dist\n\ndist.all_reduce(loss)\nif dist.get_rank() == 0:\n    print(loss.item())\n"),
         Valid("import torch.distributed as dist\n\nif rank == 0:\n    dist.broadcast(t, src=0)\nelse:\n    dist.broadcast(t, src=0)\n"),

@@ -51,10 +51,10 @@ RULE = Rule(
     examples=(
         Invalid(
             _HEAD + "if args.n_gpu > 1:\n    loss = loss.mean()  # mean() to average on multi-gpu.\nloss.backward()\n",
-            4, 1,
+            4, 1, end=(5, 23),
             fixed=_HEAD + "loss.backward()\n",
         ),
-        Invalid(_HEAD + "if n_gpu > 1: loss = loss.mean()\nloss.backward()\n", 4, 1, fixed=_HEAD + "loss.backward()\n"),
+        Invalid(_HEAD + "if n_gpu > 1: loss = loss.mean()\nloss.backward()\n", 4, 1, end=(4, 33), fixed=_HEAD + "loss.backward()\n"),
         Valid(_HEAD + "loss.backward()\n"),
         Valid("loss = criterion(model(x), y)\nif n_gpu > 1:\n    loss = loss.mean()  # not DDP code\n"),
     ),

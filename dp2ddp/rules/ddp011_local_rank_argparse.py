@@ -57,7 +57,7 @@ RULE = Rule(
         Invalid(
             "import argparse\n\nimport torch.distributed as dist\n\nparser = argparse.ArgumentParser()\n"
             "parser.add_argument(\"--local_rank\", type=int, default=0)\n",
-            6, 21,
+            6, 21, end=(6, 35),
         ),
         Valid("import os\n\nimport torch.distributed as dist\n\nlocal_rank = int(os.environ[\"LOCAL_RANK\"])\n"),
         Valid(

@@ -48,7 +48,7 @@ RULE = Rule(
     gate=(tails(DDP), tails(CONVERT_SYNC_BATCHNORM)),
     check=check,
     examples=(
-        Invalid(_HEAD + "model = DDP(model, device_ids=[rank])\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n", 5, 9),
+        Invalid(_HEAD + "model = DDP(model, device_ids=[rank])\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n", 5, 9, end=(5, 55)),
         Valid(_HEAD + "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model, device_ids=[rank])\n"),
     ),
 )

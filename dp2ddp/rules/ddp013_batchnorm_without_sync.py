@@ -43,7 +43,7 @@ RULE = Rule(
     gate=(DDP_CODE, tails(BATCHNORM)),
     check=check,
     examples=(
-        Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n", 4, 9),
+        Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n", 4, 9, end=(4, 27)),
         Valid(
             "import torch.distributed as dist\nimport torch.nn as nn\n\nlayer = nn.BatchNorm2d(64)\n"
             "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"

@@ -46,8 +46,8 @@ RULE = Rule(
     gate=(DDP_CODE, tails(DATALOADER)),
     check=check,
     examples=(
-        Invalid(_HEAD + "loader = DataLoader(ds, batch_size=32)\n", 4, 10),
-        Invalid(_HEAD + "loader = DataLoader(ds, batch_size=32, num_workers=1)\n", 4, 40),
+        Invalid(_HEAD + "loader = DataLoader(ds, batch_size=32)\n", 4, 10, end=(4, 39)),
+        Invalid(_HEAD + "loader = DataLoader(ds, batch_size=32, num_workers=1)\n", 4, 40, end=(4, 53)),
         Valid(_HEAD + "loader = DataLoader(ds, batch_size=32, num_workers=4, pin_memory=True)\n"),
         Valid("from torch.utils.data import DataLoader\n\nloader = DataLoader(ds, batch_size=32)  # not DDP code\n"),
     ),

@@ -33,9 +33,9 @@ RULE = Rule(
     gate=(DDP_CODE, ("reduction",), literal("sum")),
     check=check,
     examples=(
-        Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n", 4, 33),
+        Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n", 4, 33, end=(4, 48)),
         Invalid(
-            "import torch.distributed as dist\nimport torch.nn.functional as F\n\nloss = F.mse_loss(out, y, reduction=\"sum\")\n", 4, 27
+            "import torch.distributed as dist\nimport torch.nn.functional as F\n\nloss = F.mse_loss(out, y, reduction=\"sum\")\n", 4, 27, end=(4, 42)
         ),
         Valid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss()\n"),
         Valid("import torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")  # not DDP code\n"),

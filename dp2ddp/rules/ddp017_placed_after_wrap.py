@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+
 from dp2ddp.model.collectives import outer_chain
 from dp2ddp.model.names import DDP
-from dp2ddp.model.placement import placed_before, placement_of, placements_after
+from dp2ddp.model.placement import placed_before, placements_after
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, positional, tails
 
 
@@ -23,13 +25,11 @@ def check(m):
         if placed_before(m, stmt, {m.source(module)}):
             continue  # already on its device when wrapped; a later .to() changes nothing
         for late in placements_after(m, stmt, names):
-            yield Hit(placement_of(m, late) or late)
+            yield Hit(late.value if isinstance(late, (ast.Expr, ast.Assign)) else late)
             break
 
 
 def placement_of_call(expr) -> bool:
-    import ast
-
     return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in ("cuda", "to")
 
 
@@ -55,7 +55,7 @@ RULE = Rule(
     gate=(tails(DDP),),
     check=check,
     examples=(
-        Invalid(_HEAD + "net = DDP(net, device_ids=[0])\nnet.cuda()\n", 5, 1),
+        Invalid(_HEAD + "net = DDP(net, device_ids=[0])\nnet.cuda()\n", 5, 1, end=(5, 11)),
         Valid(_HEAD + "net = net.cuda()\nnet = DDP(net, device_ids=[0])\nnet.to(\"cuda\")\n"),
         Valid(_HEAD + "net = DDP(net.cuda(), device_ids=[0])\n"),
         Valid(_HEAD + "net = DDP(net)\n"),

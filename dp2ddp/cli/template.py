@@ -16,6 +16,8 @@ Never imports torch.
 
 from __future__ import annotations
 
+from dp2ddp.model.names import may_use_dp
+
 import os
 import re
 import shlex
@@ -345,7 +347,7 @@ def _dp_warning(script: str) -> Optional[str]:
             data = fh.read(1_000_000)
     except OSError:
         return None
-    if b"DataParallel" in data and b"DistributedDataParallel" not in data and b"init_process_group" not in data:
+    if may_use_dp(data) and b"init_process_group" not in data:
         stem, ext = os.path.splitext(script)
         return f"warning: {script} still uses DataParallel; run `dp2ddp rewrite {shlex.quote(script)}` and launch {stem}_ddp{ext or '.py'} instead"
     return None

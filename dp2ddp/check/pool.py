@@ -1,4 +1,4 @@
-"""Linting many files: in a pool of processes when there are enough of them to pay."""
+"""Checking many files: in a pool of processes when there are enough of them to pay."""
 
 from __future__ import annotations
 
@@ -6,16 +6,18 @@ import os
 import sys
 from typing import List, Optional, Tuple
 
-from dp2ddp import lint
-from dp2ddp.lint import FileResult, Job
-from dp2ddp.lint_cache import ResultCache
+from dp2ddp.check import engine
+from dp2ddp.check.analyze import selected_rules
+from dp2ddp.check.cache import ResultCache
+from dp2ddp.check.results import FileResult, Job
+
 
 def _worker_init(parent: int, cache: Optional[ResultCache] = None) -> None:
     import signal
 
     import gc
 
-    lint.CACHE = cache  # already there after fork; pickled once per worker with spawn
+    engine.CACHE = cache  # already there after fork; pickled once per worker with spawn
     gc.disable()  # as in the parent: each file's objects die by reference counting
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and reaps us
@@ -33,18 +35,18 @@ def _worker_init(parent: int, cache: Optional[ResultCache] = None) -> None:
 
 
 def run_jobs(jobs: List[Job], processes: Optional[int] = None, cache: Optional[ResultCache] = None) -> List[FileResult]:
-    """Lint all jobs; in a process pool when there are enough files for it to pay. With
+    """Check all jobs; in a process pool when there are enough files for it to pay. With
     ``cache``, files whose content is in it are not analysed, and the new results are
     stored when all jobs are done."""
     import gc
 
-    lint.CACHE = cache
+    engine.CACHE = cache
     enabled = gc.isenabled()
-    gc.disable()  # every file's objects die by reference counting (see lint.lint_bytes)
+    gc.disable()  # every file's objects die by reference counting (see engine.check_bytes)
     try:
         results = _run_jobs(jobs, processes, cache)
     finally:
-        lint.CACHE = None
+        engine.CACHE = None
         if enabled:
             gc.enable()
     if cache is not None:
@@ -56,12 +58,12 @@ def _run_jobs(jobs: List[Job], processes: Optional[int], cache: Optional[ResultC
     if processes is None:
         processes = min(os.cpu_count() or 1, 8)
     if processes <= 1 or len(jobs) < 16 or any(j.data is not None for j in jobs):
-        return [lint.lint_job(j) for j in jobs]
+        return [engine.check_job(j) for j in jobs]
     import multiprocessing as mp
 
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     # import the rules and the model before forking so every worker inherits them
-    lint.selected_rules(jobs[0].codes)
+    selected_rules(jobs[0].codes)
     import dp2ddp.model.core  # noqa: F401
     import signal
 
@@ -109,7 +111,7 @@ def _batches(jobs: List[Job], processes: int) -> List[List[Tuple[int, Job]]]:
 
 
 def _batch_jobs(batch: List[Tuple[int, Job]]) -> List[Tuple[int, FileResult]]:
-    return [(i, lint.lint_job(job)) for i, job in batch]
+    return [(i, engine.check_job(job)) for i, job in batch]
 
 
 def _size(path: str) -> int:

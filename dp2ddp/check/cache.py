@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Sequence, Set
+from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-if TYPE_CHECKING:
-    from dp2ddp.lint import FileResult
+from dp2ddp.check.results import FileResult
 
 CACHE_DIR_NAME = ".dp2ddp_cache"
 _MAX_AGE_DAYS = 30  # entries not seen for that long are dropped when the cache is written
@@ -109,7 +108,7 @@ class ResultCache:
             self._valid[digest] = _valid_entry(self.raw.get(digest))
         return self._valid[digest]
 
-    def save(self, results: Iterable["FileResult"]) -> None:
+    def save(self, results: Iterable[FileResult]) -> None:
         """Store the new entries of ``results`` (and refresh the ones they used).
         Never raises: a cache that cannot be written is just not written."""
         import json

@@ -69,10 +69,20 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, with_he
     """
     from dp2ddp.migrate import Options, migrate_bytes
 
+    from dp2ddp.check.config import ConfigError, find_config, load_config
+
     modes = sum(bool(x) for x in (output, in_place, show_diff))
     if modes > 1:
         raise click.UsageError("use only one of -o/--output, --in-place and --diff")
-    files = list(iter_python_files(list(paths)))
+    try:  # [tool.dp2ddp] exclude: what `check` leaves out, `rewrite` leaves alone
+        cfg = load_config(find_config(next((p for p in paths if p != STDIN), os.getcwd())))
+    except ConfigError as e:
+        click.echo(f"error: {e}", err=True)
+        return EXIT_USAGE
+    files = list(iter_python_files(list(paths), list(cfg.exclude), cfg.root))
+    for p in paths:
+        if p != STDIN and not os.path.isdir(p) and p not in files:
+            click.echo(f"{display_path(p)}: excluded by [tool.dp2ddp] exclude in {cfg.path}; left as it is", err=True)
     if output and len(files) != 1:
         raise click.UsageError("-o/--output takes exactly one input file")
     if STDIN in files and len(files) > 1:
@@ -132,9 +142,9 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, with_he
         elif result.changed:
             dest = path if in_place else (output or default_output(path))
             atomic_write(dest, result.output, like=path)
-        report.append((display, dest, result))
+        report.append((display, dest, result, path))
     if fmt == "json":
-        click.echo(json.dumps([_json_entry(d, dest, r) for d, dest, r in report], indent=2))
+        click.echo(json.dumps([_json_entry(d, dest, r, src) for d, dest, r, src in report], indent=2))
     elif not quiet and not (output == "-" or STDIN in files):
         _print_summary(report, show_diff, err=False)
     elif not quiet:
@@ -145,10 +155,11 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, with_he
 def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: bool, fmt: str, quiet: bool) -> int:
     """``rewrite train.py --with-helpers``: one plan for the script and its helpers
     (:mod:`dp2ddp.project`); nothing is written unless every file migrates."""
-    from dp2ddp.project import plan_project, project_root
+    from dp2ddp.migrate import migrate_project
+    from dp2ddp.project import project_root
 
     try:
-        project = plan_project(entry, options)
+        project = migrate_project(entry, options)
     except InputError as e:
         click.echo(f"error: {e}", err=True)
         click.echo("error: nothing was written", err=True)
@@ -211,7 +222,7 @@ def _print_diff(display: str, new: bytes, path: str) -> None:
         click.secho(line, nl=False, fg=color)
 
 
-def _json_entry(display, dest, result):
+def _json_entry(display, dest, result, source=""):
     mig = result.migration
 
     def item(f):
@@ -225,22 +236,55 @@ def _json_entry(display, dest, result):
         "blocked": mig.blocked,
         "changes": [item(f) for f in mig.notes],
         "warnings": [item(f) for f in mig.warnings],
-        "launch": _launch(dest) if dest and dest != "-" and result.changed else None,
+        "launch": _launch(dest, source, result.output) if dest and dest != "-" and result.changed else None,
     }
 
 
-def _launch(dest: str) -> dict:
+def _launch(dest: str, source: str = "", output: bytes = b"") -> dict:
+    env = _pythonpath(source, dest, output)
     return {
-        "gpu": f"torchrun --standalone --nproc_per_node=gpu {dest}",
-        "cpu": f"torchrun --standalone --nproc_per_node=2 {dest}",
+        "gpu": f"{env}torchrun --standalone --nproc_per_node=gpu {dest}",
+        "cpu": f"{env}torchrun --standalone --nproc_per_node=2 {dest}",
         "multi_node": f"dp2ddp template torchrun {dest} --nodes N --gpus-per-node G",
     }
+
+
+def _pythonpath(source: str, dest: str, output: bytes) -> str:
+    """``PYTHONPATH=<the input's folder> `` when the migrated script lies in another folder
+    than its input and imports a module that lies only beside the input: Python finds
+    imports beside the script it runs, not beside the original. ``""`` otherwise."""
+    import ast
+    import shlex
+
+    if not source or source == STDIN:
+        return ""
+    here = os.path.dirname(os.path.abspath(source))
+    there = os.path.dirname(os.path.abspath(dest))
+    if here == there:
+        return ""
+    try:
+        tree = ast.parse(output)
+    except (SyntaxError, ValueError):
+        return ""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+
+    def beside(folder: str, name: str) -> bool:
+        return os.path.isfile(os.path.join(folder, name + ".py")) or os.path.isdir(os.path.join(folder, name))
+
+    if any(beside(here, n) and not beside(there, n) for n in names):
+        return f"PYTHONPATH={shlex.quote(here)} "
+    return ""
 
 
 def _print_summary(report, show_diff: bool, err: bool) -> None:
     echo = lambda msg="", **kw: click.secho(msg, err=err, **kw)  # noqa: E731
     migrated = 0
-    for display, dest, result in report:
+    for display, dest, result, source in report:
         mig = result.migration
         if not mig.applicable:
             echo(f"{display}: no DataParallel found, nothing to migrate", dim=True)
@@ -256,11 +300,12 @@ def _print_summary(report, show_diff: bool, err: bool) -> None:
         if mig.warnings:
             echo(f"  {len(mig.warnings)} warning(s): see above; those places were left as they were", fg="yellow")
         if dest and dest != "-":
-            echo("  run it:")
-            echo(f"    torchrun --standalone --nproc_per_node=gpu {dest}    # one process per GPU (NCCL)")
-            echo(f"    torchrun --standalone --nproc_per_node=2 {dest}      # on CPU (gloo)")
-            echo(f"    python {dest}                                        # a world of one")
+            env = _pythonpath(source, dest, result.output)
+            echo("  run it:" + ("  (its imports lie beside the original: PYTHONPATH finds them)" if env else ""))
+            echo(f"    {env}torchrun --standalone --nproc_per_node=gpu {dest}    # one process per GPU (NCCL)")
+            echo(f"    {env}torchrun --standalone --nproc_per_node=2 {dest}      # on CPU (gloo)")
+            echo(f"    {env}python {dest}                                        # a world of one")
             echo(f"  several machines, SLURM or Kubernetes: dp2ddp template torchrun|slurm|k8s {dest} --nodes N --gpus-per-node G")
-            echo('  (see "Scaling out" in the README)')
+            echo("  (see docs/scaling-out.md)")
     if len(report) > 1:
         echo(f"{migrated} of {len(report)} file(s) migrated")

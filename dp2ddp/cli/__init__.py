@@ -1,4 +1,6 @@
-"""Command-line entry point.
+"""Command-line entry point: ``dp2ddp COMMAND``, one module of this package per command
+(:mod:`dp2ddp.cli.check`, :mod:`dp2ddp.cli.rewrite`, :mod:`dp2ddp.cli.template`; `verify`
+is its own package, :mod:`dp2ddp.verify`, whose command is :mod:`dp2ddp.verify.command`).
 
 Sub-commands are imported lazily: `rewrite` and `check` must start instantly and
 never import torch, so nothing heavy is imported until a command actually runs.
@@ -15,10 +17,10 @@ import click
 # name -> (module, attribute, one-line help). Keep the help here so that
 # `dp2ddp --help` does not import every command module.
 _COMMANDS = {
-    "rewrite": ("dp2ddp.rewrite_cmd", "rewrite", "Rewrite DataParallel scripts into DistributedDataParallel scripts."),
-    "check": ("dp2ddp.check_cmd", "check", "Lint for DataParallel usage and common DDP mistakes."),
+    "rewrite": ("dp2ddp.cli.rewrite", "rewrite", "Rewrite DataParallel scripts into DistributedDataParallel scripts."),
+    "check": ("dp2ddp.cli.check", "check", "Lint for DataParallel usage and common DDP mistakes."),
     "verify": ("dp2ddp.verify.command", "verify", "Run original and migrated scripts side by side and compare them."),
-    "template": ("dp2ddp.template_cmd", "template", "Render launch files for torchrun, SLURM or Kubernetes."),
+    "template": ("dp2ddp.cli.template", "template", "Render launch files for torchrun, SLURM or Kubernetes."),
 }
 
 # The exit codes of every command (one home): 0 clean, 1 findings / files changed / a file

@@ -14,8 +14,10 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from dp2ddp.lint import Diagnostic, check_source, candidates, diagnostic, migration_refused, only_lines
-from dp2ddp.lint_noqa import suppressed
+from dp2ddp.check.analyze import candidates, check_source
+from dp2ddp.check.cache import content_digest
+from dp2ddp.check.noqa import suppressed
+from dp2ddp.check.results import Diagnostic, diagnostic, migration_refused, only_lines, order
 from dp2ddp.source import display_path
 
 
@@ -89,9 +91,7 @@ def apply_fixes(data: bytes, path: str, codes: Sequence[str], model, findings: l
             return out
     kept_lines = None if lines is None else _shifted(data, new, lines)
     left, out.hidden = only_lines(migration_refused(everything) if out.blocked else everything, kept_lines)
-    out.diagnostics = sorted(left + _said(said, data, new, display, kept_lines), key=lambda d: (d.line, d.col, d.code))
-    from dp2ddp.lint_cache import content_digest
-
+    out.diagnostics = sorted(left + _said(said, data, new, display, kept_lines), key=order)
     out.store = (content_digest(new), everything)
     return out
 

@@ -9,8 +9,15 @@ from typing import Dict, List, Sequence
 
 import click
 
-from dp2ddp.lint import Diagnostic, FileResult
-from dp2ddp.registry import BY_CODE, CODES, Code
+from dp2ddp.check.results import Diagnostic, FileResult
+from dp2ddp.registry import BY_CODE, CODES, MIGRATION_FIX, Code
+
+
+def offered(d: Diagnostic) -> bool:
+    """Whether ``[*]`` marks ``d``: `--fix` applies the rule's own fix. DDP001's fix is the
+    whole migration, which may still refuse the file (DDP101, DDP104, ...) once it runs:
+    that is said once in the summary, never promised per finding."""
+    return d.fixable and d.code != MIGRATION_FIX
 
 
 def _plural(n: int, word: str) -> str:
@@ -26,7 +33,7 @@ def text(results: Sequence[FileResult], color: bool, quiet: bool = False, new_on
     for d in sorted(diags, key=lambda d: (d.path, d.line, d.col, d.code)):
         loc = f"{d.path}:{d.line}:{d.col}:"
         code = d.code
-        fix = " [*]" if d.fixable else ""
+        fix = " [*]" if offered(d) else ""
         if color:
             loc = click.style(d.path, bold=True) + click.style(f":{d.line}:{d.col}:", fg="cyan")
             code = click.style(d.code, fg="red" if d.severity != "info" else "blue", bold=True)
@@ -36,7 +43,8 @@ def text(results: Sequence[FileResult], color: bool, quiet: bool = False, new_on
         return "\n".join(out) + ("\n" if out else "")
     fixed = sum(r.fixed for r in results)
     hidden = sum(r.hidden for r in results)
-    fixable = sum(1 for d in diags if d.fixable)
+    fixable = sum(1 for d in diags if offered(d))
+    migrations = len({d.path for d in diags if d.fixable and d.code == MIGRATION_FIX})
     summary: List[str] = []
     if diags or fixed:
         if fixed:
@@ -45,6 +53,11 @@ def text(results: Sequence[FileResult], color: bool, quiet: bool = False, new_on
             summary.append(f"Found {_plural(len(diags), 'error')}.")
         if fixable:
             summary.append(f"[*] {fixable} fixable with the `--fix` option.")
+        if migrations:
+            summary.append(
+                f"{_plural(migrations, 'file')} with DataParallel: `--fix` migrates each to DDP or says why it "
+                "cannot (`dp2ddp rewrite --diff` shows the change first)."
+            )
     elif not errors:
         summary.append("All checks passed!")
     if hidden:
@@ -60,7 +73,7 @@ def text(results: Sequence[FileResult], color: bool, quiet: bool = False, new_on
 
 def statistics(results: Sequence[FileResult]) -> str:
     counts = Counter(d.code for r in results for d in r.diagnostics)
-    fixable = {d.code for r in results for d in r.diagnostics if d.fixable}
+    fixable = {d.code for r in results for d in r.diagnostics if offered(d)}
     lines = []
     for code, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
         entry = BY_CODE.get(code)
@@ -81,8 +94,16 @@ def _diag_json(d: Diagnostic) -> Dict:
         "filename": d.path,
         "location": {"row": d.line, "column": d.col},
         "end_location": {"row": d.end_line, "column": d.end_col},
-        "fix": {"available": True, "message": "run `dp2ddp check --fix`"} if d.fixable else None,
+        "fix": _fix_json(d),
     }
+
+
+def _fix_json(d: Diagnostic):
+    if not d.fixable:
+        return None
+    if not offered(d):  # the migration: it may refuse the file when it runs
+        return {"available": True, "message": "run `dp2ddp check --fix`: the DDP migration, which may refuse the file and say why"}
+    return {"available": True, "message": "run `dp2ddp check --fix`"}
 
 
 def as_json(results: Sequence[FileResult]) -> str:
