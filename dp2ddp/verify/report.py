@@ -53,7 +53,7 @@ def summary(report: Dict[str, Any]) -> list:
     ]
     sp = report.get("speed")
     if sp:
-        req = "not judged: --min-speedup 0" if not report["min_speedup"] else f"required {report['min_speedup']:g}"
+        req = f"not judged ({sp.get('judgement', '--min-speedup 0')})" if not report["min_speedup"] else f"required {report['min_speedup']:g}"
         lines.append(("speed-up", f"{speed.describe(sp)}; {req}"))
     else:
         lines.append(("speed-up", f"{_fmt(report['speedup'], '.2f')} (required {report['min_speedup']:g})"))
