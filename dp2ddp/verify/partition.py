@@ -73,14 +73,15 @@ def loader_name(site: Optional[List[Any]]) -> Optional[str]:
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return None
-    for i in range(line - 1, max(-1, line - 6), -1):
-        if i >= len(lines):
-            continue
+    i = line - 1  # the line the constructor call starts on
+    while 0 <= i < len(lines) and i > line - 7:
         m = _ASSIGN.match(lines[i])
         if m:
             return m.group(1)
-        if i < line - 1 and not lines[i].rstrip().endswith(("(", ",", "\\")):
+        # the call may be an argument of a statement begun above: train_loader = shard_loader(\n DataLoader(...))
+        if i == 0 or not lines[i - 1].rstrip().endswith(("(", ",", "[", "\\", "=")):
             break
+        i -= 1
     return None
 
 

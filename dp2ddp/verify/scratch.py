@@ -104,7 +104,8 @@ class Mirror:
 
     def chain(self, src: Path, dst: Path, rel: Path, ways: Sequence[Path], full: Path, avoid: Path) -> None:
         """Mirror the project folder ``src`` (``rel`` inside the project): real folders along
-        ``ways`` (the folders the run needs to be real), ``full`` copied, the rest linked."""
+        ``ways`` (the folders the run needs to be real; small files of the last of them, where
+        the run starts, copied), ``full`` copied, the rest linked."""
         if rel == full:
             self.mirror(src, dst, avoid)
             return
@@ -122,6 +123,12 @@ class Mirror:
                     continue
                 if e.is_dir() and any(r == w or r in w.parents for w in ways):
                     self.chain(s, d, r, ways, full, avoid)
+                elif rel == ways[-1] and e.is_file() and not e.is_symlink() and e.stat().st_size <= COPY_MAX:
+                    self.budget -= 1
+                    if self.budget > 0:
+                        shutil.copy2(s, d)
+                    else:
+                        self.link(s.resolve(), d)
                 else:
                     self.link(s.resolve(), d)
             except OSError:
