@@ -436,7 +436,12 @@ def test_clean_migration_passes_with_its_outputs_equal(tmp_path):
     assert {f["path"] for f in o["files"]} == {
         "runs/events.out.tfevents.*", "checkpoints/epoch0.pt", "checkpoints/epoch1.pt", "train.log", f"{ext}/results.json"}
     assert all(f["status"] == "equal" for f in o["files"])
-    assert {f["path"]: f.get("compared") for f in o["files"]}["checkpoints/epoch1.pt"] == "keys, shapes and dtypes"
+    assert {f["path"]: f.get("compared") for f in o["files"]}["checkpoints/epoch1.pt"] == "keys, shapes and dtypes, values"
+    assert {f["path"]: f["kind"] for f in o["files"]} == {
+        "runs/events.out.tfevents.*": "events", "checkpoints/epoch0.pt": "checkpoint", "checkpoints/epoch1.pt": "checkpoint",
+        "train.log": "text", f"{ext}/results.json": "json"}
+    ckpt = {f["path"]: f for f in o["files"]}["checkpoints/epoch1.pt"]
+    assert ckpt["original"]["load"] == ckpt["migrated"]["load"] == "default" and ckpt["values"]["worst_ratio"] <= 1
     assert str(ext) in o["roots"]
     assert "outputs: equal (5 files:" in out
     assert json.loads((ext / "results.json").read_text()) == {"epochs": 2, "steps": 16}
@@ -452,7 +457,8 @@ def test_per_rank_event_files_and_a_log_every_rank_writes_are_reported(tmp_path)
     assert set(d) == {"count", "writers"}, rep["outputs"]["differences"]
     assert d["count"]["message"].startswith("the migration writes 2 TensorBoard event files in runs/, the original 1")
     assert "the names carry the pids of ranks 0 and 1" in d["count"]["message"]
-    assert d["writers"]["message"].startswith("train.log is written by every rank (ranks 0 and 1)")
+    assert d["writers"]["message"] == ("train.log is written by every rank (ranks 0 and 1): 4 lines against the "
+                                       "original's 2 (written at fixtures/verify/writer_every_rank_ddp.py:73)")
     assert "outputs: the migration writes 2 TensorBoard event files" in out and "advice: only rank 0 should write" in out
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
@@ -463,7 +469,12 @@ def test_checkpoint_keys_that_gain_module_are_reported(tmp_path):
     assert code == 1, out
     (d,) = rep["outputs"]["differences"]
     assert d["kind"] == "module_prefix" and d["paths"] == ["checkpoints/epoch0.pt", "checkpoints/epoch1.pt"]
-    assert "gained the `module.` prefix" in d["message"] and "save `model.module.state_dict()`" in d["advice"]
+    assert "gained the `module.` prefix: the original saves 0.weight, 0.bias, 2.weight, ..." in d["message"]
+    assert "the migration module.0.weight, module.0.bias, module.2.weight, ..." in d["message"]
+    assert "neither loads into the other's model" in d["message"]
+    assert d["line"] == "fixtures/verify/writer_module_keys_ddp.py:71"
+    # neutral: both ways named, no side taken against the migration's choice
+    assert "`model.module.state_dict()` gives the bare keys" in d["advice"] and "`module.` ones" in d["advice"]
     assert rep["verdict"] == "fail" and any("gained the `module.` prefix" in p for p in rep["problems"])
 
 
@@ -472,7 +483,8 @@ def test_a_file_no_rank_writes_any_more_is_reported(tmp_path):
     code, rep, out, _ = _writer(tmp_path, "writer_no_results_ddp.py")
     assert code == 1, out
     (d,) = rep["outputs"]["differences"]
-    assert d["kind"] == "missing" and d["message"] == "the migration does not write results/results.json; the original does"
+    assert d["kind"] == "missing" and d["message"] == ("the migration does not write results/results.json; the original "
+                                                       "does, at fixtures/verify/writer.py:60")
     assert "LOCAL_RANK" in d["advice"]
 
 

@@ -143,6 +143,10 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     if se:
         kinds = {k for r in envelope.ranks.values() if r.steps for k in (r.steps[0].get("modules") or [])}
         method = "chunks" if "dp" in kinds else "perturb"
+        if method == "perturb" and stochastic:
+            se = {}  # one rounding per step says nothing of per-rank BatchNorm statistics or dropout masks
+            notes.append("the noise envelope does not cover BatchNorm or dropout without DataParallel's chunks "
+                         "(the original ran without DataParallel here): --stochastic-rtol decides")
     elif envelope is not None:
         notes.append("the noise envelope was not measured (its run of the original did not finish): fixed tolerances")
     o_info, m_info = optimizers(orig), optimizers(mig)
@@ -284,7 +288,9 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
                 "  a rank waiting in a collective while another is elsewhere means the ranks diverged; "
                 "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which collective"
             )
-        details["hang"] = {"role": label, "after_step": done, "ranks": locs, "detected_after_s": round(run.hang_after_s, 2)}
+        # the migrated run's hang is compared first: it is the one the report shows
+        details.setdefault("hang", {"role": label, "after_step": done, "ranks": locs,
+                                    "detected_after_s": round(run.hang_after_s, 2)})
         return
     if run.exit_code in (0, None):
         return

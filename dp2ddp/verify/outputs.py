@@ -735,7 +735,7 @@ def _count(rep: _Report, pat: str, os_: List[str], ms: List[str], orig: RunOutpu
         written = next((orig.sites[p] for p in os_ if p in orig.sites), None)
         rep.add(pat, "missing", "problem",
                 f"the migration does not write {names if len(os_) == 1 else what + ' (' + names + ')'}; the original does"
-                + (f" (at {written})" if written else ""), ADVICE_NO_RANK)
+                + (f", at {written}" if written else ""), ADVICE_NO_RANK)
         return
     if not os_:
         entry["status"] = "extra"

@@ -106,6 +106,10 @@ def run(setup: Setup, progress) -> Outcome:
         seen: Dict[str, outputs.RunOutputs] = {}
         took: Dict[str, float] = {}
         for role in roles:
+            if role == "envelope" and any(r.hung or r.exit_code not in (0, None) and not analyze.exit_race(r)
+                                          for r in pair.runs.values()):
+                shutil.rmtree(pair.folder / role, ignore_errors=True)
+                continue  # a failed run has no losses to judge: no envelope needed
             place = places[role]
             args = scratch_mod.remap(setup.args, root, place.root)
             syspath = [str(place.cwd), str(place.script.parent), str(place.root)]
