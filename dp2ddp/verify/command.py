@@ -182,6 +182,10 @@ def verify(
         rep["problems"].append("your files changed during the runs (verify's guard should have kept them as they "
                                "were; a writer it does not see, such as a C library?): " + ", ".join(touched))
         rep["verdict"] = "fail"
+    folders = outcome.mirror.modified(folders=True)
+    if folders:
+        rep["notes"].append("entries changed during the runs in folders of your project the runs saw through links "
+                            "(by you working meanwhile, or by a writer verify's guard does not see): " + ", ".join(folders[:4]))
     blocked = sorted({p for pair in outcome.pairs for run in pair.runs.values() for r in run.ranks.values()
                       for p in ((r.end or {}).get("blocked") or [])})
     if blocked:

@@ -134,16 +134,22 @@ class Mirror:
             except OSError:
                 continue
 
-    def modified(self) -> List[str]:
-        """Linked files and folders the run changed (the guard should have kept it from it)."""
+    def modified(self, folders: bool = False) -> List[str]:
+        """Linked files the runs changed (the guard should have kept them from it); with
+        ``folders``, linked folders whose entries changed instead (by the runs, or by you
+        working in the project meanwhile: an editor saving a file)."""
         out = []
         for p, (mtime, size, ctime) in self.linked.items():
             try:
                 st = p.stat()
+                is_dir = p.is_dir()
             except OSError:
-                out.append(str(p))
+                if not folders:
+                    out.append(str(p))
                 continue
-            if p.is_dir():
+            if is_dir != folders:
+                continue
+            if is_dir:
                 if st.st_mtime_ns != mtime:  # an entry added or removed
                     out.append(str(p) + os.sep)
             elif (st.st_mtime_ns, st.st_size, st.st_ctime_ns) != (mtime, size, ctime):
