@@ -260,3 +260,33 @@ def test_the_probe_records_what_each_pass_served_and_the_original_follows_sharde
         assert got == [i for b in sb for i in b]  # world of one: whole batches
     assert [r["epoch"] for r in recs if r["ev"] == "sampler" and r["kind"] == "aligned"] == [0, 1]
     assert torch is not None
+
+
+FOLDS = r"""
+import gc
+import torch
+
+w = torch.nn.Parameter(torch.ones(2))
+for fold in range(3):  # a new optimizer per fold; the previous one is freed (its id may be reused)
+    opt = torch.optim.SGD([w], lr=0.1 * (fold + 1))
+    for _ in range(2):
+        (w * w).sum().backward()
+        opt.step()
+    del opt
+    gc.collect()
+"""
+
+
+def test_every_optimizer_gets_its_own_index_even_when_its_id_is_reused(tmp_path):
+    script = tmp_path / "folds.py"
+    script.write_text(FOLDS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
+    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
+    (end,) = [r for r in recs if r["ev"] == "end"]
+    assert [(o["index"], o["steps"], o["site"][1]) for o in end["optimizers"]] == [(0, 2, 7), (1, 2, 7), (2, 2, 7)]
+    steps = [r for r in recs if r["ev"] == "step"]
+    # each fold's optimizer, created after the previous one stopped stepping, counts the run's steps
+    assert [(r["o"], r["lr"]) for r in steps] == [(0, 0.1), (0, 0.1), (1, 0.2), (1, 0.2), (2, 0.1 * 3), (2, 0.1 * 3)]

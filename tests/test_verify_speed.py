@@ -156,7 +156,7 @@ def _result(role: str, step_s: float, loss_shift: float = 0.0, pid: int = 100) -
         rank.steps[0]["modules"] = ["ddp"] if role == "migrated" else ["dp"]
         rank.samplers = [{"ev": "sampler", "kind": "distributed", "id": 5, "seed": 7, "epoch": 1, "shuffle": True, "n": 16}] \
             if role == "migrated" else []
-        rank.end = {"ev": "end", "why": "limit", "steps": STEPS, "hash": "h", "norm": 1.0}
+        rank.end = {"ev": "end", "why": "limit", "steps": STEPS, "hash": "h", "norm": 1.0, "envelope": "chunks"}
         out[r] = rank
     return RunResult(role=role, exit_code=0, wall_s=1.0, ranks=out, logs=[])
 

@@ -141,8 +141,8 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     se = series(envelope) if envelope is not None and not envelope.hung and envelope.exit_code == 0 else {}
     method = None
     if se:
-        kinds = {k for r in envelope.ranks.values() if r.steps for k in (r.steps[0].get("modules") or [])}
-        method = "chunks" if "dp" in kinds else "perturb"
+        ends = [r.end for r in envelope.ranks.values() if r.end]
+        method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
         if method == "perturb" and stochastic:
             se = {}  # one rounding per step says nothing of per-rank BatchNorm statistics or dropout masks
             notes.append("the noise envelope does not cover BatchNorm or dropout without DataParallel's chunks "
@@ -297,6 +297,12 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
     if exit_race(run):
         details.setdefault("exit_race", []).append(run.role)
         return
+    from dp2ddp.verify.outputs import strip_ansi
+
+    for r in run.ranks.values():  # torch colours some of its errors: no escape codes in a report
+        if r.error:
+            r.error = {k: strip_ansi(v) if isinstance(v, str) else v for k, v in r.error.items()}
+        r.fatal = strip_ansi(r.fatal)
     errors = sorted((r.error for r in run.ranks.values() if r.error), key=lambda e: e["t"])
     first = next(((rank, r.error) for rank, r in sorted(run.ranks.items(), key=lambda kv: (kv[1].error or {}).get("t", math.inf)) if r.error), None)
     crash: Dict[str, Any] = {"role": label, "exit_code": run.exit_code}
@@ -311,7 +317,7 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
             crash["other_ranks"] = [f"{e['type']}: {_first_line(e['message'])}" for e in others]
     else:
         fatal = next(((rank, r.fatal) for rank, r in sorted(run.ranks.items()) if r.fatal.strip()), None)
-        tail = run.log_tail(30)
+        tail = strip_ansi(run.log_tail(30))
         if fatal:
             crash.update(rank=fatal[0], traceback=fatal[1])
             problems.append(f"{label} run crashed (exit code {run.exit_code}): rank {fatal[0]} died of a fatal signal")

@@ -86,6 +86,7 @@ class _State:
         self.extend = int(env.get("DP2DDP_VERIFY_EXTEND", "0") or 0)  # at most this many steps for the evidence
         self.stop_at = self.limit
         self.chunks = int(env.get("DP2DDP_VERIFY_CHUNKS", "0") or 0)
+        self.chunked = False  # the envelope run: DataParallel split a batch into chunks
         self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
         self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
         self.claimed = set()  # indices of the plans samplers have taken
@@ -103,7 +104,8 @@ class _State:
         self.fed = None  # the loader of the most recent batch when the step's last backward ran
         self.trained = []  # loaders that fed a primary step, in the order of their first
         self.pending = []  # (step tuple without loss, pinned host tensor, event) waiting for the device
-        self.opts = {}  # id(optimizer) -> _Opt
+        self.opts = {}  # id(optimizer) -> _Opt (an id freed and reused is a new optimizer)
+        self.all_opts = []  # every _Opt, in the order of creation
         self.primary = None  # the _Opt whose steps are counted
         self.modules = set()  # kinds of modules seen in the first step's forward
         self.forward_hook = None
@@ -536,7 +538,7 @@ def _on_torch(torch):
         if s.on:
             info = s.opts.get(id(self))
             if info is None or info.ref() is not self:
-                s.opts[id(self)] = _Opt(self, len(s.opts), s.clock, _site())
+                _new_opt(s, self, _site())
 
     Optimizer.__init__ = opt_init
 
@@ -1048,12 +1050,15 @@ def _patch_chunks(torch):
         return first
 
     def forward(self, *inputs, **kwargs):
+        # on GPUs DataParallel scatters over its devices already: the chunks are its own there,
+        # and the envelope perturbs the gradients instead
         if not _S.on or self.device_ids:
             return real_forward(self, *inputs, **kwargs)
         _S.modules.add("dp")
         sizes = {x.size(0) for x in _tensors(inputs, torch) if x.dim()}
         if len(sizes) != 1 or next(iter(sizes)) < W:
             return self.module(*inputs, **kwargs)
+        _S.chunked = True
         outs = [self.module(*split(inputs, i, W), **split(kwargs, i, W)) for i in range(W)]
         return gather(outs)
 
@@ -1062,7 +1067,7 @@ def _patch_chunks(torch):
     gen.manual_seed(12345)
 
     def perturb(optimizer, args, kwargs):
-        if not _S.on or "dp" in _S.modules:
+        if not _S.on or _S.chunked:
             return
         with torch.no_grad():
             for g in optimizer.param_groups:
@@ -1096,7 +1101,7 @@ def _on_step(optimizer, args, kwargs):
         return
     info = s.opts.get(id(optimizer))
     if info is None or info.ref() is not optimizer:  # created before torch was hooked, or bypassing __init__
-        info = s.opts[id(optimizer)] = _Opt(optimizer, len(s.opts), s.clock, None)
+        info = _new_opt(s, optimizer, None)
     s.clock += 1
     prim = s.primary
     if info is not prim:
@@ -1146,6 +1151,13 @@ def _on_step(optimizer, args, kwargs):
     if s.stop_at and s.step >= s.stop_at:
         _finish("limit")
         raise SystemExit(0)
+
+
+def _new_opt(s, optimizer, site):
+    info = _Opt(optimizer, len(s.all_opts), s.clock, site)
+    s.opts[id(optimizer)] = info
+    s.all_opts.append(info)
+    return info
 
 
 def _secondary(s, info, optimizer):
@@ -1281,9 +1293,11 @@ def _finish(why):
     rec = {"ev": "end", "t": time.time(), "why": why, "steps": s.step, "modules": sorted(s.modules),
            "trained": list(s.trained), "stop_at": s.stop_at,
            "optimizers": [{"index": o.index, "kind": o.kind, "site": o.site, "steps": o.steps}
-                          for o in sorted(s.opts.values(), key=lambda o: o.index) if o.steps]}
+                          for o in s.all_opts if o.steps]}
     if _G is not None and _G.blocked:
         rec["blocked"] = sorted(set(_G.blocked))[:20]
+    if s.chunks > 1:
+        rec["envelope"] = "chunks" if s.chunked else "perturb"
     try:
         rec.update(_param_digest())
     except Exception as e:
