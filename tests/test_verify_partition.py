@@ -82,6 +82,9 @@ def test_disjoint_shards_whose_union_is_the_epoch_pass(site):
     assert loader["loader"] == "`train_loader` (train_ddp.py:3)"
     assert loader["order"] == "new each epoch" and loader["original_reshuffles"] is True
     assert [(e["union"], e["extra_servings"], e["lost"], e["added"]) for e in loader["epochs"]] == [(N, 0, 0, 0)] * 2
+    assert partition.summary(loader) == (
+        "`train_loader` (train_ddp.py:3): epoch 0: 256+256 served, disjoint, the original's epoch exactly; "
+        "epoch 1: 256+256 served, disjoint, the original's epoch exactly; a new order each epoch")
 
 
 def test_an_unsharded_loader_is_named_with_its_line(site):

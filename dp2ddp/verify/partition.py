@@ -25,7 +25,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 MAX_EXAMPLES = 5
 ALL = 0.98  # a rank that served this share of the epoch served "all" of it
@@ -336,3 +336,33 @@ def _evidence(mig) -> List[str]:
         return [f"data: the runs went on to step {ev['stop']}, past --steps, until the training loader began its "
                 "second epoch, and stopped there, an epoch early, once the evidence was in"]
     return []
+
+
+def summary(section: Dict[str, Any]) -> str:
+    """One line for a training loader: what was proven of its data, epoch by epoch."""
+    if not section.get("checked"):
+        return f"{section['loader']}: not checked (see notes)"
+    eps = section.get("epochs") or []
+    parts = []
+    for e in eps:
+        if e.get("unsharded"):
+            parts.append(f"epoch {e['epoch']}: not sharded")
+            continue
+        bits = [f"{'+'.join(str(x) for x in e['served'])} served"]
+        if e.get("duplicated"):
+            bits.append(f"{e['duplicated']} repeated")
+        elif e.get("padding"):
+            bits.append(f"{e['padding']} padding")
+        else:
+            bits.append("disjoint")
+        if e.get("lost") == 0 and e.get("added") == 0:
+            bits.append("the original's epoch exactly")
+        elif e.get("lost") or e.get("added"):
+            bits.append(f"{e.get('lost', 0)} lost, {e.get('added', 0)} added")
+        elif not e.get("complete"):
+            bits.append("partial")
+        parts.append(f"epoch {e['epoch']}: " + ", ".join(bits))
+    order = section.get("order")
+    tail = {"new each epoch": "a new order each epoch", "replayed": "epoch 1 replays epoch 0",
+            "one epoch seen": "one epoch seen"}.get(order, "")
+    return f"{section['loader']}: " + "; ".join(parts) + (f"; {tail}" if tail else "")

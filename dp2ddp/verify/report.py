@@ -60,6 +60,10 @@ def summary(report: Dict[str, Any]) -> list:
         lines.append(("speed-up", f"{speed.describe(sp)}; {req}"))
     else:
         lines.append(("speed-up", f"{_fmt(report['speedup'], '.2f')} (required {report['min_speedup']:g})"))
+    from dp2ddp.verify import partition
+
+    for loader in (report.get("data") or {}).get("loaders") or []:
+        lines.append(("data", partition.summary(loader)))
     if report.get("outputs"):
         lines.append(("outputs", report["outputs"]["summary"]))
     return lines
