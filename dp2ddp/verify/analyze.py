@@ -421,20 +421,23 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
             f"the global batch differs ({why})"
         )
 
-    # DistributedSampler iterated again without set_epoch (unless the data evidence said so already)
+    # DistributedSampler iterated again without set_epoch: one finding with the data evidence's
+    replay = next((i for i, p in enumerate(problems) if "replays epoch 0" in p), None)
     for rank, r in sorted(mig.ranks.items()):
-        if any("replays epoch 0" in p for p in problems):
-            break
         seen: Dict[int, List[int]] = {}
         for ev in r.samplers:
             if ev.get("kind") == "distributed" and ev.get("shuffle"):
                 seen.setdefault(ev["id"], []).append(ev["epoch"])
         stuck = [eps for eps in seen.values() if len(eps) > 1 and len(set(eps)) < len(eps)]
         if stuck:
-            problems.append(
-                f"a DistributedSampler was iterated {len(stuck[0])} times with epochs {stuck[0]}: "
-                "call loader.sampler.set_epoch(epoch) at the start of every epoch, or each epoch repeats the same order"
-            )
+            head = f"a DistributedSampler was iterated {len(stuck[0])} times with epochs {stuck[0]}"
+            if replay is not None:
+                problems[replay] = f"{head}: {problems[replay]}"
+            else:
+                problems.append(
+                    f"{head}: call loader.sampler.set_epoch(epoch) at the start of every epoch, or each epoch "
+                    "repeats the same order"
+                )
             break
 
     # replicas
