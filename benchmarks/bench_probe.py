@@ -1,6 +1,6 @@
 """Overhead of the `dp2ddp verify` probe per training step (target: <= 2 %).
 
-Three measurements, all in this one run:
+Four measurements, all in this one run (the probe as verify runs it: index recording on):
 
 * A/B: the same training script run alternately without and with the probe (ABBA order,
   so drifts in machine load hit both alike). Each run times its own steps after a
@@ -13,16 +13,21 @@ Three measurements, all in this one run:
   burst of load elsewhere) cancels out, and many short groups pin the median down: the
   verdict uses its confidence interval;
 * timed: the probe's own per-step work, measured directly with ``perf_counter_ns`` in a
-  probed process: each wrapper (``torch.autograd.backward``, ``DataLoader.__next__``) with
+  probed process: each wrapper (``torch.autograd.backward``, ``DataLoader.__next__``, and
+  ``_next_index``, which records the indices a batch was read from) with
   the real function it calls swapped for a stub, against the bare stub; the optimizer
-  step hook; and the flush thread's share (the same flush, timed on the main thread).
+  step hook; the flush thread's share (the same flush, timed on the main thread); and the
+  indices' fold into the epoch's bitset (``torch.bincount`` every 4M indices), per step.
   Precise to ~0.1 us where A/B resolves a percent or two at best; what it leaves out
-  (caches, allocator, the GIL hand-over to the flush thread) is what A/B is for.
+  (caches, allocator, the GIL hand-over to the flush thread) is what A/B is for;
+* evidence: the data evidence on a dataset of 1,000,000 samples, per rank of 2 (three epochs
+  recorded as bitsets): its size against 10 MB, and the process's peak memory with and
+  without the probe.
 
 Workloads: ``mlp`` (~2 ms/step on one CPU thread: a stress case, the probe's cost is fixed
 per step) and ``cnn`` (a small CIFAR-sized CNN, ~20 ms/step: an ordinary small job).
 
-    python benchmarks/bench_probe.py [--reps 5] [--groups 128] [--workload mlp|cnn|all]
+    python benchmarks/bench_probe.py [--reps 5] [--groups 128] [--workload mlp|cnn|all] [--evidence-only]
     python benchmarks/bench_probe.py --speedup   # also: verify's speed-up on both speed fixtures
 
 Exit status 0 when the target is shown met on the worst case (the shortest step, where the
@@ -112,12 +117,12 @@ def toggle():
     hooks = optim_mod._global_optimizer_post_hooks
     key = next(k for k, v in hooks.items() if v is probe._on_step)
     it_cls = dataloader._BaseDataLoaderIter
-    on = (torch.autograd.backward, it_cls.__next__)
-    off = (inspect.unwrap(on[0]), inspect.unwrap(on[1]))
-    assert off[0] is not on[0] and off[1] is not on[1], "the probe is not active"
+    on = (torch.autograd.backward, it_cls.__next__, it_cls._next_index)  # _next_index: the index recording
+    off = tuple(inspect.unwrap(f) for f in on)
+    assert all(a is not b for a, b in zip(on, off)), "the probe is not active"
 
     def use_probe(enabled):
-        torch.autograd.backward, it_cls.__next__ = on if enabled else off
+        torch.autograd.backward, it_cls.__next__, it_cls._next_index = on if enabled else off
         if enabled:
             hooks[key] = probe._on_step
         else:
@@ -174,28 +179,63 @@ def timed():
     def stub_backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None):
         pass
 
+    indices = list(range(64))
+
+    def stub_index(it):
+        return indices
+
     probe_next = stubbed(dataloader._BaseDataLoaderIter.__next__, stub_next)
     probe_backward = stubbed(torch.autograd.backward, stub_backward)
+    probe_index = stubbed(dataloader._BaseDataLoaderIter._next_index, stub_index)
     on_step, it, ns = probe._on_step, iter(loader), time.perf_counter_ns
-    cost = {"next": [], "backward": [], "step": []}
+    cost = {"next": [], "backward": [], "step": [], "index": []}
     flush = 0
     for i in range(WARMUP + steps):
         t0 = ns(); probe_next(it); t1 = ns(); stub_next(it); t2 = ns()
         probe_backward(loss, None, None, False, inputs=None); t3 = ns()  # as Tensor.backward calls it
         stub_backward(loss, None, None, False, inputs=None); t4 = ns()
         on_step(opt, (), {}); t5 = ns(); t6 = ns()
+        probe_index(it); t7 = ns(); stub_index(it); t8 = ns()
         if i % 50 == 49:
-            t7 = ns(); probe._S.flush(); flush += (ns() - t7) if i >= WARMUP else 0
+            t9 = ns(); probe._S.flush(); flush += (ns() - t9) if i >= WARMUP else 0
         if i >= WARMUP:
             cost["next"].append((t1 - t0) - (t2 - t1))
             cost["backward"].append((t3 - t2) - (t4 - t3))
             cost["step"].append((t5 - t4) - (t6 - t5))
+            cost["index"].append((t7 - t6) - (t8 - t7))
     out = {k: statistics.median(v) / 1e3 for k, v in cost.items()}
     out["flush"] = flush / steps / 1e3
+    # folding the buffered indices into the pass's bitset (torch.bincount), every FOLD
+    # indices: its cost per index, times a batch of 64, per step
+    p = probe._Pass(None, -1, 9, 1 << 20, None, "bench", None, None)
+    p.arr.extend(torch.randint(0, 1 << 20, (1 << 22,)).tolist())
+    t0 = ns(); p.fold(); took = ns() - t0
+    out["fold"] = took / (1 << 22) * 64 / 1e3
     print("RESULT", json.dumps(out))
 
 
-{"train": train, "timed": timed, "toggle": toggle}[mode]()
+def evidence():
+    """Rank ``argv[4]`` of 2 reads its DistributedSampler shard of a dataset of ``argv[3]``
+    samples for three epochs (the epochs whose bitsets the probe records): how much the
+    evidence weighs, and the process's peak memory."""
+    import resource
+    from torch.utils.data.distributed import DistributedSampler
+
+    n, rank = int(sys.argv[3]), int(sys.argv[4])
+    ds = TensorDataset(torch.arange(n))
+    sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True)
+    loader = DataLoader(ds, batch_size=4096, sampler=sampler)
+    w = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.0)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        for (xb,) in loader:
+            (w * xb.float().mean()).backward()
+            opt.step()
+    print("RESULT", json.dumps({"rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+
+
+{"train": train, "timed": timed, "toggle": toggle, "evidence": evidence}[mode]()
 '''
 
 
@@ -218,6 +258,39 @@ def run(script: Path, args: list, probe: bool, out: Path, recorded: bool = True)
 
 def pct(x: float) -> str:
     return f"{x * 100:+.2f} %"
+
+
+EVIDENCE_N = 1_000_000
+EVIDENCE_TARGET = 10 << 20  # bytes per rank
+
+
+def evidence(script: Path, tmp: Path) -> bool:
+    """The data evidence on a 1,000,000-sample dataset, rank by rank of 2: the bytes of its
+    pass records (three epochs with bitsets) against 10 MB, and the peak memory of the
+    process with the probe and without."""
+    ok = True
+    for rank in (0, 1):
+        bare = run(script, ["evidence", "x", str(EVIDENCE_N), str(rank)], False, tmp)
+        log = tmp / "original-rank0.jsonl"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+        env["PYTHONPATH"] = str(PROBE) + os.pathsep + env.get("PYTHONPATH", "")
+        env.update(DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp), DP2DDP_VERIFY_STEPS="0")
+        p = subprocess.run([sys.executable, str(script), "evidence", "x", str(EVIDENCE_N), str(rank)], env=env,
+                           capture_output=True, text=True)
+        if p.returncode:
+            sys.exit(f"benchmark script failed:\n{p.stderr}")
+        probed = json.loads(next(x for x in p.stdout.splitlines() if x.startswith("RESULT"))[7:])
+        lines = log.read_text().splitlines()
+        passes = [x for x in lines if '"ev":"pass"' in x]
+        size = sum(len(x) + 1 for x in passes)
+        total = log.stat().st_size
+        log.unlink()
+        ok = ok and size < EVIDENCE_TARGET
+        print(f"evidence, rank {rank} of 2, {EVIDENCE_N:,} samples, {len(passes)} epochs: {size / 1e6:.2f} MB of pass "
+              f"records ({total / 1e6:.2f} MB of records in all; target < {EVIDENCE_TARGET / (1 << 20):.0f} MB: "
+              f"{'met' if size < EVIDENCE_TARGET else 'NOT met'}); peak memory {probed['rss_kb'] / 1024:.0f} MB with "
+              f"the probe, {bare['rss_kb'] / 1024:.0f} MB without")
+    return ok
 
 
 def timed(script: Path, tmp: Path) -> dict:
@@ -306,13 +379,18 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=128, help="ABBA groups of ~0.2 s blocks in the in-process A/B")
     ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     ap.add_argument("--speedup", action="store_true")
+    ap.add_argument("--evidence-only", action="store_true", help="only the data evidence's size on 1M samples")
     a = ap.parse_args()
     names = list(WORKLOADS) if a.workload == "all" else [a.workload]
     with tempfile.TemporaryDirectory() as d:
         script = Path(d) / "train.py"
         script.write_text(SCRIPT)
+        small = evidence(script, Path(d))
+        if a.evidence_only:
+            return 0 if small else 1
         own_us = sum(timed(script, Path(d)).values())
         verdicts = {name: bench(name, a.reps, a.groups, own_us, script, Path(d)) for name in names}
+        verdicts = {k: v and small for k, v in verdicts.items()}
     # The probe's work is a fixed cost per step, so the shortest step is the worst case:
     # shown within the target there, it is within it for every longer step too.
     worst = names[0]  # WORKLOADS is ordered from the shortest step

@@ -73,6 +73,19 @@ def _two_runs(tmp_path: Path, write_orig, write_mig, mig_pids=None, mig_writes=N
     return seen["original"], seen["migrated"]
 
 
+def _inproc(jobs):
+    """ckpt_load's loading in this process (the unit tests' shortcut; the real loader runs in
+    a fresh Python: see the tests that use outputs.load_checkpoints)."""
+    from dp2ddp.verify import ckpt_load
+
+    return {role: {str(p): ckpt_load.load_one(torch, {"path": str(p), "flat": str(f) if f else None, "mode": m})
+                   for p, f, m in files} for role, (run, files) in jobs.items()}
+
+
+def _compare(o, m, world=2, dp_in_original=True, **kw):
+    return outputs.compare(o, m, world=world, dp_in_original=dp_in_original, loader=kw.pop("loader", _inproc), **kw)
+
+
 def _save(state, path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)
@@ -91,8 +104,8 @@ def test_unchanged_files_are_not_outputs_and_pycache_is_ignored(tmp_path):
 
     o, m = _two_runs(tmp_path, write, write)
     assert set(o.files) == {"out.txt"} and o.created == {"out.txt"}
-    rep = outputs.compare(o, m, world=2, dp_in_original=True)
-    assert rep["equal"] and rep["summary"] == "equal (1 file: out.txt)"
+    rep = _compare(o, m)
+    assert rep["equal"] and rep["summary"] == "equal (1 file: out.txt (lines))"
 
 
 def test_module_prefix_gained_is_a_problem_with_advice(tmp_path):
@@ -102,7 +115,7 @@ def test_module_prefix_gained_is_a_problem_with_advice(tmp_path):
         lambda f: _save({"net": model.state_dict(), "epoch": 1}, f / "ckpt" / "model.pt"),
         lambda f: _save({"net": torch.nn.parallel.DataParallel(model).state_dict(), "epoch": 1}, f / "ckpt" / "model.pt"),
     )
-    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    rep = _compare(o, m)
     (d,) = rep["differences"]
     assert d["kind"] == "module_prefix" and d["severity"] == "problem"
     assert "under ['net'] gained the `module.` prefix" in d["message"] and "module.0.weight" in d["message"]
@@ -117,7 +130,7 @@ def test_module_prefix_is_a_warning_when_the_original_ran_without_dataparallel(t
         lambda f: _save(model.state_dict(), f / "m.pt"),
         lambda f: _save(torch.nn.parallel.DataParallel(model).state_dict(), f / "m.pt"),
     )
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=False)["differences"]
+    (d,) = _compare(o, m, dp_in_original=False)["differences"]
     assert d["severity"] == "warning" and "without DataParallel" in d["message"]
 
 
@@ -128,7 +141,7 @@ def test_module_prefix_lost(tmp_path):
         lambda f: _save(torch.nn.parallel.DataParallel(model).state_dict(), f / "m.pt"),
         lambda f: _save(model.state_dict(), f / "m.pt"),
     )
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    (d,) = _compare(o, m)["differences"]
     assert d["kind"] == "module_prefix" and "lost the `module.` prefix" in d["message"]
 
 
@@ -141,7 +154,7 @@ def test_keys_shapes_dtypes_and_types_in_nested_checkpoints(tmp_path):
                "step": "3", "new": 2}, f / "c.pt")
 
     o, m = _two_runs(tmp_path, orig, mig)
-    diffs = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    diffs = _compare(o, m)["differences"]
     kinds = {d["kind"]: d["message"] for d in diffs}
     assert set(kinds) == {"keys", "shape", "dtype", "length", "type"}
     assert "only in the original: extra" in kinds["keys"] and "only in the migration: new" in kinds["keys"]
@@ -160,7 +173,7 @@ def test_the_same_finding_in_several_checkpoints_is_one_difference(tmp_path):
         return w
 
     o, m = _two_runs(tmp_path, write(False), write(True))
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    (d,) = _compare(o, m)["differences"]
     assert d["paths"] == ["epoch0.pt", "epoch1.pt", "epoch2.pt"]
     assert d["message"].startswith("epoch0.pt, epoch1.pt, epoch2.pt: its keys gained")
 
@@ -174,7 +187,7 @@ def test_a_saved_batch_tensor_that_is_a_ranks_share_is_a_note_not_a_problem(tmp_
         return w
 
     o, m = _two_runs(tmp_path, write(16), write(8), mig_writes={0: ["out/real_0.pt", "out/real_1.pt"]})
-    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    rep = _compare(o, m)
     assert rep["equal"] is True and rep["differences"] == []
     (note,) = rep["notes"]
     assert note.startswith("out/real_0.pt, out/real_1.pt: the saved tensor is rank 0's share of a batch, not the whole batch")
@@ -194,13 +207,13 @@ def test_a_saved_batch_tensor_that_is_a_ranks_share_is_a_note_not_a_problem(tmp_
 )
 def test_other_shape_changes_stay_problems(tmp_path, orig, mig):
     o, m = _two_runs(tmp_path, lambda f: _save(orig, f / "t.pt"), lambda f: _save(mig, f / "t.pt"))
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    (d,) = _compare(o, m)["differences"]
     assert (d["kind"], d["severity"]) == ("shape", "problem")
 
 
 def test_a_halved_tensor_is_a_problem_in_a_world_of_one(tmp_path):
     o, m = _two_runs(tmp_path, lambda f: _save(torch.zeros(16), f / "t.pt"), lambda f: _save(torch.zeros(8), f / "t.pt"))
-    (d,) = outputs.compare(o, m, world=1, dp_in_original=True)["differences"]
+    (d,) = _compare(o, m, world=1)["differences"]
     assert d["kind"] == "shape"
 
 
@@ -212,16 +225,52 @@ class _Evil:
         return (Path.touch, (Path(self.marker),))
 
 
-def test_checkpoints_are_never_unpickled_beyond_weights_only(tmp_path):
-    marker = tmp_path / "pwned"
+def test_checkpoints_that_need_a_full_unpickler_are_unpickled_only_in_a_fresh_process_in_the_run(tmp_path):
+    """A checkpoint that does not load with torch.load's defaults (weights_only) is loaded the
+    way the original's own code must load it (weights_only=False), in a fresh Python started
+    in the run's folder: what its pickle does happens there, never in verify."""
     o, m = _two_runs(
         tmp_path,
-        lambda f: _save({"x": _Evil(str(marker))}, f / "c.pt"),
-        lambda f: _save({"x": _Evil(str(marker))}, f / "c.pt"),
+        lambda f: _save({"x": _Evil("pwned"), "w": torch.zeros(2)}, f / "c.pt"),
+        lambda f: _save({"x": _Evil("pwned"), "w": torch.zeros(2)}, f / "c.pt"),
     )
     rep = outputs.compare(o, m, world=2, dp_in_original=True)
-    assert not marker.exists()
-    assert any("weights_only=True" in n and "compared by size only" in n for n in rep["notes"]), rep["notes"]
+    assert not (Path.cwd() / "pwned").exists()
+    assert (tmp_path / "original" / "pwned").exists() and (tmp_path / "migrated" / "pwned").exists()
+    (f,) = rep["files"]
+    assert f["original"]["load"] == f["migrated"]["load"] == "full"
+    assert f["compared"].startswith("keys, shapes and dtypes (loaded with weights_only=False")
+    assert rep["equal"] is True, rep["differences"]
+
+
+def test_a_pickled_ddp_wrapper_fails_and_names_the_line_that_saved_it(tmp_path):
+    """The real loader (a fresh Python, no process group): the original pickles the bare
+    model, the migration the DDP wrapper, which does not load there."""
+    import torch.distributed as dist
+
+    net = _model()
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        o, m = _two_runs(
+            tmp_path,
+            lambda f: _save({"net": net, "epoch": 1}, f / "ckpt.pt"),
+            lambda f: _save({"net": ddp, "epoch": 1}, f / "ckpt.pt"),
+            mig_writes={0: ["ckpt.pt"]},
+        )
+    finally:
+        dist.destroy_process_group()
+    m.sites["ckpt.pt"] = "train_ddp.py:57"
+    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    (d,) = rep["differences"]
+    assert d["kind"] == "wrapper" and d["severity"] == "problem"
+    assert d["message"].startswith("ckpt.pt pickles the DistributedDataParallel wrapper (saved at train_ddp.py:57): "
+                                   "it loads only where a process group exists")
+    assert "\x1b[" not in d["message"] and "process group" in d["message"].split("(", 2)[-1]
+    assert "model.module" in d["advice"]
+    assert outputs.DDP_REF in outputs.pickle_refs(m.where["ckpt.pt"])
+    assert outputs.DDP_REF not in outputs.pickle_refs(o.where["ckpt.pt"])
 
 
 def _safetensors(path: Path, tensors: dict) -> None:
@@ -247,7 +296,7 @@ def test_safetensors_headers_are_compared(tmp_path):
         lambda f: _safetensors(f / "model.safetensors", {"w": ("F32", [2, 3])}),
         lambda f: _safetensors(f / "model.safetensors", {"module.w": ("F32", [2, 3])}),
     )
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    (d,) = _compare(o, m)["differences"]
     assert d["kind"] == "module_prefix" and "module.w" in d["message"]
 
 
@@ -258,12 +307,12 @@ def _events(folder: Path, pid: int) -> None:
 
 def test_one_event_file_on_each_side_is_equal_two_against_one_is_not(tmp_path):
     o, m = _two_runs(tmp_path / "a", lambda f: _events(f, 100), lambda f: _events(f, 200))
-    rep = outputs.compare(o, m, world=2, dp_in_original=True)
+    rep = _compare(o, m)
     assert rep["equal"], rep["differences"]
     assert rep["files"][0]["path"] == "runs/events.out.tfevents.*" and len(rep["files"][0]["names"]) == 2
 
     o, m = _two_runs(tmp_path / "b", lambda f: _events(f, 100), lambda f: (_events(f, 200), _events(f, 201)))
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+    (d,) = _compare(o, m)["differences"]
     assert d["kind"] == "count" and d["severity"] == "problem"
     assert d["message"] == ("the migration writes 2 TensorBoard event files in runs/, the original 1 "
                             "(one per process of 2; the names carry the pids of ranks 0 and 1)")
@@ -282,7 +331,7 @@ def test_missing_extra_fewer_and_deleted_files(tmp_path):
         (f / "store").write_text("rendezvous")
 
     o, m = _two_runs(tmp_path, orig, mig)
-    diffs = {d["kind"]: d for d in outputs.compare(o, m, world=2, dp_in_original=True)["differences"]}
+    diffs = {d["kind"]: d for d in _compare(o, m)["differences"]}
     assert diffs["missing"]["message"] == "the migration does not write results.json; the original does"
     assert "LOCAL_RANK" in diffs["missing"]["advice"] and diffs["missing"]["severity"] == "problem"
     assert diffs["count"]["message"] == "the migration writes 1 of the original's 3 files named ckpt_<n>.bin in ./"
@@ -298,23 +347,59 @@ def test_a_file_every_rank_writes(tmp_path):
         mig_writes={0: ["train.log"], 1: ["train.log"]},
         orig_writes={0: ["train.log"]},
     )
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
-    assert d["kind"] == "writers" and d["message"] == "train.log is written by every rank (ranks 0 and 1); 16 bytes against the original's 8"
+    (d,) = _compare(o, m)["differences"]
+    assert d["kind"] == "writers" and d["message"] == "train.log is written by every rank (ranks 0 and 1): 2 lines against the original's 1"
     assert "`if dist.get_rank() == 0:`" in d["advice"]
 
 
 @pytest.mark.parametrize(
     "mig_text, kind, severity",
     [
-        ("a" * 20, "size", "problem"),  # about world-size times: every rank appends?
-        ("", "size", "problem"),  # emptied
-        ("a" * 13, "size", "warning"),  # differs: the content may depend on the run
+        ("a\nb\na\nb\n", "lines", "problem"),  # world-size times the lines: every rank appends?
+        ("", "lines", "problem"),  # emptied
+        ("a\nb\nc\n", "lines", "warning"),  # differs: the lines may depend on the run
     ],
 )
-def test_sizes(tmp_path, mig_text, kind, severity):
-    o, m = _two_runs(tmp_path, lambda f: (f / "log.txt").write_text("a" * 10), lambda f: (f / "log.txt").write_text(mig_text))
-    (d,) = outputs.compare(o, m, world=2, dp_in_original=True)["differences"]
+def test_text_files_are_compared_by_their_lines(tmp_path, mig_text, kind, severity):
+    o, m = _two_runs(tmp_path, lambda f: (f / "log.txt").write_text("a\nb\n"), lambda f: (f / "log.txt").write_text(mig_text))
+    (d,) = _compare(o, m)["differences"]
     assert (d["kind"], d["severity"]) == (kind, severity)
+
+
+def test_same_lines_of_other_lengths_are_equal_and_no_size_is_compared(tmp_path):
+    o, m = _two_runs(tmp_path, lambda f: (f / "log.txt").write_text("loss 0.5\n"), lambda f: (f / "log.txt").write_text("loss 0.49999\n"))
+    rep = _compare(o, m)
+    assert rep["equal"] and rep["files"][0]["compared"] == "lines"
+
+
+def test_files_are_classified_and_compared_by_kind(tmp_path):
+    import struct as st
+    import zlib
+
+    def png(w, h):
+        def chunk(kind, data):
+            return st.pack(">I", len(data)) + kind + data + st.pack(">I", zlib.crc32(kind + data))
+        return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", st.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+
+    def write(rows, width, keys):
+        def w(f):
+            (f / "grid.png").write_bytes(png(width, 32))
+            (f / "hist.csv").write_text("epoch,loss\n" + "".join(f"{i},0.5\n" for i in range(rows)))
+            (f / "results.json").write_text(json.dumps({k: [1, 2] for k in keys}))
+            (f / "blob.bin").write_bytes(bytes(range(256)) * (2 if rows > 2 else 1))
+        return w
+
+    o, m = _two_runs(tmp_path, write(2, 64, ["acc", "loss"]), write(4, 32, ["acc"]))
+    rep = _compare(o, m)
+    kinds = {f["path"]: (f["kind"], f["status"]) for f in rep["files"]}
+    assert kinds == {"grid.png": ("image", "differs"), "hist.csv": ("csv", "differs"), "results.json": ("json", "differs"),
+                     "blob.bin": ("other", "not compared")}
+    diffs = {d["kind"]: d for d in rep["differences"]}
+    assert diffs["dimensions"]["message"] == "grid.png is 32x32 in the migration, 64x32 in the original"
+    assert diffs["rows"]["message"].startswith("hist.csv: 4 rows in the migration, 2 in the original: does every rank")
+    assert diffs["keys"]["message"] == "results.json: its keys differ (only in the original: loss)"
+    assert any(n == "not compared (a kind verify does not read): blob.bin" for n in rep["notes"]), rep["notes"]
+    assert not any("bytes" in d["message"] for d in rep["differences"])
 
 
 def test_stopped_runs_and_writes_outside_are_noted(tmp_path):
@@ -324,7 +409,7 @@ def test_stopped_runs_and_writes_outside_are_noted(tmp_path):
     watch = outputs.Watch(folder, [])
     o = watch.after(_run("original", {0: [str(elsewhere)]}, stopped=True))
     m = outputs.Watch(folder, []).after(_run("migrated", {}, {0: 1, 1: 2}, stopped=True))
-    rep = outputs.compare(o, m, world=2, dp_in_original=True, steps=5)
+    rep = _compare(o, m, steps=5)
     assert rep["summary"] == "neither run wrote a file (nothing to compare)"
     assert any("stopped after 5 steps" in n for n in rep["notes"])
     assert any(str(elsewhere) in n and "not compared" in n for n in rep["notes"])
@@ -351,7 +436,12 @@ def test_clean_migration_passes_with_its_outputs_equal(tmp_path):
     assert {f["path"] for f in o["files"]} == {
         "runs/events.out.tfevents.*", "checkpoints/epoch0.pt", "checkpoints/epoch1.pt", "train.log", f"{ext}/results.json"}
     assert all(f["status"] == "equal" for f in o["files"])
-    assert {f["path"]: f.get("compared") for f in o["files"]}["checkpoints/epoch1.pt"] == "keys, shapes and dtypes"
+    assert {f["path"]: f.get("compared") for f in o["files"]}["checkpoints/epoch1.pt"] == "keys, shapes and dtypes, values"
+    assert {f["path"]: f["kind"] for f in o["files"]} == {
+        "runs/events.out.tfevents.*": "events", "checkpoints/epoch0.pt": "checkpoint", "checkpoints/epoch1.pt": "checkpoint",
+        "train.log": "text", f"{ext}/results.json": "json"}
+    ckpt = {f["path"]: f for f in o["files"]}["checkpoints/epoch1.pt"]
+    assert ckpt["original"]["load"] == ckpt["migrated"]["load"] == "default" and ckpt["values"]["worst_ratio"] <= 1
     assert str(ext) in o["roots"]
     assert "outputs: equal (5 files:" in out
     assert json.loads((ext / "results.json").read_text()) == {"epochs": 2, "steps": 16}
@@ -367,7 +457,8 @@ def test_per_rank_event_files_and_a_log_every_rank_writes_are_reported(tmp_path)
     assert set(d) == {"count", "writers"}, rep["outputs"]["differences"]
     assert d["count"]["message"].startswith("the migration writes 2 TensorBoard event files in runs/, the original 1")
     assert "the names carry the pids of ranks 0 and 1" in d["count"]["message"]
-    assert d["writers"]["message"].startswith("train.log is written by every rank (ranks 0 and 1)")
+    assert d["writers"]["message"] == ("train.log is written by every rank (ranks 0 and 1): 4 lines against the "
+                                       "original's 2 (written at fixtures/verify/writer_every_rank_ddp.py:73)")
     assert "outputs: the migration writes 2 TensorBoard event files" in out and "advice: only rank 0 should write" in out
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
@@ -378,7 +469,12 @@ def test_checkpoint_keys_that_gain_module_are_reported(tmp_path):
     assert code == 1, out
     (d,) = rep["outputs"]["differences"]
     assert d["kind"] == "module_prefix" and d["paths"] == ["checkpoints/epoch0.pt", "checkpoints/epoch1.pt"]
-    assert "gained the `module.` prefix" in d["message"] and "save `model.module.state_dict()`" in d["advice"]
+    assert "gained the `module.` prefix: the original saves 0.weight, 0.bias, 2.weight, ..." in d["message"]
+    assert "the migration module.0.weight, module.0.bias, module.2.weight, ..." in d["message"]
+    assert "neither loads into the other's model" in d["message"]
+    assert d["line"] == "fixtures/verify/writer_module_keys_ddp.py:71"
+    # neutral: both ways named, no side taken against the migration's choice
+    assert "`model.module.state_dict()` gives the bare keys" in d["advice"] and "`module.` ones" in d["advice"]
     assert rep["verdict"] == "fail" and any("gained the `module.` prefix" in p for p in rep["problems"])
 
 
@@ -387,7 +483,8 @@ def test_a_file_no_rank_writes_any_more_is_reported(tmp_path):
     code, rep, out, _ = _writer(tmp_path, "writer_no_results_ddp.py")
     assert code == 1, out
     (d,) = rep["outputs"]["differences"]
-    assert d["kind"] == "missing" and d["message"] == "the migration does not write results/results.json; the original does"
+    assert d["kind"] == "missing" and d["message"] == ("the migration does not write results/results.json; the original "
+                                                       "does, at fixtures/verify/writer.py:60")
     assert "LOCAL_RANK" in d["advice"]
 
 

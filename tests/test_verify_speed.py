@@ -92,13 +92,17 @@ def test_verdict_comes_from_the_interval(ratios, verdict):
         ([0.90, 0.95, 0.85], 1.0, True),  # median below the bar, interval reaching it
         ([1.50, 1.62, 1.70], 2.0, False),
         ([1.50, 1.62, 1.70], 1.5, True),
-        ([0.90], 1.0, False),  # one pair: the ratio decides
+        ([0.90], 1.0, True),  # one pair: no interval, reported but not judged
+        ([0.05], 1.0, True),
         ([1.10], 1.0, True),
         ([0.10, 0.11], 0.0, True),  # 0 ignores speed
     ],
 )
 def test_min_speedup_judges_the_interval(ratios, bar, ok):
-    assert speed.summarize(ratios, bar)["meets_min_speedup"] is ok
+    s = speed.summarize(ratios, bar)
+    assert s["meets_min_speedup"] is ok
+    if len(ratios) == 1 and bar:
+        assert s["judgement"].startswith("not judged: one pair has no interval")
 
 
 def test_extreme_intervals_stay_readable():
@@ -152,7 +156,7 @@ def _result(role: str, step_s: float, loss_shift: float = 0.0, pid: int = 100) -
         rank.steps[0]["modules"] = ["ddp"] if role == "migrated" else ["dp"]
         rank.samplers = [{"ev": "sampler", "kind": "distributed", "id": 5, "seed": 7, "epoch": 1, "shuffle": True, "n": 16}] \
             if role == "migrated" else []
-        rank.end = {"ev": "end", "why": "limit", "steps": STEPS, "hash": "h", "norm": 1.0}
+        rank.end = {"ev": "end", "why": "limit", "steps": STEPS, "hash": "h", "norm": 1.0, "envelope": "chunks"}
         out[r] = rank
     return RunResult(role=role, exit_code=0, wall_s=1.0, ranks=out, logs=[])
 
@@ -203,8 +207,10 @@ class _FakeRuns:
 
     def run(self, spec, progress=None):
         self.now += self.pair_s / 2
-        pair = int(spec.out.parent.name[4:])
-        self.calls.append((pair, spec.role, spec.samplers, spec.env["OMP_NUM_THREADS"]))
+        folder = next(p for p in spec.out.parents if p.name.startswith("pair"))
+        pair = int(folder.name[4:])
+        role = "envelope" if spec.chunks else spec.role
+        self.calls.append((pair, role, spec.samplers, spec.env["OMP_NUM_THREADS"], spec.steps, spec.extend, spec.chunks))
         shift = 0.5 if (pair == self.fail_at and spec.role == "migrated") else 0.0
         return _result(spec.role, 0.1, shift, pid=1000 + len(self.calls))
 
@@ -220,7 +226,7 @@ class _Quiet:
         pass
 
 
-def _setup(tmp_path: Path, repeat) -> session.Setup:
+def _setup(tmp_path: Path, repeat, envelope: bool = False) -> session.Setup:
     src = tmp_path / "src"
     src.mkdir(exist_ok=True)
     (src / "a.py").write_text("pass\n")
@@ -230,7 +236,7 @@ def _setup(tmp_path: Path, repeat) -> session.Setup:
     return session.Setup(
         scratch=scratch, original=src / "a.py", migrated=src / "a_ddp.py", migrated_content=None, args=[], tag="t",
         steps=STEPS, timeout=30, startup_timeout=30, seed=0, nproc=2, nnodes=1,
-        threads={"original": 2, "migrated": 1}, repeat=repeat, opts=_opts(0),
+        threads={"original": 2, "migrated": 1}, repeat=repeat, opts=_opts(0), envelope=envelope,
     )
 
 
@@ -249,6 +255,24 @@ def test_pairs_alternate_and_a_short_first_pair_is_a_warm_up(tmp_path, monkeypat
     # later pairs' script folders are removed once they passed; the first pair's stay for the outputs
     assert (tmp_path / "scratch" / "pair1" / "original").is_dir()
     assert not (tmp_path / "scratch" / "pair3" / "original").exists()
+
+
+def test_the_first_pair_measures_the_noise_envelope_and_goes_on_for_the_evidence(tmp_path, monkeypatch):
+    """Pair 1: the migration (allowed past --steps up to --max-steps for the data evidence),
+    the original for as many steps as the migration made, then the original again in
+    world-size chunks (the envelope); later pairs run --steps, no envelope."""
+    fake = _FakeRuns(monkeypatch, pair_s=10)
+    setup = _setup(tmp_path, 2, envelope=True)
+    setup.extend = 40
+    out = session.run(setup, _Quiet())
+    first = [c for c in fake.calls if c[0] == 1]
+    assert [c[1] for c in first] == ["migrated", "original", "envelope"]
+    assert [(c[5], c[6]) for c in first] == [(40, 0), (0, 0), (0, 2)]
+    assert first[2][2] == first[1][2]  # the envelope follows the migration's sampler order too
+    later = [c for c in fake.calls if c[0] > 1]
+    assert later and all(c[1] != "envelope" and c[5] == 0 and c[4] == STEPS for c in later)
+    assert "envelope" in out.pairs[0].runs and out.pairs[0].report["tolerance"]["kind"] == "envelope"
+    assert not (tmp_path / "scratch" / "pair1" / "envelope").exists()  # removed once compared
 
 
 def test_a_long_first_pair_counts(tmp_path, monkeypatch):

@@ -185,17 +185,21 @@ def _probe_module():
 
 
 @pytest.mark.parametrize("loss", [0.1 + 0.2, 1e-30, -3.0, None, float("nan"), float("inf"), float("-inf")])
-def test_step_lines_are_what_json_dumps_writes(loss):
+@pytest.mark.parametrize("lr", [0.1, None, 3e-4])
+def test_step_lines_are_what_json_dumps_writes(loss, lr):
     """The flush thread formats step lines itself (json.dumps is ~3x slower): same text."""
     import json
 
     probe = _probe_module()
     for modules in (None, ["dp"]):
-        rec = {"ev": "step", "i": 3, "t": 1795296000.123456, "samples": 64, "nbw": 2}
-        if modules:
-            rec["modules"] = modules
-        rec["loss"] = loss
-        assert probe._step_line(3, 1795296000.123456, 64, 2, loss, modules) == json.dumps(rec, separators=(",", ":"))
+        for ev in ("step", "ostep"):
+            rec = {"ev": ev, "i": 3, "t": 1795296000.123456, "samples": 64, "nbw": 2}
+            if modules:
+                rec["modules"] = modules
+            rec.update(o=1, lr=lr, loss=loss)
+            line = probe._step_line(3, 1795296000.123456, 64, 2, loss, modules, 1, lr, ev)
+            assert json.loads(line) == json.loads(json.dumps(rec)) or loss != loss
+            assert line == json.dumps(rec, separators=(",", ":"))
 
 
 @pytest.mark.slow

@@ -43,8 +43,9 @@ def survivors(value: str) -> list:
     return out
 
 
-def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
-    """Run `dp2ddp verify ARGS --json ...`; return (exit code, report or None, stdout+stderr, seconds).
+def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None) -> tuple:
+    """Run `dp2ddp verify ARGS --json ...` (from ``cwd``, default ``tmp_path``; the report goes
+    to ``tmp_path``); return (exit code, report or None, stdout+stderr, seconds).
 
     One pair of runs (`--repeat 1`) unless ARGS choose: most tests check the comparison,
     not the speed, and the default's three or four pairs would triple their time."""
@@ -58,7 +59,7 @@ def verify(tmp_path: Path, *args: str, timeout: float = 240) -> tuple:
     def attempt() -> subprocess.CompletedProcess:
         nonlocal took
         t0 = time.monotonic()
-        p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, cwd=str(cwd or tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
         took = time.monotonic() - t0
         assert survivors(value) == [], "processes started by verify survived it"
         return subprocess.CompletedProcess(cmd, p.returncode, p.stdout + p.stderr, "")

@@ -68,3 +68,35 @@ def advise(text: str, distributed: bool = True) -> List[str]:
         if re.search(pattern, text) and advice not in out:
             out.append(advice)
     return out
+
+
+def module_prefix(d: dict, keys_of: str, dp_in_original: bool) -> Tuple[str, str, str]:
+    """(severity, message, advice) for checkpoint keys that differ by a prefix such as
+    ``module.`` (``d``: the difference, with both sides' keys). The one place that decides
+    what such a difference means: the policy of rewrite's issue 18 (keys as the project's
+    own loading code accepts them; where no loader is found, the original's keys) is to be
+    pointed at from here. Until it is settled the advice takes no side: it names both
+    sides' keys, which model each loads into, and how to make them one."""
+    p, how, count = d["prefix"], d["how"], d["count"]
+
+    def few(keys) -> str:
+        return ", ".join(map(str, keys[:3])) + (", ..." if count > 3 else "")
+
+    wrapped = f"a wrapped model (`DataParallel(model)`, `DistributedDataParallel(model)`)"
+    bare = "the bare model (`model`, or `ddp_model.module`)"
+    fits_o, fits_m = (bare, wrapped) if how == "gained" else (wrapped, bare)
+    message = (
+        f"{{path}}: {keys_of} {how} the `{p}` prefix: the original saves {few(d['original_keys'])} "
+        f"(they load into {fits_o}), the migration {few(d['migrated_keys'])} (they load into {fits_m}); "
+        f"{count} keys; neither loads into the other's model with a strict `load_state_dict`"
+    )
+    advice = (
+        "make both save the keys the project's own loading code expects (the original's today): "
+        "`model.module.state_dict()` gives the bare keys, the wrapper's `model.state_dict()` the `module.` ones; "
+        "or make the loading code accept both (strip or add `module.`)"
+    )
+    if how == "gained" and p == "module." and not dp_in_original:
+        return ("warning", message + "; the original ran without DataParallel here, so its keys have none",
+                "DataParallel adds the same `module.` where the original wraps the model (on GPUs), so the formats "
+                "agree there; " + advice)
+    return "problem", message, advice

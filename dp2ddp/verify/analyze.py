@@ -8,11 +8,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from dp2ddp.verify import stacks
+from dp2ddp.verify import partition, stacks
 from dp2ddp.verify.advice import advise
 from dp2ddp.verify.runner import RunResult
 
 WINDOW = 5  # steps in the moving average of the tolerance path
+ENVELOPE_FACTOR = 10.0  # a step's loss may differ this many times the noise envelope at that step ...
 
 
 @dataclass
@@ -82,6 +83,192 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+def _extended(run: RunResult) -> bool:
+    """Did the run go past --steps for the data evidence?"""
+    return any(ev.get("stop") and ev.get("stop") == ev.get("need") for r in run.ranks.values() for ev in r.evidence)
+
+
+def series(run: RunResult) -> Dict[int, List[Tuple[Optional[float], Optional[float]]]]:
+    """Per optimizer (by creation order, the same in both runs): (global loss, learning rate)
+    of each of its steps, over all ranks (losses weighted by the ranks' samples where the
+    step counted them, else their plain mean)."""
+    ranks = [r for _, r in sorted(run.ranks.items()) if r.steps or r.osteps]
+    per_rank = []
+    for r in ranks:
+        by: Dict[int, List[dict]] = {}
+        for rec in sorted(r.steps + r.osteps, key=lambda x: float(x.get("t") or 0)):
+            by.setdefault(int(rec.get("o") or 0), []).append(rec)
+        per_rank.append(by)
+    out: Dict[int, List[Tuple[Optional[float], Optional[float]]]] = {}
+    for o in sorted({o for by in per_rank for o in by}):
+        lists = [by.get(o, []) for by in per_rank]
+        n = min(len(x) for x in lists)
+        seq = []
+        for i in range(n):
+            recs = [x[i] for x in lists]
+            losses = [x.get("loss") for x in recs]
+            samples = [int(x.get("samples") or 0) for x in recs]
+            if any(v is None for v in losses):
+                loss = None
+            elif all(samples):
+                loss = sum(v * w for v, w in zip(losses, samples)) / sum(samples)
+            else:
+                loss = sum(losses) / len(losses)
+            seq.append((loss, recs[0].get("lr")))
+        out[o] = seq
+    return out
+
+
+def optimizers(run: RunResult) -> Dict[int, Dict[str, Any]]:
+    """What the lowest rank reported of each optimizer that stepped: kind, site, steps."""
+    for _, r in sorted(run.ranks.items()):
+        if r.end and r.end.get("optimizers"):
+            return {int(o["index"]): o for o in r.end["optimizers"]}
+    return {}
+
+
+def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult], opts: Options,
+                 stochastic: List[str], n_primary: int, problems: List[str], notes: List[str]) -> Dict[str, Any]:
+    """Every optimizer's losses and learning rates, step by step, against the float-noise
+    envelope: the original run again with each batch split into world-size chunks whose
+    gradients are summed (DDP's reduction order, and its per-rank BatchNorm statistics,
+    without DDP). The migration may differ at step k by ENVELOPE_FACTOR times the largest
+    relative difference the envelope run reached up to step k, or by --rtol (the
+    precision floor), whichever is larger. BatchNorm and dropout are compared as a moving
+    average. Without an envelope (it failed, or one process): --rtol, or --stochastic-rtol
+    for BatchNorm and dropout."""
+    so, sm = series(orig), series(mig)
+    se = series(envelope) if envelope is not None and not envelope.hung and envelope.exit_code == 0 else {}
+    method = None
+    if se:
+        ends = [r.end for r in envelope.ranks.values() if r.end]
+        method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
+        if method == "perturb" and stochastic:
+            se = {}  # one rounding per step says nothing of per-rank BatchNorm statistics or dropout masks
+            notes.append("the noise envelope does not cover BatchNorm or dropout without DataParallel's chunks "
+                         "(the original ran without DataParallel here): --stochastic-rtol decides")
+    elif envelope is not None:
+        notes.append("the noise envelope was not measured (its run of the original did not finish): fixed tolerances")
+    o_info, m_info = optimizers(orig), optimizers(mig)
+    primary = next((int(r.steps[0].get("o") or 0) for _, r in sorted(orig.ranks.items()) if r.steps), 0)
+    worst = {"ratio": 0.0, "step": None, "optimizer": None}
+    agree = True
+    report_opts = []
+    any_steps = False
+    for o in sorted(set(so) | set(sm)):
+        lo, lm, le = so.get(o, []), sm.get(o, []), se.get(o, [])
+        info = o_info.get(o) or m_info.get(o) or {}
+        name = _opt_name(o, info, m_info.get(o), mig)
+        if o == primary:
+            lo, lm = lo[:n_primary], lm[:n_primary]
+        entry: Dict[str, Any] = {"index": o, "kind": info.get("kind"), "name": name,
+                                 "steps": {"original": len(so.get(o, [])), "migrated": len(sm.get(o, []))}}
+        report_opts.append(entry)
+        if not lo or not lm:
+            if lo or lm:
+                agree = False
+                problems.append(f"{name} steps in the {'original' if lo else 'migrated'} run only "
+                                f"({len(lo) or len(lm)} steps): the migration does not train it as the original does")
+            continue
+        if abs(len(lo) - len(lm)) > 1 and o != primary:
+            problems.append(f"{name} stepped {len(so[o])} times in the original, {len(sm[o])} in the migration")
+            agree = False
+        k = min(len(lo), len(lm))
+        any_steps = True
+        ok, first, ratio, at = _judge(lo[:k], lm[:k], le[:k], opts, stochastic, bool(se))
+        entry.update(worst_ratio=ratio, worst_step=at)
+        if ratio > worst["ratio"] or worst["step"] is None:
+            worst = {"ratio": ratio, "step": at, "optimizer": o}
+        if not ok:
+            agree = False
+            a, b, allowed = first[1], first[2], first[3]
+            problems.append(
+                f"losses disagree from step {first[0]}" + (f" of {name}" if len(so) > 1 or o != primary else "")
+                + f": original {a:.7g}, migrated {b:.7g} (relative difference {_rel(a, b):.3g} > {allowed:.3g} allowed: "
+                + ("the noise envelope's" if se else "the tolerance") + ")"
+            )
+        lr_bad = next((i for i in range(k) if lo[i][1] is not None and lm[i][1] is not None and
+                       _rel(lo[i][1], lm[i][1]) > 1e-6), None)
+        if lr_bad is not None:
+            agree = False
+            problems.append(f"the learning rate of {name} differs from step {lr_bad + 1}: original {lo[lr_bad][1]:.6g}, "
+                            f"migrated {lm[lr_bad][1]:.6g} (a scheduler stepped per batch on each rank, or a rate scaled "
+                            "by the world size)")
+    if se:
+        how = {"chunks": f"the original run again with each batch split into {opts.nproc * opts.nnodes} chunks by "
+                         "DataParallel, their gradients summed (DDP's reduction order without DDP)",
+               "perturb": "the original run again with every gradient perturbed by one rounding (relative eps of its "
+                          "dtype) at each step (it ran without DataParallel, so no chunks)"}[method]
+        rule = (f"within {ENVELOPE_FACTOR:g}x the float-noise envelope ({how}), at least --rtol {opts.rtol:g}"
+                + (f"; {', '.join(stochastic)}: as a {WINDOW}-step moving average" if stochastic else ""))
+        kind = "envelope"
+        if any_steps:
+            notes.append(f"losses judged against the measured noise envelope: {how}; the migration stayed within "
+                         f"{worst['ratio']:.2g} of what it allows (worst at step {worst['step']})"
+                         if worst["ratio"] <= 1 else
+                         f"losses judged against the measured noise envelope: {how}")
+    elif stochastic:
+        rule = f"{WINDOW}-step moving average within {opts.stochastic_rtol:g} relative"
+        kind = "stochastic"
+    else:
+        rule = f"every step within {opts.rtol:g} relative"
+        kind = "exact"
+    if stochastic:
+        why = {
+            "batchnorm": "BatchNorm normalises each rank's batch on its own (DataParallel-on-one-device and "
+            "SyncBatchNorm use the whole batch): a legitimate difference"
+            + (", judged against the chunked run, which normalises each chunk alike" if method == "chunks" else ""),
+            "dropout": "dropout masks come from each process's own random stream: a legitimate difference",
+        }
+        notes.append("losses compared as a moving average: " + "; ".join(why[k] for k in stochastic))
+    tolerance = {"kind": kind, "rule": rule, "why": stochastic, "rtol": opts.rtol if kind != "stochastic" else opts.stochastic_rtol,
+                 "method": method, "factor": ENVELOPE_FACTOR if se else None, "worst_ratio": worst["ratio"] if se else None,
+                 "worst_step": worst["step"]}
+    return {"agree": agree, "rule": rule, "tolerance": tolerance, "optimizers": report_opts}
+
+
+def _opt_name(o: int, info: Dict[str, Any], mig_info: Optional[Dict[str, Any]], mig: RunResult) -> str:
+    kind = info.get("kind") or "optimizer"
+    site = (mig_info or {}).get("site")
+    where = ""
+    if site:
+        root = getattr(mig, "root", None)
+        where = f", {partition.show_site(site, root)}"
+    return f"optimizer {o} ({kind}{where})"
+
+
+def _judge(lo, lm, le, opts: Options, stochastic: List[str], envelope: bool):
+    """(agree, first failing (step, original, migrated, allowed) or None, worst ratio to the
+    allowed difference, its step)."""
+    xo = [x[0] for x in lo]
+    xm = [x[0] for x in lm]
+    xe = [x[0] for x in le]
+    idx = [i for i in range(len(xo)) if xo[i] is not None and xm[i] is not None]
+    if stochastic:
+        ao = _moving([xo[i] for i in idx], WINDOW)
+        am = _moving([xm[i] for i in idx], WINDOW)
+        eidx = [i for i in idx if i < len(xe) and xe[i] is not None]
+        ae = _moving([xe[i] for i in eidx], WINDOW) if envelope and len(eidx) == len(idx) else None
+    else:
+        ao, am = [xo[i] for i in idx], [xm[i] for i in idx]
+        ae = [xe[i] for i in idx] if envelope and all(i < len(xe) and xe[i] is not None for i in idx) else None
+    running = 0.0
+    worst, at, first = 0.0, None, None
+    for j, i in enumerate(idx):
+        d = _rel(ao[j], am[j])
+        if ae is not None:
+            running = max(running, _rel(ao[j], ae[j]))
+            allowed = max(opts.rtol, ENVELOPE_FACTOR * running)
+        else:
+            allowed = opts.stochastic_rtol if stochastic else opts.rtol
+        ratio = d / allowed if allowed > 0 else (0.0 if d == 0 else math.inf)
+        if ratio > worst or at is None:
+            worst, at = ratio, i + 1
+        if ratio > 1 and first is None:
+            first = (i + 1, ao[j], am[j], allowed)
+    return first is None, first, worst, at
+
+
 def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[str, Any]) -> None:
     label = "original" if run.role == "original" else "migrated"
     distributed = run.role == "migrated"
@@ -101,13 +288,21 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
                 "  a rank waiting in a collective while another is elsewhere means the ranks diverged; "
                 "rerun with TORCH_DISTRIBUTED_DEBUG=DETAIL to see which collective"
             )
-        details["hang"] = {"role": label, "after_step": done, "ranks": locs, "detected_after_s": round(run.hang_after_s, 2)}
+        # the migrated run's hang is compared first: it is the one the report shows
+        details.setdefault("hang", {"role": label, "after_step": done, "ranks": locs,
+                                    "detected_after_s": round(run.hang_after_s, 2)})
         return
     if run.exit_code in (0, None):
         return
     if exit_race(run):
         details.setdefault("exit_race", []).append(run.role)
         return
+    from dp2ddp.verify.outputs import strip_ansi
+
+    for r in run.ranks.values():  # torch colours some of its errors: no escape codes in a report
+        if r.error:
+            r.error = {k: strip_ansi(v) if isinstance(v, str) else v for k, v in r.error.items()}
+        r.fatal = strip_ansi(r.fatal)
     errors = sorted((r.error for r in run.ranks.values() if r.error), key=lambda e: e["t"])
     first = next(((rank, r.error) for rank, r in sorted(run.ranks.items(), key=lambda kv: (kv[1].error or {}).get("t", math.inf)) if r.error), None)
     crash: Dict[str, Any] = {"role": label, "exit_code": run.exit_code}
@@ -122,7 +317,7 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
             crash["other_ranks"] = [f"{e['type']}: {_first_line(e['message'])}" for e in others]
     else:
         fatal = next(((rank, r.fatal) for rank, r in sorted(run.ranks.items()) if r.fatal.strip()), None)
-        tail = run.log_tail(30)
+        tail = strip_ansi(run.log_tail(30))
         if fatal:
             crash.update(rank=fatal[0], traceback=fatal[1])
             problems.append(f"{label} run crashed (exit code {run.exit_code}): rank {fatal[0]} died of a fatal signal")
@@ -162,7 +357,7 @@ def _first_line(s: str) -> str:
     return s[0] if s else ""
 
 
-def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
+def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[RunResult] = None) -> Dict[str, Any]:
     """One pair of runs: failures, losses, global batch, set_epoch, replicas, and this
     pair's speed-up (a figure only: the speed verdict is :func:`combine`'s, over pairs)."""
     problems: List[str] = []
@@ -196,54 +391,38 @@ def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
         problems.append("no DistributedDataParallel module was seen in the migrated run's forward pass")
 
     n = min(len(po), len(pm))
-    if opts.steps:
-        n = min(n, opts.steps)
+    judged = judge_losses(orig, mig, envelope, opts, stochastic, n, problems, notes)
     lo = [x[0] for x in po[:n]]
     lm = [x[0] for x in pm[:n]]
     pairs = [(a, b) for a, b in zip(lo, lm) if a is not None and b is not None]
     diffs = [_rel(a, b) for a, b in pairs]
     max_rel = max(diffs) if diffs else None
     steps_compared = len(pairs)
-    if stochastic:
-        why = {
-            "batchnorm": "BatchNorm normalises each rank's batch on its own (DataParallel-on-one-device and "
-            "SyncBatchNorm use the whole batch)",
-            "dropout": "dropout masks come from each process's own random stream",
-        }
-        tol_desc = f"{WINDOW}-step moving average within {opts.stochastic_rtol:g} relative"
-        notes.append(
-            "losses compared with a tolerance (" + tol_desc + "): " + "; ".join(why[k] for k in stochastic)
-        )
-        ma = [_rel(a, b) for a, b in zip(_moving([p[0] for p in pairs], WINDOW), _moving([p[1] for p in pairs], WINDOW))]
-        measure = max(ma) if ma else None
-        tol = opts.stochastic_rtol
-    else:
-        measure, tol = max_rel, opts.rtol
-        tol_desc = f"every step within {opts.rtol:g} relative"
-    losses_agree = bool(steps_compared) and measure is not None and measure <= tol
-    first_bad = None
-    if steps_compared and not losses_agree:
-        if stochastic:
-            problems.append(f"losses disagree beyond the tolerance: {tol_desc} expected, worst {measure:.3g}")
-        else:
-            first_bad = next(i for i, d in enumerate(diffs) if d > tol) + 1
-            a, b = pairs[first_bad - 1]
-            problems.append(
-                f"losses disagree from step {first_bad}: original {a:.7g}, migrated {b:.7g} "
-                f"(relative difference {diffs[first_bad - 1]:.3g} > --rtol {opts.rtol:g})"
-            )
+    losses_agree = bool(steps_compared) and judged["agree"]
+    tol_desc = judged["rule"]
+
+    # the data each rank served
+    data = partition.analyze(orig, mig, opts.nproc * opts.nnodes) if mig.ranks else None
+    if data is not None:
+        problems.extend(data["problems"])
+        notes.extend(data["notes"])
 
     # global batch per step must match for the orders to line up
     so = [x[1] for x in po[:n]]
     sm = [x[1] for x in pm[:n]]
     bad = next((i for i, (a, b) in enumerate(zip(so, sm)) if a != b and a and b), None)
     if bad is not None:
+        if data and data["unsharded"]:
+            why = "the loader is not sharded (above): shard it first; the per-process batch is then the original's divided by the world size"
+        else:
+            why = "the per-process batch_size should be the original's divided by the world size"
         problems.append(
             f"step {bad + 1} used {so[bad]} samples in the original but {sm[bad]} over all migrated ranks: "
-            "the global batch differs (the per-process batch_size should be the original's divided by the world size)"
+            f"the global batch differs ({why})"
         )
 
-    # DistributedSampler iterated again without set_epoch
+    # DistributedSampler iterated again without set_epoch: one finding with the data evidence's
+    replay = next((i for i, p in enumerate(problems) if "replays epoch 0" in p), None)
     for rank, r in sorted(mig.ranks.items()):
         seen: Dict[int, List[int]] = {}
         for ev in r.samplers:
@@ -251,10 +430,14 @@ def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
                 seen.setdefault(ev["id"], []).append(ev["epoch"])
         stuck = [eps for eps in seen.values() if len(eps) > 1 and len(set(eps)) < len(eps)]
         if stuck:
-            problems.append(
-                f"a DistributedSampler was iterated {len(stuck[0])} times with epochs {stuck[0]}: "
-                "call loader.sampler.set_epoch(epoch) at the start of every epoch, or each epoch repeats the same order"
-            )
+            head = f"a DistributedSampler was iterated {len(stuck[0])} times with epochs {stuck[0]}"
+            if replay is not None:
+                problems[replay] = f"{head}: {problems[replay]}"
+            else:
+                problems.append(
+                    f"{head}: call loader.sampler.set_epoch(epoch) at the start of every epoch, or each epoch "
+                    "repeats the same order"
+                )
             break
 
     # replicas
@@ -286,6 +469,7 @@ def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
         and replicas_in_sync
         and bad is None
         and not any(p.startswith("no DistributedDataParallel") for p in problems)
+        and not (data and data["problems"])
     )
 
     def side(run: RunResult, per, sps):
@@ -306,7 +490,9 @@ def compare(orig: RunResult, mig: RunResult, opts: Options) -> Dict[str, Any]:
         "replicas_in_sync": replicas_in_sync,
         "speedup": speedup,
         "min_speedup": opts.min_speedup,
-        "tolerance": {"kind": "stochastic" if stochastic else "exact", "rtol": tol, "rule": tol_desc, "why": stochastic},
+        "tolerance": judged["tolerance"],
+        "optimizers": judged["optimizers"],
+        "data": {k: v for k, v in data.items() if k in ("loaders", "unsharded")} if data else None,
         "original": side(orig, po, sps_o),
         "migrated": dict(side(mig, pm, sps_m), nproc=opts.nproc, nnodes=opts.nnodes),
         "problems": problems,
@@ -367,6 +553,8 @@ def combine(pairs, outputs: Optional[Dict[str, Any]], threads: Dict[str, Any], o
                 f"{speed_mod.x(hi)} over {speed['pairs']} pairs, all below --min-speedup {opts.min_speedup:g}"
             )
     elif opts.min_speedup > 0 and speed["ci"] is not None and speed["median"] < opts.min_speedup:
+        rep_notes.append(f"speed-up against --min-speedup {opts.min_speedup:g}: {speed['judgement']}")
+    elif opts.min_speedup > 0 and speed["ci"] is None and speed["median"] is not None:
         rep_notes.append(f"speed-up against --min-speedup {opts.min_speedup:g}: {speed['judgement']}")
     rep["pairs"] = [
         {

@@ -43,9 +43,10 @@ class _Threads(click.ParamType):
 @click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True, help="torchrun agents on this machine (c10d rendezvous on 127.0.0.1).")
 @click.option("--steps", type=click.IntRange(min=0), default=50, show_default=True, help="Stop each run after K optimizer steps (0: the whole run).")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Steps left out of the throughput.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative tolerance per step for deterministic models.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-5, show_default=True, help="Relative loss difference per step that always passes (float precision); above it the measured noise envelope decides (or, without one, this is the tolerance).")
 @click.option("--stochastic-rtol", type=click.FloatRange(min=0), default=0.1, show_default=True, help="Tolerance on the moving-average loss for models with BatchNorm or dropout.")
-@click.option("--min-speedup", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Speed-up (migrated/original samples/s) needed to pass, judged on its 95% interval (fails when the whole interval is below); 0 ignores speed.")
+@click.option("--max-steps", type=click.IntRange(min=0), default=400, show_default=True, help="The first migrated run goes on past --steps until its training loader begins its second epoch, up to this many steps (0: stop at --steps).")
+@click.option("--min-speedup", type=click.FloatRange(min=0), default=None, help="Speed-up (migrated/original samples/s) needed to pass, judged on the 95% interval of several pairs (fails when the whole interval is below); 0 ignores speed [default: 1.0 on CUDA; on CPU reported, not judged].")
 @click.option("--repeat", type=click.IntRange(min=1), default=None, help="Measured pairs of runs (original and migration, alternating) [default: 3, fewer when a pair takes long: 2 minutes of runs in all]. A first pair under 30 s is an extra warm-up pair.")
 @click.option("--threads", type=_Threads(), default=None, metavar="N[,M]", help="OMP_NUM_THREADS of each process: N for both runs, or N for the original and M for each migrated process [default: OMP_NUM_THREADS if set, else cores // processes, the same for both].")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, help="Seconds without a completed step before a run counts as hung.")
@@ -54,6 +55,8 @@ class _Threads(click.ParamType):
 @click.option("--json", "json_path", metavar="PATH", help="Write the report as JSON ('-' for stdout).")
 @click.option("--plot", "plot_path", metavar="PATH", help="Write a PNG: loss curves, every run's throughput, the speed-up per pair; a caption on threads, speed and outputs.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), help="Scratch folder (kept); default: a temporary one, removed after a pass.")
+@click.option("--project-root", type=click.Path(file_okay=False, exists=True, path_type=Path), help="The project the script belongs to, importable in both runs [default: the nearest folder above ORIGINAL with pyproject.toml, setup.py, setup.cfg or .git].")
+@click.option("--envelope/--no-envelope", default=True, show_default=True, help="Measure the float-noise envelope (the original again, each batch in world-size chunks) and judge the losses against it.")
 def verify(
     original: Path,
     script_args: tuple,
@@ -64,7 +67,8 @@ def verify(
     warmup: int,
     rtol: float,
     stochastic_rtol: float,
-    min_speedup: float,
+    max_steps: int,
+    min_speedup: Optional[float],
     repeat: Optional[int],
     threads: Optional[tuple],
     timeout: float,
@@ -73,6 +77,8 @@ def verify(
     json_path: Optional[str],
     plot_path: Optional[str],
     workdir: Optional[Path],
+    project_root: Optional[Path],
+    envelope: bool,
 ) -> int:
     """Run ORIGINAL (DataParallel, `python`) and its DDP migration (`torchrun`) on this machine,
     compare their per-step losses, final replicas and the files they write, and measure the
@@ -112,17 +118,31 @@ def verify(
     if original.resolve() == migrated.resolve():
         click.echo(f"{migrated}: the migrated script is the original itself", err=True)
         return EXIT_USAGE
+    from dp2ddp.verify import scratch as scratch_mod
+
+    root = scratch_mod.project_root(original, project_root)
+    if root not in original.resolve().parents:
+        click.echo(f"{original}: not inside --project-root {project_root}", err=True)
+        return EXIT_USAGE
+    run_cwd = scratch_mod.run_cwd(root, original, Path.cwd())
 
     own_scratch = workdir is None
     scratch = Path(tempfile.mkdtemp(prefix="dp2ddp-verify-")) if own_scratch else workdir
     scratch.mkdir(parents=True, exist_ok=True)
     scratch = scratch.resolve()
 
-    if nproc is None:
-        import torch
+    import torch
 
-        nproc = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    cuda = torch.cuda.is_available()
+    if nproc is None:
+        nproc = torch.cuda.device_count() if cuda else 0
         nproc = nproc or 2
+    speed_notes = []
+    if min_speedup is None:
+        min_speedup = 1.0 if cuda else 0.0
+        if not cuda:
+            speed_notes.append("speed reported, not judged: on CPU a few cores cannot show DDP's gain "
+                               "(--min-speedup X judges it)")
 
     from dp2ddp.verify import analyze, report, runner, session, speed
 
@@ -143,7 +163,7 @@ def verify(
         scratch=scratch, original=original, migrated=migrated, migrated_content=migrated_content,
         args=list(script_args), tag=uuid.uuid4().hex[:12], steps=steps, timeout=timeout,
         startup_timeout=startup_timeout, seed=seed, nproc=nproc, nnodes=nnodes, threads=budget,
-        repeat=repeat, opts=opts,
+        repeat=repeat, opts=opts, root=root, cwd=run_cwd, extend=max_steps, envelope=envelope,
     )
     progress = _Progress(err, steps)
     restore = _sigterm_as_interrupt()
@@ -156,11 +176,26 @@ def verify(
         return EXIT_INTERRUPTED
     finally:
         restore()
-    rep = analyze.combine(outcome.pairs, outcome.outputs, budget, opts, outcome.notes)
+    rep = analyze.combine(outcome.pairs, outcome.outputs, budget, opts, outcome.notes + speed_notes)
     touched = outcome.mirror.modified()
     if touched:
-        rep["problems"].append("the runs changed linked input files in place: " + ", ".join(touched))
+        rep["problems"].append("your files changed during the runs (verify's guard should have kept them as they "
+                               "were; a writer it does not see, such as a C library?): " + ", ".join(touched))
         rep["verdict"] = "fail"
+    folders = outcome.mirror.modified(folders=True)
+    if folders:
+        rep["notes"].append("entries changed during the runs in folders of your project the runs saw through links "
+                            "(by you working meanwhile, or by a writer verify's guard does not see): " + ", ".join(folders[:4]))
+    blocked = sorted({p for pair in outcome.pairs for run in pair.runs.values() for r in run.ranks.values()
+                      for p in ((r.end or {}).get("blocked") or [])})
+    if blocked:
+        rep["problems"].append("the scripts tried to write into your project, which verify refused (PermissionError): "
+                               + ", ".join(blocked[:4]) + ("" if len(blocked) <= 4 else f" and {len(blocked) - 4} more")
+                               + "; write relative paths (the runs work in a copy of the project)")
+        rep["verdict"] = "fail"
+    rep["project_root"] = str(root)
+    if speed_notes and rep.get("speed"):
+        rep["speed"]["judgement"] = "on CPU by default; --min-speedup X judges it"
     rep["original"]["script"] = str(original)
     rep["migrated"]["script"] = str(migrated) + (" (rewritten by dp2ddp)" if migrated_content is not None else "")
     rep["workdir"] = str(scratch)

@@ -1,47 +1,66 @@
-"""What the runs leave behind: the files each run created or changed, compared.
+"""What the runs leave behind: the files each run created or changed, compared as a user
+would use them.
 
-A migration can train identically and still change its outputs: checkpoints whose keys
+A migration can train identically and still change its outputs: a checkpoint that pickles
+the DistributedDataParallel wrapper (it loads nowhere without a process group), keys that
 gained DDP's ``module.`` prefix, one TensorBoard event file per rank, a log every rank
-appends to, a file no rank writes any more. Each run works in a scratch folder of its
-own, so what it wrote is the difference between a snapshot of that folder before and
-after the run (relative paths, sizes, modification times; symbolic links are never
-followed). Folders named in the script's arguments that lie outside the scratch folder
-(``--out-dir /abs/path``, ``../shared``) are watched the same way, just before and after
-each run.
+appends to, a file no rank writes any more. Each run works in a copy of the project of its
+own, so what it wrote is the difference between a snapshot of that copy before and after
+the run (relative paths, sizes, modification times; links to the user's files are not
+outputs). Folders named in the script's arguments that lie outside it (``--out-dir
+/abs/path``) are watched the same way, just before and after each run.
+
+Every file is classified -- checkpoint, text, event file, image, JSON, CSV or other -- and
+compared by what it holds:
+
+* checkpoints are loaded by both sides in a fresh Python, without a process group or
+  dp2ddp (``ckpt_load.py``), the way the project's own code would load them; a pickle that
+  references ``DistributedDataParallel`` or fails to load where the original's loads is a
+  problem naming the line that saved it. Keys, shapes and dtypes are compared, and the
+  values where both runs saved at the same step and the noise envelope's run (the original
+  again, each batch in chunks) saved too: it says how far float noise alone moves them;
+* text files by their lines, JSON by its structure, CSV by header and rows, images by their
+  dimensions; event files by their count; anything else is listed as not compared.
 
 Names that differ only in numbers (times, process ids: TensorBoard's
 ``events.out.tfevents.<time>.<host>.<pid>``, ``rank0.log``) are grouped, so one event
-file on each side is equal and two against one is a finding. Checkpoints are opened only
-with ``torch.load(weights_only=True)`` (never a full unpickler) or, for ``.safetensors``,
-by reading their JSON header; their nested keys, shapes and dtypes are compared, not
-their values (the replicas' parameter hashes cover those). Which rank wrote a file comes
-from the probe (an audit hook on ``open``/``os.rename`` and a ``torch.save`` wrapper).
+file on each side is equal and two against one is a finding. Which rank wrote a file, and
+the line that opened or saved it, come from the probe.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import os
+import pickletools
 import re
 import struct
+import subprocess
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 SKIP_DIRS = {"__pycache__"}  # bytecode of imported local modules: both runs write it
 MAX_ENTRIES = 20000  # per watched folder; beyond it the folder is not compared
 MAX_LISTED = 4  # examples per message
 NOT_WATCHED = ("/dev", "/proc", "/sys")
+ENVELOPE_FACTOR = 10.0  # a value may differ this many times the envelope's difference ...
+VALUE_FLOOR = 1e-6  # ... or this much (relative), whichever is larger
 
 Stat = Tuple[int, int]  # size, mtime_ns
 
 
 def snapshot(root: Path) -> Tuple[Dict[str, Stat], bool]:
     """``relative path -> (size, mtime_ns)`` for every file under ``root`` (``""`` when
-    ``root`` is a file), and whether the walk was complete. Symbolic links are recorded as
-    links, never followed: linked folders are the user's own."""
+    ``root`` is a file), and whether the walk was complete. Symbolic links are never
+    followed; links that point out of ``root`` (the run's links to the user's files) are
+    not the run's files and are left out."""
     out: Dict[str, Stat] = {}
     try:
         st = root.lstat()
@@ -50,6 +69,7 @@ def snapshot(root: Path) -> Tuple[Dict[str, Stat], bool]:
     if not root.is_dir() or root.is_symlink():
         out[""] = (st.st_size, st.st_mtime_ns)
         return out, True
+    base = str(root) + os.sep
     stack = [(root, "")]
     while stack:
         folder, rel = stack.pop()
@@ -60,6 +80,10 @@ def snapshot(root: Path) -> Tuple[Dict[str, Stat], bool]:
         for e in entries:
             name = f"{rel}{e.name}"
             try:
+                if e.is_symlink():
+                    target = os.path.normpath(os.path.join(folder, os.readlink(e.path)))
+                    if not target.startswith(base):
+                        continue  # a link to the user's file or folder
                 if e.is_dir(follow_symlinks=False):
                     if e.name not in SKIP_DIRS:
                         stack.append((Path(e.path), name + "/"))
@@ -73,11 +97,12 @@ def snapshot(root: Path) -> Tuple[Dict[str, Stat], bool]:
     return out, True
 
 
-def named_paths(args: Sequence[str], cwd: Path) -> List[Path]:
-    """Paths in the script's arguments that resolve outside the run's folder ``cwd``:
-    absolute ones, ``~`` ones and ones that climb out with ``..``, as plain arguments or
-    as ``--opt=value``. Relative paths inside ``cwd`` are in the run's own snapshot
-    already. Kept: existing paths, and new ones whose parent folder exists."""
+def named_paths(args: Sequence[str], cwd: Path, inside: Optional[Path] = None) -> List[Path]:
+    """Paths in the script's arguments that resolve outside the run's copy of the project
+    (``inside``, default ``cwd``): absolute ones, ``~`` ones and ones that climb out with
+    ``..``, as plain arguments or as ``--opt=value``. Kept: existing paths, and new ones
+    whose parent folder exists."""
+    inside = inside or cwd
     out: List[Path] = []
     for a in args:
         v = a.split("=", 1)[1] if a.startswith("-") and "=" in a else a
@@ -86,7 +111,7 @@ def named_paths(args: Sequence[str], cwd: Path) -> List[Path]:
         if not (os.path.isabs(v) or v.startswith("~") or ".." in Path(v).parts):
             continue
         p = Path(os.path.normpath(cwd / os.path.expanduser(v)))
-        if p == cwd or cwd in p.parents or p.parent == p:
+        if p == inside or inside in p.parents or p.parent == p:
             continue
         if str(p).startswith(NOT_WATCHED) or p in out:
             continue
@@ -101,7 +126,7 @@ def named_paths(args: Sequence[str], cwd: Path) -> List[Path]:
 
 @dataclass
 class Root:
-    label: str  # "" for the run's own folder, else the path as shown
+    label: str  # "" for the run's own copy of the project, else the path as shown
     path: Path
     before: Dict[str, Stat] = field(default_factory=dict)
     complete: bool = True
@@ -117,24 +142,39 @@ class RunOutputs:
     deleted: Set[str] = field(default_factory=set)
     where: Dict[str, Path] = field(default_factory=dict)  # displayed path -> absolute path
     writers: Dict[str, Set[int]] = field(default_factory=dict)  # displayed path -> ranks that wrote it
+    sites: Dict[str, str] = field(default_factory=dict)  # displayed path -> "file.py:line" that opened or saved it
+    steps: Dict[str, int] = field(default_factory=dict)  # displayed path -> step of its last write
     outside: List[str] = field(default_factory=list)  # written outside every watched folder
     incomplete: List[str] = field(default_factory=list)
     pids: Dict[int, int] = field(default_factory=dict)  # rank -> pid
     stopped: bool = False  # stopped by verify after --steps steps
     roots: List[str] = field(default_factory=list)
+    cwd: Optional[Path] = None  # where the run started
+    syspath: List[str] = field(default_factory=list)  # what the project's own code would import from
+    work: Optional[Path] = None  # where verify may put what it derives (flattened checkpoints)
 
 
 class Watch:
-    """Snapshots of one run's folder and of the folders its arguments name, taken
-    just before the run; :meth:`after` diffs them once it has ended."""
+    """Snapshots of one run's copy of the project (``root``) and of the folders its
+    arguments name, taken just before the run; :meth:`after` diffs them once it has ended.
+    Paths are shown relative to the folder the run starts in (``cwd``)."""
 
-    def __init__(self, cwd: Path, args: Sequence[str]) -> None:
-        self.roots = [Root("", cwd)] + [Root(str(p), p) for p in named_paths(args, cwd)]
+    def __init__(self, root: Path, args: Sequence[str], cwd: Optional[Path] = None, syspath: Sequence[str] = ()) -> None:
+        self.cwd = cwd or root
+        self.base = root
+        self.syspath = [str(p) for p in syspath] or [str(self.cwd), str(root)]
+        self.roots = [Root("", root)] + [Root(str(p), p) for p in named_paths(args, self.cwd, root)]
         for r in self.roots:
             r.before, r.complete = snapshot(r.path)
 
-    def after(self, run) -> RunOutputs:
-        out = RunOutputs(role=run.role)
+    def show(self, r: Root, rel: str) -> str:
+        if r.label:
+            return _join(r.label, rel)
+        shown = os.path.relpath(r.path / rel, self.cwd) if rel else "."
+        return Path(shown).as_posix()
+
+    def after(self, run, work: Optional[Path] = None) -> RunOutputs:
+        out = RunOutputs(role=run.role, cwd=self.cwd, syspath=self.syspath, work=work)
         out.roots = [r.label or "." for r in self.roots]
         for r in self.roots:
             now, complete = snapshot(r.path)
@@ -142,16 +182,16 @@ class Watch:
                 out.incomplete.append(r.label or ".")
                 continue
             for rel, st in now.items():
-                shown = _join(r.label, rel)
+                shown = self.show(r, rel)
                 old = r.before.get(rel)
                 if old is None or old != st:
                     out.files[shown] = st[0]
                     out.where[shown] = r.path / rel if rel else r.path
                     if old is None:
                         out.created.add(shown)
-            out.deleted.update(_join(r.label, rel) for rel in r.before if rel not in now)
+            out.deleted.update(self.show(r, rel) for rel in r.before if rel not in now)
         temp = tempfile.gettempdir()
-        for rank, rec in sorted(run.ranks.items()):
+        for rank, rec in sorted(run.ranks.items(), reverse=True):  # the lowest rank's site wins
             if rec.pid:
                 out.pids[rank] = rec.pid
             if rec.end and rec.end.get("why") == "limit":
@@ -160,21 +200,33 @@ class Watch:
                 shown = self._shown(path)
                 if shown is not None:
                     out.writers.setdefault(shown, set()).add(rank)
+                    site = (rec.write_sites or {}).get(path)
+                    if site:
+                        out.sites[shown] = self.site(site)
+                    if path in (rec.write_steps or {}):
+                        out.steps[shown] = rec.write_steps[path]
                 elif not path.startswith(NOT_WATCHED + (temp + os.sep,)) and path not in out.outside:
                     out.outside.append(path)
         return out
+
+    def site(self, site) -> str:
+        """``file.py:line`` of a probe site, the file relative to the project's copy."""
+        path, line = site
+        p = Path(path)
+        name = p.relative_to(self.base).as_posix() if p == self.base or self.base in p.parents else p.name
+        return f"{name}:{line}"
 
     def _shown(self, path: str) -> Optional[str]:
         for candidate in (path, os.path.realpath(path)):
             p = Path(candidate)
             for r in self.roots:
                 if p == r.path:
-                    return _join(r.label, "")
+                    return self.show(r, "")
                 if r.path in p.parents:
                     rel = p.relative_to(r.path).as_posix()
                     if any(part in SKIP_DIRS for part in rel.split("/")):
                         return None
-                    return _join(r.label, rel)
+                    return self.show(r, rel)
         return None
 
 
@@ -217,13 +269,65 @@ def _pids_in_names(names: Sequence[str], pids: Dict[int, int]) -> List[int]:
     return sorted(ranks)
 
 
-# --------------------------------------------------------------------------- checkpoints
+# --------------------------------------------------------------------------- kinds
 
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."  # torch's pre-1.6 format
 _ST_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
     "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
 }
+IMAGES = {".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
+TEXTS = {".log", ".txt", ".out", ".err", ".md", ".yaml", ".yml", ".cfg", ".ini", ".jsonl", ".tsv"}
+KINDS = ("checkpoint", "text", "events", "image", "json", "csv", "other")
+
+
+def kind_of(path: Path) -> str:
+    """What a file is, from its name and first bytes: ``checkpoint`` (torch.save's formats,
+    ``.safetensors``), ``events`` (TensorBoard), ``image``, ``json``, ``csv``, ``text`` or
+    ``other``."""
+    if is_tensorboard(path.name):
+        return "events"
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors" or torch_format(path):
+        return "checkpoint"
+    if suffix in IMAGES:
+        return "image"
+    if suffix == ".json":
+        return "json"
+    if suffix == ".csv":
+        return "csv"
+    if suffix in TEXTS:
+        return "text"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8192)
+    except OSError:
+        return "other"
+    if b"\0" in head:
+        return "other"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 4:  # not a character cut at the end of the sample
+            return "other"
+    return "text"
+
+
+def torch_format(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_LEGACY_MAGIC))
+        if head.startswith(_LEGACY_MAGIC):
+            return True
+        if head[:4] == b"PK\x03\x04" and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                return any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        pass
+    return False
+
+
+# --------------------------------------------------------------------------- checkpoints
 
 
 @dataclass(frozen=True)
@@ -237,68 +341,135 @@ class Spec:
         return f"{self.dtype}{list(self.shape)}"
 
 
-def kind_of(path: Path) -> str:
-    """'torch', 'safetensors', 'tensorboard' or 'file', from the name and first bytes."""
-    if is_tensorboard(path.name):
-        return "tensorboard"
-    if path.suffix == ".safetensors":
-        return "safetensors"
+DDP_REF = "torch.nn.parallel.distributed.DistributedDataParallel"
+
+
+def pickle_refs(path: Path) -> Set[str]:
+    """The classes and functions a torch checkpoint's pickle refers to (``module.name``), read
+    from its opcodes without unpickling anything."""
+    refs: Set[str] = set()
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                name = next(n for n in z.namelist() if n == "data.pkl" or n.endswith("/data.pkl"))
+                _refs(io.BytesIO(z.read(name)), refs)
+        else:
+            with open(path, "rb") as fh:
+                for _ in range(4):  # the legacy format: magic, protocol, sys info, the object
+                    _refs(fh, refs)
+    except Exception:  # noqa: BLE001 - what could be read is what we know
+        pass
+    return refs
+
+
+def _refs(stream, refs: Set[str]) -> None:
+    strings: List[Any] = []
+    memo: Dict[int, Any] = {}
+    for op, arg, _ in pickletools.genops(stream):
+        name = op.name
+        if name in ("GLOBAL", "INST"):
+            module, _, attr = str(arg).partition(" ")
+            refs.add(f"{module}.{attr}")
+        elif name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+            strings.append(arg)
+        elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
+            memo[int(arg)] = strings[-1] if strings else None
+        elif name == "MEMOIZE":
+            memo[len(memo)] = strings[-1] if strings else None
+        elif name in ("BINGET", "LONG_BINGET", "GET"):
+            strings.append(memo.get(int(arg)))
+        elif name == "STACK_GLOBAL" and len(strings) >= 2:
+            module, attr = strings[-2], strings[-1]
+            if isinstance(module, str) and isinstance(attr, str):
+                refs.add(f"{module}.{attr}")
+
+
+def safetensors_structure(path: Path) -> Tuple[Any, Optional[str]]:
     try:
         with open(path, "rb") as fh:
-            head = fh.read(len(_LEGACY_MAGIC))
-        if head.startswith(_LEGACY_MAGIC):
-            return "torch"
-        if head[:4] == b"PK\x03\x04" and zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as z:
-                if any(n == "data.pkl" or n.endswith("/data.pkl") for n in z.namelist()):
-                    return "torch"
-    except (OSError, zipfile.BadZipFile):
-        pass
-    return "file"
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > 100 << 20:
+                return None, "safetensors header too large"
+            header = json.loads(fh.read(n))
+        return {k: Spec(tuple(v["shape"]), _ST_DTYPES.get(v["dtype"], v["dtype"].lower()))
+                for k, v in header.items() if k != "__metadata__"}, None
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
+        return None, f"unreadable safetensors header ({type(e).__name__})"
 
 
-def load_structure(path: Path, kind: str) -> Tuple[Any, Optional[str]]:
-    """The checkpoint's nested structure with tensors as :class:`Spec` (None and a reason
-    when it cannot be read safely)."""
-    if kind == "safetensors":
-        try:
-            with open(path, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                if n > 100 << 20:
-                    return None, "safetensors header too large"
-                header = json.loads(fh.read(n))
-            return {k: Spec(tuple(v["shape"]), _ST_DTYPES.get(v["dtype"], v["dtype"].lower()))
-                    for k, v in header.items() if k != "__metadata__"}, None
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
-            return None, f"unreadable safetensors header ({type(e).__name__})"
-    import torch
-
-    obj = None
-    for mmap in (True, False):  # mmap: the tensors' bytes are not read (zip format only)
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-            break
-        except Exception as e:  # noqa: BLE001 - any failure means: not compared
-            err = e
-    else:
-        return None, f"torch.load(weights_only=True) refused it: {_first_line(str(err))}"
-    return _specs(obj, torch, 0), None
+def decode(node: Any) -> Any:
+    """A structure from ckpt_load.py's JSON: dicts, lists, :class:`Spec` for tensors, a
+    pickled module as its state_dict, and type names for other values."""
+    if "t" in node:
+        shape, dtype = node["t"]
+        return Spec(tuple(shape), dtype)
+    if "m" in node:
+        return decode(node["s"])
+    if "d" in node:
+        return {k: decode(v) for k, v in node["d"]}
+    if "l" in node:
+        return [decode(v) for v in node["l"]]
+    return node.get("v", "?")
 
 
-def _specs(obj: Any, torch, depth: int) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return Spec(tuple(obj.shape), str(obj.dtype).replace("torch.", ""))
-    if depth > 20:
-        return type(obj).__name__
-    if isinstance(obj, dict):
-        return {k: _specs(v, torch, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_specs(v, torch, depth + 1) for v in obj]
-    return type(obj).__name__  # a value: its type is compared, not the value
+LOADER = Path(__file__).resolve().parent / "ckpt_load.py"
+
+
+def load_checkpoints(jobs: Dict[str, Tuple[RunOutputs, List[Tuple[Path, Optional[Path], str]]]],
+                     timeout: float = 600.0) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """Load each run's checkpoints in a fresh Python of its own (ckpt_load.py, concurrently):
+    ``{role: {path: result}}``. ``jobs``: role -> (its outputs, [(file, flat file or None,
+    mode)])."""
+    procs = {}
+    results: Dict[str, Dict[str, Dict[str, Any]]] = {}
+    tmp = tempfile.mkdtemp(prefix="dp2ddp-ckpt-")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY") and k != "PYTHONPATH"}
+    try:
+        for role, (run, files) in jobs.items():
+            if not files:
+                continue
+            spec = Path(tmp) / f"{role}.json"
+            spec.write_text(json.dumps({
+                "path": run.syspath, "cwd": str(run.cwd) if run.cwd else None,
+                "files": [{"path": str(p), "flat": str(f) if f else None, "mode": m} for p, f, m in files],
+            }))
+            procs[role] = subprocess.Popen(
+                [sys.executable, "-I", str(LOADER), str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, env=env, text=True, cwd=str(run.cwd) if run.cwd else None)
+        for role, p in procs.items():
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            got = {}
+            for line in out.splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                got[rec["path"]] = rec
+            if p.returncode and not got:
+                msg = strip_ansi(err).strip().splitlines()
+                got = {str(f): {"load": "failed", "errors": {"loader": msg[-1] if msg else f"exit code {p.returncode}"}}
+                       for f, _, _ in jobs[role][1]}
+            results[role] = got
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
 
 
 def _first_line(s: str) -> str:
-    lines = [x for x in s.strip().splitlines() if x.strip()]
+    lines = [x for x in strip_ansi(s).strip().splitlines() if x.strip()]
     return (lines[0] if lines else "").strip()[:160]
 
 
@@ -334,6 +505,7 @@ def compare_structure(a: Any, b: Any, path: Tuple = (), out: Optional[List[Dict[
         if pre is not None:
             how, p = pre
             out.append({"what": "prefix", "path": path, "how": how, "prefix": p,
+                        "original_keys": ka[:MAX_LISTED], "migrated_keys": kb[:MAX_LISTED],
                         "keys": (kb if how == "gained" else ka)[:MAX_LISTED], "count": len(ka)})
             mapping = {k: p + k for k in ka} if how == "gained" else {k: k[len(p):] for k in ka}
             for k in ka:
@@ -365,6 +537,15 @@ def compare_structure(a: Any, b: Any, path: Tuple = (), out: Optional[List[Dict[
     return out
 
 
+def _plain(node: Any) -> Any:
+    """A JSON document's structure: dicts and lists kept, every other value by its type."""
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return {bool: "bool", int: "number", float: "number", str: "string", type(None): "null"}.get(type(node), "value")
+
+
 # --------------------------------------------------------------------------- comparison
 
 
@@ -374,6 +555,7 @@ class _Report:
         self.differences: List[Dict[str, Any]] = []
         self.notes: List[str] = []
         self.shares: Dict[str, List[str]] = {}  # note -> files: a saved tensor that is a rank's share of a batch
+        self.not_compared: Dict[str, List[str]] = {}  # why -> files
 
     def share(self, path: str, note: str) -> None:
         """A note that may hold for several files (a batch saved every epoch): one note listing them."""
@@ -381,22 +563,29 @@ class _Report:
         if path not in paths:
             paths.append(path)
 
-    def add(self, path: str, kind: str, severity: str, message: str, advice: str) -> None:
+    def add(self, path: str, kind: str, severity: str, message: str, advice: str, line: Optional[str] = None) -> None:
         """``message`` names the file as ``{path}``: the same finding in several files
         (a checkpoint per epoch) becomes one difference that lists them."""
         for d in self.differences:
-            if (d["kind"], d["severity"], d["template"], d["advice"]) == (kind, severity, message, advice):
+            if (d["kind"], d["severity"], d["template"], d["advice"], d["line"]) == (kind, severity, message, advice, line):
                 d["paths"].append(path)
                 return
-        self.differences.append({"paths": [path], "kind": kind, "severity": severity, "template": message, "advice": advice})
+        self.differences.append({"paths": [path], "kind": kind, "severity": severity, "template": message,
+                                 "advice": advice, "line": line})
 
     def finished(self) -> List[Dict[str, Any]]:
         out = []
         for d in self.differences:
             paths = d["paths"]
             shown = ", ".join(paths[:MAX_LISTED]) + (f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else "")
-            out.append({"path": paths[0], "paths": paths, "kind": d["kind"], "severity": d["severity"],
-                        "message": d["template"].replace("{path}", shown), "advice": d["advice"]})
+            message = d["template"].replace("{path}", shown)
+            if d["line"]:
+                message += f" (written at {d['line']})"
+            item = {"path": paths[0], "paths": paths, "kind": d["kind"], "severity": d["severity"],
+                    "message": message, "advice": d["advice"]}
+            if d["line"]:
+                item["line"] = d["line"]
+            out.append(item)
         return out
 
 
@@ -411,8 +600,11 @@ ADVICE_RANK0 = (
 )
 
 
-def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool, steps: int = 0) -> Dict[str, Any]:
-    """The ``outputs`` section: files, differences (each with a severity and advice), notes."""
+def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool, steps: int = 0,
+            envelope: Optional[RunOutputs] = None, values: bool = True,
+            loader: Optional[Callable[..., Dict[str, Dict[str, Dict[str, Any]]]]] = None) -> Dict[str, Any]:
+    """The ``outputs`` section: files, differences (each with a severity, advice and the line
+    that wrote the file where the probe saw it), notes."""
     rep = _Report()
     o_files, m_files = orig.files, mig.files
     groups: Dict[str, Tuple[List[str], List[str]]] = {}
@@ -432,16 +624,22 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
         else:
             _count(rep, pat, os_, ms, orig, mig, world)
 
+    checkpoints = []
     for shown, a, b in pairs:
-        _one(rep, shown, a, b, orig, mig, world, dp_in_original)
+        entry = _one(rep, shown, a, b, orig, mig, world)
+        if entry is not None:
+            checkpoints.append(entry)
+    if checkpoints:
+        _checkpoints(rep, checkpoints, orig, mig, envelope if values else None, world, dp_in_original,
+                     loader or load_checkpoints)
+        if envelope is not None and not values:
+            rep.notes.append("checkpoint values not compared: the losses already differ")
 
     # written by several ranks
     for p, ranks in sorted(mig.writers.items()):
         if len(ranks) > 1 and p in m_files and not any(p in d["paths"] and d["kind"] == "writers" for d in rep.differences):
-            size = ""
-            if p in o_files and o_files[p]:
-                size = f"; {m_files[p]} bytes against the original's {o_files[p]}"
-            rep.add(p, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){size}", ADVICE_RANK0)
+            rep.add(p, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){_lines(orig, mig, p, p)}",
+                    ADVICE_RANK0, mig.sites.get(p))
 
     # deletions
     for p in sorted(orig.deleted ^ mig.deleted):
@@ -468,6 +666,9 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
     if outside:
         more = f" and {len(outside) - MAX_LISTED} more" if len(outside) > MAX_LISTED else ""
         rep.notes.append("written outside the compared folders, not compared: " + ", ".join(outside[:MAX_LISTED]) + more)
+    for why, paths in rep.not_compared.items():
+        rep.notes.append(f"not compared ({why}): " + ", ".join(paths[:MAX_LISTED])
+                         + (f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""))
 
     for note, paths in rep.shares.items():
         shown = ", ".join(paths[:MAX_LISTED]) + (f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else "")
@@ -488,32 +689,60 @@ def _ranks(ranks) -> str:
     return "rank " + str(r[0]) if len(r) == 1 else "ranks " + ", ".join(map(str, r[:-1])) + f" and {r[-1]}"
 
 
+def line_count(path: Optional[Path]) -> Optional[int]:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _lines(orig: RunOutputs, mig: RunOutputs, a: Optional[str], b: str) -> str:
+    """'; 4 lines against the original's 2' for text files, else the sizes."""
+    mb = mig.where.get(b)
+    oa = orig.where.get(a) if a else None
+    if mb is not None and kind_of(mb) in ("text", "csv"):
+        lm, lo = line_count(mb), line_count(oa)
+        if lo is not None and lm is not None:
+            return f": {lm} lines against the original's {lo}"
+        return f": {lm} lines" if lm is not None else ""
+    if a and a in orig.files and orig.files[a] and b in mig.files:
+        return f"; {mig.files[b]} bytes against the original's {orig.files[a]}"
+    return ""
+
+
 def _count(rep: _Report, pat: str, os_: List[str], ms: List[str], orig: RunOutputs, mig: RunOutputs, world: int) -> None:
     """A group of names (equal up to numbers) with a different number of files on each side."""
     tb = is_tensorboard(pat)
     folder = pat.rpartition("/")[0] or "."
     what = "TensorBoard event files" if tb else f"files named {pat}"
+    sample = (mig.where.get(ms[0]) if ms else None) or (orig.where.get(os_[0]) if os_ else None)
     entry = {
         "path": pat,
-        "kind": "tensorboard" if tb else "file",
+        "kind": "events" if tb else (kind_of(sample) if sample else "other"),
         "original": {"files": len(os_), "bytes": sum(orig.files[p] for p in os_)},
         "migrated": {"files": len(ms), "bytes": sum(mig.files[p] for p in ms)},
         "status": "differs",
     }
     rep.files.append(entry)
+    line = next((mig.sites[p] for p in ms if p in mig.sites), None)
     if not ms:
         entry["status"] = "missing"
         names = ", ".join(os_[:MAX_LISTED])
+        written = next((orig.sites[p] for p in os_ if p in orig.sites), None)
         rep.add(pat, "missing", "problem",
-                f"the migration does not write {names if len(os_) == 1 else what + ' (' + names + ')'}; the original does",
-                ADVICE_NO_RANK)
+                f"the migration does not write {names if len(os_) == 1 else what + ' (' + names + ')'}; the original does"
+                + (f", at {written}" if written else ""), ADVICE_NO_RANK)
         return
     if not os_:
         entry["status"] = "extra"
         rep.add(pat, "extra", "warning",
                 f"only the migration writes {what if len(ms) > 1 else ms[0]} ({len(ms)} file{'s' if len(ms) > 1 else ''})",
                 "if these are per-rank files, write them on rank 0 only; if they are new on purpose (a rendezvous "
-                "file, say), nothing to do")
+                "file, say), nothing to do", line)
         return
     if len(ms) > len(os_):
         carriers = _pids_in_names(ms, mig.pids)
@@ -530,18 +759,20 @@ def _count(rep: _Report, pat: str, os_: List[str], ms: List[str], orig: RunOutpu
                       "intended, name them by rank, not by process id")
         rep.add(pat, "count", "problem",
                 f"the migration writes {len(ms)} {what} in {folder}/, the original {len(os_)}"
-                + (f" ({'; '.join(why)})" if why else ""), advice)
+                + (f" ({'; '.join(why)})" if why else ""), advice, line)
         return
     rep.add(pat, "count", "problem",
-            f"the migration writes {len(ms)} of the original's {len(os_)} {what} in {folder}/", ADVICE_NO_RANK)
+            f"the migration writes {len(ms)} of the original's {len(os_)} {what} in {folder}/", ADVICE_NO_RANK, line)
 
 
-def _one(rep: _Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool) -> None:
-    """One file on each side (the same path, or names that differ only in numbers)."""
+def _one(rep: _Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOutputs, world: int) -> Optional[Dict[str, Any]]:
+    """One file on each side (the same path, or names that differ only in numbers); a
+    checkpoint is returned, to be loaded with the others."""
     sa, sb = orig.files[a], mig.files[b]
     kind = kind_of(mig.where[b])
-    if kind == "file":
-        kind = kind_of(orig.where[a])
+    ko = kind_of(orig.where[a])
+    if kind != ko and kind in ("text", "other") and ko not in ("text", "other"):
+        kind = ko  # the original's says more (a checkpoint the migration garbled stays a checkpoint)
     entry: Dict[str, Any] = {
         "path": shown,
         "kind": kind,
@@ -555,45 +786,285 @@ def _one(rep: _Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOut
     ranks = mig.writers.get(b, set())
     if len(ranks) > 1:
         entry["status"] = "differs"
-        size = f"; {sb} bytes against the original's {sa}" if sb != sa else ""
-        rep.add(b, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){size}", ADVICE_RANK0)
-        return
-    if kind in ("torch", "safetensors"):
-        sta, why_a = load_structure(orig.where[a], kind)
-        stb, why_b = load_structure(mig.where[b], kind)
-        if sta is None or stb is None:
-            rep.notes.append(f"{shown}: {why_a or why_b}; compared by size only")
-        else:
-            entry["compared"] = "keys, shapes and dtypes"
-            diffs = compare_structure(sta, stb)
-            share = _batch_share(diffs, world)
-            if share is not None:
-                entry["status"] = "share"
-                who = f"rank {min(ranks)}'s" if len(ranks) == 1 else "one rank's"
-                o, m = share
-                rep.share(shown, f"{{path}}: the saved tensor is {who} share of a batch, not the whole batch "
-                                 f"(shape {m} in the migration, {o} in the original: 1/{world} of dimension 0); "
-                                 "under DDP each rank holds its part of the global batch; gather it "
-                                 "(`dist.all_gather`) before saving if the whole batch is wanted")
-                return
-            for d in diffs:
-                entry["status"] = "differs"
-                _checkpoint_difference(rep, shown, d, dp_in_original)
-            return
-    if sa == sb:
+        rep.add(b, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){_lines(orig, mig, a, b)}",
+                ADVICE_RANK0, mig.sites.get(b))
+        return None
+    if kind == "checkpoint":
+        entry["_a"], entry["_b"], entry["_ranks"] = a, b, ranks
+        return entry
+    if kind == "text":
+        _text(rep, entry, shown, a, b, orig, mig, world)
+    elif kind == "json":
+        _json(rep, entry, shown, a, b, orig, mig, world)
+    elif kind == "csv":
+        _csv(rep, entry, shown, a, b, orig, mig, world)
+    elif kind == "image":
+        _image(rep, entry, shown, a, b, orig, mig)
+    elif kind == "events":
+        entry["compared"] = "count"  # one on each side; their records are not read
+    else:
+        entry["status"] = "not compared"
+        rep.not_compared.setdefault("a kind verify does not read", []).append(shown)
+    return None
+
+
+def _text(rep, entry, shown, a, b, orig, mig, world) -> None:
+    lo, lm = line_count(orig.where[a]), line_count(mig.where[b])
+    entry["compared"] = "lines"
+    entry["original"]["lines"], entry["migrated"]["lines"] = lo, lm
+    if lo == lm:
         return
     entry["status"] = "differs"
-    if sa and not sb:
-        rep.add(shown, "size", "problem", f"{{path}} is empty in the migration ({sa} bytes in the original)",
-                "a rank truncates it after another wrote it, or the write no longer runs: " + ADVICE_RANK0)
-    elif sa and world > 1 and abs(sb / sa - world) <= 0.15 * world and not ranks:
-        rep.add(shown, "size", "problem",
-                f"{{path}} is about {world} times the original's size ({sb} bytes against {sa}): does every rank write to it?",
-                ADVICE_RANK0)
+    line = mig.sites.get(b)
+    if lo and not lm:
+        rep.add(shown, "lines", "problem", f"{{path}} is empty in the migration ({lo} lines in the original)",
+                "a rank truncates it after another wrote it, or the write no longer runs: " + ADVICE_RANK0, line)
+    elif lo and world > 1 and lm == lo * world:
+        rep.add(shown, "lines", "problem",
+                f"{{path}} has {world} times the original's lines ({lm} against {lo}): does every rank write to it?",
+                ADVICE_RANK0, line)
     else:
-        rep.add(shown, "size", "warning", f"{{path}}: {sb} bytes in the migration, {sa} in the original",
-                "if the content depends on the run (times, float formatting), nothing to do; otherwise compare the "
-                "two files in the scratch folder (--workdir keeps it)")
+        rep.add(shown, "lines", "warning", f"{{path}}: {lm} lines in the migration, {lo} in the original",
+                "if the lines depend on the run (times, progress output), nothing to do; otherwise compare the "
+                "two files in the scratch folder (--workdir keeps it)", line)
+
+
+def _json(rep, entry, shown, a, b, orig, mig, world) -> None:
+    try:
+        da = json.loads(Path(orig.where[a]).read_text())
+        db = json.loads(Path(mig.where[b]).read_text())
+    except (OSError, ValueError) as e:
+        entry["status"] = "not compared"
+        rep.not_compared.setdefault(f"not valid JSON: {type(e).__name__}", []).append(shown)
+        return
+    entry["compared"] = "structure"
+    diffs = compare_structure(_plain(da), _plain(db))
+    for d in diffs:
+        entry["status"] = "differs"
+        _structure_difference(rep, shown, d, mig.sites.get(b), "JSON")
+
+
+def _csv(rep, entry, shown, a, b, orig, mig, world) -> None:
+    try:
+        ra = list(csv.reader(io.StringIO(Path(orig.where[a]).read_text())))
+        rb = list(csv.reader(io.StringIO(Path(mig.where[b]).read_text())))
+    except (OSError, ValueError, csv.Error):
+        entry["status"] = "not compared"
+        rep.not_compared.setdefault("unreadable CSV", []).append(shown)
+        return
+    entry["compared"] = "header and rows"
+    line = mig.sites.get(b)
+    if ra[:1] != rb[:1]:
+        entry["status"] = "differs"
+        rep.add(shown, "header", "problem", f"{{path}}: its header differs ({', '.join((rb or [[]])[0][:MAX_LISTED])} "
+                f"against the original's {', '.join((ra or [[]])[0][:MAX_LISTED])})",
+                "the migration writes different columns: write what the original wrote", line)
+    elif len(ra) != len(rb):
+        entry["status"] = "differs"
+        body_a, body_b = max(0, len(ra) - 1), max(0, len(rb) - 1)
+        severe = world > 1 and body_a and body_b == body_a * world
+        rep.add(shown, "rows", "problem" if severe else "warning",
+                f"{{path}}: {body_b} rows in the migration, {body_a} in the original"
+                + (": does every rank append to it?" if severe else ""),
+                ADVICE_RANK0 if severe else "rows that depend on the run are no finding; otherwise compare the files", line)
+
+
+def image_size(path: Path) -> Optional[Tuple[int, int]]:
+    """(width, height) of a PNG, GIF, BMP or JPEG file, from its header."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64 * 1024)
+    except OSError:
+        return None
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24:
+        return struct.unpack(">II", head[16:24])
+    if head[:6] in (b"GIF87a", b"GIF89a"):
+        return struct.unpack("<HH", head[6:10])
+    if head[:2] == b"BM" and len(head) >= 26:
+        w, h = struct.unpack("<ii", head[18:26])
+        return w, abs(h)
+    if head[:2] == b"\xff\xd8":
+        i = 2
+        while i + 9 < len(head):
+            if head[i] != 0xFF:
+                i += 1
+                continue
+            marker = head[i + 1]
+            if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+                h, w = struct.unpack(">HH", head[i + 5:i + 9])
+                return w, h
+            (length,) = struct.unpack(">H", head[i + 2:i + 4])
+            i += 2 + length
+    return None
+
+
+def _image(rep, entry, shown, a, b, orig, mig) -> None:
+    za, zb = image_size(orig.where[a]), image_size(mig.where[b])
+    if za is None or zb is None:
+        entry["status"] = "not compared"
+        rep.not_compared.setdefault("an image format verify does not read", []).append(shown)
+        return
+    entry["compared"] = "dimensions"
+    if za != zb:
+        entry["status"] = "differs"
+        rep.add(shown, "dimensions", "problem",
+                f"{{path}} is {zb[0]}x{zb[1]} in the migration, {za[0]}x{za[1]} in the original",
+                "an image of one rank's share of a batch is smaller than the original's: gather the batch "
+                "(`dist.all_gather`) before drawing it", mig.sites.get(b))
+
+
+def _checkpoints(rep: _Report, entries: List[Dict[str, Any]], orig: RunOutputs, mig: RunOutputs,
+                 envelope: Optional[RunOutputs], world: int, dp_in_original: bool, loader) -> None:
+    """Load every checkpoint of both runs (and of the envelope's run, for the values) the way
+    the project's own code would, then compare them."""
+    flat_dir = (mig.work or Path(tempfile.gettempdir())) / "flat"
+    values = envelope is not None
+    jobs: Dict[str, Tuple[RunOutputs, List[Tuple[Path, Optional[Path], str]]]] = {"original": (orig, []), "migrated": (mig, [])}
+    if values:
+        jobs["envelope"] = (envelope, [])
+        flat_dir.mkdir(parents=True, exist_ok=True)
+    parity = {}
+    for i, e in enumerate(entries):
+        a, b = e["_a"], e["_b"]
+        same_step = values and a in orig.steps and orig.steps.get(a) == mig.steps.get(b) and a in envelope.files
+        parity[i] = same_step
+        for role, run, name in (("original", orig, a), ("migrated", mig, b)):
+            if run.where[name].suffix == ".safetensors":
+                continue
+            jobs[role][1].append((run.where[name], flat_dir / f"{role}-{i}.pt" if same_step else None, "default"))
+        if same_step and envelope.where[a].suffix != ".safetensors":
+            jobs["envelope"][1].append((envelope.where[a], flat_dir / f"envelope-{i}.pt", "default"))
+    loaded = loader(jobs)
+    for i, e in enumerate(entries):
+        a, b = e.pop("_a"), e.pop("_b")
+        ranks = e.pop("_ranks")
+        pa, pb = orig.where[a], mig.where[b]
+        shown = e["path"]
+        line = mig.sites.get(b)
+        e["format"] = "safetensors" if pb.suffix == ".safetensors" else "torch"
+        if e["format"] == "safetensors":
+            sta, why_a = safetensors_structure(pa)
+            stb, why_b = safetensors_structure(pb)
+            if sta is None or stb is None:
+                e["status"] = "not compared"
+                rep.not_compared.setdefault(why_a or why_b or "unreadable", []).append(shown)
+                continue
+            e["compared"] = "keys, shapes and dtypes"
+            _structure_findings(rep, e, shown, compare_structure(sta, stb), dp_in_original, world, ranks, line)
+            continue
+        ra = loaded.get("original", {}).get(str(pa), {"load": "failed", "errors": {"loader": "not loaded"}})
+        rb = loaded.get("migrated", {}).get(str(pb), {"load": "failed", "errors": {"loader": "not loaded"}})
+        refs_b = pickle_refs(pb)
+        refs_a = pickle_refs(pa)
+        e["original"]["load"], e["migrated"]["load"] = ra["load"], rb["load"]
+        if DDP_REF in refs_b and DDP_REF not in refs_a:
+            e["status"] = "differs"
+            rep.add(shown, "wrapper", "problem",
+                    "{path} pickles the DistributedDataParallel wrapper"
+                    + (f" (saved at {line})" if line else "")
+                    + ": it loads only where a process group exists, not in the project's own scripts"
+                    + (f" ({_error(rb)})" if rb["load"] == "failed" else ""),
+                    "save the model itself, as the original did: `model.module` (or `model.module.state_dict()`) "
+                    "instead of the DDP-wrapped `model`", None)
+            continue
+        if ra["load"] != "failed" and rb["load"] == "failed":
+            e["status"] = "differs"
+            rep.add(shown, "load", "problem",
+                    "{path} does not load in a fresh Python without a process group, where the original's does"
+                    + (f" (saved at {line})" if line else "") + f": {_error(rb)}",
+                    "save what the original saved (plain tensors or state_dicts, no distributed objects)", None)
+            continue
+        if ra["load"] == "default" and rb["load"] == "full":
+            e["status"] = "differs"
+            rep.add(shown, "load", "problem",
+                    "{path} needs torch.load(weights_only=False), the original's loads with torch.load's defaults"
+                    + (f" (saved at {line})" if line else "") + f": {_error(rb, 'default')}",
+                    "save tensors and state_dicts as the original did, not whole objects", None)
+            continue
+        if ra["load"] == "failed":
+            e["status"] = "not compared"
+            rep.not_compared.setdefault(f"the original's does not load in a fresh Python either: {_error(ra)}", []).append(shown)
+            continue
+        if "structure" not in ra or "structure" not in rb:
+            e["status"] = "not compared"
+            rep.not_compared.setdefault("its structure could not be read", []).append(shown)
+            continue
+        e["compared"] = "keys, shapes and dtypes" + (" (loaded with weights_only=False, as the original's must be)"
+                                                     if ra["load"] == "full" else "")
+        diffs = compare_structure(decode(ra["structure"]), decode(rb["structure"]))
+        _structure_findings(rep, e, shown, diffs, dp_in_original, world, ranks, line)
+        if parity.get(i) and e["status"] == "equal":
+            env = loaded.get("envelope", {}).get(str(envelope.where[a]), {})
+            _values(rep, e, shown, ra.get("flat"), rb.get("flat"), env.get("flat"), line)
+
+
+def _error(r: Dict[str, Any], mode: Optional[str] = None) -> str:
+    errors = r.get("errors") or {}
+    text = errors.get(mode) if mode else (errors.get("full") or errors.get("default") or errors.get("loader"))
+    return strip_ansi(text or "it fails to load")
+
+
+def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, line) -> None:
+    share = _batch_share(diffs, world)
+    if share is not None:
+        entry["status"] = "share"
+        who = f"rank {min(ranks)}'s" if len(ranks) == 1 else "one rank's"
+        o, m = share
+        rep.share(shown, f"{{path}}: the saved tensor is {who} share of a batch, not the whole batch "
+                         f"(shape {m} in the migration, {o} in the original: 1/{world} of dimension 0); "
+                         "under DDP each rank holds its part of the global batch; gather it "
+                         "(`dist.all_gather`) before saving if the whole batch is wanted")
+        return
+    for d in diffs:
+        entry["status"] = "differs"
+        _structure_difference(rep, shown, d, line, "checkpoint", dp_in_original)
+
+
+def _values(rep, entry, shown, fa, fb, fe, line) -> None:
+    """The tensors of both checkpoints (saved at the same step) against the envelope's: each
+    may differ by ENVELOPE_FACTOR times what float noise alone made of it, or VALUE_FLOOR."""
+    if not (fa and fb and fe):
+        return
+    try:
+        import torch
+
+        ta = torch.load(fa, weights_only=True)
+        tb = torch.load(fb, weights_only=True)
+        te = torch.load(fe, weights_only=True)
+    except Exception:  # noqa: BLE001
+        return
+    norm = re.compile(r"(^|/)module\.")
+    tb = {norm.sub(r"\1", k): v for k, v in tb.items()}
+    ta = {norm.sub(r"\1", k): v for k, v in ta.items()}
+    te = {norm.sub(r"\1", k): v for k, v in te.items()}
+    worst, where = 0.0, None
+    for k, x in ta.items():
+        y, z = tb.get(k), te.get(k)
+        if y is None or z is None or x.shape != y.shape or x.shape != z.shape or not x.is_floating_point():
+            continue
+        dm, de = _reldiff(x, y, torch), _reldiff(x, z, torch)
+        allowed = max(VALUE_FLOOR, ENVELOPE_FACTOR * de)
+        ratio = dm / allowed
+        if ratio > worst:
+            worst, where = ratio, (k, dm, de)
+    entry["compared"] += ", values"
+    entry["values"] = {"worst_ratio": worst, "tensor": where[0] if where else None,
+                       "difference": where[1] if where else 0.0, "envelope": where[2] if where else 0.0}
+    if worst > 1 and where:
+        entry["status"] = "differs"
+        k, dm, de = where
+        rep.add(shown, "values", "problem",
+                f"{{path}}: its values differ beyond float noise ({k}: relative difference {dm:.3g}, the noise "
+                f"envelope's {de:.3g}, {ENVELOPE_FACTOR:g}x allowed)",
+                "the migration saves a different state at the same step: save after the same step, from the "
+                "synchronised model (`model.module`)", line)
+
+
+def _reldiff(x, y, torch) -> float:
+    x, y = x.double(), y.double()
+    num = float(torch.linalg.vector_norm(x - y))
+    den = max(float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(y)), 1e-30)
+    return num / den if math.isfinite(num) else math.inf
 
 
 def _batch_share(diffs: List[Dict[str, Any]], world: int) -> Optional[Tuple[List[int], List[int]]]:
@@ -612,28 +1083,17 @@ def _batch_share(diffs: List[Dict[str, Any]], world: int) -> Optional[Tuple[List
     return o, m
 
 
-def _checkpoint_difference(rep: _Report, shown: str, d: Dict[str, Any], dp_in_original: bool) -> None:
+def _structure_difference(rep: _Report, shown: str, d: Dict[str, Any], line: Optional[str], what_file: str = "checkpoint",
+                          dp_in_original: bool = True) -> None:
+    from dp2ddp.verify.advice import module_prefix
+
     where = _key_path(d["path"])
     keys_of = f"the keys under {where}" if where else "its keys"
     at = f"{where} " if where else "the saved object "
     what = d["what"]
     if what == "prefix":
-        p, how = d["prefix"], d["how"]
-        keys = ", ".join(map(str, d["keys"][:3]))
-        msg = f"{{path}}: {keys_of} {how} the `{p}` prefix ({keys}{', ...' if d['count'] > 3 else ''}; {d['count']} keys)"
-        if how == "gained" and p == "module." and not dp_in_original:
-            rep.add(shown, "module_prefix", "warning",
-                    msg + "; the original ran without DataParallel here, so its keys have none",
-                    "DataParallel adds the same `module.` where the original wraps the model (on GPUs), so the formats "
-                    "agree there; to save the same keys on every device, save `model.module.state_dict()`")
-        elif how == "gained":
-            rep.add(shown, "module_prefix", "problem", msg,
-                    "the checkpoint now holds the DDP wrapper's state_dict: save `model.module.state_dict()` "
-                    "so that it loads into the bare model as before")
-        else:
-            rep.add(shown, "module_prefix", "problem", msg,
-                    "code that loads these checkpoints into a DataParallel model expects the prefix: save the DDP "
-                    "model's `model.state_dict()` to keep it, or update the loading code (strip or add `module.`)")
+        severity, message, advice = module_prefix(d, keys_of, dp_in_original)
+        rep.add(shown, "module_prefix", severity, message, advice, line)
         return
     if what == "keys":
         parts = []
@@ -643,21 +1103,21 @@ def _checkpoint_difference(rep: _Report, shown: str, d: Dict[str, Any], dp_in_or
             parts.append("only in the migration: " + ", ".join(map(str, d["only_migrated"][:MAX_LISTED])))
         rep.add(shown, "keys", "problem", f"{{path}}: {keys_of} differ ({'; '.join(parts)})",
                 "the migration saves a different object (the wrapper instead of the model, a dropped optimizer "
-                "or scheduler state): save what the original saved")
+                "or scheduler state): save what the original saved", line)
     elif what in ("shape", "length"):
         rep.add(shown, what, "problem",
                 f"{{path}}: {at}has {what} {d['original']} in the original, {d['migrated']} in the migration",
-                "a size that depends on the world size or on the per-process batch ends up in the checkpoint: "
-                "derive it from the global values")
+                "a size that depends on the world size or on the per-process batch ends up in the "
+                f"{what_file}: derive it from the global values", line)
     elif what == "dtype":
         rep.add(shown, "dtype", "problem",
                 f"{{path}}: {at}is {d['original']} in the original, {d['migrated']} in the migration",
                 "the migration changes the precision of what it saves (autocast, .half() or a default dtype set on "
-                "some path): save in the original's dtype")
+                "some path): save in the original's dtype", line)
     else:
         rep.add(shown, "type", "problem",
                 f"{{path}}: {at}is {d['original']} in the original, {d['migrated']} in the migration",
-                "the migration saves a different kind of object there: save what the original saved")
+                "the migration saves a different kind of object there: save what the original saved", line)
 
 
 def summary_line(files: List[Dict[str, Any]], differences: List[Dict[str, Any]]) -> str:
@@ -671,7 +1131,9 @@ def summary_line(files: List[Dict[str, Any]], differences: List[Dict[str, Any]])
     def shown(f: Dict[str, Any]) -> str:
         if f["status"] == "share":
             return f["path"] + " (a rank's share of the batch: see notes)"
-        return f["path"] + (" (keys, shapes, dtypes)" if f.get("compared") else "")
+        if f["status"] == "not compared":
+            return f["path"] + " (not compared)"
+        return f["path"] + (f" ({f['compared']})" if f.get("compared") else "")
 
     if not differences:
         names = [shown(f) for f in files]

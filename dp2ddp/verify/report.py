@@ -53,10 +53,17 @@ def summary(report: Dict[str, Any]) -> list:
     ]
     sp = report.get("speed")
     if sp:
-        req = "not judged: --min-speedup 0" if not report["min_speedup"] else f"required {report['min_speedup']:g}"
+        judgement = sp.get("judgement") or ""
+        req = f"required {report['min_speedup']:g}"
+        if not report["min_speedup"]:
+            req = "not judged: --min-speedup 0" if judgement.startswith("ignored") else f"not judged ({judgement})"
         lines.append(("speed-up", f"{speed.describe(sp)}; {req}"))
     else:
         lines.append(("speed-up", f"{_fmt(report['speedup'], '.2f')} (required {report['min_speedup']:g})"))
+    from dp2ddp.verify import partition
+
+    for loader in (report.get("data") or {}).get("loaders") or []:
+        lines.append(("data", partition.summary(loader)))
     if report.get("outputs"):
         lines.append(("outputs", report["outputs"]["summary"]))
     return lines
@@ -140,6 +147,11 @@ def caption(report: Dict[str, Any], width: int = 150) -> str:
         parts.append("threads: " + speed.describe_threads(report["threads"]))
     if report.get("speed"):
         parts.append("speed-up: " + speed.describe(report["speed"]))
+    own = [p for p in report.get("problems", []) if not p.startswith(("outputs:", "  "))]
+    for p in own[:4]:  # the losses, the data, crashes: each with its line where the probe knew it
+        parts.append(f"problem: {p}")
+    if len(own) > 4:
+        parts.append(f"... and {len(own) - 4} more problems (see the JSON report)")
     outs = report.get("outputs")
     if outs:
         parts.append("outputs: " + outs["summary"])

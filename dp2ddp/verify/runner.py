@@ -35,6 +35,9 @@ class RunSpec:
     nproc: int = 1
     nnodes: int = 1
     env: Dict[str, str] = field(default_factory=dict)
+    pythonpath: List[str] = field(default_factory=list)  # after the probe's folder: the project's copy, ...
+    extend: int = 0  # run on past --steps, up to this many steps, until the training loader's second epoch
+    chunks: int = 0  # the noise-envelope run: DataParallel splits each batch into this many chunks
 
 
 @dataclass
@@ -49,6 +52,11 @@ class Rank:
     stack: str = ""
     fatal: str = ""
     writes: List[str] = field(default_factory=list)  # absolute paths it opened for writing
+    write_sites: Dict[str, list] = field(default_factory=dict)  # path -> [file, line] of the user's code that wrote it
+    write_steps: Dict[str, int] = field(default_factory=dict)  # path -> primary step of its last write
+    osteps: List[dict] = field(default_factory=list)  # steps of the other optimizers (a GAN's generator)
+    passes: List[dict] = field(default_factory=list)  # every DataLoader pass: the indices it served
+    evidence: List[dict] = field(default_factory=list)  # how far the run went for the data evidence
 
 
 @dataclass
@@ -62,6 +70,7 @@ class RunResult:
     hang_after_s: float = 0.0
     interrupted: bool = False
     command: List[str] = field(default_factory=list)
+    root: Optional[Path] = None  # the run's copy of the project (sites are shown relative to it)
 
     @property
     def steps(self) -> int:
@@ -119,8 +128,9 @@ def _commands(spec: RunSpec) -> List[List[str]]:
 def _env(spec: RunSpec) -> Dict[str, str]:
     env = dict(os.environ)
     env.update(spec.env)
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = PROBE_DIR + (os.pathsep + old if old else "")
+    old = [p for p in (env.get("PYTHONPATH") or "").split(os.pathsep) if p]
+    extra = [p for p in spec.pythonpath if p not in old]
+    env["PYTHONPATH"] = os.pathsep.join([PROBE_DIR, *old, *extra])
     env.update(
         {
             procs.TAG_VAR: spec.tag,
@@ -129,6 +139,8 @@ def _env(spec: RunSpec) -> Dict[str, str]:
             "DP2DDP_VERIFY_STEPS": str(spec.steps),
             "DP2DDP_VERIFY_SEED": str(spec.seed),
             "DP2DDP_VERIFY_SAMPLERS": json.dumps(spec.samplers, separators=(",", ":")),
+            "DP2DDP_VERIFY_EXTEND": str(spec.extend),
+            "DP2DDP_VERIFY_CHUNKS": str(spec.chunks),
             "PYTHONHASHSEED": str(spec.seed),
             "PYTHONUNBUFFERED": "1",
         }
@@ -174,6 +186,7 @@ class _Reader:
                 if ev == "start":
                     if r.start is not None:  # a restarted worker: start over
                         r.steps, r.samplers, r.end, r.error, r.writes = [], [], None, None, []
+                        r.osteps, r.passes, r.evidence = [], [], []
                     r.start, r.pid = rec, rec.get("pid")
                 elif ev == "step":
                     r.steps.append(rec)
@@ -183,8 +196,16 @@ class _Reader:
                     r.end = rec
                 elif ev == "error":
                     r.error = rec
+                elif ev == "ostep":
+                    r.osteps.append(rec)
+                elif ev == "pass":
+                    r.passes.append(rec)
+                elif ev == "evidence":
+                    r.evidence.append(rec)
                 elif ev == "writes":
                     r.writes = list(rec.get("paths") or [])
+                    r.write_sites = dict(rec.get("sites") or {})
+                    r.write_steps = dict(rec.get("steps") or {})
         if progressed:
             self.last_event = time.monotonic()
         return progressed

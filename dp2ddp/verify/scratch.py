@@ -1,30 +1,81 @@
-"""Scratch directories: each run works in a mirror of the script's folder, so relative
-inputs resolve while everything the script writes stays out of the user's folder."""
+"""Scratch folders: each run works in a mirror of the user's project, so imports from the
+project root and relative inputs resolve as in the user's own launch, while everything the
+script writes stays out of the user's tree.
+
+The mirror of the project root holds real folders along the way to the script's folder and
+to the folder the run starts in; the script's folder is copied (small files; large ones
+and tool folders linked), every other entry is a symbolic link to the user's file or
+folder. Nothing of the user's is ever written through those links: the probe's guard (in
+every process of a run) replaces a link by a copy of what it points to before anything
+writes through it, and refuses writes into the project itself; after the run,
+:meth:`Mirror.modified` checks every linked file and folder as a last line of defence.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 COPY_MAX = 1 << 20  # files up to 1 MiB are copied; larger ones (data) are linked
 BUDGET = 2000  # entries mirrored one by one before whole folders are linked
-NO_DESCEND = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "node_modules", ".tox", ".mypy_cache"}
+NO_DESCEND = {".git", ".hg", ".svn", ".venv", "venv", "node_modules", ".tox", ".mypy_cache"}
+NEVER = {"__pycache__"}  # bytecode caches are not mirrored: each run writes its own
+MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+
+
+def project_root(script: Path, given: Optional[Path] = None) -> Path:
+    """The folder the project lives in: ``given``, else the nearest folder above the script
+    that holds pyproject.toml, setup.py, setup.cfg or .git, else the script's folder."""
+    if given is not None:
+        return given.resolve()
+    folder = script.resolve().parent
+    for d in (folder, *folder.parents):
+        if any((d / m).exists() for m in MARKERS):
+            return d
+    return folder
+
+
+def run_cwd(root: Path, script: Path, cwd: Path) -> Path:
+    """Where the runs start, as in the user's tree: the folder verify was started from when
+    it lies in the project (the user launches ``python scripts/train.py`` from there), else
+    the script's folder."""
+    cwd = cwd.resolve()
+    return cwd if cwd == root or root in cwd.parents else script.resolve().parent
+
+
+@dataclass
+class Place:
+    """One run's copy of the project."""
+
+    root: Path  # the mirror of the project root
+    script: Path  # the script inside it
+    cwd: Path  # where the run starts
+
+    def mirrored(self, user_root: Path, path: Path) -> Path:
+        """The mirror's counterpart of a path in the user's project."""
+        return self.root / path.relative_to(user_root)
 
 
 class Mirror:
     def __init__(self) -> None:
         self.budget = BUDGET
-        self.linked: List[Tuple[Path, float, int]] = []  # (target, mtime, size) of linked files
+        self.linked: Dict[Path, Tuple[int, int, int]] = {}  # target -> (mtime_ns, size, ctime_ns)
 
     def link(self, src: Path, dst: Path) -> None:
         os.symlink(src, dst)
-        if src.is_file():
-            st = src.stat()
-            self.linked.append((src, st.st_mtime, st.st_size))
+        if src not in self.linked:
+            try:
+                st = src.stat()
+            except OSError:
+                return
+            self.linked[src] = (st.st_mtime_ns, st.st_size, st.st_ctime_ns)
 
     def mirror(self, src: Path, dst: Path, avoid: Path) -> None:
+        """Copy the folder ``src`` (small files; larger ones, tool folders and whatever lies
+        beyond the budget linked) into ``dst``."""
         dst.mkdir(parents=True, exist_ok=True)
         try:
             entries = sorted(os.scandir(src), key=lambda e: e.name)
@@ -32,8 +83,10 @@ class Mirror:
             return
         for e in entries:
             s, d = Path(e.path), dst / e.name
+            if e.name in NEVER:
+                continue
             try:
-                if s.resolve() == avoid or avoid.is_relative_to(s.resolve()):
+                if _avoided(s, avoid):
                     continue  # never mirror the scratch folder into itself
                 self.budget -= 1
                 if e.is_dir():
@@ -42,34 +95,111 @@ class Mirror:
                     else:
                         self.mirror(s, d, avoid)
                 elif e.is_file():
-                    if e.stat().st_size <= COPY_MAX and self.budget > 0:
+                    if e.stat().st_size <= COPY_MAX and self.budget > 0 and not e.is_symlink():
                         shutil.copy2(s, d)
                     else:
                         self.link(s.resolve(), d)
             except OSError:
                 continue
 
-    def modified(self) -> List[str]:
-        """Linked files the run changed in place (it should not have)."""
+    def chain(self, src: Path, dst: Path, rel: Path, ways: Sequence[Path], full: Path, avoid: Path) -> None:
+        """Mirror the project folder ``src`` (``rel`` inside the project): real folders along
+        ``ways`` (the folders the run needs to be real; small files of the last of them, where
+        the run starts, copied), ``full`` copied, the rest linked."""
+        if rel == full:
+            self.mirror(src, dst, avoid)
+            return
+        dst.mkdir(parents=True, exist_ok=True)
+        try:
+            entries = sorted(os.scandir(src), key=lambda e: e.name)
+        except OSError:
+            return
+        for e in entries:
+            s, d, r = Path(e.path), dst / e.name, rel / e.name
+            if e.name in NEVER:
+                continue
+            try:
+                if _avoided(s, avoid):
+                    continue
+                if e.is_dir() and any(r == w or r in w.parents for w in ways):
+                    self.chain(s, d, r, ways, full, avoid)
+                elif rel == ways[-1] and e.is_file() and not e.is_symlink() and e.stat().st_size <= COPY_MAX:
+                    self.budget -= 1
+                    if self.budget > 0:
+                        shutil.copy2(s, d)
+                    else:
+                        self.link(s.resolve(), d)
+                else:
+                    self.link(s.resolve(), d)
+            except OSError:
+                continue
+
+    def modified(self, folders: bool = False) -> List[str]:
+        """Linked files the runs changed (the guard should have kept them from it); with
+        ``folders``, linked folders whose entries changed instead (by the runs, or by you
+        working in the project meanwhile: an editor saving a file)."""
         out = []
-        for p, mtime, size in self.linked:
+        for p, (mtime, size, ctime) in self.linked.items():
             try:
                 st = p.stat()
+                is_dir = p.is_dir()
             except OSError:
-                out.append(str(p))
+                if not folders:
+                    out.append(str(p))
                 continue
-            if st.st_mtime != mtime or st.st_size != size:
+            if is_dir != folders:
+                continue
+            if is_dir:
+                if st.st_mtime_ns != mtime:  # an entry added or removed
+                    out.append(str(p) + os.sep)
+            elif (st.st_mtime_ns, st.st_size, st.st_ctime_ns) != (mtime, size, ctime):
                 out.append(str(p))
         return out
 
 
-def prepare(script: Path, dest: Path, content: Optional[bytes] = None, mirror: Optional[Mirror] = None) -> Path:
-    """Mirror ``script``'s folder into ``dest`` and place the script (or ``content``) there."""
+def _avoided(path: Path, avoid: Path) -> bool:
+    r = path.resolve()
+    return r == avoid or avoid.is_relative_to(r)
+
+
+def prepare(script: Path, dest: Path, content: Optional[bytes] = None, mirror: Optional[Mirror] = None,
+            root: Optional[Path] = None, cwd: Optional[Path] = None, at: Optional[Path] = None) -> Place:
+    """Mirror the project ``root`` (default: the script's folder) into ``dest`` and place the
+    script (or ``content``) at ``at`` (a path relative to the root; default: where it is).
+    ``cwd``: the folder in the user's project the run starts in (default: the script's)."""
     mirror = mirror or Mirror()
-    mirror.budget = BUDGET  # per folder: every run's mirror is made the same way
-    mirror.mirror(script.parent, dest, dest.resolve())
-    target = dest / script.name
+    mirror.budget = BUDGET  # per run: every run's mirror is made the same way
+    script = script.resolve()
+    root = (root or script.parent).resolve()
+    rel = at if at is not None else script.relative_to(root)
+    start = (cwd or script.parent).resolve()
+    rel_cwd = start.relative_to(root) if start == root or root in start.parents else rel.parent
+    ways = [rel.parent, rel_cwd]
+    dest.mkdir(parents=True, exist_ok=True)
+    mirror.chain(root, dest, Path("."), ways, rel.parent, dest.resolve())
+    target = dest / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.parent.resolve().is_relative_to(dest.resolve()):
+        raise OSError(f"{target.parent}: not a folder of the scratch copy")
     if target.is_symlink() or target.exists():
         target.unlink()
     target.write_bytes(content if content is not None else script.read_bytes())
-    return target
+    run_dir = dest / rel_cwd
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Place(root=dest, script=target, cwd=run_dir)
+
+
+def remap(args: Sequence[str], user_root: Path, mirror_root: Path) -> List[str]:
+    """The script's arguments with absolute (or ``~``) paths into the user's project pointed at
+    the run's copy of it instead (as plain arguments or as ``--opt=value``)."""
+    out = []
+    root = str(user_root)
+    for a in args:
+        head, sep, v = a.partition("=") if a.startswith("-") and "=" in a else ("", "", a)
+        p = os.path.expanduser(v) if v.startswith("~") else v
+        if os.path.isabs(p):
+            norm = os.path.normpath(p)
+            if norm == root or norm.startswith(root + os.sep):
+                v = str(mirror_root / os.path.relpath(norm, root))
+        out.append(head + sep + v)
+    return out

@@ -3,32 +3,49 @@
 It never edits the user's code. It:
 
 * seeds ``random``, NumPy and torch identically in every run;
-* records each optimizer step (the loss that was back-propagated, the samples of the
-  loader that fed it, a timestamp) as one JSON line in
-  ``$DP2DDP_VERIFY_OUT/<role>-rank<R>.jsonl``; those lines are also the heartbeat verify's
-  hang detection watches;
-* in the original run, replaces the order of ``RandomSampler`` by the order of
-  ``DistributedSampler(num_replicas=1, seed=S)`` at the epochs the migrated run's sampler
-  was iterated with (``$DP2DDP_VERIFY_SAMPLERS``), which is the order of the union of the
-  migrated ranks' batches;
-* stops the run after K optimizer steps (``SystemExit(0)`` from the step hook, so the
-  script's own ``finally``/``atexit`` clean-up still runs);
+* records each optimizer step of every optimizer the script creates (the loss that was
+  back-propagated since the previous step, the learning rate, the samples of the loader
+  that fed it, a timestamp) as one JSON line in ``$DP2DDP_VERIFY_OUT/<role>-rank<R>.jsonl``;
+  the steps of the *primary* optimizer (the first to step, or one created after it
+  stopped stepping: a new optimizer per fold) are the run's steps, and also the heartbeat
+  verify's hang detection watches;
+* records which dataset indices every DataLoader pass served (the indices its index
+  sampler hands out, whatever the sharding: ``DistributedSampler``, dp2ddp's
+  ``ShardedBatches``, a custom sampler or none), as a bitset per pass: verify proves the
+  data partition from it;
+* in the original run, makes the order of samples the migrated run's: a shuffling
+  ``RandomSampler`` follows the migrated ``DistributedSampler``'s order
+  (``DistributedSampler(num_replicas=1, seed=S)`` at the migrated epochs), and a loader the
+  migration shards with ``ShardedBatches`` iterates its batch sampler under the same
+  seeding (``seed + epoch``, the global random streams left untouched)
+  (``$DP2DDP_VERIFY_SAMPLERS``);
+* stops the run after K primary steps (``SystemExit(0)`` from the step hook, so the
+  script's own ``finally``/``atexit`` clean-up still runs), or, in the run that collects
+  the data evidence, once the training loader has begun its second epoch (bounded);
+* with ``$DP2DDP_VERIFY_CHUNKS=W`` (the noise-envelope run of the original): DataParallel
+  splits each batch into W chunks as it scatters over W devices, so the gradients are sums
+  over chunks (DDP's reduction order without DDP); without DataParallel, each gradient is
+  perturbed by one rounding (relative ``eps`` of its dtype) at every step;
 * at exit, hashes the parameters the optimizers update;
 * dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks;
-* notes the files the process opens for writing (an audit hook on ``open`` and
-  ``os.rename``, and ``torch.save``, whose C++ writer Python does not see) and reports
-  them at exit, so verify can tell which ranks wrote a file.
+* notes the files the process opens for writing, with the line of the user's code that
+  opened or saved them (an audit hook on ``open``/``os.rename`` and a ``torch.save``
+  wrapper, since ``torch.save`` writes a path from C++);
+* guards the user's files: before anything writes through one of the links the scratch
+  folder holds to the user's files (a large input, a linked folder), the link is replaced
+  by a copy of what it points to (copy on write), and a write into the user's project
+  itself is refused (``$DP2DDP_VERIFY_MIRROR``, ``$DP2DDP_VERIFY_PROJECT``). That guard also
+  runs in every child process (DataLoader workers, subprocesses).
 
 Everything here is standard library until torch is imported by the script itself.
 
-Per step the probe runs three hooks (backward, DataLoader ``__next__``, optimizer step);
-they only append plain values and add to one small dict (samples per loader): no
-syscalls (a fork handler replaces the pid check), no JSON and no writes, which the flush
-thread does (benchmarks/bench_probe.py measures what is left). The audit hook costs
-nothing unless the step itself raises audit events (a DataLoader with workers raises ~16
-a batch: unpickling, sockets; each a call, a compare and a return, ~0.6 us measured here).
+Per step the probe runs four small hooks (backward, DataLoader ``__next__`` and
+``_next_index``, optimizer step); they only append plain values: no syscalls, no JSON and no
+writes, which the flush thread does (benchmarks/bench_probe.py measures what is left). The
+audit hook costs one dict lookup per audit event.
 """
 
+import array
 import atexit
 import collections
 import faulthandler
@@ -36,16 +53,24 @@ import functools
 import json
 import os
 import random
+import shutil
 import signal
+import stat
 import sys
 import threading
 import time
 import traceback
 
 _S = None  # the probe state, once activated
+_G = None  # the write guard, in every process of a verify run
 
 
 FLUSH_S = 0.2  # longest a step record waits in the buffer
+HEAD = 64  # indices kept from the start of each pass (order evidence)
+EVIDENCE_PASSES = 3  # passes per loader whose bitset is recorded
+EVIDENCE_BYTES = 8 << 20  # bitsets recorded per process at most
+EVIDENCE_MAX_N = 1 << 28  # larger index spaces: counts only
+FOLD = 1 << 22  # indices buffered before they are folded into the pass's bitset
 
 
 class _State:
@@ -58,28 +83,38 @@ class _State:
         self.world = int(env.get("WORLD_SIZE", "1"))
         self.local_rank = int(env.get("LOCAL_RANK", "0"))
         self.limit = int(env.get("DP2DDP_VERIFY_STEPS", "0") or 0)
+        self.extend = int(env.get("DP2DDP_VERIFY_EXTEND", "0") or 0)  # at most this many steps for the evidence
+        self.stop_at = self.limit
+        self.chunks = int(env.get("DP2DDP_VERIFY_CHUNKS", "0") or 0)
+        self.chunked = False  # the envelope run: DataParallel split a batch into chunks
         self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
         self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
-        self.claimed = set()  # indices of the plans RandomSamplers have taken
+        self.claimed = set()  # indices of the plans samplers have taken
+        self.aligning = False  # inside an aligned batch sampler: RandomSampler runs as it is
         base = os.path.join(self.out, "%s-rank%d" % (role, self.rank))
         self.fd = os.open(base + ".jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.buf = collections.deque()  # records not yet written: dicts, or _step_line tuples
         self.stack_file = open(base + ".stack", "w")
         self.fatal_file = open(base + ".fatal", "w")
-        self.step = 0
+        self.step = 0  # steps of the primary optimizer
+        self.clock = 0  # steps of every optimizer
         self.losses = []  # losses back-propagated since the last step: floats (CPU) or device tensors
         self.fetched = {}  # samples fetched since the last step, per loader (id of its index sampler)
         self.last = None  # the loader of the most recent training batch
         self.fed = None  # the loader of the most recent batch when the step's last backward ran
+        self.trained = []  # loaders that fed a primary step, in the order of their first
         self.pending = []  # (step tuple without loss, pinned host tensor, event) waiting for the device
-        self.primary = None  # id of the optimizer whose steps are counted
-        self.primary_ref = None  # weak reference to it: the fast path of _on_step
-        self.optimizers = []  # weak references
-        self.kept_params = []  # the parameters of each, as seen at its first step
+        self.opts = {}  # id(optimizer) -> _Opt (an id freed and reused is a new optimizer)
+        self.all_opts = []  # every _Opt, in the order of creation
+        self.primary = None  # the _Opt whose steps are counted
         self.modules = set()  # kinds of modules seen in the first step's forward
         self.forward_hook = None
         self.finished = False
-        self.writes = set()  # absolute paths opened for writing (or renamed into place)
+        self.passes = {}  # loader key -> its current _Pass
+        self.npasses = {}  # loader key -> passes begun
+        self.evidence = 0  # bitset bytes recorded so far
+        self.kept = []  # (weak reference, parameters) of every optimizer that stepped, for the digest
+        self.writes = {}  # absolute path -> [site, primary step of the last write]
         self.lock = threading.Lock()  # serialises writes (main thread and flush thread)
 
     def emit(self, rec):
@@ -101,17 +136,35 @@ class _State:
                 os.write(self.fd, ("\n".join(lines) + "\n").encode())
 
 
-def _step_line(i, t, samples, nbw, loss, modules):
+class _Opt:
+    """An optimizer the script created: its index (creation order, the same in both runs),
+    when it was created and last stepped (on the clock of all optimizer steps), and where."""
+
+    __slots__ = ("index", "born", "last", "ref", "site", "kind", "steps")
+
+    def __init__(self, opt, index, born, site):
+        import weakref
+
+        self.index, self.born, self.last, self.site = index, born, -1, site
+        self.ref = weakref.ref(opt)
+        self.kind = type(opt).__name__
+        self.steps = 0
+
+
+def _step_line(i, t, samples, nbw, loss, modules, o=0, lr=None, ev="step"):
     """One step's JSON line, formatted directly (json.dumps costs about 3x more, in the flush
     thread, which shares the GIL with the training loop)."""
     if modules is not None:  # the first step only
-        rec = {"ev": "step", "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "loss": loss}
+        rec = {"ev": ev, "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "o": o, "lr": lr, "loss": loss}
         return json.dumps(rec, separators=(",", ":"))
-    if loss is None:
-        text = "null"
-    else:
-        text = repr(loss) if loss - loss == 0 else json.dumps(loss)  # NaN, Infinity as json writes them
-    return '{"ev":"step","i":%d,"t":%r,"samples":%d,"nbw":%d,"loss":%s}' % (i, t, samples, nbw, text)
+    return '{"ev":"%s","i":%d,"t":%r,"samples":%d,"nbw":%d,"o":%d,"lr":%s,"loss":%s}' % (
+        ev, i, t, samples, nbw, o, _num(lr), _num(loss))
+
+
+def _num(x):
+    if x is None:
+        return "null"
+    return repr(x) if x - x == 0 else json.dumps(x)  # NaN, Infinity as json writes them
 
 
 def _flusher():
@@ -134,6 +187,7 @@ def activate(role):
     global _S
     if _S is not None:
         return
+    guard()
     os.environ["DP2DDP_VERIFY_ACTIVE"] = str(os.getpid())
     _S = _State(role)
     os.register_at_fork(after_in_child=_forked)
@@ -151,52 +205,260 @@ def activate(role):
             "world": _S.world,
             "local_rank": _S.local_rank,
             "argv": list(sys.argv),
+            "cwd": os.getcwd(),
         }
     )
     _install_excepthook()
-    sys.addaudithook(_audit)
+    _install_audit()
     atexit.register(_settle)  # atexit runs last-in first-out: this one after _finish
     atexit.register(_report_writes)  # after the script's own atexit handlers and _finish
     atexit.register(_finish, "exit")
     sys.meta_path.insert(0, _PostImport({"torch": _on_torch, "numpy": _on_numpy}))
 
 
-# --------------------------------------------------------------------------- writes
+# --------------------------------------------------------------------------- sites
+
+_SKIP_FILES = ()
+
+
+def _skip_files():
+    global _SKIP_FILES
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    skip = {os.path.dirname(os.path.abspath(__file__)) + os.sep}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            skip.add(os.path.realpath(paths[key]) + os.sep)
+            skip.add(os.path.abspath(paths[key]) + os.sep)
+    for p in sys.path:  # site-packages of a venv on another prefix
+        if p.endswith("site-packages") or p.endswith("dist-packages"):
+            skip.add(os.path.abspath(p) + os.sep)
+    _SKIP_FILES = tuple(sorted(skip)) + ("<",)
+    return _SKIP_FILES
+
+
+def _site(depth=2):
+    """[file, line] of the innermost frame in the user's code (not the standard library,
+    installed packages or this probe) calling us, or None."""
+    skip = _SKIP_FILES or _skip_files()
+    try:
+        f = sys._getframe(depth)
+    except ValueError:
+        return None
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(skip):
+            return [os.path.abspath(name), f.f_lineno]
+        f = f.f_back
+    return None
+
+
+# --------------------------------------------------------------------------- the guard
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 MAX_WRITES = 5000
 
 
-def _audit(event, args):
-    """Audit hook: files opened for writing (``open``: builtins/io open with a mode string,
-    ``os.open`` with flags) and renamed into place (``os.rename``/``os.replace``: atomic
-    writes). Every other event returns at the first compare."""
-    if event == "open":
-        s = _S
-        if s is None or not s.on:
-            return
-        path, mode, flags = args
-        if mode is None:
-            if not flags & _WRITE_FLAGS:
+class _Guard:
+    """Keeps the user's files as they are. The scratch folder (``mirror``) mirrors the
+    user's project with links to what it did not copy (large inputs, big or tool folders):
+    before a write through such a link, the link becomes a copy of its target (a folder:
+    a real folder whose entries link on). A write into the project itself (a hard-coded
+    absolute path) is refused with PermissionError; Python's bytecode cache skips such a
+    write silently."""
+
+    def __init__(self, mirror, project, lock, scratch=""):
+        self.mirror = mirror.rstrip(os.sep)
+        self.scratch = (scratch or mirror).rstrip(os.sep) + os.sep
+        self.project = project.rstrip(os.sep) if project else ""
+        self.lock = lock
+        self.env = tuple({os.path.realpath(sys.prefix) + os.sep, os.path.abspath(sys.prefix) + os.sep})
+        self.blocked = []
+
+    def inside(self, p):
+        return p.startswith(self.mirror + os.sep)
+
+    def check(self, path, final, keep=True):
+        """Before a write of ``path``: own every link on the way (``final``: the last
+        component too; ``keep``: copy its content, else just drop the link)."""
+        try:
+            if isinstance(path, int):
                 return
-        elif not isinstance(mode, str) or not ("w" in mode or "a" in mode or "x" in mode or "+" in mode):
+            p = os.path.abspath(os.fsdecode(os.fspath(path)))
+        except Exception:
             return
+        if self.inside(p):
+            self._own(p, final, keep)
+        elif p.startswith(self.scratch):
+            return  # verify's own records
+        elif self.project and (p == self.project or p.startswith(self.project + os.sep)) and not p.startswith(self.env):
+            if "__pycache__" not in p:
+                self.blocked.append(p)
+            raise PermissionError(
+                "dp2ddp verify: %s is in your project, which verify never writes; the run works in a "
+                "scratch copy of it (write relative paths, or under the script's folder)" % p)
+
+    def _own(self, p, final, keep):
+        rel = p[len(self.mirror) + 1:].split(os.sep)
+        if not final:
+            rel = rel[:-1]
+        cur = self.mirror
+        for i, part in enumerate(rel):
+            if part in ("", "."):
+                continue
+            nxt = os.path.join(cur, part)
+            try:
+                st = os.lstat(nxt)
+            except OSError:
+                return  # does not exist (yet): nothing of the user's below it
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(nxt)
+                if not os.path.isabs(target):
+                    target = os.path.normpath(os.path.join(cur, target))
+                if not self.inside(target):
+                    last = i == len(rel) - 1
+                    if "__pycache__" in rel[: i + 1]:
+                        raise PermissionError("dp2ddp verify: no bytecode cache in a linked folder")
+                    self._copy(nxt, target, last and final, keep)
+            cur = nxt
+
+    def _copy(self, link, target, last, keep):
+        import fcntl
+
+        with open(self.lock, "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            try:
+                if not os.path.islink(link):
+                    return  # another process owned it meanwhile
+                tmp = "%s.dp2ddp-cow-%d" % (link, os.getpid())
+                if os.path.isdir(target) and not last:
+                    os.mkdir(tmp)
+                    for e in os.scandir(target):
+                        os.symlink(os.path.join(target, e.name), os.path.join(tmp, e.name))
+                    os.unlink(link)
+                    os.rename(tmp, link)
+                elif os.path.isdir(target):
+                    os.unlink(link)  # the folder itself is written (chmod, rmtree): a real one
+                    os.mkdir(link)
+                    for e in os.scandir(target):
+                        os.symlink(os.path.join(target, e.name), os.path.join(link, e.name))
+                elif keep and os.path.exists(target):
+                    shutil.copy2(target, tmp)
+                    os.replace(tmp, link)
+                else:
+                    os.unlink(link)  # truncated or replaced anyway: the new file starts empty
+            finally:
+                fcntl.flock(lk, fcntl.LOCK_UN)
+
+
+def guard():
+    """Install the write guard (every process of a verify run, once)."""
+    global _G
+    if _G is not None:
+        return
+    mirror = os.environ.get("DP2DDP_VERIFY_MIRROR")
+    if not mirror:
+        return
+    env = os.environ
+    lock = env.get("DP2DDP_VERIFY_LOCK") or os.path.join(mirror, ".dp2ddp-lock")
+    _G = _Guard(mirror, env.get("DP2DDP_VERIFY_PROJECT", ""), lock, env.get("DP2DDP_VERIFY_SCRATCH", ""))
+    _install_audit()
+
+
+_AUDIT = []
+
+
+def _install_audit():
+    if not _AUDIT:
+        _AUDIT.append(True)
+        sys.addaudithook(_audit)
+
+
+def _open_event(args):
+    path, mode, flags = args
+    if mode is None:
+        if not flags & _WRITE_FLAGS:
+            return
+        keep = not flags & os.O_TRUNC
+    elif not isinstance(mode, str) or not ("w" in mode or "a" in mode or "x" in mode or "+" in mode):
+        return
+    else:
+        keep = "w" not in mode
+    if isinstance(path, int):
+        return
+    g = _G
+    if g is not None:
+        g.check(path, True, keep)
+    s = _S
+    if s is not None and s.on:
         _note_write(path)
-    elif event == "os.rename":
-        s = _S
-        if s is not None and s.on:
-            _note_write(args[1])
 
 
-def _note_write(path):
+def _rename_event(args):
+    g = _G
+    if g is not None:
+        g.check(args[0], False)
+        g.check(args[1], False)
+    s = _S
+    if s is not None and s.on:
+        _note_write(args[1])
+
+
+def _parent_event(args):
+    if _G is not None:
+        _G.check(args[0], False)
+
+
+def _path_event(args):
+    if _G is not None:
+        _G.check(args[0], True)
+
+
+def _link_event(args):
+    if _G is not None:
+        _G.check(args[1], False)
+
+
+_EVENTS = {
+    "open": _open_event,
+    "os.rename": _rename_event,
+    "os.remove": _parent_event,
+    "os.rmdir": _parent_event,
+    "os.mkdir": _parent_event,
+    "os.truncate": _path_event,
+    "os.chmod": _path_event,
+    "os.chown": _path_event,
+    "os.utime": _path_event,
+    "shutil.rmtree": _path_event,
+    "sqlite3.connect": _path_event,
+    "os.symlink": _link_event,
+    "os.link": _link_event,
+}
+
+
+def _audit(event, args):
+    """Audit hook: writes about to happen (files opened for writing, renamed into place,
+    removed, ...): the guard owns the links on their way, the probe notes the files. Every
+    other event costs one dict lookup."""
+    handler = _EVENTS.get(event)
+    if handler is not None:
+        handler(args)
+
+
+def _note_write(path, step_of_save=False):
     s = _S
     if isinstance(path, int) or len(s.writes) >= MAX_WRITES:
         return
     try:
-        p = os.fsdecode(os.fspath(path))
-        s.writes.add(os.path.normpath(os.path.join(os.getcwd(), p)))
+        p = os.path.normpath(os.path.join(os.getcwd(), os.fsdecode(os.fspath(path))))
     except Exception:
-        pass
+        return
+    w = s.writes.get(p)
+    if w is None:
+        s.writes[p] = [_site(3), s.step]
+    else:
+        w[1] = s.step
 
 
 def _report_writes():
@@ -204,7 +466,9 @@ def _report_writes():
     if s is None or not s.on or not s.writes:
         return
     try:
-        s.emit({"ev": "writes", "t": time.time(), "paths": sorted(s.writes)})
+        s.emit({"ev": "writes", "t": time.time(), "paths": sorted(s.writes),
+                "sites": {p: w[0] for p, w in s.writes.items() if w[0]},
+                "steps": {p: w[1] for p, w in s.writes.items()}})
     except Exception:
         pass
 
@@ -258,20 +522,36 @@ def _on_torch(torch):
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.dropout import _DropoutNd
     from torch.nn.modules.module import register_module_forward_pre_hook
-    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
     from torch.utils.data import dataloader
 
     _S.emit({"ev": "torch", "t": time.time()})
     torch.manual_seed(_S.seed)
     register_optimizer_step_post_hook(_on_step)
 
+    real_opt_init = Optimizer.__init__
+
+    @functools.wraps(real_opt_init)
+    def opt_init(self, *args, **kwargs):
+        real_opt_init(self, *args, **kwargs)
+        s = _S
+        if s.on:
+            info = s.opts.get(id(self))
+            if info is None or info.ref() is not self:
+                _new_opt(s, self, _site())
+
+    Optimizer.__init__ = opt_init
+
     real_save = torch.save
 
     @functools.wraps(real_save)
     def save(obj, f, *args, **kwargs):
-        # torch.save writes a path through C++: the audit hook would not see it
-        if _S.on and isinstance(f, (str, bytes, os.PathLike)):
-            _note_write(f)
+        # torch.save writes a path through C++: neither the audit hook nor the guard sees it
+        if isinstance(f, (str, bytes, os.PathLike)):
+            if _G is not None:
+                _G.check(f, True, keep=False)
+            if _S.on:
+                _note_write(f)
         return real_save(obj, f, *args, **kwargs)
 
     torch.save = save
@@ -313,12 +593,67 @@ def _on_torch(torch):
 
     dataloader._BaseDataLoaderIter.__next__ = __next__
 
-    # Both runs draw a RandomSampler's order from its own pass count (DistributedSampler's
-    # order at that epoch, never the global random stream): the migration's shard_loader
-    # runs the original's RandomSampler on every rank, so its batches then are the
-    # original's at the same pass, and a DistributedSampler migration is aligned by its plans.
-    _patch_random_sampler(torch)
-    if _S.role != "original":
+    real_next_index = dataloader._BaseDataLoaderIter._next_index
+
+    @functools.wraps(real_next_index)
+    def _next_index(self):
+        # The indices the loader's index sampler hands out: what this process serves.
+        s = _S
+        try:
+            idx = real_next_index(self)
+        except StopIteration:
+            if s.on:
+                p = s.passes.get(id(self._index_sampler))
+                if p is not None and p.it is self._sampler_iter:
+                    p.close(True)
+            raise
+        if s.on:
+            p = s.passes.get(id(self._index_sampler))
+            if p is None or p.it is not self._sampler_iter:
+                p = _begin_pass(self)
+                p.first_len = len(idx) if type(idx) is list else 1
+            if type(idx) is list:
+                try:
+                    p.arr.extend(idx)
+                except (TypeError, OverflowError):
+                    p.bad = True
+            else:
+                p.add(idx)
+            p.batches += 1
+            if len(p.arr) > FOLD:
+                p.fold()
+        return idx
+
+    dataloader._BaseDataLoaderIter._next_index = _next_index
+
+    real_loader_init = dataloader.DataLoader.__init__
+
+    @functools.wraps(real_loader_init)
+    def loader_init(self, *args, **kwargs):
+        real_loader_init(self, *args, **kwargs)
+        if _S.on:
+            object.__setattr__(self, "_dp2ddp_site", _site())
+
+    dataloader.DataLoader.__init__ = loader_init
+
+    real_iter_init = dataloader._BaseDataLoaderIter.__init__
+
+    @functools.wraps(real_iter_init)
+    def iter_init(self, loader, *args, **kwargs):
+        s = _S
+        if s.on:
+            self._dp2ddp_site = loader.__dict__.get("_dp2ddp_site")
+            if s.role == "original" and "_dp2ddp_aligned" not in loader.__dict__:
+                _align_loader(loader, torch)
+        return real_iter_init(self, loader, *args, **kwargs)
+
+    dataloader._BaseDataLoaderIter.__init__ = iter_init
+
+    if _S.role == "original":
+        _patch_random_sampler(torch)
+        if _S.chunks > 1:
+            _patch_chunks(torch)
+    else:
         _patch_distributed_sampler(torch)
 
     bn = _BatchNorm
@@ -363,10 +698,171 @@ def _batch_size(batch, tensor_type, depth=0):
     return 0
 
 
+# --------------------------------------------------------------------------- data evidence
+
+
+class _Pass:
+    """One pass of a loader's index sampler in this process: the indices served (folded into
+    a bitset of the dataset's length, with a count of those served again), the first HEAD of
+    them and a CRC of their order."""
+
+    def __init__(self, it, key, k, n, length, kind, site, sharded):
+        self.it, self.key, self.k, self.n, self.length, self.kind, self.site = it, key, k, n, length, kind, site
+        self.sharded = sharded  # ShardedBatches: seed and epoch of this pass
+        self.arr = array.array("q")
+        self.head = []
+        self.crc = 0
+        self.served = 0
+        self.batches = 0
+        self.seen = None  # a torch bool tensor, once folded
+        self.dups = 0
+        self.first_len = 0  # indices in the first batch
+        self.bad = False  # indices that are not integers: counts only
+        self.iterable = False
+        self.closed = False
+
+    def add(self, idx):
+        if idx is None:
+            self.iterable = True
+            return
+        try:
+            self.arr.append(idx)
+        except (TypeError, OverflowError):
+            self.bad = True
+
+    def fold(self):
+        """Fold the buffered indices into the bitset (torch's bincount: C speed)."""
+        import zlib
+
+        import torch
+
+        arr, self.arr = self.arr, array.array("q")
+        if not arr:
+            return
+        if len(self.head) < HEAD:
+            self.head.extend(arr[: HEAD - len(self.head)])
+        self.crc = zlib.crc32(memoryview(arr).cast("B"), self.crc)
+        self.served += len(arr)
+        if self.bad:
+            return
+        t = torch.frombuffer(arr, dtype=torch.int64)
+        lo, hi = int(t.min()), int(t.max())
+        size = max(self.n or 0, hi + 1)
+        if lo < 0 or size > EVIDENCE_MAX_N:
+            self.bad = True
+            self.seen = None
+            return
+        counts = torch.bincount(t, minlength=size)
+        now = counts > 0
+        if self.seen is None:
+            self.seen = now
+        else:
+            if self.seen.numel() < size:
+                self.seen = torch.cat([self.seen, torch.zeros(size - self.seen.numel(), dtype=torch.bool)])
+            self.dups += int((self.seen[:size] & now).sum())
+            self.seen[:size] |= now
+        self.dups += int((counts - 1).clamp_(min=0).sum())
+
+    def close(self, complete):
+        if self.closed:
+            return
+        self.closed = True
+        if not complete and self.length and self.batches >= self.length and not self.iterable:
+            complete = True  # every batch was served; the loop stopped before asking for one more
+        s = _S
+        if s.passes.get(self.key) is self:
+            del s.passes[self.key]
+        try:
+            self.fold()
+            rec = {"ev": "pass", "key": self.key, "k": self.k, "complete": complete, "n": self.n,
+                   "len": self.length, "batches": self.batches, "served": self.served, "head": self.head,
+                   "crc": self.crc, "kind": self.kind, "site": self.site, "step": s.step}
+            if self.sharded:
+                rec["sharded"] = self.sharded
+            if self.iterable:
+                rec["iterable"] = True
+            if self.bad:
+                rec["unrecorded"] = True
+            elif self.seen is not None:
+                rec["unique"] = int(self.seen.sum())
+                rec["dups"] = self.dups
+                if self.k < EVIDENCE_PASSES and s.evidence < EVIDENCE_BYTES:
+                    bits = _pack(self.seen)
+                    s.evidence += len(bits)
+                    rec["bits"] = bits
+            self.seen = None
+            s.emit(rec)
+        except Exception as e:  # evidence is never worth a crash of the script
+            s.emit({"ev": "pass", "key": self.key, "k": self.k, "error": repr(e)})
+
+
+def _pack(seen):
+    """A bool tensor as base64 of the zlib-compressed bitset (bit i of byte i // 8, LSB first)."""
+    import base64
+    import zlib
+
+    import torch
+
+    n = seen.numel()
+    pad = (-n) % 8
+    bits = torch.cat([seen, torch.zeros(pad, dtype=torch.bool)]) if pad else seen
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+    packed = (bits.view(-1, 8).to(torch.uint8) * weights).sum(1, dtype=torch.uint8)
+    return base64.b64encode(zlib.compress(packed.numpy().tobytes(), 6)).decode("ascii")
+
+
+def _begin_pass(it):
+    """A new pass of the loader whose iterator is ``it`` (its sampler iterator is new)."""
+    s = _S
+    sampler = it._index_sampler
+    key = id(sampler)
+    old = s.passes.get(key)
+    if old is not None:
+        old.close(False)  # left before its end (a break, or the run stopped)
+    k = s.npasses.get(key, 0)
+    s.npasses[key] = k + 1
+    try:
+        n = len(it._dataset)
+    except Exception:
+        n = None
+    try:
+        length = len(sampler)
+    except Exception:
+        length = None
+    inner = getattr(sampler, "sampler", None)
+    kind = type(sampler).__name__
+    sharded = None
+    if kind == "ShardedBatches" or hasattr(sampler, "batches") and hasattr(sampler, "seed") and hasattr(sampler, "epoch"):
+        # the epoch this pass used: ShardedBatches advances it once it has drawn the batches
+        sharded = {"seed": _int(getattr(sampler, "seed", 0)), "epoch": _int(getattr(sampler, "epoch", 1)) - 1,
+                   "mode": getattr(sampler, "mode", "split")}
+        kind = "ShardedBatches"
+        if s.role == "migrated":
+            s.emit({"ev": "sampler", "kind": "sharded", "id": key, "seed": sharded["seed"], "epoch": sharded["epoch"],
+                    "n": n, "batches": length, "mode": sharded["mode"]})
+    elif inner is not None and kind in ("BatchSampler", "_Aligned"):
+        kind = type(inner).__name__
+    p = _Pass(it._sampler_iter, key, k, n, length, kind, it.__dict__.get("_dp2ddp_site"), sharded)
+    s.passes[key] = p
+    return p
+
+
+def _int(x):
+    try:
+        return int(x)
+    except Exception:
+        return 0
+
+
+# --------------------------------------------------------------------------- the original's order
+
+
 def _sampler_plans(text):
-    """The migrated run's shuffling DistributedSamplers, in the order of their first
-    iteration: ``[{"n": len(dataset), "seed": S, "epochs": [...]}, ...]`` (verify reads them
-    from the migrated run's records and hands them over as JSON)."""
+    """The migrated run's shuffling samplers, in the order of their first iteration:
+    ``[{"n": len(dataset), "seed": S, "epochs": [...]}, ...]`` for DistributedSamplers, and
+    ``{"kind": "sharded", "n", "batches", "seed", "epochs"}`` for loaders sharded by
+    ShardedBatches (verify reads them from the migrated run's records and hands them over
+    as JSON)."""
     try:
         plans = json.loads(text) if text else []
     except ValueError:
@@ -374,18 +870,24 @@ def _sampler_plans(text):
     return [p for p in plans if isinstance(p, dict)] if isinstance(plans, list) else []
 
 
-def _claim_plan(n):
-    """The plan for a RandomSampler iterated for the first time: the first plan not yet
-    claimed whose dataset has the same length (the migrated run's sampler of the same
-    loader), else none: the first plan's seed (the migration's sampler seed) and epochs
-    0, 1, 2, ..."""
+def _claim_plan(n, kind="distributed", batches=None):
+    """The plan for a sampler iterated for the first time: the first plan of that kind not
+    yet claimed whose dataset has the same length (the migrated run's sampler of the same
+    loader), else none: for a RandomSampler, the first plan's seed (the migration's sampler
+    seed) and epochs 0, 1, 2, ...; for a loader, None (it is left as it is)."""
     s = _S
     for i, p in enumerate(s.samplers):
-        if i not in s.claimed and p.get("n") == n:
-            s.claimed.add(i)
-            epochs = [int(e) for e in (p.get("epochs") or [])]
-            return {"seed": int(p.get("seed") or 0), "epochs": epochs, "k": 0, "epoch": None}
-    seed = int(s.samplers[0].get("seed") or 0) if s.samplers else 0
+        if i in s.claimed or p.get("kind", "distributed") != kind or p.get("n") != n:
+            continue
+        if batches is not None and p.get("batches") not in (None, batches):
+            continue
+        s.claimed.add(i)
+        epochs = [int(e) for e in (p.get("epochs") or [])]
+        return {"seed": int(p.get("seed") or 0), "epochs": epochs, "k": 0, "epoch": None}
+    if kind != "distributed":
+        return None
+    first = next((p for p in s.samplers if p.get("kind", "distributed") == "distributed"), None)
+    seed = int(first.get("seed") or 0) if first else 0
     return {"seed": seed, "epochs": [], "k": 0, "epoch": None}
 
 
@@ -405,13 +907,66 @@ def _next_epoch(plan):
     return epoch
 
 
+class _Aligned:
+    """The original's batch sampler, iterated the way the migration's ShardedBatches iterates
+    it on every rank: all of a pass's batches drawn at once under ``seed + epoch`` (torch,
+    ``random`` and NumPy seeded, their global states restored), so that the global batch of
+    step k is the migration's. In one process the batches stay whole."""
+
+    def __init__(self, batches, plan, torch):
+        self.batches, self.plan, self.torch = batches, plan, torch
+        self.sampler = getattr(batches, "sampler", None)
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        torch, s = self.torch, _S
+        epoch = _next_epoch(self.plan)
+        seed = self.plan["seed"] + epoch
+        np = sys.modules.get("numpy")
+        states = random.getstate(), np.random.get_state() if np is not None else None
+        s.aligning = True
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                if np is not None:
+                    np.random.seed(seed % 2**32)
+                drawn = [list(b) for b in self.batches]
+        finally:
+            s.aligning = False
+            random.setstate(states[0])
+            if np is not None:
+                np.random.set_state(states[1])
+        s.emit({"ev": "sampler", "kind": "aligned", "seed": self.plan["seed"], "epoch": epoch, "n": len(drawn)})
+        return iter(drawn)
+
+
+def _align_loader(loader, torch):
+    """At a loader's first iteration in the original: if the migration sharded the loader of
+    the same dataset length and number of batches with ShardedBatches, iterate its batch
+    sampler as ShardedBatches does (:class:`_Aligned`)."""
+    object.__setattr__(loader, "_dp2ddp_aligned", True)
+    batches = loader.__dict__.get("batch_sampler")
+    if batches is None or not any(p.get("kind") == "sharded" for p in _S.samplers):
+        return
+    try:
+        n, length = len(loader.dataset), len(batches)
+    except Exception:
+        return
+    plan = _claim_plan(n, "sharded", length)
+    if plan is not None:
+        object.__setattr__(loader, "batch_sampler", _Aligned(batches, plan, torch))
+
+
 def _patch_random_sampler(torch):
     from torch.utils.data import RandomSampler
 
     real_iter = RandomSampler.__iter__
 
     def __iter__(self):
-        if self.replacement or self._num_samples is not None or not _S.on:
+        if self.replacement or self._num_samples is not None or not _S.on or _S.aligning:
             yield from real_iter(self)
             return
         n = len(self.data_source)
@@ -454,6 +1009,89 @@ def _patch_distributed_sampler(torch):
     DistributedSampler.__iter__ = __iter__
 
 
+# --------------------------------------------------------------------------- the noise envelope
+
+
+def _patch_chunks(torch):
+    """The envelope run: DataParallel scatters each batch into ``chunks`` parts along
+    dimension 0 (as over that many devices) and gathers the outputs; autograd then sums the
+    parts' gradients -- DDP's arithmetic (per-part BatchNorm statistics included) in one
+    process. Without DataParallel (a script that wraps only on GPUs), each gradient is
+    perturbed by one rounding at every step instead."""
+    from torch.nn.parallel import DataParallel
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    W = _S.chunks
+    real_forward = DataParallel.forward
+
+    def split(obj, i, n):
+        if isinstance(obj, torch.Tensor):
+            if obj.dim() == 0 or obj.size(0) < W:
+                return obj
+            return obj.chunk(W, dim=0)[i] if len(obj.chunk(W, dim=0)) == W else obj
+        if isinstance(obj, (list, tuple)):
+            out = [split(x, i, n) for x in obj]
+            return type(obj)(out) if not hasattr(obj, "_fields") else type(obj)(*out)
+        if isinstance(obj, dict):
+            return type(obj)((k, split(v, i, n)) for k, v in obj.items())
+        return obj
+
+    def gather(outs):
+        first = outs[0]
+        if isinstance(first, torch.Tensor):
+            if first.dim() == 0:
+                return torch.stack(outs).mean()
+            return torch.cat(outs, dim=0)
+        if isinstance(first, (list, tuple)):
+            out = [gather([o[j] for o in outs]) for j in range(len(first))]
+            return type(first)(out) if not hasattr(first, "_fields") else type(first)(*out)
+        if isinstance(first, dict):
+            return type(first)((k, gather([o[k] for o in outs])) for k in first)
+        return first
+
+    def forward(self, *inputs, **kwargs):
+        # on GPUs DataParallel scatters over its devices already: the chunks are its own there,
+        # and the envelope perturbs the gradients instead
+        if not _S.on or self.device_ids:
+            return real_forward(self, *inputs, **kwargs)
+        _S.modules.add("dp")
+        sizes = {x.size(0) for x in _tensors(inputs, torch) if x.dim()}
+        if len(sizes) != 1 or next(iter(sizes)) < W:
+            return self.module(*inputs, **kwargs)
+        _S.chunked = True
+        outs = [self.module(*split(inputs, i, W), **split(kwargs, i, W)) for i in range(W)]
+        return gather(outs)
+
+    DataParallel.forward = forward
+    gen = torch.Generator()
+    gen.manual_seed(12345)
+
+    def perturb(optimizer, args, kwargs):
+        if not _S.on or _S.chunked:
+            return
+        with torch.no_grad():
+            for g in optimizer.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None and p.grad.is_floating_point():
+                        eps = torch.finfo(p.grad.dtype).eps
+                        sign = torch.randint(0, 2, p.grad.shape, generator=gen).to(p.grad) * 2 - 1
+                        p.grad.mul_(1 + eps * sign)
+
+    register_optimizer_step_pre_hook(perturb)
+
+
+def _tensors(obj, torch, depth=0):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if depth > 3:
+        return []
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _tensors(x, torch, depth + 1)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _tensors(x, torch, depth + 1)]
+    return []
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -461,10 +1099,23 @@ def _on_step(optimizer, args, kwargs):
     s = _S
     if s.finished or not s.on:
         return
-    ref = s.primary_ref
-    if ref is None or ref() is not optimizer:
-        if not _is_primary(s, optimizer):
-            return  # a second optimizer (GAN, ...): the primary one counts the steps
+    info = s.opts.get(id(optimizer))
+    if info is None or info.ref() is not optimizer:  # created before torch was hooked, or bypassing __init__
+        info = _new_opt(s, optimizer, None)
+    s.clock += 1
+    prim = s.primary
+    if info is not prim:
+        if prim is None or info.born >= prim.last:
+            # the first optimizer to step, or one created after the primary stopped
+            # stepping (a new optimizer per fold): its steps are the run's steps now
+            s.primary = prim = info
+            if info.steps == 0:
+                _remember(s, optimizer)
+        else:
+            _secondary(s, info, optimizer)
+            return
+    info.last = s.clock
+    info.steps += 1
     t = time.time()
     s.step += 1
     losses, s.losses = s.losses, []
@@ -475,17 +1126,16 @@ def _on_step(optimizer, args, kwargs):
     # (an evaluation between two steps, whole on every migrated rank) are not this step's.
     fetched, s.fetched = s.fetched, {}
     fed, s.fed = s.fed, None
-    samples = fetched.get(s.last if fed is None else fed, 0) if fetched else 0
-    modules = _first_step(s) if s.step == 1 else None
+    key = s.last if fed is None else fed
+    samples = fetched.get(key, 0) if fetched else 0
+    if samples and key not in s.trained:
+        s.trained.append(key)
+    modules = _first_step(s, key, samples) if s.step == 1 else None
     if s.pending:
         _drain(block=False)
-    if not losses:
-        loss = None
-    elif len(losses) == 1:
-        loss = losses[0]
-    else:
-        loss = _mean_loss(losses)
-    rec = (s.step, t, samples, len(losses), loss, modules)  # formatted by _step_line
+    loss = _step_loss(losses)
+    lr = _lr(optimizer)
+    rec = (s.step, t, samples, len(losses), loss, modules, info.index, lr)  # formatted by _step_line
     if loss is not None and type(loss) is not float:  # on a device: do not synchronise it
         import torch
 
@@ -498,35 +1148,84 @@ def _on_step(optimizer, args, kwargs):
         s.pending.append((rec, None, None))
     else:
         s.buf.append(rec)  # written by the flush thread
-    if s.limit and s.step >= s.limit:
+    if s.stop_at and s.step >= s.stop_at:
         _finish("limit")
         raise SystemExit(0)
 
 
-def _is_primary(s, optimizer):
-    """Slow path of _on_step: remember every optimizer (for the digest); the first one to
-    step is the primary one, by id, as a weak reference for the fast path."""
-    import weakref
-
-    if s.primary is None:
-        s.primary = id(optimizer)
-    if not any(r() is optimizer for r in s.optimizers):
-        s.optimizers.append(weakref.ref(optimizer))
-        # the parameters themselves too: a script whose optimizer is a local of its train()
-        # has dropped it by exit, when the digest is taken (the model keeps them alive anyway)
-        s.kept_params.append([p for g in optimizer.param_groups for p in g["params"]])
-    if id(optimizer) != s.primary:
-        return False
-    s.primary_ref = weakref.ref(optimizer)
-    return True
+def _new_opt(s, optimizer, site):
+    info = _Opt(optimizer, len(s.all_opts), s.clock, site)
+    s.opts[id(optimizer)] = info
+    s.all_opts.append(info)
+    return info
 
 
-def _first_step(s):
-    """Stop watching module calls (a global forward hook costs on every call); return the kinds seen."""
+def _secondary(s, info, optimizer):
+    """A step of another optimizer (a GAN's generator): recorded, not counted."""
+    info.last = s.clock
+    info.steps += 1
+    if info.steps == 1:
+        _remember(s, optimizer)
+    losses, s.losses = s.losses, []
+    loss = _step_loss(losses)
+    if loss is not None and type(loss) is not float:
+        loss = float(loss)  # rare enough (a second optimizer on a device) to synchronise
+    s.buf.append((s.step, time.time(), 0, len(losses), loss, None, info.index, _lr(optimizer), "ostep"))
+
+
+def _step_loss(losses):
+    if not losses:
+        return None
+    if len(losses) == 1:
+        return losses[0]
+    return _mean_loss(losses)
+
+
+def _lr(optimizer):
+    try:
+        lr = optimizer.param_groups[0].get("lr")
+        return lr if type(lr) is float else (float(lr) if lr is not None else None)
+    except Exception:
+        return None
+
+
+def _remember(s, optimizer):
+    """The parameters of every optimizer, kept for the digest: a script whose optimizer is a
+    local of its train() has dropped it by exit (the model keeps them alive anyway)."""
+    s.kept.append((s.opts[id(optimizer)].ref, [p for g in optimizer.param_groups for p in g["params"]]))
+
+
+def _first_step(s, key, samples):
+    """Stop watching module calls (a global forward hook costs on every call); work out how
+    far the run goes for the data evidence; return the kinds of modules seen."""
     if s.forward_hook is not None:
         s.forward_hook.remove()
         s.forward_hook = None
+    if s.extend and s.limit:
+        s.stop_at = _evidence_steps(s, key, samples)
     return sorted(s.modules)
+
+
+def _evidence_steps(s, key, samples):
+    """The step at which the training loader has begun its second pass: its batches per
+    pass over its batches per step, plus one -- at least --steps, at most the extension's
+    bound (then --steps, and the record says why). Every rank computes it from the same
+    lengths, so every rank stops at the same step."""
+    p = s.passes.get(key)
+    if p is None or not p.length or not samples:
+        s.emit({"ev": "evidence", "why": "no sized training loader", "stop": s.limit})
+        return s.limit
+    bps = max(1, round(samples / (p.first_len or samples)))
+    need = -(-p.length // bps) + 1
+    if need <= s.limit:
+        stop = s.limit
+    elif need <= s.extend:
+        stop = need
+    else:
+        s.emit({"ev": "evidence", "why": "epoch too long", "need": need, "stop": s.limit, "bound": s.extend})
+        return s.limit
+    s.emit({"ev": "evidence", "need": need, "stop": stop, "bound": s.extend})
+    return stop
 
 
 def _mean_loss(losses):
@@ -562,7 +1261,7 @@ def _param_digest():
     count = 0
     sq = 0.0
     seen = set()
-    for ref, kept in zip(_S.optimizers, _S.kept_params):
+    for ref, kept in _S.kept:
         opt = ref()
         params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else kept
         if params:
@@ -589,7 +1288,16 @@ def _finish(why):
         _drain(block=True)
     except Exception:
         pass
-    rec = {"ev": "end", "t": time.time(), "why": why, "steps": s.step, "modules": sorted(s.modules)}
+    for p in list(s.passes.values()):
+        p.close(False)
+    rec = {"ev": "end", "t": time.time(), "why": why, "steps": s.step, "modules": sorted(s.modules),
+           "trained": list(s.trained), "stop_at": s.stop_at,
+           "optimizers": [{"index": o.index, "kind": o.kind, "site": o.site, "steps": o.steps}
+                          for o in s.all_opts if o.steps]}
+    if _G is not None and _G.blocked:
+        rec["blocked"] = sorted(set(_G.blocked))[:20]
+    if s.chunks > 1:
+        rec["envelope"] = "chunks" if s.chunked else "perturb"
     try:
         rec.update(_param_digest())
     except Exception as e:

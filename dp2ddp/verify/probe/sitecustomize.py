@@ -9,12 +9,15 @@ import sys
 
 def _dp2ddp_activate():
     role = os.environ.get("DP2DDP_VERIFY_ROLE")
-    if not role or os.environ.get("DP2DDP_VERIFY_ACTIVE"):
-        return  # not a verify run, or a child (e.g. a spawned DataLoader worker) of a probed process
-    if role == "migrated" and "LOCAL_RANK" not in os.environ:
-        return  # the torchrun agent itself, not a worker
+    if not role:
+        return  # not a verify run
     import _dp2ddp_verify_probe
 
+    if os.environ.get("DP2DDP_VERIFY_ACTIVE") or (role == "migrated" and "LOCAL_RANK" not in os.environ):
+        # a child of a probed process (a spawned DataLoader worker, a subprocess) or the
+        # torchrun agent: not measured, but the user's files are guarded there too
+        _dp2ddp_verify_probe.guard()
+        return
     _dp2ddp_verify_probe.activate(role)
 
 
