@@ -18,9 +18,11 @@ from dp2ddp.codemods import (
     dp_idioms,
     functional_dp,
     guarded_forward,
+    hand_batches,
     loss_scale,
     map_location,
     mixed,
+    no_sync,
     process_group,
     rank_writers,
     rank_zero,
@@ -42,4 +44,6 @@ TRANSFORMS: List[Callable] = [
     guarded_forward.propose,
     loss_scale.propose,
     dp_idioms.propose,
+    no_sync.propose,
+    hand_batches.propose,
 ]

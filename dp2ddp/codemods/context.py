@@ -25,6 +25,7 @@ from dp2ddp.templates import render_statements
 _IMPORTS = {
     "os": ("os", None, "os"),
     "atexit": ("atexit", None, "atexit"),
+    "contextlib": ("contextlib", None, "contextlib"),
     "torch": ("torch", None, "torch"),
     "dist": ("torch.distributed", None, "dist"),
     "DDP": ("torch.nn.parallel", "DistributedDataParallel", "DistributedDataParallel"),
@@ -33,6 +34,7 @@ _IMPORTS = {
 _QUALIFIED = {
     "os": {"os"},
     "atexit": {"atexit"},
+    "contextlib": {"contextlib"},
     "torch": {"torch"},
     "dist": {"torch.distributed"},
     "DDP": set(DDP),
