@@ -34,12 +34,10 @@ PROBE = Path(__file__).resolve().parent / "work_probe"
 
 pytestmark = pytest.mark.torchrun
 
-# shape -> (arguments, samples N of one epoch, epochs, dimension of the batch, all-reduces per step)
-SHAPES = {
-    "accumulation": (["--samples", "256", "--epochs", "2"], 256, 2, 0, 1),
-    "hand_batches": (["--samples", "256", "--epochs", "2"], 256, 2, 0, 1),
-    "dim1_lm": (["--tokens", "1600", "--epochs", "2"], 80, 2, 1, 1),  # N: 8 columns x 10 steps
-}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_work import SHAPES  # noqa: E402  (one entry per shape: the benchmark's and this test's)
+
+BY_NAME = {s.name: s for s in SHAPES}
 
 
 def _env(out: Path, dim: int) -> dict:
@@ -69,9 +67,10 @@ def _close(a: List, b: List) -> bool:
     return len(a) == len(b) and all(torch.allclose(x, y, rtol=1e-4, atol=1e-6) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("shape", sorted(BY_NAME))
 def test_migration_does_the_work_of_a_hand_migration(shape: str, tmp_path: Path) -> None:
-    args, n, epochs, dim, reductions_per_step = SHAPES[shape]
+    spec = BY_NAME[shape]
+    args, n, epochs, dim = spec.test_args, spec.test_samples, spec.epochs, spec.dim
     result = migrate_source((WORK / f"{shape}.py").read_bytes(), f"{shape}.py")
     assert not result.migration.blocked and result.changed
     assert not result.migration.warnings, [f"{f.line}: {f.code} {f.message}" for f in result.migration.warnings]
@@ -96,8 +95,9 @@ def test_migration_does_the_work_of_a_hand_migration(shape: str, tmp_path: Path)
         assert sorted(facts) == ["rank0", "rank1"], (tag, facts)
         for rank, f in facts.items():
             assert f["steps"] == original["steps"], (tag, rank, f)  # the original's number of steps
-            assert f["samples"] == n * epochs // 2, (tag, rank, f)  # N / world per epoch
-            assert f["reductions"] == reductions_per_step * f["steps"], (tag, rank, f)
+            assert n * epochs // 2 <= f["samples"] <= (n // 2 + spec.padding) * epochs, (tag, rank, f)  # N / world per epoch
+            if spec.allreduces_per_step is not None:
+                assert f["reductions"] == spec.allreduces_per_step * f["steps"], (tag, rank, f)
         assert facts["rank0"]["params"] == facts["rank1"]["params"], f"{tag}: replicas differ"
     migrated = _params(outs["migrated"], "rank0")
     assert _close(migrated, _params(outs["hand"], "rank0")), "the migration trained another model than the hand migration"

@@ -27,7 +27,7 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Edit, Finding, InsertAfter, InsertBefore, Replace
-from dp2ddp.model.batches import HandLoop, dim_problems, hand_loops, wrap_dim
+from dp2ddp.model.batches import HandLoop, dim_problems, hand_loops
 
 
 def problems(ctx: Context) -> List[Finding]:
@@ -118,6 +118,3 @@ def _split(ctx: Context, hl: HandLoop, share: str) -> Finding:
         f"once before the loop ({share}){carried}; the steps and the global batch are the original's"
     )
     return ctx.note(hl.wrap.call, "DDP144", message, edits)
-
-
-__all__ = ["propose", "wrap_dim"]

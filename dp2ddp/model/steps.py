@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.collectives import VarKey, reaching_functions, var_key, wrapped_vars
-from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel, children
+from dp2ddp.model.core import FUNCTIONS, SemanticModel, children
 from dp2ddp.model.names import AUTOGRAD_BACKWARD, GRAD_CLIPS, OPTIMIZERS, SCHEDULER_FACTORIES, SCHEDULER_MODULES
 from dp2ddp.model.uses import wrapper_keys
 
@@ -424,9 +424,9 @@ def accumulations(m: SemanticModel) -> List[Accumulation]:
             names = ", ".join(sorted(k[2] for k in models))
             acc.keep_sync, acc.keep_sync_node = f"the loop runs the forward of several wrapped models ({names})", gate_node
             continue
+        # (when the step is inside the last of these statements it runs under the same context: harmless,
+        # no_sync only changes what DDP's forward and backward do)
         acc.first, acc.last, acc.wrapper = body[f_index], body[b_index], forwards[0][1]
-        if any(m.contains(s, step) for s in body[f_index : b_index + 1]) and m.contains(body[b_index], step):
-            pass  # the step runs inside the last statement: it then runs under the same context, harmlessly
         condition, problem, where = _read_early(m, loop, acc, gate)
         if problem is not None:
             acc.problem, acc.problem_node = problem, where

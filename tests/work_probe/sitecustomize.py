@@ -9,7 +9,9 @@ With ``DP2DDP_WORK_OUT=<folder>`` each process writes ``<folder>/rank<RANK>.json
   backward pass), ``buckets``: every bucket it reduced;
 * ``samples`` / ``forwards``: the batch size (dimension ``DP2DDP_WORK_DIM``, default 0, of the
   first tensor argument) and number of the training forwards of DDP or DataParallel wrappers;
-* ``train_s``: seconds from the first training forward to the last optimizer step;
+* ``train_s``: seconds from the first training forward to the last optimizer step, and
+  ``train_cpu_s``: the CPU time this process used in that span (less sensitive to what
+  else the machine runs);
 * ``params``: a hash of the parameters the first optimizer updates, at exit; the
   parameters themselves go to ``<folder>/rank<RANK>.pt``.
 
@@ -25,7 +27,7 @@ import time
 
 _out = os.environ.get("DP2DDP_WORK_OUT")
 _facts = {"steps": 0, "reductions": 0, "buckets": 0, "samples": 0, "forwards": 0}
-_times = {"first": None, "last": None}
+_times = {"first": None, "last": None, "first_cpu": None, "last_cpu": None}
 _state = {"params": None}
 
 
@@ -57,6 +59,7 @@ def _install():
     def pre(optimizer, args, kwargs):
         _facts["steps"] += 1
         _times["last"] = time.perf_counter()
+        _times["last_cpu"] = time.process_time()
         if _state["params"] is None:
             _state["params"] = [p for g in optimizer.param_groups for p in g["params"]]
 
@@ -71,6 +74,7 @@ def _install():
                 _facts["forwards"] += 1
                 if _times["first"] is None:
                     _times["first"] = time.perf_counter()
+                    _times["first_cpu"] = time.process_time()
             return forward(self, *inputs, **kwargs)
 
         return wrapped
@@ -112,6 +116,7 @@ def _finish():
             torch.save([p.detach().cpu() for p in params], os.path.join(_out, f"rank{os.environ.get('RANK', '-')}.pt"))
         if _times["first"] is not None and _times["last"] is not None:
             facts["train_s"] = _times["last"] - _times["first"]
+            facts["train_cpu_s"] = _times["last_cpu"] - _times["first_cpu"]
         os.makedirs(_out, exist_ok=True)
         with open(os.path.join(_out, f"rank{os.environ.get('RANK', '-')}.json"), "w") as f:
             json.dump(facts, f)
