@@ -373,9 +373,11 @@ CODES: Tuple[MigrationCode, ...] = (
     _c(
         "DDP143", "hand-batches-split", "info",
         "a loop that cuts its own batches by index gives each process its share of every batch",
-        "`for i in range(0, len(x), bs): xb = x[i:i + bs]` (or a `get_batch(source, i)` helper) would feed every "
-        "process the whole batch under DDP: each rank would repeat the others' work.",
-        "Each cut becomes `rank_share(x[i:i + bs])` (a function the migration defines in the script): part `rank` "
+        "`for i in range(0, len(x), bs): xb = x[i:i + bs]` (or a `get_batch(source, i)` helper, or "
+        "`for xb, yb in zip(x.split(bs), y.split(bs))`) would feed every process the whole batch under DDP: each rank "
+        "would repeat the others' work.",
+        "Each cut becomes `rank_share(x[i:i + bs])` (a function the migration defines in the script; an iterable of "
+        "batches cut from tensors becomes `map(rank_share, ...)`): part `rank` "
         "of `world size` equal parts, as DataParallel scattered it. The global batch and the number of steps are "
         "the original's; a batch that does not divide by the world size is padded by repeating its own first items.",
         "Safe for training: every rank cuts the same global batch (the data must be the same on every rank, e.g. "

@@ -90,7 +90,10 @@ def _split(ctx: Context, hl: HandLoop, share: str) -> Finding:
     edits: List[Edit] = []
     if hl.dim == 0:
         for c in hl.cuts:
-            edits.append(Replace(ctx.cst(c.node), _shared(ctx, share, 0)))
+            if c.kind == "iterable":  # each batch it yields
+                edits.append(Replace(ctx.cst(c.node), lambda node: ctx.expr("map({f}, {x})", f=share, x=node)))
+            else:
+                edits.append(Replace(ctx.cst(c.node), _shared(ctx, share, 0)))
         cuts = ", ".join(f"`{m.source(c.node)}`" for c in hl.cuts)
         message = (
             f"{cuts}: each process takes its share of every batch the loop cuts ({share}); the global batch and the "

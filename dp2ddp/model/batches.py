@@ -37,7 +37,8 @@ from dp2ddp.model.wraps import Wrap, dp_wraps
 
 @dataclass
 class Cut:
-    node: ast.AST  # the slice ``x[i:i + bs]`` (kind "slice") or the helper call (kind "helper")
+    node: ast.AST  # the slice ``x[i:i + bs]`` (kind "slice"), the helper call (kind "helper") or
+    # the iterable of batches cut from tensors (kind "iterable": ``zip(x.split(bs), y.split(bs))``)
     kind: str
     source: ast.AST  # the sliced expression, or the argument the helper slices
 
@@ -148,6 +149,47 @@ def _helper_cut(m: SemanticModel, call: ast.Call, index: str) -> Optional[ast.AS
     return None
 
 
+_SPLITS = frozenset({"split", "chunk", "tensor_split"})
+TORCH_SPLITS = frozenset({"torch.split", "torch.chunk", "torch.tensor_split"})
+
+
+def _is_split(m: SemanticModel, call: ast.AST) -> bool:
+    """``x.split(bs)``, ``torch.chunk(x, n)``: a tensor cut into batches along dimension 0
+    (not ``line.split(",")``: a string's split takes a string or nothing)."""
+    if not isinstance(call, ast.Call) or not call.args or any(k.arg == "dim" for k in call.keywords):
+        return False
+    if m.is_name(call.func, TORCH_SPLITS):
+        return len(call.args) >= 2 and isinstance(call.args[0], (ast.Name, ast.Attribute))
+    f = call.func
+    return (
+        isinstance(f, ast.Attribute)
+        and f.attr in _SPLITS
+        and isinstance(f.value, (ast.Name, ast.Attribute))
+        and not (isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str))
+        and not m.qualified_names(f.value) & {"torch"}
+    )
+
+
+def _split_iterable(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
+    """``for xb, yb in zip(x.split(bs), y.split(bs))`` (also under ``enumerate``): the
+    iterable of batches, when it is made by cutting tensors."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return None
+    it = loop.iter
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "enumerate" and it.args:
+        it = it.args[0]
+    if _is_split(m, it):
+        return it
+    if (
+        isinstance(it, ast.Call)
+        and m.is_name(it.func, {"builtins.zip"})
+        and it.args
+        and all(_is_split(m, a) for a in it.args)
+    ):
+        return it
+    return None
+
+
 def _binds(m: SemanticModel, node: ast.AST, text: str) -> bool:
     from dp2ddp.model.steps import _assignment_targets, _flat_targets
 
@@ -194,6 +236,10 @@ def hand_loops(m: SemanticModel) -> List[HandLoop]:
             # a slice inside a helper's argument list is the helper's business
             helpers = [c.node for c in hl.cuts if c.kind == "helper"]
             hl.cuts = [c for c in hl.cuts if c.kind == "helper" or not any(m.contains(h, c.node) for h in helpers)]
+        elif hl.dim == 0:
+            split = _split_iterable(m, loop)
+            if split is not None:
+                hl.cuts.append(Cut(split, "iterable", split))
         if not hl.cuts and hl.dim == 0:
             continue
         out.append(hl)
@@ -204,6 +250,8 @@ def hand_loops(m: SemanticModel) -> List[HandLoop]:
             hl.problem, hl.problem_node = "the loop trains several wrapped models", forwards[1][0]
             continue
         for c in hl.cuts:
+            if c.kind == "iterable":
+                continue
             if not isinstance(c.source, (ast.Name, ast.Attribute)):
                 hl.problem, hl.problem_node = f"the batch is cut from `{m.source(c.source)}`, an expression dp2ddp cannot share once", c.node
                 break
