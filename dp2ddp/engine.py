@@ -63,6 +63,17 @@ class Guard:
 
 
 @dataclass(frozen=True)
+class Enclose:
+    """Put consecutive sibling statements ``stmts`` in the body of ``block`` (a compound
+    statement such as a ``with``, whose own body is replaced). The leading comments of the
+    first statement move above ``block``; ``block``'s own leading lines follow them.
+    Encloses and guards may nest: the smaller is applied first."""
+
+    stmts: Tuple[cst.CSTNode, ...]
+    block: cst.BaseCompoundStatement
+
+
+@dataclass(frozen=True)
 class AddImport:
     module: str
     obj: Optional[str] = None
@@ -76,7 +87,7 @@ class RemoveImportIfUnused:
     asname: Optional[str] = None
 
 
-Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, AddImport, RemoveImportIfUnused]
+Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, Enclose, AddImport, RemoveImportIfUnused]
 
 
 # Finding and Fix live in dp2ddp.findings (no LibCST there: `check` detects without it)
@@ -95,8 +106,8 @@ class _Applier(cst.CSTTransformer):
         self.before: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
         self.after: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
         self.remove: set = set()
-        self.guards: List[Guard] = []
-        self.guard_members: Dict[cst.CSTNode, Guard] = {}
+        self.guards: List[Union[Guard, Enclose]] = []
+        self.guard_members: Dict[cst.CSTNode, Union[Guard, Enclose]] = {}
         # original statement -> the objects it became in the updated tree
         self.results: Dict[cst.CSTNode, List[cst.CSTNode]] = {}
         for e in edits:
@@ -114,6 +125,14 @@ class _Applier(cst.CSTTransformer):
                 self.guards.append(e)
                 for s in e.stmts:
                     self.guard_members[s] = e
+        # an Enclose may hold statements that a Guard (or a smaller Enclose) groups: those
+        # are applied first, and the Enclose takes the block they became
+        self.enclosing: Dict[cst.CSTNode, List[Enclose]] = {}
+        for e in sorted((e for e in edits if isinstance(e, Enclose)), key=lambda e: len(e.stmts)):
+            self.guards.append(e)
+            for s in e.stmts:
+                self.enclosing.setdefault(s, []).append(e)
+        self.guards.sort(key=lambda g: len(g.stmts))
 
     def on_visit(self, node) -> bool:  # type: ignore[override]
         return self.on_path is None or node in self.on_path
@@ -126,7 +145,7 @@ class _Applier(cst.CSTTransformer):
             result = new(result) if callable(new) else new
         if original_node in self.remove:
             result = cst.RemoveFromParent()
-        if original_node in self.guard_members:
+        if original_node in self.guard_members or original_node in self.enclosing:
             # the statement itself, without what is inserted before or after it: inserted
             # statements stay outside the guard
             if isinstance(result, cst.FlattenSentinel):
@@ -178,8 +197,17 @@ class _Applier(cst.CSTTransformer):
                 first = inner[0]
                 leading = getattr(first, "leading_lines", ())
                 inner[0] = first.with_changes(leading_lines=()) if leading else first
-                guard_if = cst.If(test=g.test, body=cst.IndentedBlock(body=inner), leading_lines=leading)
-                body[lo : hi + 1] = [guard_if]
+                if isinstance(g, Guard):
+                    grouped = cst.If(test=g.test, body=cst.IndentedBlock(body=inner), leading_lines=leading)
+                else:
+                    grouped = g.block.with_changes(
+                        body=cst.IndentedBlock(body=inner), leading_lines=list(leading) + list(g.block.leading_lines)
+                    )
+                body[lo : hi + 1] = [grouped]
+                # a larger Enclose over these statements now finds the block they became
+                for s in g.stmts:
+                    if s in self.enclosing and any(e is not g for e in self.enclosing[s]):
+                        self.results[s] = [grouped]
             changed = True
         return block.with_changes(body=body) if changed else block
 
@@ -191,7 +219,7 @@ def _targets(edit: Edit) -> Tuple[cst.CSTNode, ...]:
         return (edit.stmt,)
     if isinstance(edit, Remove):
         return (edit.stmt,)
-    if isinstance(edit, Guard):
+    if isinstance(edit, (Guard, Enclose)):
         return edit.stmts
     return ()
 

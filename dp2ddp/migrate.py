@@ -110,10 +110,12 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
         return Migration(findings=_sorted(findings), applicable=True, blocked=False)
     if not any(f.severity == BLOCKING for f in findings):
         try:
+            from dp2ddp.codemods import hand_batches
             from dp2ddp.codemods.entry import check_entry
             from dp2ddp.codemods.wrap_ddp import problems
 
             findings.extend(problems(ctx))
+            findings.extend(hand_batches.problems(ctx))  # DataParallel(dim != 0) whose batches cannot be split
             if not any(f.severity == BLOCKING for f in findings):
                 findings.extend(check_entry(ctx))
             if not any(f.severity == BLOCKING for f in findings):

@@ -126,8 +126,17 @@ def _summary(data: dict) -> str:
     return json.dumps({k: data.get(k) for k in keys}, indent=1)[-5000:]
 
 
+def _known(names):
+    """A script whose manifest entry names a ``known_issue`` of the migration (not of the
+    script): expected to fail until it is fixed (not strict: a race may let a run pass)."""
+    return [
+        pytest.param(n, marks=pytest.mark.xfail(reason=SCRIPTS[n]["known_issue"], strict=False)) if SCRIPTS[n].get("known_issue") else n
+        for n in names
+    ]
+
+
 @pytest.mark.torchrun
-@pytest.mark.parametrize("name", MIGRATE)
+@pytest.mark.parametrize("name", _known(MIGRATE))
 def test_migration_trains_like_the_original(name: str, tmp_path: Path) -> None:
     """verify: same losses, replicas in sync, same global batch, same outputs; and plain
     python runs the migration.

@@ -32,6 +32,8 @@ REWRITE_DIRS = {
     "wrapper_uses": Options(),
     "keep_batch_size": Options(keep_batch_size=True),
     "print_all_ranks": Options(print_all_ranks=True),
+    "no_sync": Options(),
+    "hand_batches": Options(),
 }
 CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 # ``*_race_warns``: the output keeps a race the rewrite warns about (in a project module it does

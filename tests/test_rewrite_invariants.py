@@ -35,12 +35,7 @@ SAME_FACT = {
 
 # migrations known to draw a lint finding: the rule is right and the migration has a gap
 # (strict: once the migration is fixed the test passes, and this entry must go)
-KNOWN_GAPS = {
-    "corpus/retinanet_train.py": (
-        "DDP016: the migration keeps `torch.save(retinanet, 'model_final.pt')`, which now pickles the DDP wrapper "
-        "(the original pickled a DataParallel one); saving `retinanet.module` is the codemods' change to make"
-    ),
-}
+KNOWN_GAPS: dict = {}
 
 
 def _id(p: Path) -> str:

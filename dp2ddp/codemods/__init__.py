@@ -22,9 +22,11 @@ from dp2ddp.codemods import (
     functional_dp,
     guarded_forward,
     init_forward,
+    hand_batches,
     loss_scale,
     map_location,
     mixed,
+    no_sync,
     process_group,
     rank_writers,
     rank_zero,
@@ -52,6 +54,8 @@ _MODULES = [
     guarded_forward,
     loss_scale,
     dp_idioms,
+    no_sync,
+    hand_batches,
 ]
 
 

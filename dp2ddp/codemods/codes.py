@@ -388,6 +388,99 @@ CODES: Tuple[MigrationCode, ...] = (
         "anything else is mapped onto the rank's device.",
         "Safe.",
     ),
+    # ---- the migrated run does no more work than a hand migration (issue 20): DDP140-DDP149
+    _c(
+        "DDP140", "accumulation-no-sync", "info",
+        "gradient accumulation: the passes that do not step the optimizer run under `model.no_sync()`",
+        "Where `optimizer.step()` follows only every k-th backward pass, DDP would still all-reduce the gradients in "
+        "every backward pass: k all-reduces per step where one is needed.",
+        "The statements from the forward to the backward of each pass go under `with contextlib.nullcontext() if "
+        "<step condition> else model.no_sync():`; the condition is the loop's own, read before the forward (a counter "
+        "incremented in between, `step += 1`, is read as `step + 1`). The loss scaling (`loss = loss / accum`) stays.",
+        "Safe: DDP all-reduces the locally accumulated sum in the pass that syncs, the same averaged gradient as "
+        "before; anything that reads the gradients between micro-steps keeps every pass in sync instead (DDP142).",
+        _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n    loss = model(torch.randn(8, 4)).sum() / 4\n    loss.backward()\n"
+        "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n",
+        "for i in range(8):\n\n    # dp2ddp: all-reduce the gradients only in the backward pass an optimizer step follows\n"
+        "    with contextlib.nullcontext() if (i + 1) % 4 == 0 else model.no_sync():\n"
+        "        loss = model(torch.randn(8, 4)).sum() / 4\n        loss.backward()\n",
+    ),
+    _c(
+        "DDP141", "accumulation-step-unreadable", "error",
+        "the optimizer steps after only some backward passes, on a condition dp2ddp cannot read before the forward",
+        "DDP must know before a pass's forward whether its backward all-reduces (`no_sync()`); a step condition that "
+        "reads what the pass computes (`if step_now(loss):`), a call of the script, or a name set after the forward "
+        "cannot be known there, and guessing would step on unsynchronised gradients.",
+        "Compute the condition from values known before the forward (the loop index, a counter), or restructure the "
+        "loop, and run `dp2ddp rewrite` again.",
+        "No fix: the file is left byte-for-byte as it was.",
+        _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n    loss = model(torch.randn(8, 4)).sum()\n    loss.backward()\n"
+        "    done = i + 1\n    if done % 4 == 0:\n        opt.step()\n",
+    ),
+    _c(
+        "DDP142", "accumulation-kept-in-sync", "warning",
+        "an accumulation loop whose every backward pass keeps all-reducing",
+        "Gradients read between micro-steps (`clip_grad_norm_` outside the step's `if`, `p.grad`) must be the "
+        "averaged ones the original saw; or dp2ddp cannot tell which wrapped model's forward the pass runs.",
+        "Nothing changes: each backward pass all-reduces, as DDP does by default (correct, not faster). To "
+        "accumulate without all-reducing, clip under the step's `if` and run the forward of one wrapped model per pass.",
+        "Safe: the migration is the plain DDP one.",
+        _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n    loss = model(torch.randn(8, 4)).sum() / 4\n    loss.backward()\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n",
+    ),
+    _c(
+        "DDP143", "hand-batches-split", "info",
+        "a loop that cuts its own batches by index gives each process its share of every batch",
+        "`for i in range(0, len(x), bs): xb = x[i:i + bs]` (or a `get_batch(source, i)` helper, or "
+        "`for xb, yb in zip(x.split(bs), y.split(bs))`) would feed every process the whole batch under DDP: each rank "
+        "would repeat the others' work.",
+        "Each cut becomes `rank_share(x[i:i + bs])` (a function the migration defines in the script; an iterable of "
+        "batches cut from tensors becomes `map(rank_share, ...)`): part `rank` "
+        "of `world size` equal parts, as DataParallel scattered it. The global batch and the number of steps are "
+        "the original's; a batch that does not divide by the world size is padded by repeating its own first items.",
+        "Safe for training: every rank cuts the same global batch (the data must be the same on every rank, e.g. "
+        "seeded); a padded batch counts its repeated items twice in that step's mean.",
+        _IMPORTS + "x, y = torch.randn(64, 4), torch.randn(64, 1)\nmodel = nn.DataParallel(nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor i in range(0, len(x), 16):\n"
+        "    loss = nn.functional.mse_loss(model(x[i:i + 16]), y[i:i + 16])\n    loss.backward()\n    opt.step()\n",
+        "for i in range(0, len(x), 16):\n    loss = nn.functional.mse_loss(model(rank_share(x[i:i + 16])), "
+        "rank_share(y[i:i + 16]))\n",
+    ),
+    _c(
+        "DDP144", "batch-dim-split", "info",
+        "`DataParallel(model, dim=d)`: each process trains on its share of dimension `d`",
+        "A sequence-first model (`(seq_len, batch)` tensors) is wrapped with `dim=1`; DDP splits nothing, so the "
+        "batches must be shared on that dimension where the script makes them.",
+        "The tensor the training loop cuts its steps from is shared once before the loop (`train_data_share = "
+        "rank_share(train_data, dim=1)`: this process's columns); state the forward returns and the next step feeds "
+        "back (an RNN's hidden state) starts from this process's share of its initial value. A loop fed by a "
+        "DataLoader needs nothing more: the loader is sharded by sample. Anything else refuses the file (DDP101).",
+        "Safe for training: the steps, the global batch and its columns are the original's; evaluation stays whole "
+        "on every rank.",
+        _IMPORTS + "data = torch.randn(40, 8, 4)  # (seq_len, batch, features)\n"
+        "model = nn.DataParallel(nn.Linear(4, 1), dim=1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(0, data.size(0), 10):\n    loss = model(data[i:i + 10]).pow(2).mean()\n"
+        "    loss.backward()\n    opt.step()\n",
+        "data_share = rank_share(data, dim=1)  # dp2ddp: this process's columns of the batch dimension\n"
+        "for i in range(0, data.size(0), 10):\n    loss = model(data_share[i:i + 10]).pow(2).mean()\n",
+    ),
+    _c(
+        "DDP145", "hand-batches-whole", "warning",
+        "a loop that cuts its own batches still gives every process the whole batch",
+        "dp2ddp shares the batches a loop cuts from a tensor that stays the same through the loop; this one is cut "
+        "from an expression, or from a tensor the loop changes, or the script has its own distributed path.",
+        "Nothing changes: every rank computes on the whole batch (correct gradients, no speed-up). Cut the batches "
+        "from a tensor bound before the loop, or feed them through a DataLoader.",
+        "Safe: the migration is the plain DDP one.",
+        _IMPORTS + "x, y = torch.randn(64, 4), torch.randn(64, 1)\nmodel = nn.DataParallel(nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor i in range(0, len(x), 16):\n"
+        "    x = x * 1.0\n    loss = nn.functional.mse_loss(model(x[i:i + 16]), y[i:i + 16])\n    loss.backward()\n"
+        "    opt.step()\n",
+    ),
 )
 
 BY_CODE: Dict[str, MigrationCode] = {c.code: c for c in CODES}

@@ -134,13 +134,19 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
       DataLoader);
     * else refused: a generator, a list of batches, a value of unknown make — every rank
       would train on all of it."""
+    from dp2ddp.model.batches import hand_loops
     from dp2ddp.model.flow import origins
     from dp2ddp.model.training import fed_values
 
     m = ctx.m
     unknown: List[Tuple[ast.AST, ast.AST, ast.AST]] = []  # (origin, value, loop)
     seen = set()
+    # batches a loop cuts from its own tensors (``zip(x.split(bs), y.split(bs))``) are
+    # shared by rank by hand_batches: not a loader to trace
+    cut = [c.node for hl in hand_loops(m) for c in hl.cuts if c.kind == "iterable"]
     for value, loop in fed_values(m):
+        if any(c is value or m.contains(c, value) for c in cut):
+            continue
         for node, path in origins(m, value):
             if (id(node), path) in known or (id(node), ()) in known or id(node) in seen:
                 continue

@@ -242,9 +242,7 @@ def propose(ctx: Context) -> List[Finding]:
         if flag_kept:
             # `if parallel: model = DP(model)` in a factory the caller controls, beside an
             # unconditional wrap elsewhere: keep the caller's choice, as DDP
-            got = [ctx.note(w.call, "DDP127", f"DistributedDataParallel wrap kept under `if {m.source(w.conditions[0].test)}:`, "
-                            "a flag of the caller; another wrap trains the model unconditionally",
-                            [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(_inner_text(ctx, w), find_unused)))])]
+            got = _flag_kept(ctx, w, find_unused)
         else:
             got = _wrap_site(ctx, w, hoists, find_unused)
         out.extend(got)
@@ -599,6 +597,28 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         return [ctx.note(call, "DDP102", msg, edits)]
     test = m.source(w.conditions[0].test)
     return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU", edits)]
+
+
+def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
+    """``if parallel: model = DP(model)`` in a factory the caller controls: the wrap stays
+    under the caller's flag, as DDP. A placement that follows (``if cuda: model =
+    model.cuda()``) moves above it: DDP needs the parameters on their device when built."""
+    m = ctx.m
+    test = m.source(w.conditions[0].test)
+    msg = f"DistributedDataParallel wrap kept under `if {test}:`, a flag of the caller; another wrap trains the model unconditionally"
+    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused)
+    cond = w.conditions[-1]
+    target = w.target
+    anchor = _absorb_placement(m, cond, target, w.module) if target is not None else cond
+    if anchor is cond:
+        late = _placed_late(ctx, w, cond, target) if target is not None else None
+        return [late] if late is not None else [ctx.note(w.call, "DDP127", msg, [Replace(ctx.cst(w.outer), ctx.expr(ddp))])]
+    if len(w.conditions) != 1 or cond.orelse or len(cond.body) != 1 or cond.body[0] is not w.stmt or not ctx.bridge.alone_on_line(cond):
+        late = _placed_late(ctx, w, cond, target)
+        return [late] if late is not None else [ctx.block(w.call, "DDP101", "DataParallel under a flag, placed on its device after it; migrate this by hand")]
+    moved = ctx.stmt("if {test}:\n    {t} = {call}\n", test=test, t=m.source(target), call=ddp)
+    edits = [Remove(ctx.bridge.statement(cond)), InsertAfter(ctx.bridge.statement(anchor), (moved,))]
+    return [ctx.note(w.call, "DDP127", msg + "; moved below the placement of the module on its device", edits)]
 
 
 def _placed_late(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[Finding]:

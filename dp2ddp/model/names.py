@@ -141,3 +141,23 @@ DP_BYTES = re.compile(rb"(?<!Distributed)DataParallel|data_parallel")
 
 def may_use_dp(data: bytes) -> bool:
     return DP_BYTES.search(data) is not None
+# (added for training steps: dp2ddp/model/steps.py, dp2ddp/model/batches.py)
+AUTOGRAD_BACKWARD = _names("torch.autograd.backward")
+GRAD_CLIPS = _under(
+    ("torch.nn.utils", "torch.nn.utils.clip_grad"), "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_"
+)
+# optimizers outside torch.optim.<Class> (which steps.py recognises by its shape)
+OPTIMIZERS = _names(
+    "transformers.AdamW", "transformers.optimization.AdamW", "transformers.Adafactor",
+    "transformers.optimization.Adafactor", "pytorch_transformers.AdamW", "pytorch_pretrained_bert.BertAdam",
+    "pytorch_pretrained_bert.optimization.BertAdam", "apex.optimizers.FusedAdam", "apex.optimizers.FusedLAMB",
+)
+SCHEDULER_MODULES = ("torch.optim.lr_scheduler",)
+SCHEDULER_FACTORIES = _under(
+    ("transformers", "transformers.optimization"),
+    "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup", "get_constant_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup", "get_cosine_with_hard_restarts_schedule_with_warmup",
+    "get_constant_schedule", "get_scheduler",
+) | _names("pytorch_transformers.WarmupLinearSchedule", "pytorch_transformers.optimization.WarmupLinearSchedule")
+GRAD_SCALERS = _names("torch.cuda.amp.GradScaler", "torch.amp.GradScaler", "torch.cuda.amp.grad_scaler.GradScaler")
+NULLCONTEXT = _names("contextlib.nullcontext")

@@ -59,13 +59,37 @@ def _statements(m: SemanticModel, stmt: ast.stmt) -> List[ast.stmt]:
     return out
 
 
+def _branch(m: SemanticModel, node: ast.AST) -> dict:
+    """For each ``if`` above ``node``: which of its blocks holds it."""
+    out = {}
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, ast.If):
+            for field in ("body", "orelse"):
+                if any(c is child for c in getattr(a, field, ()) or ()):
+                    out[id(a)] = field
+        child = a
+    return out
+
+
+def exclusive(m: SemanticModel, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` sit in different branches of one ``if`` (``if``/``else``, an ``elif``
+    chain): one run never executes both."""
+    ba, bb = _branch(m, a), _branch(m, b)
+    for key, field in ba.items():
+        other = bb.get(key)
+        if other is not None and other != field:
+            return True
+    return False
+
+
 def placements_after(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> List[ast.stmt]:
     """Statements after ``stmt`` (same function) that place one of ``names`` (source texts)."""
     wanted = set(names)
     pos = (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
     out = []
     for s in _statements(m, stmt):
-        if (s.lineno, s.col_offset) <= pos:
+        if (s.lineno, s.col_offset) <= pos or exclusive(m, s, stmt):
             continue
         placed = placement_of(m, s)
         if placed is not None and m.source(placed) in wanted:
@@ -79,6 +103,8 @@ def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> boo
     for s in _statements(m, stmt):
         if (s.lineno, s.col_offset) >= (stmt.lineno, stmt.col_offset):
             break
+        if exclusive(m, s, stmt):
+            continue
         placed = placement_of(m, s)
         if placed is not None and m.source(placed) in wanted:
             return True

@@ -67,7 +67,8 @@ def _problem(call: ast.Call, functional: bool) -> Optional[str]:
     if len(call.args) > len(names):
         return f"too many {what} arguments"
     dim = _arg(call, names, "dim")
-    if dim is not None and not (isinstance(dim, ast.Constant) and dim.value == 0):
+    # DataParallel(dim != 0): dp2ddp.model.batches decides whether its batches can be split on that dimension
+    if functional and dim is not None and not (isinstance(dim, ast.Constant) and dim.value == 0):
         return f"{what}(dim={ast.unparse(dim)}) scatters along another dimension; DistributedDataParallel cannot express it"
     if _arg(call, names, "module") is None:
         return f"{what} call without a module"

@@ -83,11 +83,6 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
-def _extended(run: RunResult) -> bool:
-    """Did the run go past --steps for the data evidence?"""
-    return any(ev.get("stop") and ev.get("stop") == ev.get("need") for r in run.ranks.values() for ev in r.evidence)
-
-
 def series(run: RunResult) -> Dict[int, List[Tuple[Optional[float], Optional[float]]]]:
     """Per optimizer (by creation order, the same in both runs): (global loss, learning rate)
     of each of its steps, over all ranks (losses weighted by the ranks' samples where the
