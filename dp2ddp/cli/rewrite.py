@@ -176,7 +176,7 @@ def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: boo
     if show_diff:
         for f in project.changed:
             _print_diff(display_path(f.path), f.result.output, f.path)
-        report = [(display_path(f.path), None, f.result) for f in project.files]
+        report = [(display_path(f.path), None, f.result, f.path) for f in project.files]
     else:
         root = project_root(project)
         writes = []
@@ -190,9 +190,9 @@ def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: boo
         for dest, f in writes:
             atomic_write(dest, f.result.output, like=f.path)
         dests = {id(f): dest for dest, f in writes}
-        report = [(display_path(f.path), dests.get(id(f)), f.result) for f in project.files]
+        report = [(display_path(f.path), dests.get(id(f)), f.result, f.path) for f in project.files]
     if fmt == "json":
-        click.echo(json.dumps([_json_entry(d, dest, r) for d, dest, r in report], indent=2))
+        click.echo(json.dumps([_json_entry(d, dest, r, src) for d, dest, r, src in report], indent=2))
     elif not quiet:
         _print_summary(report[:1], show_diff, err=False)
         _print_summary_helpers(report[1:])
@@ -200,7 +200,7 @@ def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: boo
 
 
 def _print_summary_helpers(report) -> None:
-    for display, dest, result in report:
+    for display, dest, result, _source in report:
         where = "" if dest is None else f" -> {dest}"
         click.secho(f"{display}{where} (helper module)", bold=True)
         for f in result.migration.notes:

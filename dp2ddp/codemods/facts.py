@@ -43,9 +43,12 @@ class OwnSamplers:
 
 @dataclass
 class ShardHelper:
-    """The names :mod:`shard_loaders` gave its helper in this script (empty: none written)."""
+    """The names :mod:`shard_loaders` gave its helper in this script (empty: none written)
+    and the script's loaders it sharded (their epoch loops tell ``ShardedBatches`` the
+    epoch: :mod:`set_epoch`, so a run resumed at epoch k draws epoch k's order)."""
 
     names: Dict[str, str] = field(default_factory=dict)
+    loaders: List["Loader"] = field(default_factory=list)
 
 
 def order(transforms: List[Tuple[str, tuple, tuple]]) -> List[str]:

@@ -12,13 +12,13 @@ import ast
 from typing import List, Optional, Set, Tuple
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.codemods.facts import OwnSamplers
+from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertBefore
 from dp2ddp.model.core import is_docstring
 from dp2ddp.model.loaders import calls_set_epoch, epoch_loops
 
 
-NEEDS = (OwnSamplers,)
+NEEDS = (OwnSamplers, ShardHelper)
 
 
 def propose(ctx: Context) -> List[Finding]:
@@ -49,6 +49,37 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(
                 ctx.warn(loader.call, "DDP106", f"no epoch loop found for {name}: call {name}.sampler.set_epoch(epoch) at the start of every epoch")
             )
+    out.extend(_sharded_epochs(ctx, done))
+    return out
+
+
+def _sharded_epochs(ctx: Context, done: Set[Tuple[int, str]]) -> List[Finding]:
+    """Loaders sharded by ``shard_loader``: where their epoch loop is known, the loop tells
+    ``ShardedBatches`` its epoch (without it the order follows the passes of this process:
+    the same run, but a run resumed at epoch k would replay epoch 0's order). Nothing where no
+    epoch loop is found: the pass count is right for a run from the start."""
+    m = ctx.m
+    helper = ctx.need(ShardHelper)
+    if not helper.loaders or not helper.names:
+        return []
+    out: List[Finding] = []
+    for loader in helper.loaders:
+        for loop, text in epoch_loops(m, loader):
+            key = (id(loop), text + ".batch_sampler")
+            if key in done or not isinstance(loop, (ast.For, ast.AsyncFor)) or calls_set_epoch(m, loop):
+                continue
+            epoch = _epoch_counter(loop)
+            body = loop.body
+            first = body[1] if is_docstring(body[0]) and len(body) > 1 else body[0]
+            if epoch is None or first.lineno == loop.lineno or not ctx.bridge.alone_on_line(first):
+                continue
+            done.add(key)
+            stmt = ctx.stmt(
+                "if isinstance({e}.batch_sampler, {S}):\n    {e}.batch_sampler.set_epoch({epoch})\n",
+                e=text, S=helper.names["ShardedBatches"], epoch=epoch,
+            )
+            out.append(ctx.note(loop, "DDP131", f"{text}'s shuffle follows the epoch ({epoch}): a resumed run draws that epoch's order",
+                                [InsertBefore(ctx.bridge.statement(first), (stmt,))]))
     return out
 
 

@@ -52,7 +52,8 @@ def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
     shared: List[Loader] = []
     ctx.provide(OwnSamplers(shared))
-    ctx.provide(ShardHelper())
+    helper = ShardHelper()
+    ctx.provide(helper)
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
@@ -67,7 +68,13 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.block(loader.call, "DDP105", f"{label} {why}"))
             continue
         wrapped.append((loader.call, label))
+        helper.loaders.append(loader)
+    own: List[ast.AST] = []
     for call, label, training in subclass_calls(m):
+        given = kwarg(call, "sampler")
+        if ctx.mode == "mixed" and given is not None and distributed_sampler(m, given.value):
+            own.append(call)  # the mixed script's own distributed path gives it a DistributedSampler
+            continue
         if training:
             wrapped.append((call, label))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
@@ -76,7 +83,7 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.block(call, "DDP105", lost))
         elif names:
             rebinds.append((m.statement_of(call), names))  # type: ignore[arg-type]
-    known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)}
+    known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)} | {(id(c), ()) for c in own}
     for call, names, _ in returned_loaders(m):
         known |= {(id(call), p) for p in _returned_paths(m, call)}
     lost, named = _untraced_feeds(ctx, known)
@@ -85,6 +92,7 @@ def propose(ctx: Context) -> List[Finding]:
     if not wrapped and not rebinds:
         return out
     if any(f.severity == "error" for f in out):
+        helper.loaders.clear()
         return out
     names = _helper_names(ctx)
     fn = names["shard_loader"]
@@ -103,7 +111,7 @@ def propose(ctx: Context) -> List[Finding]:
     )
     anchor = wrapped[0][0] if wrapped else rebinds[0][0]
     out.append(ctx.note(anchor, "DDP130", f"{', '.join(dict.fromkeys(labels))} sharded between the ranks by {fn}: {how}; "
-                        "a new shuffle on every pass, no set_epoch needed", edits))
+                        "a new shuffle on every pass", edits))
     return out
 
 

@@ -782,6 +782,19 @@ def _opaque(m: SemanticModel, stmt: ast.stmt) -> bool:
     return any(isinstance(c, ast.Call) and m.resolve_call(c) is not None for c in ast.walk(stmt))
 
 
+def _dropped_helper_calls(m: SemanticModel) -> Set[int]:
+    """Statements that only call a project helper asserting a DataParallel: dp_idioms
+    removes them (DDP126), so the wrap may move past them."""
+    from dp2ddp.model.wraps import dp_helper_calls
+
+    out = set()
+    for h in dp_helper_calls(m):
+        stmt = m.parent(h.call)
+        if h.asserts and isinstance(stmt, ast.Expr) and stmt.value is h.call:
+            out.add(id(stmt))
+    return out
+
+
 def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST] = None) -> ast.stmt:
     """Where the wrap goes: after the statements that still prepare the module.
 
@@ -796,10 +809,13 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
     root = _root_name(module) if module is not None else None
     target_root = _root_name(target)
     separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
+    dropped = _dropped_helper_calls(m)
     for s in m.siblings_after(anchor):
         if _is_placement(m, s, target) or _initialises(m, s, target):
             best = s
             continue
+        if id(s) in dropped:
+            continue  # patch_replication_callback(model): removed by dp_idioms (DDP126)
         if _mentions(m, s, target) and not _same_through_wrapper(m, s, target):
             break
         if separate and _mentions_text(m, s, root.id) and not isinstance(s, (ast.For, ast.AsyncFor, ast.While) + FUNCTIONS):  # type: ignore[union-attr]
