@@ -344,3 +344,18 @@ def test_sampler_plans_come_from_the_lowest_rank_in_order_of_first_iteration():
     run = RunResult(role="migrated", exit_code=0, wall_s=1.0, ranks={1: r1, 0: r0}, logs=[])
     assert session.sampler_plans(run) == [{"n": 64, "seed": 2, "epochs": [1, 2]}, {"n": 32, "seed": 0, "epochs": [0, 1]}]
     assert session.sampler_plans(RunResult(role="migrated", exit_code=1, wall_s=1.0, ranks={}, logs=[])) == []
+
+
+def test_project_root_reaches_the_folder_a_script_puts_on_sys_path(tmp_path):
+    # outlier-exposure's CIFAR/baseline.py: sys.path.append(dirname(dirname(abspath(__file__))))
+    # then `from utils... import`: the run's copy must hold the folder above the script's
+    from dp2ddp.verify.scratch import project_root
+
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "CIFAR").mkdir()
+    script = tmp_path / "CIFAR" / "baseline.py"
+    script.write_text("import sys\nfrom os import path\nsys.path.append(path.dirname(path.dirname(path.abspath(__file__))))\n")
+    assert project_root(script) == tmp_path.resolve()
+    plain = tmp_path / "CIFAR" / "plain.py"
+    plain.write_text("import torch\n")
+    assert project_root(plain) == (tmp_path / "CIFAR").resolve()

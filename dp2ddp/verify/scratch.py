@@ -14,6 +14,7 @@ writes through it, and refuses writes into the project itself; after the run,
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,37 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
     if given is not None:
         return given.resolve()
     folder = script.resolve().parent
+    found = folder
     for d in (folder, *folder.parents):
         if any((d / m).exists() for m in MARKERS):
-            return d
-    return folder
+            found = d
+            break
+    # a script that puts a folder above its own on sys.path (``sys.path.append(
+    # dirname(dirname(abspath(__file__))))``, ``sys.path.insert(0, "..")``) imports from there
+    up = _path_levels_up(script)
+    above = folder
+    for _ in range(up):
+        above = above.parent
+    return above if up and (found == above or above in found.parents) else found
+
+
+_DIRNAME = re.compile(r"dirname\(")
+_SYS_PATH = re.compile(r"sys\.path\.(?:append|insert)\((.*)\)")
+
+
+def _path_levels_up(script: Path) -> int:
+    """How many folders above the script's own its ``sys.path`` edits reach."""
+    try:
+        text = script.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return 0
+    levels = 0
+    for m in _SYS_PATH.finditer(text):
+        arg = m.group(1)
+        if "__file__" in arg:
+            levels = max(levels, len(_DIRNAME.findall(arg)) - 1)
+        levels = max(levels, arg.count(".."))
+    return min(levels, 3)
 
 
 def run_cwd(root: Path, script: Path, cwd: Path) -> Path:
