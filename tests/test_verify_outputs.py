@@ -217,6 +217,103 @@ def test_a_halved_tensor_is_a_problem_in_a_world_of_one(tmp_path):
     assert d["kind"] == "shape"
 
 
+def _bn_state(shift: float):
+    """A BatchNorm model's state_dict, its statistics and weights moved by ``shift``."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    with torch.no_grad():
+        net[1].running_mean.add_(1.0 + shift)
+        net[1].weight.add_(shift)
+    return net.state_dict()
+
+
+def _runs_with_envelope(tmp_path: Path, orig_state, mig_state, env_state):
+    """Original, migration and envelope run, each saving a state_dict after the same step."""
+    o, m = _two_runs(tmp_path, lambda f: _save(orig_state, f / "out" / "netD.pth"),
+                     lambda f: _save(mig_state, f / "out" / "netD.pth"), mig_writes={0: ["out/netD.pth"]})
+    folder = tmp_path / "envelope"
+    folder.mkdir()
+    watch = outputs.Watch(folder, [])
+    _save(env_state, folder / "out" / "netD.pth")
+    e = watch.after(_run("envelope"))
+    for run in (o, m, e):
+        run.steps["out/netD.pth"] = 4
+    m.work = tmp_path
+    return o, m, e
+
+
+def test_values_beyond_an_unsplit_envelope_are_not_judged_for_batchnorm(tmp_path):
+    """DCGAN on CPU: the original calls DataParallel only on CUDA, so the envelope run could
+    not split its batches (it perturbed the gradients by one rounding) and says nothing of
+    per-rank BatchNorm statistics: the values are reported as not judged, not as a problem."""
+    o, m, e = _runs_with_envelope(tmp_path, _bn_state(0.0), _bn_state(0.5), _bn_state(1e-7))
+    rep = _compare(o, m, dp_in_original=False, envelope=e, split=False, stochastic=["batchnorm"])
+    (d,) = rep["differences"]
+    assert (d["kind"], d["severity"]) == ("values", "warning"), d
+    assert d["message"].startswith("out/netD.pth: values not judged: they differ by more than the noise envelope allows "
+                                   "(worst: 1.")
+    assert "BatchNorm normalises each rank's 1/2 of the batch" in d["message"]
+    assert "the original ran no DataParallel forward on this machine" in d["message"]
+    assert "split into 2 chunks" in d["message"]
+    (f,) = rep["files"]
+    assert f["status"] == "not judged" and f["values"]["judged"] is False
+
+
+@pytest.mark.parametrize("split, stochastic", [(True, ["batchnorm"]), (False, [])])
+def test_values_beyond_the_envelope_stay_problems_where_it_split_or_without_batchnorm(tmp_path, split, stochastic):
+    o, m, e = _runs_with_envelope(tmp_path, _bn_state(0.0), _bn_state(0.5), _bn_state(1e-7))
+    rep = _compare(o, m, envelope=e, split=split, stochastic=stochastic)
+    (d,) = rep["differences"]
+    assert (d["kind"], d["severity"]) == ("values", "problem")
+    assert "its values differ beyond float noise" in d["message"]
+
+
+def test_structure_changes_stay_problems_where_the_envelope_did_not_split(tmp_path):
+    state = _bn_state(0.0)
+    half = {k: (v.half() if k == "1.weight" else v) for k, v in _bn_state(0.5).items()}
+    o, m, e = _runs_with_envelope(tmp_path, state, half, state)
+    rep = _compare(o, m, dp_in_original=False, envelope=e, split=False, stochastic=["batchnorm"])
+    (d,) = rep["differences"]
+    assert (d["kind"], d["severity"]) == ("dtype", "problem")
+
+
+def _png(w, h):
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize(
+    "orig, mig, batches, share",
+    [
+        ((530, 68), (266, 68), [8], (8, 4)),  # DCGAN: save_image(real_cpu) of a batch of 8 (64x64), nrow 8
+        ((530, 134), (530, 68), [16], (16, 8)),  # two rows of 8, then one
+        ((70, 36), (32, 32), [2], (2, 1)),  # one image: make_grid returns it without padding
+        ((530, 68), (266, 68), [5], None),  # not a grid of a batch the original stepped on
+        ((530, 68), (200, 68), [8], None),  # not a grid of the same tiles
+    ],
+)
+def test_grid_share(orig, mig, batches, share):
+    assert outputs.grid_share(orig, mig, batches, 2) == share
+
+
+def test_an_image_of_a_ranks_share_of_a_batch_is_a_warning(tmp_path):
+    o, m = _two_runs(tmp_path, lambda f: (f / "real_samples.png").write_bytes(_png(530, 68)),
+                     lambda f: (f / "real_samples.png").write_bytes(_png(266, 68)), mig_writes={0: ["real_samples.png"]})
+    rep = _compare(o, m, batches=[8, 0])
+    (d,) = rep["differences"]
+    assert (d["kind"], d["severity"]) == ("dimensions", "warning")
+    assert d["message"] == ("real_samples.png is 266x68 in the migration, 530x68 in the original: a grid of 4 images "
+                            "where the original's has 8, rank 0's share of a batch of 8 (under DDP each rank holds 1/2 "
+                            "of the global batch)")
+    assert rep["files"][0]["status"] == "share"
+    # another size, or no batch it matches: a problem as before
+    (d,) = _compare(o, m, batches=[32])["differences"]
+    assert (d["kind"], d["severity"]) == ("dimensions", "problem")
+
+
 class _Evil:
     def __init__(self, marker):
         self.marker = marker

@@ -550,12 +550,18 @@ def _plain(node: Any) -> Any:
 
 
 class _Report:
+    unjudged: Optional[str] = None  # why checkpoint values beyond the envelope are not judged
+    unjudged_files: Dict[Optional[str], List[Tuple[str, str, float, float]]]  # line -> (file, tensor, diff, envelope's)
+    batches: List[int] = []  # the original's samples per step
+    world: int = 1
+
     def __init__(self) -> None:
         self.files: List[Dict[str, Any]] = []
         self.differences: List[Dict[str, Any]] = []
         self.notes: List[str] = []
         self.shares: Dict[str, List[str]] = {}  # note -> files: a saved tensor that is a rank's share of a batch
         self.not_compared: Dict[str, List[str]] = {}  # why -> files
+        self.unjudged_files = {}
 
     def share(self, path: str, note: str) -> None:
         """A note that may hold for several files (a batch saved every epoch): one note listing them."""
@@ -602,10 +608,20 @@ ADVICE_RANK0 = (
 
 def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool, steps: int = 0,
             envelope: Optional[RunOutputs] = None, values: bool = True,
-            loader: Optional[Callable[..., Dict[str, Dict[str, Dict[str, Any]]]]] = None) -> Dict[str, Any]:
+            loader: Optional[Callable[..., Dict[str, Dict[str, Dict[str, Any]]]]] = None,
+            split: bool = True, stochastic: Sequence[str] = (), batches: Sequence[int] = ()) -> Dict[str, Any]:
     """The ``outputs`` section: files, differences (each with a severity, advice and the line
-    that wrote the file where the probe saw it), notes."""
+    that wrote the file where the probe saw it), notes.
+
+    ``split``: the envelope run split its batches into world-size chunks (a DataParallel
+    forward ran in it); ``stochastic``: the model's per-process kinds (``batchnorm``,
+    ``dropout``); without the split the envelope measures neither, and checkpoint values
+    that differ beyond it are reported as not judged (a warning), not as a problem.
+    ``batches``: the original's samples per step, for images of a rank's share of a batch."""
     rep = _Report()
+    rep.unjudged = unjudged_reason(world, split, stochastic) if envelope is not None and values else None
+    rep.batches = sorted({int(b) for b in batches if b})
+    rep.world = world
     o_files, m_files = orig.files, mig.files
     groups: Dict[str, Tuple[List[str], List[str]]] = {}
     for p in sorted(o_files):
@@ -682,6 +698,56 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
         "roots": sorted(set(orig.roots) | set(mig.roots)),
         "summary": summary_line(rep.files, differences),
     }
+
+
+def unjudged_reason(world: int, split: bool, stochastic: Sequence[str]) -> Optional[str]:
+    """Why the envelope cannot judge checkpoint values (None when it can): it did not split
+    the batches (the original ran no DataParallel forward on this machine, so the envelope
+    run perturbed the gradients instead) and the model computes something per process that
+    only the split reproduces: BatchNorm statistics, dropout masks."""
+    kinds = [k for k in ("batchnorm", "dropout") if k in stochastic]
+    if split or not kinds:
+        return None
+    what = {
+        "batchnorm": f"BatchNorm normalises each rank's 1/{world} of the batch and keeps running statistics from it "
+                     f"(as DataParallel does over {world} GPUs), the original's the whole batch",
+        "dropout": "dropout draws each rank's masks from that process's own random stream",
+    }
+    return ("; ".join(what[k] for k in kinds)
+            + f"; the envelope run could not measure that: the original ran no DataParallel forward on this machine "
+              f"(a script that wraps the model only on GPUs), so its batches could not be split into {world} chunks "
+              "as DataParallel splits them, and one rounding per step was measured instead")
+
+
+def grid_share(za: Tuple[int, int], zb: Tuple[int, int], batches: Sequence[int], world: int) -> Optional[Tuple[int, int]]:
+    """(images in the original's grid, in the migration's) when the two images are grids of
+    the same tiles (``torchvision.utils.make_grid``/``save_image``: ``nrow`` per row,
+    ``padding`` pixels around each) holding a whole batch of the original (one of
+    ``batches``, its samples per step) and 1/world of it: the migration drew the batch
+    rank 0 holds, its share of the global batch."""
+    if world < 2 or za == zb:
+        return None
+    (wo, ho), (wm, hm) = za, zb
+    for n in batches:
+        if n < world or n % world:
+            continue
+        m = n // world
+        for pad in range(0, 17):
+            for nrow in range(1, n + 1):
+                xo = min(nrow, n)
+                yo = -(-n // xo)
+                if (wo - pad) % xo or (ho - pad) % yo:
+                    continue
+                cw, ch = (wo - pad) // xo, (ho - pad) // yo
+                if cw - pad < 2 or ch - pad < 2:
+                    continue
+                xm = min(nrow, m)
+                ym = -(-m // xm)
+                if (xm * cw + pad, ym * ch + pad) == (wm, hm) or (m == 1 and (cw - pad, ch - pad) == (wm, hm)):
+                    return n, m
+                if xo == n:
+                    break  # a larger nrow draws the same grid
+    return None
 
 
 def _ranks(ranks) -> str:
@@ -799,7 +865,7 @@ def _one(rep: _Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOut
     elif kind == "csv":
         _csv(rep, entry, shown, a, b, orig, mig, world)
     elif kind == "image":
-        _image(rep, entry, shown, a, b, orig, mig)
+        _image(rep, entry, shown, a, b, orig, mig, ranks)
     elif kind == "events":
         entry["compared"] = "count"  # one on each side; their records are not read
     else:
@@ -898,13 +964,27 @@ def image_size(path: Path) -> Optional[Tuple[int, int]]:
     return None
 
 
-def _image(rep, entry, shown, a, b, orig, mig) -> None:
+def _image(rep, entry, shown, a, b, orig, mig, ranks=()) -> None:
     za, zb = image_size(orig.where[a]), image_size(mig.where[b])
     if za is None or zb is None:
         entry["status"] = "not compared"
         rep.not_compared.setdefault("an image format verify does not read", []).append(shown)
         return
     entry["compared"] = "dimensions"
+    share = grid_share(za, zb, rep.batches, rep.world) if za != zb else None
+    if share is not None:
+        # a grid of the batch a rank holds (DCGAN's save_image(real_cpu)): the per-process
+        # batch, like a saved tensor that is a rank's share; reported, not failed
+        entry["status"] = "share"
+        n, m = share
+        who = f"rank {min(ranks)}'s" if len(ranks) == 1 else "one rank's"
+        rep.add(shown, "dimensions", "warning",
+                f"{{path}} is {zb[0]}x{zb[1]} in the migration, {za[0]}x{za[1]} in the original: a grid of {m} images "
+                f"where the original's has {n}, {who} share of a batch of {n} (under DDP each rank holds 1/{rep.world} "
+                "of the global batch)",
+                "if the whole batch is wanted in the image, gather it (`dist.all_gather`) before drawing it",
+                mig.sites.get(b))
+        return
     if za != zb:
         entry["status"] = "differs"
         rep.add(shown, "dimensions", "problem",
@@ -995,7 +1075,17 @@ def _checkpoints(rep: _Report, entries: List[Dict[str, Any]], orig: RunOutputs, 
         _structure_findings(rep, e, shown, diffs, dp_in_original, world, ranks, line)
         if parity.get(i) and e["status"] == "equal":
             env = loaded.get("envelope", {}).get(str(envelope.where[a]), {})
-            _values(rep, e, shown, ra.get("flat"), rb.get("flat"), env.get("flat"), line)
+            _values(rep, e, shown, ra.get("flat"), rb.get("flat"), env.get("flat"), line, rep.unjudged)
+    for line, found in rep.unjudged_files.items():
+        shown, k, dm, de = max(found, key=lambda x: x[2] / max(x[3], 1e-300))
+        in_file = f" of {shown}" if len(found) > 1 else ""
+        for path, *_ in found:
+            rep.add(path, "values", "warning",
+                    f"{{path}}: values not judged: they differ by more than the noise envelope allows (worst: {k}{in_file}, "
+                    f"relative difference {dm:.3g}, the envelope's {de:.3g}), and the envelope cannot tell whether that is "
+                    f"legitimate: {rep.unjudged}",
+                    "nothing to change for this alone: the losses are compared above; to have these values judged "
+                    "against DataParallel's own split, run verify where the original wraps DataParallel (on GPUs)", line)
 
 
 def _error(r: Dict[str, Any], mode: Optional[str] = None) -> str:
@@ -1020,9 +1110,11 @@ def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, 
         _structure_difference(rep, shown, d, line, "checkpoint", dp_in_original)
 
 
-def _values(rep, entry, shown, fa, fb, fe, line) -> None:
+def _values(rep, entry, shown, fa, fb, fe, line, unjudged: Optional[str] = None) -> None:
     """The tensors of both checkpoints (saved at the same step) against the envelope's: each
-    may differ by ENVELOPE_FACTOR times what float noise alone made of it, or VALUE_FLOOR."""
+    may differ by ENVELOPE_FACTOR times what float noise alone made of it, or VALUE_FLOOR.
+    With ``unjudged`` (why the envelope cannot measure what differs per process), a tensor
+    beyond that is a warning saying so, not a problem."""
     if not (fa and fb and fe):
         return
     try:
@@ -1050,6 +1142,11 @@ def _values(rep, entry, shown, fa, fb, fe, line) -> None:
     entry["compared"] += ", values"
     entry["values"] = {"worst_ratio": worst, "tensor": where[0] if where else None,
                        "difference": where[1] if where else 0.0, "envelope": where[2] if where else 0.0}
+    if worst > 1 and where and unjudged:
+        entry["status"] = "not judged"
+        entry["values"]["judged"] = False
+        rep.unjudged_files.setdefault(line, []).append((shown,) + where)  # one finding per line that saved them
+        return
     if worst > 1 and where:
         entry["status"] = "differs"
         k, dm, de = where

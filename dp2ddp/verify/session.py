@@ -276,9 +276,15 @@ def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> D
     env = pair.runs.get("envelope")
     envelope = seen.get("envelope") if env is not None and env.exit_code == 0 and not env.hung else None
     steps = stop_step(pair.runs["migrated"], setup.steps)
+    # the envelope run split its batches (a DataParallel forward ran in it) or, wrapping nothing
+    # on this machine, perturbed the gradients: then it says nothing of BatchNorm or dropout per rank
+    split = env is not None and any((r.end or {}).get("envelope") == "chunks" for r in env.ranks.values())
+    stochastic = (pair.report.get("tolerance") or {}).get("why") or []
+    batches = sorted({int(s.get("samples") or 0) for r in pair.runs["original"].ranks.values() for s in r.steps} - {0})
     try:
         return outputs.compare(seen["original"], seen["migrated"], setup.nproc * setup.nnodes, dp, steps, envelope=envelope,
-                               values=bool(pair.report.get("losses_agree")))
+                               values=bool(pair.report.get("losses_agree")), split=split, stochastic=stochastic,
+                               batches=batches)
     except Exception as e:  # noqa: BLE001
         note = f"the outputs could not be compared ({type(e).__name__}: {e})"
         return {"equal": None, "files": [], "differences": [], "notes": [note], "roots": [], "summary": "not compared"}
