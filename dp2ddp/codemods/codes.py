@@ -350,6 +350,28 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix.",
     ),
     _c(
+        "DDP152", "mixed-path-per-process-batch", "error",
+        "the script's own distributed path feeds its DistributedSampler loader `batch_size` per process and never divides it by the world size",
+        "The DataParallel path read `batch_size` as the global batch (split across the GPUs); the script's own "
+        "distributed path, which runs under torchrun after the migration, reads the same value per process: the "
+        "global batch grows world-size times, and with it the learning-rate scale and the steps per epoch.",
+        "Divide it on that path (`args.batch_size //= world_size` where the process group starts), or pass "
+        "`--keep-batch-size` to accept the per-process batch.",
+        "No fix.",
+        "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+        "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int, default=16)\n"
+        "p.add_argument('--nodes', type=int, default=1)\np.add_argument('--nr', type=int, default=0)\nargs = p.parse_args()\n"
+        "if args.nodes > 1:\n    dist.init_process_group('gloo', rank=args.nr, world_size=args.nodes)\n"
+        "ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "sampler = DistributedSampler(ds) if args.nodes > 1 else None\n"
+        "loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None)\n"
+        "model = nn.Linear(4, 1)\n"
+        "model = nn.parallel.DistributedDataParallel(model) if args.nodes > 1 else nn.DataParallel(model)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n",
+    ),
+    _c(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",

@@ -81,6 +81,6 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.note(anchor, "DDP123", f"wrap {t} ({name}) in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(anchor), (new,))]))
             keys = assigned_keys(m, outer)
             seeds.update(keys)
-            wrap_stmts.append(anchor)
+            wrap_stmts.append((anchor, t))
     out.extend(route_uses(ctx, seeds, seeds, wrap_stmts))
     return out

@@ -57,9 +57,21 @@ def propose(ctx: Context) -> List[Finding]:
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
-        if distributed_sampler(m, loader.sampler_value) and (ctx.mode == "mixed" or not _partly_distributed(m, loader)):
-            shared.append(loader)  # already sharded (a script's own distributed path)
-            continue
+        if distributed_sampler(m, loader.sampler_value):
+            partly = _partly_distributed(m, loader)
+            if ctx.mode == "mixed" or not partly:
+                shared.append(loader)  # already sharded (a script's own distributed path)
+                grown = _batch_never_divided(m, loader) if ctx.mode == "mixed" and loader.training else None
+                if grown is not None and not ctx.options.keep_batch_size:
+                    out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
+                                         "script's own distributed path, which never divides it by the world size: under "
+                                         "torchrun the global batch would be world-size times the DataParallel run's; divide "
+                                         "it where the process group starts, or pass --keep-batch-size to accept it"))
+                    continue
+                if not (partly and loader.training):
+                    continue
+                # the mixed script's own flag (``if args.nodes > 1``) may leave it None under
+                # torchrun: shard_loader shards it then, and leaves a DistributedSampler as is
         if not loader.training:
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
@@ -225,6 +237,26 @@ def _partly_distributed(m, loader: Loader) -> bool:
     without that flag nothing shards the loader (``shard_loader`` leaves a DistributedSampler
     as it is at run time)."""
     return any(not m.call_is(v, DISTRIBUTED_SAMPLER) for v in sampler_values(m, loader.sampler_value))
+
+
+def _batch_never_divided(m, loader: Loader) -> Optional[ast.AST]:
+    """The batch size of a mixed script's DistributedSampler loader (``args.batch_size``) when
+    no statement of the script scales that value by a device count: ``args.batch_size =
+    int(args.batch_size / ngpus_per_node)`` on some path, or HF's ``train_batch_size =
+    per_gpu_train_batch_size * max(1, n_gpu)``, is the script's own answer."""
+    given = kwarg(loader.call, "batch_size")
+    if given is None or not isinstance(given.value, (ast.Name, ast.Attribute)):
+        return None
+    text = m.source(given.value)
+    for node in m.nodes(ast.Assign, ast.AugAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if not any(m.source(t) == text for t in targets):
+            continue
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mult)):
+            return None
+        if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult)) for b in ast.walk(node.value)):
+            return None
+    return given.value
 
 
 def _cannot_shard(m, loader: Loader) -> Optional[str]:

@@ -267,7 +267,7 @@ def propose(ctx: Context) -> List[Finding]:
                 guarded_keys |= keys
     wrappers.seeds, wrappers.guarded = seeds, guarded_keys
     wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
-    out.extend(route_uses(ctx, seeds, guarded_keys, {w.stmt for w in keep}))
+    out.extend(route_uses(ctx, seeds, guarded_keys, [(w.stmt, m.source(w.target) if w.target is not None else None) for w in keep]))
     out.extend(_type_refs(ctx))
     out.extend(_remove_imports(ctx))
     return out
@@ -875,9 +875,13 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
 
 
 def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
-    """A use in the function (or module level) of a wrap, before it."""
+    """A use in the function (or module level) of a wrap of the same variable, before it
+    (``wrap_stmts``: ``(statement, wrapped variable's text or None for any)``)."""
     func = m.enclosing_function(node)
-    for s in wrap_stmts:
+    text = m.source(node)
+    for s, wrapped in wrap_stmts:
+        if wrapped is not None and wrapped != text:
+            continue  # another model's wrap (netD's below netG's load_state_dict)
         if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
             if not any(isinstance(a, LOOPS) and m.contains(a, s) for a in m.ancestors(node)):
                 return True
