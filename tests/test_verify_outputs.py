@@ -628,3 +628,20 @@ def test_the_same_script_on_both_sides_shows_no_measurable_difference(tmp_path):
         assert (keep / "pair1" / role / "threads.txt").read_text() == "1\n"
     assert plot.read_bytes()[:4] == b"\x89PNG"
     assert os.path.isdir(keep / "pair1" / "probe")
+
+
+def test_module_prefix_is_judged_by_the_projects_own_loaders():
+    # resnext's shape: train.py saves net.state_dict() of a wrap taken with --ngpu > 1, and
+    # test.py strips `module.` before load_state_dict: rewrite writes the bare keys (its key
+    # policy), and verify judges the difference by the same loaders
+    from dp2ddp.model.checkpoints import EITHER, PLAIN, PREFIXED, LoadSite
+    from dp2ddp.verify.advice import module_prefix
+
+    d = {"prefix": "module.", "how": "lost", "count": 2, "original_keys": ["module.a", "module.b"], "migrated_keys": ["a", "b"]}
+    either = LoadSite("test.py", 83, EITHER)
+    assert module_prefix(d, "its keys", True)[0] == "problem"  # no loader known: a problem
+    sev, msg, _ = module_prefix(d, "its keys", True, [either])
+    assert sev == "warning" and "test.py:83" in msg
+    assert module_prefix(d, "its keys", True, [LoadSite("eval.py", 9, PLAIN)])[0] == "warning"
+    sev, msg, _ = module_prefix(d, "its keys", True, [either, LoadSite("eval.py", 9, PREFIXED)])
+    assert sev == "problem" and "eval.py:9" in msg

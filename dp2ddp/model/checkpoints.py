@@ -396,3 +396,16 @@ def key_policy(m: SemanticModel, guarded: bool) -> KeyPolicy:
                          + ", ".join(f"{s.path}:{s.line} wants {s.wants}" for s in sites[:3]) + ")", sites)
     how = "on one device (its DataParallel wrap needed several GPUs)" if guarded else "(its DataParallel wrap was unconditional)"
     return KeyPolicy(original, f"as the original wrote them {how}; no loader of them found in the project", sites)
+
+
+def checkpoint_readers(path: str) -> List[LoadSite]:
+    """The project's own loaders of the checkpoints the script at ``path`` writes (what
+    :func:`key_policy` chose the keys by): ``verify`` judges a ``module.`` difference by them."""
+    from dp2ddp.model.core import build
+
+    try:
+        with open(path, "rb") as f:
+            m = build(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [s for s in project_load_sites(m) if reads_our_files(m, s)]

@@ -70,13 +70,17 @@ def advise(text: str, distributed: bool = True) -> List[str]:
     return out
 
 
-def module_prefix(d: dict, keys_of: str, dp_in_original: bool) -> Tuple[str, str, str]:
+def module_prefix(d: dict, keys_of: str, dp_in_original: bool, readers=()) -> Tuple[str, str, str]:
     """(severity, message, advice) for checkpoint keys that differ by a prefix such as
     ``module.`` (``d``: the difference, with both sides' keys). The one place that decides
     what such a difference means: the policy of rewrite's issue 18 (keys as the project's
     own loading code accepts them; where no loader is found, the original's keys) is to be
-    pointed at from here. Until it is settled the advice takes no side: it names both
-    sides' keys, which model each loads into, and how to make them one."""
+    pointed at from here: ``readers`` are the project's own loaders of the script's checkpoints
+    (:func:`dp2ddp.model.checkpoints.checkpoint_readers`, the ones ``rewrite`` chose the keys
+    by). When every one of them loads the migration's keys (or accepts either), the difference
+    is a warning naming them; a loader that wants the original's keys makes it a problem; with
+    none found, the advice names both sides' keys, which model each loads into, and how to make
+    them one."""
     p, how, count = d["prefix"], d["how"], d["count"]
 
     def few(keys) -> str:
@@ -95,6 +99,17 @@ def module_prefix(d: dict, keys_of: str, dp_in_original: bool) -> Tuple[str, str
         "`model.module.state_dict()` gives the bare keys, the wrapper's `model.state_dict()` the `module.` ones; "
         "or make the loading code accept both (strip or add `module.`)"
     )
+    if readers and p == "module.":
+        mine = "module." if how == "gained" else "plain"
+        theirs = "plain" if mine == "module." else "module."
+        wanting = [r for r in readers if r.wants == theirs]
+        if not wanting:
+            names = ", ".join(f"{r.path}:{r.line}" for r in readers[:3])
+            return ("warning", message + f"; the project's own loader{'s' if len(readers) > 1 else ''} ({names}) "
+                    "load the migration's keys", "nothing to do for this project's code; other code that loads "
+                    "these files into " + fits_o + " needs the other keys")
+        w = wanting[0]
+        return ("problem", message + f"; {w.path}:{w.line}, the project's own loader, wants the original's keys", advice)
     if how == "gained" and p == "module." and not dp_in_original:
         return ("warning", message + "; the original ran without DataParallel here, so its keys have none",
                 "DataParallel adds the same `module.` where the original wraps the model (on GPUs), so the formats "

@@ -609,7 +609,8 @@ ADVICE_RANK0 = (
 def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool, steps: int = 0,
             envelope: Optional[RunOutputs] = None, values: bool = True,
             loader: Optional[Callable[..., Dict[str, Dict[str, Dict[str, Any]]]]] = None,
-            split: bool = True, stochastic: Sequence[str] = (), batches: Sequence[int] = ()) -> Dict[str, Any]:
+            split: bool = True, stochastic: Sequence[str] = (), batches: Sequence[int] = (),
+            readers: Sequence[Any] = ()) -> Dict[str, Any]:
     """The ``outputs`` section: files, differences (each with a severity, advice and the line
     that wrote the file where the probe saw it), notes.
 
@@ -647,7 +648,7 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
             checkpoints.append(entry)
     if checkpoints:
         _checkpoints(rep, checkpoints, orig, mig, envelope if values else None, world, dp_in_original,
-                     loader or load_checkpoints)
+                     loader or load_checkpoints, readers)
         if envelope is not None and not values:
             rep.notes.append("checkpoint values not compared: the losses already differ")
 
@@ -994,7 +995,7 @@ def _image(rep, entry, shown, a, b, orig, mig, ranks=()) -> None:
 
 
 def _checkpoints(rep: _Report, entries: List[Dict[str, Any]], orig: RunOutputs, mig: RunOutputs,
-                 envelope: Optional[RunOutputs], world: int, dp_in_original: bool, loader) -> None:
+                 envelope: Optional[RunOutputs], world: int, dp_in_original: bool, loader, readers: Sequence[Any] = ()) -> None:
     """Load every checkpoint of both runs (and of the envelope's run, for the values) the way
     the project's own code would, then compare them."""
     flat_dir = (mig.work or Path(tempfile.gettempdir())) / "flat"
@@ -1030,7 +1031,7 @@ def _checkpoints(rep: _Report, entries: List[Dict[str, Any]], orig: RunOutputs, 
                 rep.not_compared.setdefault(why_a or why_b or "unreadable", []).append(shown)
                 continue
             e["compared"] = "keys, shapes and dtypes"
-            _structure_findings(rep, e, shown, compare_structure(sta, stb), dp_in_original, world, ranks, line)
+            _structure_findings(rep, e, shown, compare_structure(sta, stb), dp_in_original, world, ranks, line, readers)
             continue
         ra = loaded.get("original", {}).get(str(pa), {"load": "failed", "errors": {"loader": "not loaded"}})
         rb = loaded.get("migrated", {}).get(str(pb), {"load": "failed", "errors": {"loader": "not loaded"}})
@@ -1072,7 +1073,7 @@ def _checkpoints(rep: _Report, entries: List[Dict[str, Any]], orig: RunOutputs, 
         e["compared"] = "keys, shapes and dtypes" + (" (loaded with weights_only=False, as the original's must be)"
                                                      if ra["load"] == "full" else "")
         diffs = compare_structure(decode(ra["structure"]), decode(rb["structure"]))
-        _structure_findings(rep, e, shown, diffs, dp_in_original, world, ranks, line)
+        _structure_findings(rep, e, shown, diffs, dp_in_original, world, ranks, line, readers)
         if parity.get(i) and e["status"] == "equal":
             env = loaded.get("envelope", {}).get(str(envelope.where[a]), {})
             _values(rep, e, shown, ra.get("flat"), rb.get("flat"), env.get("flat"), line, rep.unjudged)
@@ -1094,7 +1095,7 @@ def _error(r: Dict[str, Any], mode: Optional[str] = None) -> str:
     return strip_ansi(text or "it fails to load")
 
 
-def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, line) -> None:
+def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, line, readers=()) -> None:
     share = _batch_share(diffs, world)
     if share is not None:
         entry["status"] = "share"
@@ -1107,7 +1108,7 @@ def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, 
         return
     for d in diffs:
         entry["status"] = "differs"
-        _structure_difference(rep, shown, d, line, "checkpoint", dp_in_original)
+        _structure_difference(rep, shown, d, line, "checkpoint", dp_in_original, readers)
 
 
 def _values(rep, entry, shown, fa, fb, fe, line, unjudged: Optional[str] = None) -> None:
@@ -1181,7 +1182,7 @@ def _batch_share(diffs: List[Dict[str, Any]], world: int) -> Optional[Tuple[List
 
 
 def _structure_difference(rep: _Report, shown: str, d: Dict[str, Any], line: Optional[str], what_file: str = "checkpoint",
-                          dp_in_original: bool = True) -> None:
+                          dp_in_original: bool = True, readers: Sequence[Any] = ()) -> None:
     from dp2ddp.verify.advice import module_prefix
 
     where = _key_path(d["path"])
@@ -1189,7 +1190,7 @@ def _structure_difference(rep: _Report, shown: str, d: Dict[str, Any], line: Opt
     at = f"{where} " if where else "the saved object "
     what = d["what"]
     if what == "prefix":
-        severity, message, advice = module_prefix(d, keys_of, dp_in_original)
+        severity, message, advice = module_prefix(d, keys_of, dp_in_original, readers)
         rep.add(shown, "module_prefix", severity, message, advice, line)
         return
     if what == "keys":
