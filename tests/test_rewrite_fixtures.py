@@ -34,6 +34,7 @@ REWRITE_DIRS = {
     "print_all_ranks": Options(print_all_ranks=True),
     "no_sync": Options(),
     "hand_batches": Options(),
+    "in_batch_loss": Options(),
 }
 CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 # ``*_race_warns``: the output keeps a race the rewrite warns about (in a project module it does

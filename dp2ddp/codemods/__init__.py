@@ -23,6 +23,7 @@ from dp2ddp.codemods import (
     guarded_forward,
     init_forward,
     hand_batches,
+    in_batch_loss,
     loss_scale,
     map_location,
     mixed,
@@ -56,6 +57,7 @@ _MODULES = [
     dp_idioms,
     no_sync,
     hand_batches,
+    in_batch_loss,
 ]
 
 

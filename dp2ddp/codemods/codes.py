@@ -372,6 +372,21 @@ CODES: Tuple[MigrationCode, ...] = (
         "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n",
     ),
     _c(
+        "DDP153", "in-batch-loss", "error",
+        "a loss the training reaches compares the samples of a batch with each other (`features @ features.T`) and gathers nothing from the other ranks",
+        "Under DataParallel a contrastive loss (SupCon, NT-Xent, InfoNCE) runs on the gathered outputs: every sample "
+        "meets every other. Under DDP each process computes it on its own share, so each sample meets a fraction of "
+        "the negatives: another loss, and a migration that trains a different model while exiting 0.",
+        "Gather every rank's features before the loss (an all_gather that keeps the gradients, as SimCLR's "
+        "GatherLayer), then migrate.",
+        "No fix.",
+        "import torch\nimport torch.nn as nn\n\n\ndef contrastive_loss(z):\n    sim = torch.matmul(z, z.T)\n"
+        "    return -torch.log_softmax(sim, dim=1).diagonal().mean()\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(2):\n    opt.zero_grad()\n    loss = contrastive_loss(model(torch.randn(8, 4)))\n"
+        "    loss.backward()\n    opt.step()\n",
+    ),
+    _c(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",
