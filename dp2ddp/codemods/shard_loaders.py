@@ -61,10 +61,10 @@ def propose(ctx: Context) -> List[Finding]:
             partly = _partly_distributed(m, loader)
             if ctx.mode == "mixed" or not partly:
                 shared.append(loader)  # already sharded (a script's own distributed path)
-                grown = _batch_never_divided(m, loader) if ctx.mode == "mixed" and loader.training else None
+                grown = _batch_never_divided(m, loader, _switches(ctx)) if ctx.mode == "mixed" and loader.training else None
                 if grown is not None and not ctx.options.keep_batch_size:
                     out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
-                                         "script's own distributed path, which never divides it by the world size: under "
+                                         "script's own distributed path, which does not divide it by the world size on every path that runs under torchrun: under "
                                          "torchrun the global batch would be world-size times the DataParallel run's; divide "
                                          "it where the process group starts, or pass --keep-batch-size to accept it"))
                     continue
@@ -239,11 +239,12 @@ def _partly_distributed(m, loader: Loader) -> bool:
     return any(not m.call_is(v, DISTRIBUTED_SAMPLER) for v in sampler_values(m, loader.sampler_value))
 
 
-def _batch_never_divided(m, loader: Loader) -> Optional[ast.AST]:
+def _batch_never_divided(m, loader: Loader, on: Dict[str, str]) -> Optional[ast.AST]:
     """The batch size of a mixed script's DistributedSampler loader (``args.batch_size``) when
-    no statement of the script scales that value by a device count: ``args.batch_size =
-    int(args.batch_size / ngpus_per_node)`` on some path, or HF's ``train_batch_size =
-    per_gpu_train_batch_size * max(1, n_gpu)``, is the script's own answer."""
+    no statement of the script scales that value on every path of its function: HF's
+    ``train_batch_size = per_gpu_train_batch_size * max(1, n_gpu)`` is the script's own
+    answer; imagenet's ``args.batch_size = int(args.batch_size / ngpus_per_node)`` under
+    ``if args.gpu is not None:`` is not (torchrun leaves ``--gpu`` unset)."""
     given = kwarg(loader.call, "batch_size")
     if given is None or not isinstance(given.value, (ast.Name, ast.Attribute)):
         return None
@@ -252,11 +253,42 @@ def _batch_never_divided(m, loader: Loader) -> Optional[ast.AST]:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         if not any(m.source(t) == text for t in targets):
             continue
+        if _conditional(m, node, on):
+            continue  # scaled on one path only (imagenet's `if args.gpu is not None:`): not proven
         if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mult)):
             return None
         if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult)) for b in ast.walk(node.value)):
             return None
     return given.value
+
+
+def _switches(ctx: Context) -> Dict[str, str]:
+    """The tests that switch a mixed script's distributed path on (``if args.distributed:``),
+    by their text, with the branch that runs under torchrun (mixed.detect_mode's plan)."""
+    from dp2ddp.codemods.mixed import MixedPlan
+
+    try:
+        plan = ctx.need(MixedPlan)
+    except Exception:  # noqa: BLE001 - a plain script has no plan
+        return {}
+    return {ast.dump(t): b for t, b in plan.predicates}
+
+
+def _conditional(m, node: ast.AST, on: Dict[str, str]) -> bool:
+    """``node`` sits under an ``if`` (or a ``try``) of its function that is not the switch of
+    the distributed path (on in its torchrun branch): it does not run on every path there."""
+    child = node
+    for a in m.ancestors(node):
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            return False
+        if isinstance(a, ast.If):
+            branch = "body" if any(c is child for c in a.body) else "orelse"
+            if on.get(ast.dump(a.test)) != branch:
+                return True
+        elif isinstance(a, (ast.Try, ast.IfExp)):
+            return True
+        child = a
+    return False
 
 
 def _cannot_shard(m, loader: Loader) -> Optional[str]:
