@@ -202,6 +202,10 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
         return ctx.block(race.call, "DDP110", f"{race.name} picks the folder it creates from what already exists ({race.lists}, "
                          f"{race.where}): every rank would pick and create its own; let rank 0 choose the folder and pass it "
                          "to the others, then migrate")
+    if not race.checked:
+        return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok and without checking that it is "
+                         f"missing ({race.where}): every rank after the first would raise FileExistsError, in whatever order "
+                         "they run; create it with exist_ok=True (or on rank 0 only), then migrate")
     if stmt is None or not ctx.bridge.alone_on_line(stmt) or any(isinstance(a, (ast.For, ast.While, ast.AsyncFor)) for a in m.ancestors(stmt)):
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, in a "
                          "statement dp2ddp cannot order between the ranks: create it on rank 0 first, then migrate")

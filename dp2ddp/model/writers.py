@@ -147,6 +147,7 @@ class CompanionRace:
     deletes: Optional[str] = None  # ``utils/saver.py:18`` where it also removes files or folders
     only_writes: bool = False  # it writes and does nothing else every rank needs (see writes_only)
     lists: Optional[str] = None  # ``utils/saver.py:8`` where it lists a folder (``run_{n}`` from what exists)
+    checked: bool = True  # the mkdir runs only when the folder is missing (``if not os.path.exists(d)``)
 
 
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
@@ -191,6 +192,20 @@ def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
     return True
 
 
+def _checked_mkdir(pm: SemanticModel, call: ast.AST, body: ast.AST) -> bool:
+    """The mkdir runs only when the folder is missing (under ``if not os.path.exists(d):`` /
+    ``isdir``) or its ``FileExistsError`` is caught: a rank that runs it after another is safe."""
+    for a in pm.ancestors(call):
+        if a is body:
+            return False
+        if isinstance(a, ast.If) and any(k in pm.source(a.test) for k in ("exists", "isdir", "is_dir")):
+            return True
+        if isinstance(a, ast.Try) and any(h.type is None or any(k in pm.source(h.type) for k in ("FileExistsError", "OSError"))
+                                          for h in a.handlers):
+            return True
+    return False
+
+
 def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
     """Calls of a class or function of a project module (a file beside the script) that
     creates a folder without ``exist_ok`` when it runs (``Saver(args)`` whose ``__init__``
@@ -212,7 +227,8 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
                 gone = _removes_in(pm, body)
                 listed = _lists_in(pm, body)
                 out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}", f"{rel}:{gone}" if gone else None,
-                                         lists=f"{rel}:{listed}" if listed else None))
+                                         lists=f"{rel}:{listed}" if listed else None,
+                                         checked=_checked_mkdir(pm, w.call, body)))
                 break
     m.cache["companion_races"] = out
     return out
