@@ -411,11 +411,37 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap]) -> bool:
     if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in origins(m, owner)):
         return False
     wrapped = set()
+    made = set()  # classes whose instances are wrapped
     for w in wraps:
         for e in (w.module, w.target):
             if e is not None:
-                wrapped |= {id(n) for n, _ in origins(m, e)}
+                for n, _ in origins(m, e):
+                    wrapped.add(id(n))
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                        made.add(n.func.id)
+    cls = m.enclosing_class(change)
+    if cls is not None and _root_is_self(owner) and _family(m, cls) & made:
+        return False  # Net.freeze_backbone(): self is the wrapped model
     return not (mine & wrapped)
+
+
+def _root_is_self(node: ast.AST) -> bool:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _family(m: SemanticModel, cls: ast.ClassDef) -> Set[str]:
+    """The class and the classes of this module that derive from it (by name)."""
+    names = {cls.name}
+    grew = True
+    while grew:
+        grew = False
+        for c in m.nodes(ast.ClassDef):
+            if c.name not in names and any(isinstance(b, ast.Name) and b.id in names for b in c.bases):
+                names.add(c.name)
+                grew = True
+    return names
 
 
 def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
