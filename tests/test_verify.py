@@ -197,6 +197,28 @@ def test_bundled_example_with_an_evaluation_loader_passes(tmp_path):
     assert rep["steps_compared"] >= 9  # crosses the end of the first epoch (8 steps) and its evaluation
 
 
+def test_a_changed_momentum_fails_against_the_unsplit_envelope(tmp_path):
+    """The example wraps DataParallel only on CUDA, so on CPU the envelope perturbs every
+    gradient (a rounding of each element and of the tensor's scale per step) instead of
+    splitting batches: loose enough for float noise (the bundled example above passes),
+    far too tight for a migration that trains differently (SGD's momentum 0.8 for 0.9: the
+    same loss at the first steps, then a drift no rounding makes)."""
+    work = tmp_path / "demo"
+    work.mkdir()
+    shutil.copy(FIXTURES.parent.parent / "examples" / "train_cifar_dp.py", work / "train.py")
+    r = subprocess.run([sys.executable, "-m", "dp2ddp", "rewrite", str(work / "train.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    migrated = work / "train_ddp.py"
+    src = migrated.read_text()
+    assert src.count("momentum=0.9") == 1
+    migrated.write_text(src.replace("momentum=0.9", "momentum=0.8"))
+    code, rep, out, _ = verify(tmp_path, str(work / "train.py"), "--steps", "8", "--min-speedup", "0", "--repeat", "1")
+    assert code == 1, out
+    assert rep["tolerance"]["kind"] == "envelope" and rep["tolerance"]["method"] == "perturb"
+    assert rep["losses_agree"] is False
+    assert any(p.startswith("losses disagree from step ") for p in rep["problems"]), rep["problems"]
+
+
 def test_evaluation_between_epochs_epochs_from_one_and_a_saved_batch_pass(tmp_path):
     """What the styles corpus showed verify misreading, in one small script: a validation
     loader iterated in full between epochs with gradients enabled (whole on every migrated

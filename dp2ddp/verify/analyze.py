@@ -139,7 +139,7 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
         ends = [r.end for r in envelope.ranks.values() if r.end]
         method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
         if method == "perturb" and stochastic:
-            se = {}  # one rounding per step says nothing of per-rank BatchNorm statistics or dropout masks
+            se = {}  # a gradient perturbation per step says nothing of per-rank BatchNorm statistics or dropout masks
             notes.append("the noise envelope does not cover BatchNorm or dropout without DataParallel's chunks "
                          "(the original ran without DataParallel here): --stochastic-rtol decides")
     elif envelope is not None:
@@ -192,8 +192,9 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     if se:
         how = {"chunks": f"the original run again with each batch split into {opts.nproc * opts.nnodes} chunks by "
                          "DataParallel, their gradients summed (DDP's reduction order without DDP)",
-               "perturb": "the original run again with every gradient perturbed by one rounding (relative eps of its "
-                          "dtype) at each step (it ran without DataParallel, so no chunks)"}[method]
+               "perturb": f"the original run again with every gradient element perturbed at each step by "
+                          f"{opts.nproc * opts.nnodes} roundings (eps of its dtype) of its magnitude plus the tensor's RMS, "
+                          "the reduction-order noise of an all-reduce (it ran without DataParallel, so no chunks)"}[method]
         rule = (f"within {ENVELOPE_FACTOR:g}x the float-noise envelope ({how}), at least --rtol {opts.rtol:g}"
                 + (f"; {', '.join(stochastic)}: as a {WINDOW}-step moving average" if stochastic else ""))
         kind = "envelope"

@@ -554,6 +554,7 @@ class _Report:
     unjudged_files: Dict[Optional[str], List[Tuple[str, str, float, float]]]  # line -> (file, tensor, diff, envelope's)
     batches: List[int] = []  # the original's samples per step
     world: int = 1
+    decided: Optional[str] = None  # why a metric-decided write (a best checkpoint) may legitimately differ
 
     def __init__(self) -> None:
         self.files: List[Dict[str, Any]] = []
@@ -621,6 +622,9 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
     ``batches``: the original's samples per step, for images of a rank's share of a batch."""
     rep = _Report()
     rep.unjudged = unjudged_reason(world, split, stochastic) if envelope is not None and values else None
+    kinds = [k for k in ("batchnorm", "dropout") if k in stochastic]
+    rep.decided = (" and ".join({"batchnorm": "BatchNorm", "dropout": "dropout"}[k] for k in kinds)
+                   if kinds and values else None)
     rep.batches = sorted({int(b) for b in batches if b})
     rep.world = world
     o_files, m_files = orig.files, mig.files
@@ -702,22 +706,43 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
 
 
 def unjudged_reason(world: int, split: bool, stochastic: Sequence[str]) -> Optional[str]:
-    """Why the envelope cannot judge checkpoint values (None when it can): it did not split
-    the batches (the original ran no DataParallel forward on this machine, so the envelope
-    run perturbed the gradients instead) and the model computes something per process that
-    only the split reproduces: BatchNorm statistics, dropout masks."""
+    """Why the envelope cannot judge checkpoint values (None when it can): the model
+    computes something per process that the envelope run does not reproduce.
+
+    Without the split (the original ran no DataParallel forward on this machine, so the
+    envelope run perturbed the gradients instead) it measures neither BatchNorm statistics
+    nor dropout masks. With the split it still does not hold DDP's: DataParallel's chunks
+    are contiguous slices of the whole batch, a rank's share is whatever its sampler or
+    loaders hand it (a DistributedSampler strides over the dataset, a batch assembled from
+    several loaders holds a part of each), so the statistics each BatchNorm normalises
+    with differ; the chunks update the running statistics once each, one after the other,
+    where DDP keeps rank 0's (its buffers are broadcast); and the chunks' dropout masks
+    come from one random stream in turn, each rank's from its own. The losses, compared as
+    a moving average, and the replicas' hashes still judge the training."""
     kinds = [k for k in ("batchnorm", "dropout") if k in stochastic]
-    if split or not kinds:
+    if not kinds:
         return None
     what = {
         "batchnorm": f"BatchNorm normalises each rank's 1/{world} of the batch and keeps running statistics from it "
                      f"(as DataParallel does over {world} GPUs), the original's the whole batch",
         "dropout": "dropout draws each rank's masks from that process's own random stream",
     }
-    return ("; ".join(what[k] for k in kinds)
-            + f"; the envelope run could not measure that: the original ran no DataParallel forward on this machine "
-              f"(a script that wraps the model only on GPUs), so its batches could not be split into {world} chunks "
-              "as DataParallel splits them, and one rounding per step was measured instead")
+    if not split:
+        return ("; ".join(what[k] for k in kinds)
+                + f"; the envelope run could not measure that: the original ran no DataParallel forward on this machine "
+                  f"(a script that wraps the model only on GPUs), so its batches could not be split into {world} chunks "
+                  "as DataParallel splits them, and a gradient perturbation per step was measured instead")
+    chunked = {
+        "batchnorm": f"BatchNorm normalises each rank's share of the batch, as its sampler or loaders hand it out, "
+                     f"and DDP keeps rank 0's running statistics (its buffers are broadcast); the envelope run's "
+                     f"{world} chunks are contiguous slices of the whole batch, each updating the running statistics "
+                     "in turn",
+        "dropout": "dropout draws each rank's masks from that process's own random stream, the envelope run's chunks "
+                   "theirs from one stream in turn",
+    }
+    return ("; ".join(chunked[k] for k in kinds)
+            + f"; so the envelope run (the original with each batch split into {world} chunks by DataParallel) measures "
+              "float noise, not these per-process differences")
 
 
 def grid_share(za: Tuple[int, int], zb: Tuple[int, int], batches: Sequence[int], world: int) -> Optional[Tuple[int, int]]:
@@ -800,6 +825,21 @@ def _count(rep: _Report, pat: str, os_: List[str], ms: List[str], orig: RunOutpu
         entry["status"] = "missing"
         names = ", ".join(os_[:MAX_LISTED])
         written = next((orig.sites[p] for p in os_ if p in orig.sites), None)
+        # the same line of the original wrote other files that the migration writes too: that
+        # write runs on a rank, and this file was one call's decision (`if is_best:`)
+        reached = sorted(p for p, site in orig.sites.items()
+                         if written and site == written and p not in os_ and p in mig.files)
+        if rep.decided and reached:
+            entry["status"] = "not judged"
+            rep.add(pat, "missing", "warning",
+                    f"the migration does not write {names if len(os_) == 1 else what + ' (' + names + ')'}; the original "
+                    f"does, at {written}, where the migration writes {', '.join(reached[:MAX_LISTED])} too: the line "
+                    f"runs on a rank, and this file was one call's decision (a best checkpoint, `if is_best:`), which "
+                    f"a metric of a model with {rep.decided} decides; per-rank {rep.decided} moves such a metric "
+                    "legitimately (the losses agree as a moving average), so its absence is not judged",
+                    "check that the condition of this write (a best accuracy, say) is computed the same way on rank 0 "
+                    "as in the original, from the whole evaluation set", None)
+            return
         rep.add(pat, "missing", "problem",
                 f"the migration does not write {names if len(os_) == 1 else what + ' (' + names + ')'}; the original does"
                 + (f", at {written}" if written else ""), ADVICE_NO_RANK)

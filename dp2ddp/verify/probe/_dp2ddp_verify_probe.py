@@ -24,8 +24,10 @@ It never edits the user's code. It:
   the data evidence, once the training loader has begun its second epoch (bounded);
 * with ``$DP2DDP_VERIFY_CHUNKS=W`` (the noise-envelope run of the original): DataParallel
   splits each batch into W chunks as it scatters over W devices, so the gradients are sums
-  over chunks (DDP's reduction order without DDP); without DataParallel, each gradient is
-  perturbed by one rounding (relative ``eps`` of its dtype) at every step;
+  over chunks (DDP's reduction order without DDP); without DataParallel, each gradient
+  element is perturbed at every step by W roundings (``eps`` of its dtype) of its own
+  magnitude plus the tensor's RMS: the reduction-order noise of a W-rank all-reduce, which
+  moves a cancelled (near-zero) element by a rounding of the terms summed, not of the sum;
 * at exit, hashes the parameters the optimizers update;
 * dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks;
 * notes the files the process opens for writing, with the line of the user's code that
@@ -921,6 +923,9 @@ class _Aligned:
         return len(self.batches)
 
     def __iter__(self):
+        # a generator, as ShardedBatches' own __iter__ is: a DataLoader with workers calls
+        # iter() on its batch sampler twice for its first pass (its iterator's __init__, then
+        # _reset) and draws from the second only; the plan advances once a pass draws
         torch, s = self.torch, _S
         epoch = _next_epoch(self.plan)
         seed = self.plan["seed"] + epoch
@@ -940,7 +945,7 @@ class _Aligned:
             if np is not None:
                 np.random.set_state(states[1])
         s.emit({"ev": "sampler", "kind": "aligned", "seed": self.plan["seed"], "epoch": epoch, "n": len(drawn)})
-        return iter(drawn)
+        yield from drawn
 
 
 def _align_loader(loader, torch):
@@ -1017,7 +1022,9 @@ def _patch_chunks(torch):
     dimension 0 (as over that many devices) and gathers the outputs; autograd then sums the
     parts' gradients -- DDP's arithmetic (per-part BatchNorm statistics included) in one
     process. Without DataParallel (a script that wraps only on GPUs), each gradient is
-    perturbed by one rounding at every step instead."""
+    perturbed at every step instead, by W roundings of each element's magnitude plus the
+    tensor's RMS (reduction-order noise: one rounding of each element alone is far below
+    what Adam makes of the near-zero elements a different summation order moves)."""
     from torch.nn.parallel import DataParallel
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -1072,10 +1079,15 @@ def _patch_chunks(torch):
         with torch.no_grad():
             for g in optimizer.param_groups:
                 for p in g["params"]:
-                    if p.grad is not None and p.grad.is_floating_point():
-                        eps = torch.finfo(p.grad.dtype).eps
-                        sign = torch.randint(0, 2, p.grad.shape, generator=gen).to(p.grad) * 2 - 1
-                        p.grad.mul_(1 + eps * sign)
+                    if p.grad is not None and p.grad.is_floating_point() and not p.grad.is_sparse:
+                        g = p.grad
+                        eps = torch.finfo(g.dtype).eps
+                        sign = torch.randint(0, 2, g.shape, generator=gen).to(g) * 2 - 1
+                        # W ranks' partial sums added in another order: each element moves by
+                        # about a rounding of the terms summed, not of the (possibly cancelled)
+                        # sum: eps relative to the element, plus eps of the tensor's RMS, W times
+                        rms = g.detach().float().pow(2).mean().sqrt().to(g.dtype)
+                        g.add_(sign * (g.abs() + rms) * (eps * W))
 
     register_optimizer_step_pre_hook(perturb)
 
