@@ -18,7 +18,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Edit, Finding, Remove
-from dp2ddp.model.wraps import dp_helper_calls, dp_loss_means, is_elif
+from dp2ddp.model.wraps import asserting_helper_statements, dp_helper_calls, dp_loss_means, is_elif
 
 
 def propose(ctx: Context) -> List[Finding]:
@@ -28,9 +28,10 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         out.append(ctx.note(node, "DDP122", "`if <GPU count>: loss = loss.mean()` removed: under DDP each process has one loss",
                             [Remove(ctx.bridge.statement(node))]))
+    removable = asserting_helper_statements(ctx.m)
     for h in dp_helper_calls(ctx.m):
         stmt = ctx.m.parent(h.call)
-        if h.asserts and isinstance(stmt, ast.Expr) and stmt.value is h.call and ctx.bridge.alone_on_line(stmt):
+        if id(stmt) in removable and ctx.bridge.alone_on_line(stmt):
             out.append(ctx.note(h.call, "DDP126", f"{h.name}(...) removed: it asserts a DataParallel ({h.where}), which DDP replaces",
                                 [Remove(ctx.bridge.statement(stmt))] + _unused_import(ctx, h.call)))
         else:

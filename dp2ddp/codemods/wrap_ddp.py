@@ -432,16 +432,10 @@ def _root_is_self(node: ast.AST) -> bool:
 
 
 def _family(m: SemanticModel, cls: ast.ClassDef) -> Set[str]:
-    """The class and the classes of this module that derive from it (by name)."""
-    names = {cls.name}
-    grew = True
-    while grew:
-        grew = False
-        for c in m.nodes(ast.ClassDef):
-            if c.name not in names and any(isinstance(b, ast.Name) and b.id in names for b in c.bases):
-                names.add(c.name)
-                grew = True
-    return names
+    """The names of the classes of this module that share ``self`` with ``cls`` (the same
+    root class: the family ``flow.attribute_assignments`` reads ``self.x`` through)."""
+    root = m.root_class(cls)
+    return {c.name for c in m.nodes(ast.ClassDef) if m.root_class(c) is root}
 
 
 def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
@@ -808,19 +802,6 @@ def _opaque(m: SemanticModel, stmt: ast.stmt) -> bool:
     return any(isinstance(c, ast.Call) and m.resolve_call(c) is not None for c in ast.walk(stmt))
 
 
-def _dropped_helper_calls(m: SemanticModel) -> Set[int]:
-    """Statements that only call a project helper asserting a DataParallel: dp_idioms
-    removes them (DDP126), so the wrap may move past them."""
-    from dp2ddp.model.wraps import dp_helper_calls
-
-    out = set()
-    for h in dp_helper_calls(m):
-        stmt = m.parent(h.call)
-        if h.asserts and isinstance(stmt, ast.Expr) and stmt.value is h.call:
-            out.add(id(stmt))
-    return out
-
-
 def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST] = None) -> ast.stmt:
     """Where the wrap goes: after the statements that still prepare the module.
 
@@ -835,7 +816,9 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
     root = _root_name(module) if module is not None else None
     target_root = _root_name(target)
     separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
-    dropped = _dropped_helper_calls(m)
+    from dp2ddp.model.wraps import asserting_helper_statements
+
+    dropped = asserting_helper_statements(m)
     for s in m.siblings_after(anchor):
         if _is_placement(m, s, target) or _initialises(m, s, target):
             best = s

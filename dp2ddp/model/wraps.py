@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from dp2ddp.model.collectives import assigned_keys, outer_chain
 from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg, project_calls
@@ -310,6 +310,18 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
         )
         out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", asserts))  # type: ignore[attr-defined]
     m.cache["dp_helper_calls"] = out
+    return out
+
+
+def asserting_helper_statements(m: SemanticModel) -> Dict[int, "DpHelperCall"]:
+    """``id(statement) -> call`` for statements that only call a project helper asserting a
+    DataParallel (``patch_replication_callback(model)``): dp_idioms removes them (DDP126),
+    so a hoisted wrap may move past them."""
+    out = {}
+    for h in dp_helper_calls(m):
+        stmt = m.parent(h.call)
+        if h.asserts and isinstance(stmt, ast.Expr) and stmt.value is h.call:
+            out[id(stmt)] = h
     return out
 
 
