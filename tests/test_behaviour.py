@@ -228,13 +228,20 @@ def test_unresolved_spelling_exits_1_naming_the_line(tmp_path: Path) -> None:
 
 
 def test_training_loaders_sharded_wherever_their_values_go(tmp_path: Path) -> None:
-    """Loaders handed to a Trainer, zipped, with a sampler that is None, weighted, batch-sampled
-    and built by a project module: under torchrun the two ranks serve disjoint halves of every
-    epoch, together the whole data set, a new order every epoch, as many steps as the original."""
+    """Loaders handed to a Trainer, zipped, with a sampler that is None, weighted, batch-sampled,
+    built by a project module, held by a project class imported with a star, and pulled from a
+    generator: under torchrun the two ranks serve disjoint halves of every epoch, together the
+    whole data set, a new order every epoch, as many steps as the original. The evaluation
+    loop that takes its inputs' gradients (an attack, no optimizer step) reads the whole set
+    on every rank."""
     runs = _runs("data_partition", tmp_path)
     orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
-    names = sorted({n.rsplit("-epoch", 1)[0] for n in orig.checks if n[-1].isdigit() and "-epoch" in n})
-    assert names == ["buckets", "helper", "none", "src", "tgt", "weighted"], sorted(orig.checks)
+    names = sorted({n.rsplit("-epoch", 1)[0] for n in orig.checks if n[-1].isdigit() and "-epoch" in n} - {"eval"})
+    assert names == ["buckets", "held", "helper", "none", "src", "stream", "tgt", "weighted"], sorted(orig.checks)
+    for epoch in (0, 1):
+        whole = orig.checks[f"eval-epoch{epoch}"]["-"]
+        assert whole == ",".join(map(str, range(10)))
+        assert tr.checks[f"eval-epoch{epoch}"] == {"0": whole, "1": whole}
     for name in names:
         for epoch in (0, 1):
             key = f"{name}-epoch{epoch}"

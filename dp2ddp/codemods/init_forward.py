@@ -6,7 +6,9 @@ that forward on the whole batch; under DDP each rank runs it on its own share, a
 wrapper broadcast rank 0's parameters: the replicas start apart and stay apart. dp2ddp
 cannot tell such a forward from a harmless one, so a forward of the wrapped model on data
 from a loader, after the wrap and before the first training loop of the same function,
-stops the migration (DDP139) with the line.
+stops the migration (DDP139) with the line. So does the same forward in the training loop
+through ``model.module`` under a first-pass test (``if i == 0:``, glow's ActNorm
+initialisation): it bypasses the wrapper on one rank's share of the first batch.
 """
 
 from __future__ import annotations
@@ -40,6 +42,21 @@ def _batch(m, expr: ast.AST) -> bool:
     return False
 
 
+def _first_pass(m, call: ast.AST):
+    """The test of an ``if`` inside the loop around ``call`` that holds on the first pass
+    only (``if i == 0:``, ``if step == 0 and epoch == 0:``): ``call`` is a one-off there."""
+    for a in m.ancestors(call):
+        if isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        if isinstance(a, ast.If) and any(
+            isinstance(c, ast.Compare) and len(c.ops) == 1 and isinstance(c.ops[0], ast.Eq)
+            and any(isinstance(x, ast.Constant) and x.value == 0 and not isinstance(x.value, bool) for x in (c.left, *c.comparators))
+            for c in ast.walk(a.test)
+        ) and any(m.contains(s, call) or s is call for s in a.body):
+            return a.test
+    return None
+
+
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     wrappers = ctx.need(Wrappers)
@@ -53,6 +70,14 @@ def propose(ctx: Context) -> List[Finding]:
         if var_key(m, subject) not in wrappers.keys:
             continue
         if any(isinstance(a, (ast.For, ast.AsyncFor, ast.While)) for a in m.ancestors(call)):
+            first = _first_pass(m, call) if f is not subject else None
+            if first is not None and any(_batch(m, a) for a in list(call.args) + [k.value for k in call.keywords]):
+                out.append(ctx.block(call, "DDP139", f"`{' '.join(m.source(call).split())[:60]}` runs the bare model on the first training "
+                                     f"batch only (`if {m.source(first)[:40]}` at line {first.lineno}), past the "
+                                     "DistributedDataParallel wrapper: a layer that initialises from its first batch (ActNorm, "
+                                     "data-dependent init) would start each rank from its own share and the replicas apart; run it "
+                                     "before the wrap, then migrate"))
+                break
             continue  # in a loop: training or evaluation, not a one-off before training
         func = m.enclosing_function(call)
         later = [lp for lp in loops if m.enclosing_function(lp) is func and (lp.lineno, lp.col_offset) > (call.lineno, call.col_offset)]
@@ -60,7 +85,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         if not any(_batch(m, a) for a in list(call.args) + [k.value for k in call.keywords]):
             continue
-        out.append(ctx.block(call, "DDP139", f"`{m.source(call)[:60]}` runs the wrapped model on a training batch before training "
+        out.append(ctx.block(call, "DDP139", f"`{' '.join(m.source(call).split())[:60]}` runs the wrapped model on a training batch before training "
                              f"(line {later[0].lineno}): a layer that initialises from its first batch (ActNorm, data-dependent "
                              "init) would start each rank from its own share and the replicas apart; run it before the wrap, "
                              "then migrate" + (" (it runs under no_grad, the usual shape of such an initialisation)" if under_no_grad(m, call) else "")))

@@ -37,7 +37,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.core import is_docstring, kwarg, terminal
-from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, returned_loaders, sampler_values, subclass_calls
+from dp2ddp.model.loaders import Loader, distributed_sampler, held_loader, loaders, returned_loaders, sampler_values, subclass_calls
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 
 SHARD_FUNCTION = "shard_loader"
@@ -72,6 +72,8 @@ def propose(ctx: Context) -> List[Finding]:
                     continue
                 # the mixed script's own flag (``if args.nodes > 1``) may leave it None under
                 # torchrun: shard_loader shards it then, and leaves a DistributedSampler as is
+        if loader.held:
+            continue  # sharded per object of its class, where a training loop iterates one
         if not loader.training:
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
@@ -185,9 +187,14 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
         if target is not None:
             rebinds.append((m.statement_of(node), [target]))  # type: ignore[arg-type]
             known.add((id(node), ()))
+            continue
+        target = _holder_name(m, node)
+        if target is not None:
+            rebinds.append((m.statement_of(node), [target]))  # type: ignore[arg-type]
+            known.add((id(node), ()))
     out: List[Finding] = []
     for node, value, loop in unknown:
-        if (id(node), ()) in known or _wraps_known(m, node, known):
+        if (id(node), ()) in known or _wraps_known(m, node, known) or _yields_known(m, node, known):
             continue
         line = m.position(loop)[0]
         what = m.source(node)
@@ -212,6 +219,21 @@ def _loader_name(m, node: ast.AST) -> Optional[str]:
     return m.source(t)
 
 
+def _holder_name(m, node: ast.AST) -> Optional[str]:
+    """``name = Batches(...)`` of a class that iterates the one DataLoader it holds
+    (:class:`dp2ddp.model.loaders.HeldLoader`): ``name.<attribute>``, the loader to shard."""
+    held = held_loader(m, node)
+    if held is None:
+        return None
+    parent = m.parent(node)
+    if not (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1):
+        return None
+    t = parent.targets[0]
+    if not isinstance(t, (ast.Name, ast.Attribute)):
+        return None
+    return f"{m.source(t)}.{held.attribute}"
+
+
 def _wraps(m, node: ast.AST, feeds: set) -> bool:
     """A call whose first argument is (among other things) one of ``feeds``."""
     from dp2ddp.model.flow import origins
@@ -228,6 +250,17 @@ def _wraps_known(m, node: ast.AST, known: set) -> bool:
     if not isinstance(node, ast.Call) or not node.args or isinstance(node.args[0], ast.Starred):
         return False
     got = origins(m, node.args[0])
+    return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+
+
+def _yields_known(m, node: ast.AST, known: set) -> bool:
+    """A generator of the script (``sample_data(...)``) that yields only batches of sharded
+    loaders."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.training import yielded_values
+
+    values = yielded_values(m, node)
+    got = [o for v in values for o in origins(m, v)]
     return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
 
 

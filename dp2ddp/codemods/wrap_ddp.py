@@ -395,12 +395,23 @@ def _changed_owner(m: SemanticModel, change: ast.AST) -> Optional[ast.AST]:
     return subject if isinstance(subject, ast.Attribute) else None
 
 
-def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap]) -> bool:
+def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: int = 0) -> bool:
     """The change touches a model made apart from every wrapped one (an EMA copy,
-    ``copy.deepcopy(model)``, a teacher): it does not concern the wrapper's parameters."""
+    ``copy.deepcopy(model)``, a teacher) or a tensor (an attack's ``delta``): it does not
+    concern the wrapper's parameters. A call of a function of the script that changes
+    ``requires_grad`` is judged by the changes inside it."""
     from dp2ddp.model.flow import origins
 
+    target = m.resolve_call(change) if isinstance(change, ast.Call) and not (
+        isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_") else None
+    if target is not None:
+        inner = [c for c in requires_grad_changes(m) if c is not change and m.enclosing_function(c) is target]
+        return depth < 4 and bool(inner) and all(_other_model(m, c, wraps, depth + 1) for c in inner)
     owner = _changed_owner(m, change)
+    if owner is None and isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
+        owner = change.func.value  # ``x.clone().requires_grad_()``
+    if owner is not None and _tensor(m, owner):
+        return True  # an input's gradient (an adversarial attack's ``delta``): no parameter changes
     while isinstance(owner, (ast.Attribute, ast.Subscript)) and not (
         isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
     ):
@@ -423,6 +434,34 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap]) -> bool:
     if cls is not None and _root_is_self(owner) and _family(m, cls) & made:
         return False  # Net.freeze_backbone(): self is the wrapped model
     return not (mine & wrapped)
+
+
+# methods only a tensor has (a module's ``.to()``/``.cuda()``/``.float()`` return the module)
+_TENSOR_METHODS = frozenset({"clone", "detach", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "uniform_",
+                             "normal_", "zero_", "fill_", "view", "reshape", "permute", "contiguous", "unsqueeze", "squeeze"})
+
+
+def _tensor(m: SemanticModel, expr: ast.AST) -> bool:
+    """``expr`` is a tensor, not a module: made by a tensor method (``x.clone()``), or a
+    name every binding of which is one or a ``torch.*`` factory (``torch.zeros_like(X)``),
+    never a ``torch.nn`` class."""
+    from dp2ddp.model.flow import origins
+
+    def made(n: ast.AST) -> bool:
+        if not isinstance(n, ast.Call):
+            return False
+        if isinstance(n.func, ast.Attribute) and n.func.attr in _TENSOR_METHODS:
+            return True
+        names = m.qualified_names(n.func)
+        return bool(names) and all(q.startswith("torch.") and not q.startswith(("torch.nn.", "torch.hub", "torch.load", "torch.jit"))
+                                   for q in names)
+
+    if made(expr):
+        return True
+    if not isinstance(expr, ast.Name):
+        return False
+    got = origins(m, expr)
+    return bool(got) and all(made(n) for n, _ in got)
 
 
 def _root_is_self(node: ast.AST) -> bool:

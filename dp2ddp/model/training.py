@@ -117,6 +117,54 @@ def _body_trains(m: SemanticModel, loop: ast.AST) -> bool:
     return False
 
 
+def _is_update(call: ast.Call) -> bool:
+    """``optimizer.step()``, ``scaler.step(optimizer)``, ``optimizerD.step()``: a call of
+    a ``step`` method, or a pass over the parameters (``for p in model.parameters():``, the
+    hand-written SGD of the word language model)."""
+    return isinstance(call.func, ast.Attribute) and call.func.attr in ("step", "parameters", "named_parameters")
+
+
+def _reaches_update(m: SemanticModel, node: ast.AST, depth: int = 0) -> bool:
+    memo = m.cache.setdefault("training:updates", {})
+    key = id(node)
+    if key in memo:  # type: ignore[operator]
+        return memo[key]  # type: ignore[index]
+    memo[key] = False  # type: ignore[index]
+    calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)] + list(m.reached_calls(node))
+    got = any(_is_update(c) for c in calls)
+    if not got and depth < 2:
+        for c in calls:
+            found = project_def(m, c.func) if m.resolve_call(c) is None and isinstance(c.func, (ast.Name, ast.Attribute)) else None
+            if found is not None and not isinstance(found[1], ast.ClassDef) and _reaches_update(found[0], found[1], depth + 1):
+                got = True
+                break
+    memo[key] = got  # type: ignore[index]
+    return got
+
+
+def updates(m: SemanticModel, loop: ast.AST) -> bool:
+    """A training loop whose passes change the parameters: it reaches an update
+    (:func:`_is_update`), or one follows it in its function (``for x in loader:
+    loss.backward()`` then ``optimizer.step()``: the whole pass accumulates). A loop that
+    only reaches ``.backward()`` computes gradients for something else — an adversarial
+    attack's input in an evaluation loop — and its data stays whole on every rank (every
+    rank's gradients are then the same: correct, not sped up)."""
+    if _reaches_update(m, loop):
+        return True
+    node = loop
+    for a in m.ancestors(loop):
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(a, field, None)
+            if isinstance(block, list) and any(s is node for s in block):
+                after = block[[id(s) for s in block].index(id(node)) + 1:]
+                if any(_reaches_update(m, s) for s in after):
+                    return True
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            break
+        node = a
+    return False
+
+
 def fed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.AST]]:
     """``(value, training loop)``: each value a training loop iterates (``for``) or pulls
     batches from (``next(iter(x))``, ``next(it)`` of ``it = iter(x)``) inside its body."""
@@ -125,6 +173,8 @@ def fed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.AST]]:
         return got  # type: ignore[return-value]
     out: List[Tuple[ast.AST, ast.AST]] = []
     for loop in training_loops(m):
+        if not updates(m, loop):
+            continue  # gradients for something else (an attack's input): whole on every rank
         if isinstance(loop, (ast.For, ast.AsyncFor)):
             out.extend((v, loop) for v in iterated(loop.iter))
         for stmt in loop.body:  # type: ignore[attr-defined]
@@ -161,10 +211,38 @@ def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
             if arg is not None:
                 fed.extend(iterated(arg))
     out: Set[Tuple[int, tuple]] = set()
-    for v in fed:
-        for node, path in origins(m, v):
+    todo = list(fed)
+    while todo:
+        for node, path in origins(m, todo.pop()):
+            if (id(node), path) in out:
+                continue
             out.add((id(node), path))
+            todo.extend(yielded_values(m, node))
     m.cache["training:origins"] = out
+    return out
+
+
+def yielded_values(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
+    """A call of a generator function of this module (``sample_data(path, bs)`` that
+    builds a DataLoader and yields ``next(loader)`` forever): what it yields comes from the
+    values its ``yield`` expressions pull batches from — iterating the generator iterates
+    them."""
+    if not isinstance(node, ast.Call):
+        return []
+    func = m.resolve_call(node)
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or func.name == "__init__":
+        return []
+    out: List[ast.AST] = []
+    for n in ast.walk(func):
+        if isinstance(n, (ast.Yield, ast.YieldFrom)) and n.value is not None and m.enclosing_function(n) is func:
+            v = n.value
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "next" and v.args:
+                v = v.args[0]
+            out.extend(iterated(v))
+        elif isinstance(n, (ast.For, ast.AsyncFor)) and m.enclosing_function(n) is func and any(
+            isinstance(y, (ast.Yield, ast.YieldFrom)) for s in n.body for y in ast.walk(s)
+        ):
+            out.extend(iterated(n.iter))  # ``for batch in loader: yield batch``
     return out
 
 

@@ -1,0 +1,149 @@
+"""Value facts of dp2ddp/model that decide sharding: names a project's star imports bind,
+objects that hold and iterate a DataLoader, loops whose passes update the parameters, and
+generators of loader batches (unit tests; the fixtures and behaviour tests run them)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+from dp2ddp.model.core import build, project_def
+from dp2ddp.model.loaders import held_loader, loaders
+from dp2ddp.model.training import training_loops, trained_origins, updates
+
+
+def _write(folder: Path, files: dict) -> Path:
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return folder / "train.py"
+
+
+def _call(m, name: str) -> ast.Call:
+    return next(c for c in m.nodes(ast.Call) if m.source(c.func) == name)
+
+
+def test_a_star_import_of_a_project_package_binds_what_its_modules_import_and_define(tmp_path):
+    """``from models import *`` where ``models/__init__.py`` star-imports ``.small`` (which
+    imports torch and defines SmallCNN): ``torch.nn.DataParallel`` is torch's, ``SmallCNN``
+    is ``models.small.SmallCNN`` and its definition is found; a module's own ``__all__``
+    still limits what it exports."""
+    script = _write(tmp_path, {
+        "models/__init__.py": "from .small import *\n",
+        "models/small.py": "import torch\nimport torch.nn as nn\nclass SmallCNN(nn.Module):\n    pass\ndef _private():\n    pass\n",
+        "utils.py": "import torch\n__all__ = ['Batches']\nclass Batches:\n    pass\nclass Hidden:\n    pass\n",
+        "train.py": "from models import *\nfrom utils import *\nmodel = torch.nn.DataParallel(SmallCNN())\nb = Batches()\nh = Hidden()\n_private()\n",
+    })
+    m = build(script.read_text(), str(script))
+    dp = _call(m, "torch.nn.DataParallel")
+    assert m.qualified_names(dp.func) == {"torch.nn.DataParallel"}
+    assert m.qualified_names(_call(m, "SmallCNN").func) == {"models.small.SmallCNN"}
+    found = project_def(m, _call(m, "SmallCNN").func)
+    assert found is not None and found[1].name == "SmallCNN"
+    assert m.qualified_names(_call(m, "Batches").func) == {"utils.Batches"}
+    assert not m.qualified_names(_call(m, "Hidden").func)  # not in utils.__all__
+    assert not m.qualified_names(_call(m, "_private").func)  # private names are not star-exported
+
+
+def test_a_star_import_cycle_ends(tmp_path):
+    script = _write(tmp_path, {
+        "a.py": "from b import *\nimport torch\n",
+        "b.py": "from a import *\ndef f():\n    pass\n",
+        "train.py": "from a import *\nf()\n",
+    })
+    m = build(script.read_text(), str(script))
+    assert m.qualified_names(_call(m, "f").func) == {"b.f"}
+
+
+HELD = """
+import torch
+from torch.utils.data import DataLoader
+
+class Batches:
+    def __init__(self, ds, bs, shuffle):
+        self.dataloader = DataLoader(ds, batch_size=bs, shuffle=shuffle)
+    def __iter__(self):
+        return ({{"x": x}} for x, in self.dataloader)
+{extra}
+
+train_batches = Batches(ds, 4, shuffle=True)
+"""
+
+
+def test_an_object_that_holds_and_iterates_one_loader_is_found():
+    m = build(HELD.format(extra=""))
+    held = held_loader(m, _call(m, "Batches"))
+    assert held is not None and held.attribute == "dataloader" and held.cls.name == "Batches" and held.where == ""
+    (ld,) = loaders(m)
+    assert ld.held and not ld.training  # decided per object, not at the class's DataLoader
+
+
+def test_a_loader_attribute_set_again_elsewhere_is_not_held():
+    """``reset()`` replaces the loader: a shard_loader of the first one would be lost."""
+    m = build(HELD.format(extra="    def reset(self, ds):\n        self.dataloader = DataLoader(ds, batch_size=2)\n"))
+    assert held_loader(m, _call(m, "Batches")) is None
+
+
+def test_a_class_iterating_two_attributes_is_not_held():
+    extra = "    def more(self):\n        pass\n"
+    src = HELD.format(extra=extra).replace("for x, in self.dataloader)", "for x, in zip(self.dataloader, self.other))")
+    m = build(src)
+    assert held_loader(m, _call(m, "Batches")) is None
+
+
+def test_a_loop_that_only_takes_input_gradients_does_not_update():
+    """An adversarial evaluation loop reaches ``.backward()`` through the attack but never an
+    optimizer step: its data stays whole. Accumulating over a whole loop and stepping after
+    it updates; so does a hand-written SGD over ``parameters()``."""
+    m = build(textwrap.dedent("""
+        def attack(model, x):
+            x.requires_grad_(True)
+            model(x).sum().backward()
+            return x.grad
+
+        def evaluate(model, loader):
+            for x in loader:
+                attack(model, x)
+
+        def accumulate(model, loader, opt):
+            for x in loader:
+                model(x).sum().backward()
+            opt.step()
+
+        def sgd(model, loader):
+            for x in loader:
+                model(x).sum().backward()
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-0.1)
+    """))
+    by_function = {m.enclosing_function(lp).name: lp for lp in training_loops(m)}
+    assert set(by_function) == {"evaluate", "accumulate", "sgd"}
+    assert not updates(m, by_function["evaluate"])
+    assert updates(m, by_function["accumulate"]) and updates(m, by_function["sgd"])
+
+
+def test_a_generator_of_loader_batches_feeds_training_through_its_yields():
+    m = build(textwrap.dedent("""
+        from torch.utils.data import DataLoader
+
+        def sample(ds):
+            loader = iter(DataLoader(ds, batch_size=4))
+            while True:
+                try:
+                    yield next(loader)
+                except StopIteration:
+                    loader = iter(DataLoader(ds, batch_size=4))
+                    yield next(loader)
+
+        def train(model, opt, ds):
+            data = sample(ds)
+            for _ in range(10):
+                x = next(data)
+                model(x).sum().backward()
+                opt.step()
+    """))
+    made = {id(c) for c in m.nodes(ast.Call) if m.source(c.func) == "DataLoader"}
+    assert len(made) == 2 and made <= {i for i, _ in trained_origins(m)}
+    assert all(ld.training for ld in loaders(m))
