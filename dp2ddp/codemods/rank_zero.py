@@ -212,7 +212,27 @@ def propose(ctx: Context) -> List[Finding]:
                 out.extend(_guard(ctx, run, memo, guarded_writes))
             run = []
     out.extend(_mkdirs(ctx))
-    out.extend(_barriers(ctx, guarded_writes))
+    out.extend(_barriers(ctx, guarded_writes + _routed_write_sites(ctx)))
+    return out
+
+
+def _routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
+    """The statements that call a function of the script writing a file that
+    :mod:`rank_writers` routes to rank 0 (``open(path, "w")``, os.devnull on the other
+    ranks): once the call returns on rank 0 the file is there, on the other ranks maybe not
+    yet (the word language model writes its corpus files, then reads them)."""
+    m = ctx.m
+    out: List[Tuple[ast.stmt, ast.stmt]] = []
+    for w in writers(m):
+        if w.kind != "open" or rank_guarded(m, w.call) or (ctx.mode == "plain" and not ctx.in_setup_region(w.call)):
+            continue
+        func = m.enclosing_function(w.call)
+        if func is None:
+            continue
+        for site in m.call_sites(func):
+            stmt = m.statement_of(site)
+            if stmt is not None and m.enclosing_function(stmt) is not func:
+                out.append((stmt, stmt))  # type: ignore[arg-type]
     return out
 
 
@@ -310,6 +330,8 @@ READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yam
 
 
 def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
+    """The paths ``stmt`` writes, as ``ast.dump`` texts; a call of a function of the script
+    that writes files writes (under) each of its arguments (``write_corpus(args.data)``)."""
     out = []
     for node in ast.walk(stmt):
         if isinstance(node, ast.Call):
@@ -318,7 +340,19 @@ def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
                 out.append(ast.dump(node.args[1]))
             elif q & (FILE_WRITES | COPY) and node.args:
                 out.append(ast.dump(node.args[-1] if q & COPY else node.args[0]))
+            else:
+                t = m.resolve_call(node)
+                if t is not None and _writes_files(m, t):
+                    out.extend(ast.dump(a) for a in list(node.args) + [k.value for k in node.keywords] if not isinstance(a, ast.Starred))
     return out
+
+
+def _writes_files(m: SemanticModel, func) -> bool:
+    for call in m.reached_calls(func):
+        q = m.qualified_names(call.func)
+        if q & (SAVE | FILE_WRITES | COPY) or (q & OPEN and _writes(call)):
+            return True
+    return False
 
 
 def _read_paths(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
@@ -351,12 +385,13 @@ def _reads_files(m: SemanticModel, func) -> bool:
 def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> ast.stmt:
     """Where every rank passes after ``stmt`` and before the reads: out of the ``if``
     statements around it (their tests may differ between ranks: ``if not
-    os.path.exists(path)``) that do not hold a read, not out of a loop."""
+    os.path.exists(path)``) and the ``with`` blocks (``with open(path, "wb") as f:`` closes
+    the file at its end) that do not hold a read, not out of a loop."""
     cur = stmt
     while True:
         parent = m.parent(cur)
         if (
-            isinstance(parent, ast.If)
+            isinstance(parent, (ast.If, ast.With))
             and m.block_of(parent) is not None
             and not any(m.contains(parent, r) for r in reads)
             and not (parent is m.main_guard)
