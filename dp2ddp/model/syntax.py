@@ -10,7 +10,6 @@ from typing import List, Optional, Tuple
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-SCOPE_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda) + COMPREHENSIONS
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 # statement fields that hold blocks of statements
 BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers")
@@ -64,18 +63,6 @@ def _only_imports(stmt: ast.AST) -> bool:
         elif isinstance(n, ast.stmt) and not isinstance(n, (ast.If, ast.Try, ast.Pass, ast.Expr) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())):
             return False
     return found
-
-
-def dotted(node: ast.AST) -> Optional[str]:
-    """``a.b.c`` for a Name/Attribute chain, else ``None``."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def kwarg(call: ast.Call, name: str) -> Optional[ast.keyword]:
