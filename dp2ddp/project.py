@@ -2,7 +2,7 @@
 DataParallel wraps, migrated as one plan (``dp2ddp rewrite train.py --with-helpers``).
 
 * :func:`project_modules`: the modules of the project a script imports (beside it, or up
-  to three folders above for absolute names, as :func:`dp2ddp.model.core.module_file`
+  to three folders above for absolute names, as :func:`dp2ddp.model.module_files.module_file`
   finds them), transitively, each read once.
 * :func:`helpers_with_dp`: those that use DataParallel, with the call of the script that
   reaches them — a script without DataParallel of its own is then not "nothing to
@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from dp2ddp.model.core import module_file
+from dp2ddp.model.module_files import module_file
 
 _DEPTH = 3
 _NOT_PROJECT = frozenset({"torch", "torchvision", "numpy", "os", "sys", "math", "time", "json", "argparse", "random",
@@ -75,7 +75,7 @@ def _parse(file: str) -> Optional[ast.Module]:
     try:
         with open(file, "rb") as fh:
             data = fh.read()
-        from dp2ddp.model.core import decode
+        from dp2ddp.model.positions import decode
 
         return ast.parse(decode(data), filename=file)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
@@ -102,7 +102,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     dp_files = [real for real in mods if uses_dp(real)]
     if not dp_files:
         return []
-    from dp2ddp.model.core import project_calls
+    from dp2ddp.model.project_defs import project_calls
 
     out = []
     base = os.path.dirname(os.path.abspath(m.path))

@@ -104,7 +104,7 @@ def parse_ast(src: Source):
     import ast
 
     _decode_check(src)
-    from dp2ddp.model.core import decode
+    from dp2ddp.model.positions import decode
 
     text = decode(src.data)
     try:

@@ -8,7 +8,8 @@ import ast
 import textwrap
 from pathlib import Path
 
-from dp2ddp.model.core import build, project_def
+from dp2ddp.model.core import build
+from dp2ddp.model.project_defs import project_def
 from dp2ddp.model.loaders import held_loader, loaders
 from dp2ddp.model.training import training_loops, trained_origins, updates
 

@@ -131,7 +131,7 @@ def _said(findings, old: bytes, new: bytes, display: str, lines: Optional[Set[in
 def _lines(data: bytes) -> List[str]:
     """The lines of a file as Python counts them (``str.splitlines`` also splits at form
     feeds and other separators, which would shift every later line number)."""
-    from dp2ddp.model.core import LINE_BREAK
+    from dp2ddp.model.positions import LINE_BREAK
 
     return LINE_BREAK.split(data.decode("utf-8", "replace"))
 

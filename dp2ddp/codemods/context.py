@@ -17,8 +17,9 @@ import libcst as cst
 
 from dp2ddp.engine import AddImport, Edit, Finding, Fix, RemoveImportIfUnused
 from dp2ddp.model.bridge import Bridge
-from dp2ddp.model.core import FUNCTIONS, SemanticModel
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DATALOADER, DDP, DISTRIBUTED_SAMPLER
+from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.templates import render_statements
 
 # key -> (module, obj, default local name)

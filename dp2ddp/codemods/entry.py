@@ -16,8 +16,9 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_docstring
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
+from dp2ddp.model.syntax import FUNCTIONS, is_docstring
 from dp2ddp.model.uses import wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
 

@@ -19,8 +19,8 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.wrap_ddp import _absorb_placement, route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
-from dp2ddp.model.core import FUNCTIONS
 from dp2ddp.model.names import MODULE_BASES
+from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.wraps import dp_wraps
 
 

@@ -16,8 +16,9 @@ from typing import List
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.collectives import assigned_keys, var_key
-from dp2ddp.model.core import SemanticModel, kwarg
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOAD
+from dp2ddp.model.syntax import kwarg
 
 _RANK_DEVICE = 'lambda storage, loc: storage.cuda() if loc.startswith("cuda") else storage'
 

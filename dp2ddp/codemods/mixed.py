@@ -31,9 +31,10 @@ from typing import Dict, List, Optional, Tuple
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.ranks import RANK_WORD
+from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
 
 _INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
 _ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}

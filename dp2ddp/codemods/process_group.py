@@ -17,7 +17,7 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore
-from dp2ddp.model.core import is_docstring
+from dp2ddp.model.syntax import is_docstring
 
 
 def propose(ctx: Context) -> List[Finding]:

@@ -25,10 +25,11 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
-from dp2ddp.model.core import SemanticModel, kwarg
-from dp2ddp.model.ranks import mentions_rank, rank_guarded
-from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SUMMARY_WRITERS
+from dp2ddp.model.ranks import mentions_rank, rank_guarded
+from dp2ddp.model.syntax import kwarg
+from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers
 
 

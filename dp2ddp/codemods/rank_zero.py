@@ -29,9 +29,10 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.rank_writers import is_writer_use
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
-from dp2ddp.model.core import COMPREHENSIONS, SemanticModel, kwarg
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import COPY, DUMPS, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
+from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.writers import LOGGING_CONFIG, open_mode, writers, writes_mode
 
 PURE_BUILTINS = {

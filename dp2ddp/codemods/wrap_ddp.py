@@ -35,11 +35,12 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
-from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.checkpoints import PLAIN, key_policy
-from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel
+from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import placements_after
+from dp2ddp.model.syntax import FUNCTIONS, LOOPS
 from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps
 

@@ -23,7 +23,8 @@ import ast
 import re
 from typing import Iterator, List, Optional, Set, Tuple
 
-from dp2ddp.model.core import SemanticModel, project_def
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.project_defs import project_def
 
 _LOSS_NAME = re.compile(r"loss|criterion|xent|contrast|infonce|simclr|supcon|triplet|ntx", re.I)
 _MATMUL = {"matmul", "mm", "einsum_pairs"}

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
-from dp2ddp.model.core import FUNCTIONS, SemanticModel
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.steps import backward_calls, innermost_loop, own_nodes
+from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wraps import Wrap, dp_wraps
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import List, Set, Tuple
 
 from dp2ddp.model.collectives import VarKey, var_key
-from dp2ddp.model.core import SemanticModel, kwarg
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, LOAD, SAVE
+from dp2ddp.model.syntax import kwarg
 
 
 def saved_object(call: ast.Call) -> ast.AST:
@@ -163,7 +164,7 @@ def _load_path(m: SemanticModel, expr: ast.AST) -> frozenset:
 
 
 def _project_imports(m: SemanticModel) -> frozenset:
-    from dp2ddp.model.core import project_calls
+    from dp2ddp.model.project_defs import project_calls
 
     return frozenset(rel for _c, (_pm, _d, rel) in project_calls(m))
 
@@ -236,7 +237,7 @@ _NOT_MODEL_WORDS = ("optim", "sched", "scaler", "ema_state")
 
 def _not_a_model(m: SemanticModel, subject: ast.AST) -> bool:
     """An optimizer, scheduler or grad scaler (their state dicts hold no module keys)."""
-    from dp2ddp.model.core import terminal
+    from dp2ddp.model.syntax import terminal
     from dp2ddp.model.flow import origins
 
     name = (terminal(subject) or "").lower()
@@ -342,7 +343,7 @@ def _file_load_sites(p: str, rel: str, words: List[bytes]) -> List[LoadSite]:
 
 
 def _project_modules_called(m: SemanticModel):
-    from dp2ddp.model.core import project_calls
+    from dp2ddp.model.project_defs import project_calls
 
     seen = set()
     for call, found in project_calls(m):

@@ -28,7 +28,8 @@ from __future__ import annotations
 import ast
 from typing import Dict, FrozenSet, List, Optional, Set, Tuple
 
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, terminal
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.syntax import FUNCTIONS, terminal
 
 Origin = Tuple[ast.AST, Tuple[object, ...]]
 

@@ -19,9 +19,10 @@ import builtins
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from dp2ddp.model.core import FUNCTIONS, LOOPS, SemanticModel, kwarg, terminal
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.handles import Handle, expr_handle, handle_of
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER, SEQUENTIAL_SAMPLER
+from dp2ddp.model.syntax import FUNCTIONS, LOOPS, kwarg, terminal
 
 EVAL_WORDS = ("test", "val", "eval", "dev", "valid", "infer", "predict")
 PASS_THROUGH = {"enumerate", "tqdm", "iter", "zip", "trange", "progress_bar", "track", "cycle", "islice", "prefetch"}
@@ -610,7 +611,7 @@ def subclass_calls(m: SemanticModel) -> List[Tuple[ast.Call, str, bool]]:
     """``MyLoader(...)`` where ``MyLoader`` derives from DataLoader (a class of this module or
     of a project module): ``(call, label, training)``; training when it shuffles or its name
     says ``train``."""
-    from dp2ddp.model.core import project_def
+    from dp2ddp.model.project_defs import project_def
 
     got = m.cache.get("subclass_calls")
     if got is not None:
@@ -697,7 +698,7 @@ def returned_loaders(m: SemanticModel) -> List[Tuple[ast.Call, List[str], Option
     (``train_loader, test_loader = data.get(args)``): ``(call, the names here that hold its
     training loaders, why they cannot be named)``. A returned loader is training when it is
     in its module or when the name it is given here says so."""
-    from dp2ddp.model.core import project_calls
+    from dp2ddp.model.project_defs import project_calls
 
     got = m.cache.get("returned_loaders")
     if got is not None:
@@ -819,7 +820,7 @@ def _self_attribute(node: Optional[ast.AST]) -> Optional[str]:
 
 def _class_of_call(m: SemanticModel, call: ast.Call) -> Optional[Tuple[SemanticModel, ast.ClassDef, str]]:
     """The class a call constructs: one of the script's own, or a project module's."""
-    from dp2ddp.model.core import project_def
+    from dp2ddp.model.project_defs import project_def
 
     target = m.resolve_call(call)
     if target is not None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 from typing import List
 
-from dp2ddp.model.core import SemanticModel, kwarg
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.syntax import kwarg
 
 
 def sum_reductions(m: SemanticModel) -> List[ast.keyword]:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import ast
 from typing import Iterable, List, Optional
 
-from dp2ddp.model.core import FUNCTIONS, SemanticModel
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.syntax import FUNCTIONS
 
 PLACEMENT = frozenset({"cuda", "to"})
 

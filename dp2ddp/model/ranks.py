@@ -21,8 +21,9 @@ import ast
 import re
 from typing import Iterator, List, Optional, Set, Tuple
 
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, children, terminal
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import GET_RANK
+from dp2ddp.model.syntax import FUNCTIONS, children, terminal
 
 RANK_WORD = re.compile(
     r"(^|_)(rank|rank0|rank_zero|master|main_process|main_rank|is_main|is_master|primary|is_primary|chief|is_chief"

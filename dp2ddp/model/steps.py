@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.collectives import VarKey, reaching_functions, var_key, wrapped_vars
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, children
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import AUTOGRAD_BACKWARD, GRAD_CLIPS, OPTIMIZERS, SCHEDULER_FACTORIES, SCHEDULER_MODULES
+from dp2ddp.model.syntax import FUNCTIONS, children
 from dp2ddp.model.uses import wrapper_keys
 
 _NESTED = FUNCTIONS + (ast.ClassDef, ast.Lambda)

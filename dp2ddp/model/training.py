@@ -19,7 +19,9 @@ from __future__ import annotations
 import ast
 from typing import Iterator, List, Optional, Set, Tuple
 
-from dp2ddp.model.core import SemanticModel, project_def, terminal
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.project_defs import project_def
+from dp2ddp.model.syntax import terminal
 
 # iterator wrappers whose arguments are all iterated
 ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}

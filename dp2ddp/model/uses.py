@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Set
 
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
-from dp2ddp.model.core import FUNCTIONS, SemanticModel
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.syntax import FUNCTIONS
 
 # the nn.Module API DDP and DataParallel share with the module they wrap
 MODULE_API = frozenset(

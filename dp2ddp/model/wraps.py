@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from dp2ddp.model.collectives import assigned_keys, outer_chain
-from dp2ddp.model.core import FUNCTIONS, SemanticModel, is_main_test, kwarg, project_calls
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
+from dp2ddp.model.project_defs import project_calls
+from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
 
 _DP_ARGS = ("module", "device_ids", "output_device", "dim")
 _FUNCTIONAL_ARGS = ("module", "inputs", "device_ids", "output_device", "dim", "module_kwargs")

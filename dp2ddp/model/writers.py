@@ -25,7 +25,7 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional
 
-from dp2ddp.model.core import SemanticModel, kwarg, project_calls
+from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import (
     COPY,
     FILE_WRITES,
@@ -39,6 +39,8 @@ from dp2ddp.model.names import (
     TQDM,
     WANDB_INIT,
 )
+from dp2ddp.model.project_defs import project_calls
+from dp2ddp.model.syntax import kwarg
 
 WRITE_MODES = ("w", "a", "x", "+")
 LOGGING_CONFIG = frozenset({"logging.config.dictConfig", "logging.config.fileConfig"})

@@ -216,7 +216,7 @@ def gate_bytes(data: bytes) -> Optional[bytes]:
     head = data[:400]
     try:
         if b"coding" in head:  # a PEP 263 declaration: read the file as Python would
-            from dp2ddp.model.core import decode
+            from dp2ddp.model.positions import decode
 
             text = decode(data)
         else:

@@ -6,10 +6,10 @@ import ast
 from typing import Optional
 
 from dp2ddp.model.collectives import assigned_keys, var_key
-from dp2ddp.model.core import FUNCTIONS
 from dp2ddp.model.loaders import calls_set_epoch, epoch_loops, is_false, loaders
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
-from dp2ddp.model.core import kwarg
+from dp2ddp.model.syntax import FUNCTIONS
+from dp2ddp.model.syntax import kwarg
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
 
 

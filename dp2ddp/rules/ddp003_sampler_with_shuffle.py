@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dp2ddp.findings import Fix
-from dp2ddp.model.core import is_const
 from dp2ddp.model.loaders import loaders
 from dp2ddp.model.names import DATALOADER
+from dp2ddp.model.syntax import is_const
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
 
 

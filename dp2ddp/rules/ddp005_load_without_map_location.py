@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.core import kwarg
 from dp2ddp.model.names import LOAD
+from dp2ddp.model.syntax import kwarg
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, has_double_star, positional, tails
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.core import kwarg
 from dp2ddp.model.names import CUDA_DEVICE_SELECT
 from dp2ddp.model.ranks import mentions_local_rank
+from dp2ddp.model.syntax import kwarg
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, attribute_name_position, literal, positional
 
 MESSAGE = "bare `{what}` in DDP code without `torch.cuda.set_device(local_rank)`: every rank uses GPU 0"

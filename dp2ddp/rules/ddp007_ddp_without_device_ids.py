@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ast
 
-from dp2ddp.model.core import kwarg
 from dp2ddp.model.names import DDP
+from dp2ddp.model.syntax import kwarg
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, has_double_star, literal, positional, tails
 
 

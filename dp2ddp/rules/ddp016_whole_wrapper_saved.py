@@ -7,9 +7,9 @@ from typing import Iterator, List, Optional, Set
 
 from dp2ddp.findings import Fix
 from dp2ddp.model.collectives import VarKey, outer_chain, var_key, wrapped_vars
-from dp2ddp.model.core import kwarg
 from dp2ddp.model.loaders import follow
 from dp2ddp.model.names import DDP, DP, SAVE
+from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wraps import conditions
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, tails

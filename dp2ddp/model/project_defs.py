@@ -1,0 +1,76 @@
+"""The project's own functions and classes a script calls: the model of the module beside
+the script that defines one (read, never edited), and the script's calls of them."""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Dict, List, Optional, Tuple
+
+from dp2ddp.model.core import SemanticModel, build
+from dp2ddp.model.module_files import NOT_PROJECT as _NOT_PROJECT, module_file
+
+_PROJECT_MODELS: Dict[str, Optional["SemanticModel"]] = {}
+
+
+def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """What a call's function names in the project's own modules (a file beside the
+    script, which the rewrite reads but never edits): the model of that module, its
+    top-level ``def`` or ``class`` of that name, and the file's path relative to the
+    script's folder. ``None`` for anything else."""
+    if m.path in ("<string>", "<stdin>", "-"):
+        return None
+    base = os.path.dirname(os.path.abspath(m.path))
+    for q in m.qualified_names(func):
+        module, _, name = q.rpartition(".")
+        if not module or module.split(".")[0] in _NOT_PROJECT:
+            continue
+        found = _project_module(m, base, module)
+        if found is None:
+            continue
+        pm, rel = found
+        for stmt in pm.tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+                return pm, stmt, rel
+    return None
+
+
+def _project_module(m: "SemanticModel", base: str, module: str) -> Optional[Tuple["SemanticModel", str]]:
+    """The model of project module ``module`` and its path relative to ``base``; looked up
+    once per script model (files are found and read once per run, and read again when
+    edited since)."""
+    memo = m.cache.setdefault("_project_modules", {})
+    if module in memo:
+        return memo[module]  # type: ignore[index,return-value]
+    memo[module] = None  # type: ignore[index]
+    path = module_file(base, module)
+    if path is None or os.path.realpath(path) == os.path.realpath(m.path):
+        return None
+    try:
+        key = f"{os.path.realpath(path)}:{os.stat(path).st_mtime_ns}"  # a file edited since is read again
+    except OSError:
+        return None
+    if key not in _PROJECT_MODELS:
+        try:
+            with open(path, "rb") as fh:
+                _PROJECT_MODELS[key] = build(fh.read(), path)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+            _PROJECT_MODELS[key] = None
+    pm = _PROJECT_MODELS[key]
+    if pm is not None:
+        memo[module] = (pm, os.path.relpath(path, base))  # type: ignore[index]
+    return memo[module]  # type: ignore[index,return-value]
+
+
+def project_calls(m: "SemanticModel") -> List[Tuple[ast.Call, Tuple["SemanticModel", ast.AST, str]]]:
+    """Every call of this script whose function is a top-level ``def`` or ``class`` of a
+    project module, with :func:`project_def`'s answer; computed once per model."""
+    got = m.cache.get("project_calls")
+    if got is None:
+        got = []
+        for call in m.nodes(ast.Call):
+            found = project_def(m, call.func)
+            if found is not None:
+                got.append((call, found))
+        m.cache["project_calls"] = got
+    return got  # type: ignore[return-value]

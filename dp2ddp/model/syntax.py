@@ -1,0 +1,95 @@
+"""The kinds of nodes and the small questions about one node that need no model: which
+node types are functions, loops, comprehensions; a node's children and source order; a
+call's keyword; a constant; the ``if __name__ == "__main__"`` test; a docstring."""
+
+from __future__ import annotations
+
+import ast
+import operator
+from typing import List, Optional, Tuple
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+# statement fields that hold blocks of statements
+BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers")
+
+_POSITION = operator.attrgetter("lineno", "col_offset")
+_first = operator.itemgetter(0)
+
+
+def _sort(nodes: List[ast.AST]) -> None:
+    """In source order (a stable sort: nodes that start at one place keep their order)."""
+    try:
+        nodes.sort(key=_POSITION)
+    except AttributeError:  # nodes without a position (comprehension, arguments ...)
+        nodes.sort(key=_order_key)
+
+
+def children(node: ast.AST) -> List[ast.AST]:
+    """What ``ast.iter_child_nodes`` yields, in its order, as a list (several times faster)."""
+    out = []
+    for name in node._fields:
+        v = getattr(node, name, None)
+        if isinstance(v, ast.AST):
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(x for x in v if isinstance(x, ast.AST))
+    return out
+
+
+def _order_key(node: ast.AST) -> Tuple[int, int]:
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+
+
+def is_main_test(test: ast.AST) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+        isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+    )
+
+
+def is_docstring(stmt: ast.AST) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _only_imports(stmt: ast.AST) -> bool:
+    found = False
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            found = True
+        elif isinstance(n, ast.stmt) and not isinstance(n, (ast.If, ast.Try, ast.Pass, ast.Expr) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())):
+            return False
+    return found
+
+
+def kwarg(call: ast.Call, name: str) -> Optional[ast.keyword]:
+    for k in call.keywords:
+        if k.arg == name:
+            return k
+    return None
+
+
+def is_const(node: Optional[ast.AST], value) -> bool:
+    return isinstance(node, ast.Constant) and node.value is value if value in (True, False, None) else (
+        isinstance(node, ast.Constant) and node.value == value
+    )
+
+
+def terminal(node: ast.AST) -> Optional[str]:
+    """The identifier an expression ends with: ``f`` of ``a.b.f``, of ``f(...)`` and of
+    ``os.environ["RANK"]`` its key."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Call):
+        return terminal(node.func)
+    if isinstance(node, ast.Subscript):
+        s = node.slice
+        if isinstance(s, ast.Constant) and isinstance(s.value, str):
+            return s.value
+        return terminal(node.value)
+    return None
