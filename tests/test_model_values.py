@@ -148,3 +148,21 @@ def test_a_generator_of_loader_batches_feeds_training_through_its_yields():
     made = {id(c) for c in m.nodes(ast.Call) if m.source(c.func) == "DataLoader"}
     assert len(made) == 2 and made <= {i for i, _ in trained_origins(m)}
     assert all(ld.training for ld in loaders(m))
+
+
+def test_a_load_into_a_wrapper_moved_to_the_device_in_the_same_expression_wants_prefixed_keys(tmp_path):
+    """``model_test = nn.DataParallel(model_test).cuda()`` then ``model_test.load_state_dict(...)``
+    (Bag-of-Tricks-for-AT's eval script): a load into a wrapper, so the migration keeps the
+    ``module.`` keys the original wrote (its plain keys crashed that script's own resume)."""
+    from dp2ddp.model.checkpoints import PREFIXED, load_sites
+
+    script = _write(tmp_path, {"eval.py": """
+        import torch
+        import torch.nn as nn
+        model_test = nn.Linear(2, 2).cuda()
+        model_test = nn.DataParallel(model_test).cuda()
+        model_test.load_state_dict(torch.load("model_best.pth"))
+    """, "train.py": ""})
+    pm = build((tmp_path / "eval.py").read_text(), str(tmp_path / "eval.py"))
+    (site,) = load_sites(pm, "eval.py")
+    assert site.wants == PREFIXED and script.exists()

@@ -229,7 +229,16 @@ def _wrapped_in_file(m: SemanticModel, subject: ast.AST) -> bool:
     """``subject`` holds a DataParallel/DDP wrapper in its own file."""
     from dp2ddp.model.flow import origins
 
-    return any(isinstance(n, ast.Call) and m.call_is(n, DP | DDP) for n, _ in origins(m, subject))
+    for n, _ in origins(m, subject):
+        while isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _SELF_RETURNING:
+            n = n.func.value  # ``nn.DataParallel(model).cuda()``: the wrapper itself
+        if isinstance(n, ast.Call) and m.call_is(n, DP | DDP):
+            return True
+    return False
+
+
+# module methods that return the module itself
+_SELF_RETURNING = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "type"})
 
 
 _NOT_MODEL_WORDS = ("optim", "sched", "scaler", "ema_state")
