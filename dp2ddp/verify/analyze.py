@@ -138,10 +138,13 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     if se:
         ends = [r.end for r in envelope.ranks.values() if r.end]
         method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
-        if method == "perturb" and stochastic:
+        bn_chunks = method == "perturb" and any(e.get("bn_chunks") for e in ends)
+        if method == "perturb" and stochastic == ["batchnorm"] and bn_chunks:
+            method = "perturb+bn"  # the envelope run normalised each chunk on its own: per-rank statistics covered
+        elif method == "perturb" and stochastic:
             se = {}  # a gradient perturbation per step says nothing of per-rank BatchNorm statistics or dropout masks
-            notes.append("the noise envelope does not cover BatchNorm or dropout without DataParallel's chunks "
-                         "(the original ran without DataParallel here): --stochastic-rtol decides")
+            notes.append("the noise envelope does not cover dropout (or BatchNorm it could not chunk) without "
+                         "DataParallel's chunks (the original ran without DataParallel here): --stochastic-rtol decides")
     elif envelope is not None:
         notes.append("the noise envelope was not measured (its run of the original did not finish): fixed tolerances")
     o_info, m_info = optimizers(orig), optimizers(mig)
@@ -194,7 +197,11 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
                          "DataParallel, their gradients summed (DDP's reduction order without DDP)",
                "perturb": f"the original run again with every gradient element perturbed at each step by "
                           f"{opts.nproc * opts.nnodes} roundings (eps of its dtype) of its magnitude plus the tensor's RMS, "
-                          "the reduction-order noise of an all-reduce (it ran without DataParallel, so no chunks)"}[method]
+                          "the reduction-order noise of an all-reduce (it ran without DataParallel, so no chunks)",
+               "perturb+bn": f"the original run again with every BatchNorm normalising each batch in {opts.nproc * opts.nnodes} "
+                             "chunks on its own (per-rank statistics) and every gradient element perturbed at each step by "
+                             f"{opts.nproc * opts.nnodes} roundings of its magnitude plus the tensor's RMS (it ran without "
+                             "DataParallel, so no chunks of the model's input)"}[method]
         rule = (f"within {ENVELOPE_FACTOR:g}x the float-noise envelope ({how}), at least --rtol {opts.rtol:g}"
                 + (f"; {', '.join(stochastic)}: as a {WINDOW}-step moving average" if stochastic else ""))
         kind = "envelope"

@@ -89,6 +89,7 @@ class _State:
         self.stop_at = self.limit
         self.chunks = int(env.get("DP2DDP_VERIFY_CHUNKS", "0") or 0)
         self.chunked = False  # the envelope run: DataParallel split a batch into chunks
+        self.bn_chunked = False  # the envelope run without DataParallel: BatchNorm normalised per chunk
         self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
         self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
         self.claimed = set()  # indices of the plans samplers have taken
@@ -1090,6 +1091,42 @@ def _patch_chunks(torch):
                         g.add_(sign * (g.abs() + rms) * (eps * W))
 
     register_optimizer_step_pre_hook(perturb)
+    _patch_batchnorm_chunks(torch, W)
+
+
+def _patch_batchnorm_chunks(torch, W):
+    """Without DataParallel's chunks (a script that wraps only on GPUs), each BatchNorm in
+    training normalises the batch in W chunks along dimension 0, each with its own
+    statistics, as W ranks do; the running statistics keep chunk 0's update (DDP broadcasts
+    rank 0's buffers at the next forward). The loss over the whole batch is then the mean
+    of the chunks' losses and its gradient the mean of theirs: DDP's arithmetic."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    real = _BatchNorm.forward
+
+    def forward(self, input):
+        if (not _S.on or _S.chunked or not self.training or not isinstance(input, torch.Tensor)
+                or input.dim() < 2 or input.size(0) < W or type(self).__name__ == "SyncBatchNorm"):
+            return real(self, input)
+        parts = input.chunk(W, dim=0)
+        if len(parts) != W:
+            return real(self, input)
+        _S.bn_chunked = True
+        names = [n for n in ("running_mean", "running_var", "num_batches_tracked") if getattr(self, n, None) is not None]
+        before = {n: getattr(self, n).detach().clone() for n in names}
+        outs = [real(self, parts[0])]
+        kept = {n: getattr(self, n) for n in names}  # chunk 0's update, in the module's own tensors
+        for part in parts[1:]:
+            # the other chunks update copies (the op saved the module's tensors for backward:
+            # they must not change in place), which are then dropped
+            for n in names:
+                setattr(self, n, before[n].clone())
+            outs.append(real(self, part))
+        for n in names:
+            setattr(self, n, kept[n])
+        return torch.cat(outs, dim=0)
+
+    _BatchNorm.forward = forward
 
 
 def _tensors(obj, torch, depth=0):
@@ -1310,6 +1347,8 @@ def _finish(why):
         rec["blocked"] = sorted(set(_G.blocked))[:20]
     if s.chunks > 1:
         rec["envelope"] = "chunks" if s.chunked else "perturb"
+        if s.bn_chunked and not s.chunked:
+            rec["bn_chunks"] = True
     try:
         rec.update(_param_digest())
     except Exception as e:
