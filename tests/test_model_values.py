@@ -166,3 +166,22 @@ def test_a_load_into_a_wrapper_moved_to_the_device_in_the_same_expression_wants_
     pm = build((tmp_path / "eval.py").read_text(), str(tmp_path / "eval.py"))
     (site,) = load_sites(pm, "eval.py")
     assert site.wants == PREFIXED and script.exists()
+
+
+def test_a_class_a_package_re_exports_is_found_and_a_results_logger_is_a_writer(tmp_path):
+    """``from utils import Logger`` where ``utils/__init__.py`` does ``from .logger import *``:
+    the definition is found in utils/logger.py, and a plain class that opens its file for
+    writing is a writer; a Dataset subclass that writes a cache is not."""
+    from dp2ddp.model.writers import writing_class
+
+    script = _write(tmp_path, {
+        "utils/__init__.py": "from .logger import *\n",
+        "utils/logger.py": "class Logger(object):\n    def __init__(self, path):\n        self.f = open(path, 'w')\n",
+        "data.py": "import torch\nclass Cached(torch.utils.data.Dataset):\n    def __init__(self, p):\n        torch.save([1], p)\n",
+        "train.py": "from utils import Logger\nfrom data import Cached\nlog = Logger('out.txt')\nds = Cached('c.pt')\n",
+    })
+    m = build(script.read_text(), str(script))
+    found = project_def(m, _call(m, "Logger").func)
+    assert found is not None and found[2] == "utils/logger.py"
+    assert writing_class(m, _call(m, "Logger")) == "utils/logger.py:3"
+    assert writing_class(m, _call(m, "Cached")) is None

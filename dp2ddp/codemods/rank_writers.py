@@ -30,7 +30,7 @@ from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import wrapper_keys
-from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers
+from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers, writing_class
 
 
 def tensorboard_keys(ctx: Context) -> Set[VarKey]:
@@ -57,6 +57,11 @@ def tensorboard_keys(ctx: Context) -> Set[VarKey]:
             if id(creation) not in seen_calls:
                 creations.append((Writer("tensorboard", creation), [key]))
                 helper_made.append(creation)
+        for key, made_here in _file_loggers(m).items():
+            for creation in made_here:
+                if id(creation) not in seen_calls:
+                    creations.append((Writer("tensorboard", creation), [key]))
+                    helper_made.append(creation)
         seeds: Set[VarKey] = set()
         for _, keys in creations:
             seeds.update(keys)
@@ -102,6 +107,28 @@ def _writer_like(m: SemanticModel):
         ]
         if len(creations) == 1 and not m.qualified_names(creations[0].func) & SUMMARY_WRITERS:
             out[key] = creations[0]
+    return out
+
+
+def _file_loggers(m: SemanticModel) -> dict:
+    """Variables holding an object of a class that writes files (``logger_test =
+    Logger(path, title=title)``, :func:`dp2ddp.model.writers.writing_class`), every
+    assignment of which makes one and every use of which rank 0 alone can run (method calls
+    as statements): made on rank 0 only, like a SummaryWriter. var key -> its creations.
+    One used as a value stays on every rank, as before."""
+    found: dict = {}
+    for a in m.nodes(ast.Assign):
+        if len(a.targets) == 1 and isinstance(a.value, ast.Call) and writing_class(m, a.value) is not None:
+            key = var_key(m, a.targets[0])
+            if key is not None:
+                found.setdefault(key, []).append(a.value)
+    out = {}
+    for key, made in found.items():
+        every = [a for a in m.nodes(ast.Assign) if len(a.targets) == 1 and var_key(m, a.targets[0]) == key]
+        if len(every) != len(made) or any(rank_guarded(m, c) for c in made):
+            continue
+        if _unguardable_use(m, wrapper_keys(m, {key})) is None:
+            out[key] = made
     return out
 
 
@@ -251,7 +278,8 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         if problem is not None:
             return ctx.block(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
         new = f"{{c}} if {_paren_text(rank0)} else None"
-        return ctx.note(call, "DDP135", "SummaryWriter created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
+        what = "SummaryWriter" if m.qualified_names(call.func) & SUMMARY_WRITERS else f"`{m.source(call.func)}`"
+        return ctx.note(call, "DDP135", f"{what} created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
     if w.kind == "wandb":
         mode = kwarg(call, "mode")
         if mode is not None:

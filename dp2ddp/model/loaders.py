@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.project_defs import class_of_call
 from dp2ddp.model.handles import Handle, expr_handle, handle_of
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER, SEQUENTIAL_SAMPLER
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, kwarg, terminal
@@ -752,7 +753,7 @@ def held_loader(m: SemanticModel, call: ast.AST) -> Optional[HeldLoader]:
     not provably iterate one DataLoader attribute set once, in its own ``__init__``."""
     if not isinstance(call, ast.Call):
         return None
-    found = _class_of_call(m, call)
+    found = class_of_call(m, call)
     if found is None:
         return None
     cm, cls, where = found
@@ -816,19 +817,3 @@ def _self_attribute(node: Optional[ast.AST]) -> Optional[str]:
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         return node.attr
     return None
-
-
-def _class_of_call(m: SemanticModel, call: ast.Call) -> Optional[Tuple[SemanticModel, ast.ClassDef, str]]:
-    """The class a call constructs: one of the script's own, or a project module's."""
-    from dp2ddp.model.project_defs import project_def
-
-    target = m.resolve_call(call)
-    if target is not None:
-        cls = m.parent(target)
-        if isinstance(cls, ast.ClassDef) and target.name == "__init__" and isinstance(call.func, ast.Name) and call.func.id == cls.name:  # type: ignore[attr-defined]
-            return m, cls, ""
-        return None
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-    if found is None or not isinstance(found[1], ast.ClassDef):
-        return None
-    return found[0], found[1], found[2]

@@ -23,15 +23,41 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
     base = os.path.dirname(os.path.abspath(m.path))
     for q in m.qualified_names(func):
         module, _, name = q.rpartition(".")
-        if not module or module.split(".")[0] in _NOT_PROJECT:
+        got = _def_in(m, base, module, name, 0)
+        if got is not None:
+            return got
+    return None
+
+
+def _def_in(m: "SemanticModel", base: str, module: str, name: str, depth: int) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """``name``'s top-level ``def``/``class`` in project module ``module``, or in the module
+    it re-exports it from (a package's ``from .logger import *`` / ``import Logger``)."""
+    if not module or module.split(".")[0] in _NOT_PROJECT or depth > 4:
+        return None
+    found = _project_module(m, base, module)
+    if found is None:
+        return None
+    pm, rel = found
+    for stmt in pm.tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
+            return pm, stmt, rel
+    package = module if os.path.basename(pm.path) == "__init__.py" else module.rpartition(".")[0]
+    for stmt in reversed(pm.tree.body):
+        if not isinstance(stmt, ast.ImportFrom):
             continue
-        found = _project_module(m, base, module)
-        if found is None:
+        alias = next((a for a in stmt.names if a.name == "*" or (a.asname or a.name) == name), None)
+        if alias is None:
             continue
-        pm, rel = found
-        for stmt in pm.tree.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name:
-                return pm, stmt, rel
+        if stmt.level:
+            parts = package.split(".") if package else []
+            if stmt.level - 1 > len(parts):
+                continue
+            target = ".".join(parts[: len(parts) - (stmt.level - 1)] + ([stmt.module] if stmt.module else []))
+        else:
+            target = stmt.module or ""
+        got = _def_in(m, base, target, alias.name if alias.name != "*" else name, depth + 1)
+        if got is not None:
+            return got
     return None
 
 
@@ -74,3 +100,19 @@ def project_calls(m: "SemanticModel") -> List[Tuple[ast.Call, Tuple["SemanticMod
                 got.append((call, found))
         m.cache["project_calls"] = got
     return got  # type: ignore[return-value]
+
+
+def class_of_call(m: "SemanticModel", call: ast.Call) -> Optional[Tuple["SemanticModel", ast.ClassDef, str]]:
+    """The class a call constructs: one of the script's own (file ``""``), or one of a
+    project module (its model, the class, its path relative to the script's folder)."""
+    target = m.resolve_call(call)
+    if target is not None:
+        cls = m.parent(target)
+        if (isinstance(cls, ast.ClassDef) and getattr(target, "name", None) == "__init__"
+                and isinstance(call.func, ast.Name) and call.func.id == cls.name):
+            return m, cls, ""
+        return None
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None or not isinstance(found[1], ast.ClassDef):
+        return None
+    return found[0], found[1], found[2]

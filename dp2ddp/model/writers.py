@@ -39,7 +39,7 @@ from dp2ddp.model.names import (
     TQDM,
     WANDB_INIT,
 )
-from dp2ddp.model.project_defs import project_calls
+from dp2ddp.model.project_defs import class_of_call, project_calls
 from dp2ddp.model.syntax import kwarg
 
 WRITE_MODES = ("w", "a", "x", "+")
@@ -281,3 +281,25 @@ def _writes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
         if w.kind in ("save", "open", "copy") and pm.contains(func, w.call):
             return w.call.lineno
     return None
+
+
+def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
+    """``call`` constructs a class (the script's or a project module's) whose methods write
+    files — a home-made results logger (``Logger(path, title=...)`` with ``set_names``,
+    ``append``, ``close``): where it writes (``utils/logger.py:45``), else ``None``. A
+    subclass (a Dataset that caches, a Module) is not one.""" 
+    if not isinstance(call, ast.Call):
+        return None
+    found = class_of_call(m, call)
+    if found is None:
+        return None
+    cm, cls, where = found
+    if any(isinstance(b, ast.Name) and b.id not in ("object",) or isinstance(b, ast.Attribute) for b in cls.bases):
+        return None  # a subclass (a Dataset, a Module) is not a file logger
+    written = None
+    for w in writers(cm):
+        if w.kind in ("open", "save", "logfile") and cm.contains(cls, w.call):
+            written = written or w.call.lineno
+    if written is None:
+        return None
+    return f"{where or 'this script'}:{written}"
