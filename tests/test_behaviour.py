@@ -308,3 +308,28 @@ def test_checkpoint_keys_as_the_projects_evaluation_script_reads_them(tmp_path: 
     cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py", "--resume"]
     resumed = retry_exit_abort(lambda: run(cmd, d, env=_env()), "eval_keys_resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
+
+
+def test_a_whole_model_loaded_before_the_wrap_resumes_from_the_originals_checkpoint(tmp_path: Path) -> None:
+    """fixup's shape: ``net = checkpoint["net"]`` above the wrap. The original's checkpoint
+    pickles its DataParallel wrapper; the migration, resumed from it under torchrun and as
+    plain python, unwraps it (the script's own check right after the load sees the bare
+    model), wraps the model in DDP, trains and saves the bare model, which it then resumes
+    from again."""
+    import torch
+
+    runs = _runs("resume_whole_before_wrap", tmp_path)
+    assert "resumed" not in runs["original"].checks  # a fresh run: nothing to resume
+    original_ckpt = runs["original"].folder / "ckpt.pth"
+    assert type(torch.load(original_ckpt, weights_only=False)["net"]).__name__ == "DataParallel"
+    for tag in ("torchrun", "python"):
+        d = runs[tag].folder
+        shutil.copy(original_ckpt, d / "ckpt.pth")
+        cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "resume_whole_before_wrap.py"] if tag == "torchrun" else [
+            sys.executable, "resume_whole_before_wrap.py"]
+        for _ in range(2):  # the original's file, then the migration's own
+            r = Run(d, retry_exit_abort(lambda: run(cmd, d, env=_env()), tag))
+            assert r.returncode == 0, r.output[-3000:]
+            assert set(r.values("resumed")) == {"Sequential"}, r.output[-3000:]
+            assert len(set(r.values("params"))) == 1, "replicas out of sync"
+            assert type(torch.load(d / "ckpt.pth", weights_only=False)["net"]).__name__ == "Sequential"

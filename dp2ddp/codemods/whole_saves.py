@@ -5,8 +5,10 @@ Pickling the ``DistributedDataParallel`` object ties the file to the wrapper cla
 process group: the project's evaluation script (no process group) cannot load it. The
 migration saves ``model.module`` instead: the model itself, loadable anywhere. Where the
 original pickled a DataParallel wrapper and the script reads ``.module`` of what it loads,
-or resumes by putting the loaded object back in place of the wrapper, the file is refused:
-the loaded object is no longer a wrapper.
+or resumes by putting the loaded object back in place of the wrapper after the wrap, the
+file is refused: the loaded object is no longer a wrapper. A whole object loaded *before*
+the wrap (``if args.resume: net = checkpoint["net"]`` above ``net = DataParallel(net)``) is
+wrapped as it comes; a DataParallel object in an old checkpoint is unwrapped first.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
-from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.checkpoints import whole_wrapper_saves, wrapper_restored
+from dp2ddp.engine import Finding, InsertAfter, Replace
+from dp2ddp.model.checkpoints import restored_before, whole_wrapper_saves, wrapper_restored
 
 NEEDS = (Wrappers,)
 
@@ -35,6 +37,14 @@ def propose(ctx: Context) -> List[Finding]:
                              "state_dict into the wrapped model instead"))
     if out:
         return out
+    for assign in restored_before(m, keys):
+        if not ctx.bridge.alone_on_line(assign):
+            continue
+        target = m.source(assign.targets[0])
+        stmt = ctx.stmt("{t} = {t}.module if isinstance({t}, {torch}.nn.DataParallel) else {t}\n", t=target, torch=ctx.name("torch"))
+        out.append(ctx.note(assign, "DDP137", f"`{target}` loaded whole before the wrap: a checkpoint the DataParallel script "
+                            "wrote holds the DataParallel wrapper, which is unwrapped before DistributedDataParallel wraps it "
+                            "(the migration's own checkpoints hold the bare model)", [InsertAfter(ctx.bridge.statement(assign), (stmt,))]))
     edits = []
     first = None
     seen = set()
@@ -45,8 +55,8 @@ def propose(ctx: Context) -> List[Finding]:
         edits.append(Replace(ctx.cst(part), ctx.expr(ctx.module_of(m.source(part)))))
         first = first or call
     if not edits:
-        return []
-    return [ctx.note(first, "DDP137", "the wrapped model is saved as its bare module (`.module`): the file loads without "
+        return out
+    return out + [ctx.note(first, "DDP137", "the wrapped model is saved as its bare module (`.module`): the file loads without "
                      "DistributedDataParallel or a process group, as one device's checkpoint", edits)]
 
 

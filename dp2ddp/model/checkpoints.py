@@ -93,7 +93,39 @@ def loaded_values(m: SemanticModel) -> Set[int]:
 
 def wrapper_restored(m: SemanticModel, wrappers: Set[VarKey]) -> List[ast.AST]:
     """Assignments to a wrapper variable whose value comes from ``torch.load``
-    (``net = torch.load(path)``, ``net = checkpoint["net"]``)."""
+    (``net = torch.load(path)``, ``net = checkpoint["net"]``) that may run after the wrap
+    (:func:`restored_before_wrap` tells the others apart)."""
+    return [a for a in _restorations(m, wrappers) if not restored_before_wrap(m, a)]
+
+
+def restored_before_wrap(m: SemanticModel, assign: ast.AST) -> bool:
+    """The loaded object is assigned before every DataParallel wrap of the script runs
+    (fixup's ``if args.resume: net = checkpoint["net"]`` above ``net = DataParallel(net)``):
+    in the same function, earlier, and in no loop that also holds a wrap. The wrap then
+    takes the loaded object, which the migration's own checkpoints hold bare."""
+    from dp2ddp.model.wraps import dp_wraps
+
+    wraps = [w for w in dp_wraps(m) if not w.functional]
+    if not wraps:
+        return False
+    func = m.enclosing_function(assign)
+    for w in wraps:
+        if m.enclosing_function(w.stmt) is not func:
+            return False
+        if (assign.lineno, assign.col_offset) >= (w.stmt.lineno, w.stmt.col_offset):  # type: ignore[attr-defined]
+            return False
+        loops = {id(a) for a in m.ancestors(assign) if isinstance(a, (ast.For, ast.AsyncFor, ast.While))}
+        if any(id(a) in loops for a in m.ancestors(w.stmt) if isinstance(a, (ast.For, ast.AsyncFor, ast.While))):
+            return False
+    return True
+
+
+def restored_before(m: SemanticModel, wrappers: Set[VarKey]) -> List[ast.AST]:
+    """The assignments of :func:`wrapper_restored`'s kind that run before the wrap."""
+    return [a for a in _restorations(m, wrappers) if restored_before_wrap(m, a)]
+
+
+def _restorations(m: SemanticModel, wrappers: Set[VarKey]) -> List[ast.AST]:
     from dp2ddp.model.flow import origins
 
     loads = loaded_values(m)
