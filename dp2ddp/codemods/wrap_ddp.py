@@ -56,6 +56,7 @@ class _Hoist:
         self.leading: List[cst.EmptyLine] = []
         self.comment: Optional[cst.TrailingWhitespace] = None
         self.guarded = False
+        self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
 
 
 def problems(ctx: Context) -> List[Finding]:
@@ -623,16 +624,22 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             partial_root = root
 
     if not w.conditions and partial_root is None:
+        early = None
         if target is not None:
             anchor = _absorb_placement(m, stmt, target, w.module)
-            late = _placed_late(ctx, w, anchor, target)
+            early = _late_cuda(ctx, w, anchor, target)
+            late = _placed_late(ctx, w, anchor, target) if early is None else None
             if late is not None:
                 return [late]
             if anchor is not stmt:
                 hoist = _register(hoists, anchor, target)
+                hoist.late_cuda = early
                 edits = _unwrap_in_place(ctx, w, inner_text, hoist)
-                return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device", edits)]
-        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel", [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(inner_text, find_unused)))])]
+                return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
+                                 + _early_note(m, early), edits)]
+        module_text = _cuda_first(ctx, inner_text) if early is not None else inner_text
+        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + _early_note(m, early),
+                         [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused)))])]
 
     if target is None:
         return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
@@ -641,11 +648,13 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not ctx.bridge.alone_on_line(anchor):
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
     anchor = _absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
-    late = _placed_late(ctx, w, anchor, wrap_target)
+    early = _late_cuda(ctx, w, anchor, wrap_target)
+    late = _placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]
     hoist = _register(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
+    hoist.late_cuda = hoist.late_cuda or early
     edits = _unwrap_in_place(ctx, w, inner_text, hoist)
     if w.conditions and any(isinstance(e, Remove) for e in edits):
         edits = _drop_emptied_if(ctx, w, hoist) or edits
@@ -654,9 +663,10 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             f"partial DataParallel wrap of {m.source(target)}: the whole {partial_root.id} is wrapped once in "
             "DistributedDataParallel so that every trained parameter is averaged across ranks"
         )
-        return [ctx.note(call, "DDP102", msg, edits)]
+        return [ctx.note(call, "DDP102", msg + _early_note(m, early), edits)]
     test = m.source(w.conditions[0].test)
-    return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU", edits)]
+    return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
+                     + _early_note(m, early), edits)]
 
 
 def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
@@ -679,6 +689,56 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     moved = ctx.stmt("if {test}:\n    {t} = {call}\n", test=test, t=m.source(target), call=ddp)
     edits = [Remove(ctx.bridge.statement(cond)), InsertAfter(ctx.bridge.statement(anchor), (moved,))]
     return [ctx.note(w.call, "DDP127", msg + "; moved below the placement of the module on its device", edits)]
+
+
+def _late_cuda(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[ast.stmt]:
+    """The one later placement of the module, when the wrap can do it first: ``net.cuda()``
+    (no device: the current one, the rank's after ``set_device``), as a statement of the
+    same function that runs on every path after the wrap point (no ``if``, loop, ``try`` or
+    ``with`` around it that the wrap is not in too, but ``if torch.cuda.is_available():``,
+    the test the wrap's own placement makes). ``DistributedDataParallel(net.cuda()
+    if torch.cuda.is_available() else net, ...)`` then has its parameters on the device it
+    needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
+    whose device may be the CPU on a GPU machine stays refused)."""
+    m = ctx.m
+    names = {m.source(target)}
+    if w.module is not None:
+        names.add(m.source(w.module))
+    late = placements_after(m, anchor, names)
+    if len(late) != 1:
+        return None
+    s = late[0]
+    value = s.value if isinstance(s, (ast.Expr, ast.Assign)) else None
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "cuda"
+            and not value.args and not value.keywords):
+        return None
+    func = m.enclosing_function(anchor)
+    if m.enclosing_function(s) is not func:
+        return None
+    around = {id(a) for a in m.ancestors(anchor)}
+    child: ast.AST = s
+    for a in m.ancestors(s):
+        if a is func or isinstance(a, ast.Module):
+            break
+        cuda_test = (isinstance(a, ast.If) and isinstance(a.test, ast.Call) and m.is_name(a.test.func, {"torch.cuda.is_available"})
+                     and any(b is child for b in a.body))
+        if (isinstance(a, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith))
+                and id(a) not in around and not cuda_test):
+            return None
+        child = a
+    return s
+
+
+def _cuda_first(ctx: Context, module_text: str) -> str:
+    torch = ctx.name("torch")
+    return f"{module_text}.cuda() if {torch}.cuda.is_available() else {module_text}"
+
+
+def _early_note(m: SemanticModel, early: Optional[ast.stmt]) -> str:
+    if early is None:
+        return ""
+    return (f"; the module is placed on this rank's GPU at the wrap (line {early.lineno}'s `{m.source(early).strip()[:40]}` "
+            "then moves nothing): DistributedDataParallel needs its parameters there when it is built")
 
 
 def _placed_late(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[Finding]:
@@ -878,7 +938,7 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
 def _insert_hoisted(ctx: Context, hoist: _Hoist, find_unused: bool) -> Finding:
     m = ctx.m
     t = m.source(hoist.target)
-    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
+    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(_cuda_first(ctx, t) if hoist.late_cuda is not None else t, find_unused))
     if hoist.leading:
         stmt = stmt.with_changes(leading_lines=hoist.leading)
     if hoist.comment is not None:

@@ -115,3 +115,14 @@ def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> boo
             if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in PLACEMENT:
                 return True
     return False
+
+
+def placed_in(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
+    """``expr`` (a wrap's module argument) places the module as it is wrapped:
+    ``model.cuda()``, ``model.to(device)``, or what the migration writes for a model the
+    script places later, ``model.cuda() if torch.cuda.is_available() else model`` (on CPU
+    there is no device to place it on)."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in ("cuda", "to"):
+        return True
+    return (isinstance(expr, ast.IfExp) and isinstance(expr.test, ast.Call)
+            and m.is_name(expr.test.func, {"torch.cuda.is_available"}) and placed_in(m, expr.body))

@@ -6,7 +6,7 @@ import ast
 
 from dp2ddp.model.collectives import outer_chain
 from dp2ddp.model.names import DDP
-from dp2ddp.model.placement import placed_before, placements_after
+from dp2ddp.model.placement import placed_before, placed_in, placements_after
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, positional, tails
 
 
@@ -14,7 +14,7 @@ def check(m):
     for call in m.calls(DDP):
         args = positional(call)
         module = args[0] if args else None
-        if module is None or placement_of_call(module):
+        if module is None or placed_in(m, module):
             continue  # DDP(model.cuda()): placed where it is wrapped
         stmt = m.statement_of(outer_chain(m, call))
         if stmt is None:
@@ -27,10 +27,6 @@ def check(m):
         for late in placements_after(m, stmt, names):
             yield Hit(late.value if isinstance(late, (ast.Expr, ast.Assign)) else late)
             break
-
-
-def placement_of_call(expr) -> bool:
-    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in ("cuda", "to")
 
 
 _HEAD = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n\n"
@@ -58,6 +54,7 @@ RULE = Rule(
         Invalid(_HEAD + "net = DDP(net, device_ids=[0])\nnet.cuda()\n", 5, 1, end=(5, 11)),
         Valid(_HEAD + "net = net.cuda()\nnet = DDP(net, device_ids=[0])\nnet.to(\"cuda\")\n"),
         Valid(_HEAD + "net = DDP(net.cuda(), device_ids=[0])\n"),
+        Valid(_HEAD + "net = DDP(net.cuda() if torch.cuda.is_available() else net, device_ids=[0])\nnet.cuda()\n"),
         Valid(_HEAD + "net = DDP(net)\n"),
     ),
 )
