@@ -185,3 +185,24 @@ def test_a_class_a_package_re_exports_is_found_and_a_results_logger_is_a_writer(
     assert found is not None and found[2] == "utils/logger.py"
     assert writing_class(m, _call(m, "Logger")) == "utils/logger.py:3"
     assert writing_class(m, _call(m, "Cached")) is None
+
+
+def test_spawn_reads_fn_and_args_positional_or_keyword():
+    """``mp.spawn(worker, (cfg,), nprocs=2)``, ``mp.spawn(fn=worker, args=(cfg,))``: one
+    reading (model/launch.py) for every caller."""
+    from dp2ddp.model.launch import spawn_argument, spawns
+
+    m = build(textwrap.dedent("""
+        import torch.multiprocessing as mp
+
+        def worker(i, cfg, world):
+            pass
+
+        mp.spawn(worker, (1, 2), nprocs=2)
+        mp.spawn(fn=worker, args=(3, 4))
+        mp.spawn(elsewhere, args=(5,))
+    """))
+    a, b, c = spawns(m)
+    assert a.target is b.target is m.module_functions["worker"] and c.target is None
+    assert [m.source(spawn_argument(m, s, "cfg")) for s in (a, b)] == ["1", "3"]
+    assert m.source(spawn_argument(m, b, "world")) == "4" and spawn_argument(m, a, "i") is None

@@ -32,6 +32,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.launch import spawn_argument, spawns as launch_spawns, spawns_of
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.ranks import RANK_WORD
 from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
@@ -95,12 +96,9 @@ def _origin(m: SemanticModel, name: ast.AST, depth: int = 0) -> Optional[ast.stm
             func = where.node
             params = m.params(func)
             args = [m.argument_for(func, c, b.name) for c in m.call_sites(func)]
-            for sp in m.calls(SPAWN):
-                fn = sp.args[0] if sp.args else None
-                tup = kwarg(sp, "args")
-                if isinstance(fn, ast.Name) and fn.id == getattr(func, "name", None) and tup is not None and isinstance(tup.value, ast.Tuple):
-                    i = params.index(b.name) - 1
-                    args.append(tup.value.elts[i] if 0 <= i < len(tup.value.elts) else None)
+            for sp in spawns_of(m, func):
+                if isinstance(sp.args, ast.Tuple):
+                    args.append(spawn_argument(m, sp, b.name))
             if not args:
                 return None
             for a in args:
@@ -146,12 +144,10 @@ def detect_mode(ctx: Context) -> List[Finding]:
         ]
     plan = MixedPlan()
     spawn_targets = {}
-    for sp in spawns:
-        fn = sp.args[0] if sp.args else (kwarg(sp, "fn").value if kwarg(sp, "fn") else None)
-        target = m.module_functions.get(fn.id) if isinstance(fn, ast.Name) else None
-        if target is None:
-            return [ctx.block(sp, "DDP104", "mp.spawn of a function dp2ddp cannot find in this file; migrate the launch by hand")]
-        spawn_targets[target] = sp
+    for sp in launch_spawns(m):
+        if sp.target is None:
+            return [ctx.block(sp.call, "DDP104", "mp.spawn of a function dp2ddp cannot find in this file; migrate the launch by hand")]
+        spawn_targets[sp.target] = sp.call
     for init in inits:
         func = m.enclosing_function(init)
         star = next((k for k in init.keywords if k.arg is None), None)
@@ -259,8 +255,7 @@ def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=N
         return
     seen.add(func)
     # a worker started by mp.spawn: under torchrun the spawn itself runs it (see _spawn)
-    spawns = [sp for sp in m.calls(SPAWN) if sp.args and isinstance(sp.args[0], ast.Name) and sp.args[0].id == getattr(func, "name", None)]
-    sites = spawns or m.call_sites(func)
+    sites = [sp.call for sp in spawns_of(m, func)] or m.call_sites(func)
     if len(sites) == 1:
         yield from _activation_branches(m, sites[0], depth + 1, seen)
 
@@ -581,8 +576,7 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
         return None  # the spawning flag is switched off under torchrun
     stmt = m.parent(sp)
     os_ = ctx.name("os")
-    args_kw = kwarg(sp, "args")
-    args = args_kw.value if args_kw is not None else (sp.args[1] if len(sp.args) > 1 else None)
+    args = next(s.args for s in launch_spawns(m) if s.call is sp)
     params = m.params(target)
     call_args = [f'int({os_}.environ["LOCAL_RANK"])']
     if args is not None:

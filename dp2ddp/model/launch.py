@@ -1,0 +1,56 @@
+"""Process launches a script makes itself: ``mp.spawn(fn, args=(...), nprocs=n)`` (also
+``fn=``, a positional ``args``), read once here for every rule and transform that asks.
+
+A spawned worker ``fn(i, *args)`` receives the process index first, then the ``args``
+tuple in order: :func:`spawn_argument` maps a parameter of the worker to the expression
+the spawn passes for it, ``None`` where the source does not tell (a tuple built elsewhere).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import List, Optional
+
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.names import SPAWN
+from dp2ddp.model.syntax import kwarg
+
+
+@dataclass
+class Spawn:
+    call: ast.Call
+    fn: Optional[ast.AST]  # the worker expression (``fn`` positional or keyword)
+    target: Optional[ast.AST]  # the worker's ``def`` in this module, if it is one
+    args: Optional[ast.AST]  # the ``args`` expression (positional second or keyword)
+
+
+def spawns(m: SemanticModel) -> List[Spawn]:
+    got = m.cache.get("launch:spawns")
+    if got is None:
+        got = []
+        for call in m.calls(SPAWN):
+            fn = call.args[0] if call.args else (kwarg(call, "fn").value if kwarg(call, "fn") else None)  # type: ignore[union-attr]
+            args = call.args[1] if len(call.args) > 1 else (kwarg(call, "args").value if kwarg(call, "args") else None)  # type: ignore[union-attr]
+            target = m.module_functions.get(fn.id) if isinstance(fn, ast.Name) else None
+            got.append(Spawn(call, fn, target, args))
+        m.cache["launch:spawns"] = got
+    return got  # type: ignore[return-value]
+
+
+def spawns_of(m: SemanticModel, func: ast.AST) -> List[Spawn]:
+    """The spawns whose worker is ``func``."""
+    return [s for s in spawns(m) if s.target is func]
+
+
+def spawn_argument(m: SemanticModel, spawn: Spawn, param: str) -> Optional[ast.AST]:
+    """What ``spawn`` passes its worker for ``param`` (the first parameter is the process
+    index, which no expression passes): an element of a literal ``args`` tuple."""
+    if spawn.target is None or not isinstance(spawn.args, ast.Tuple):
+        return None
+    params = m.params(spawn.target)
+    if param not in params:
+        return None
+    i = params.index(param) - 1
+    elts = spawn.args.elts
+    return elts[i] if 0 <= i < len(elts) and not isinstance(elts[i], ast.Starred) else None
