@@ -32,6 +32,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.ranks import local_rank_arguments
 from dp2ddp.model.launch import spawn_argument, spawns as launch_spawns, spawns_of
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.ranks import RANK_WORD
@@ -39,7 +40,6 @@ from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
 
 _INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
 _ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}
-_LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 
 
 @dataclass
@@ -336,13 +336,7 @@ def _conditions(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
 
 
 def _local_rank_args(m: SemanticModel) -> List[ast.Call]:
-    out = []
-    for call in m.nodes(ast.Call):
-        if isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument":
-            flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-            if any(f in _LOCAL_RANK_FLAGS for f in flags):
-                out.append(call)
-    return out
+    return [call for call, _flag, _env in local_rank_arguments(m)]
 
 
 # --------------------------------------------------------------------------- the edits
@@ -358,11 +352,11 @@ def propose(ctx: Context) -> List[Finding]:
     torch = ctx.name("torch")
     cuda = f"{torch}.cuda.is_available()"
     # --local_rank defaults to torchrun's LOCAL_RANK
-    for call in _local_rank_args(m):
+    for call, _flag, from_torchrun in local_rank_arguments(m):
+        if from_torchrun:
+            continue  # already torchrun's LOCAL_RANK
         default = kwarg(call, "default")
         if default is not None:
-            if _env_read(m, default.value):
-                continue
             new = ctx.expr('int({os}.environ.get("LOCAL_RANK", {d}))', os=os_, d=default.value)
             out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK", [Replace(ctx.cst(default.value), new)]))
         else:

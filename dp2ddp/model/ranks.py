@@ -326,3 +326,38 @@ def _required(test: ast.AST, truth: bool) -> List[ast.Compare]:
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And if truth else ast.Or):
         parts = list(test.values)
     return [p for p in parts if p in _distributed_checks(p)]
+
+
+# --------------------------------------------------------------------------- --local_rank
+
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+ENV_READS = frozenset({"os.environ", "os.getenv", "os.environ.get"})
+
+
+def env_read(m: SemanticModel, expr: ast.AST, var: Optional[str] = None) -> bool:
+    """``expr`` reads the process environment (``os.environ[...]``, ``os.getenv``); with
+    ``var``, a read that names that variable (``os.environ.get("LOCAL_RANK", -1)``)."""
+    for n in ast.walk(expr):
+        if isinstance(n, (ast.Attribute, ast.Name)) and m.is_name(n, ENV_READS):
+            if var is None or any(isinstance(c, ast.Constant) and c.value == var for c in ast.walk(expr)):
+                return True
+    return False
+
+
+def local_rank_arguments(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool]]:
+    """``parser.add_argument("--local_rank", ...)`` calls (``torch.distributed.launch``'s
+    flag): ``(call, the flag's string node, whether its default is torchrun's LOCAL_RANK)``.
+    One reading for the DDP011 rule and the mixed-script migration."""
+    got = m.cache.get("ranks:local_rank_args")
+    if got is None:
+        got = []
+        for call in m.nodes(ast.Call):
+            if not (isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"):
+                continue
+            flag = next((a for a in call.args if isinstance(a, ast.Constant) and a.value in LOCAL_RANK_FLAGS), None)
+            if flag is None:
+                continue
+            default = next((k.value for k in call.keywords if k.arg == "default"), None)
+            got.append((call, flag, default is not None and env_read(m, default, "LOCAL_RANK")))
+        m.cache["ranks:local_rank_args"] = got
+    return got  # type: ignore[return-value]

@@ -340,10 +340,6 @@ def has_double_star(call: ast.Call) -> bool:
     return any(k.arg is None for k in call.keywords)
 
 
-def string_value(node: Optional[ast.AST]) -> Optional[str]:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-
 def cached(m, key: str, compute):
     key = "rules:" + key
     got = m.cache.get(key)

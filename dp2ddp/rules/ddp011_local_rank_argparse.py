@@ -2,35 +2,17 @@
 
 from __future__ import annotations
 
-import ast
-
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal, string_value
-
-FLAGS = ("--local_rank", "--local-rank")
+from dp2ddp.model.ranks import LOCAL_RANK_FLAGS as FLAGS, local_rank_arguments
+from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal
 
 
 def check(m):
     if not is_ddp_code(m):
         return
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr == "add_argument":
-            if _default_from_environment(m, call):
-                continue  # the flag is kept for launchers that pass it; torchrun's LOCAL_RANK is the default
-            for a in call.args:
-                if string_value(a) in FLAGS:
-                    yield Hit(a)
-
-
-def _default_from_environment(m, call: ast.Call) -> bool:
-    """``default=int(os.environ.get("LOCAL_RANK", -1))``: torchrun's variable decides."""
-    for k in call.keywords:
-        if k.arg == "default":
-            for n in ast.walk(k.value):
-                if isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, {"os.environ", "os.getenv", "os.environ.get"}):
-                    return any(string_value(c) == "LOCAL_RANK" for c in ast.walk(k.value))
-    return False
+    for _call, flag, from_torchrun in local_rank_arguments(m):
+        if not from_torchrun:  # a default of torchrun's LOCAL_RANK keeps the flag for launchers that pass it
+            yield Hit(flag)
 
 
 RULE = Rule(
