@@ -57,7 +57,6 @@ class Context:
         self.module: cst.Module = bridge.module
         self.options = options
         self.extra_edits: List[Edit] = []
-        self.cache: Dict[str, object] = {}  # a transform's own memo (its module's keys only)
         self._facts: Dict[type, object] = {}
         self._names: Dict[str, str] = {}
         self._fresh: set = set()

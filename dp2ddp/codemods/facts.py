@@ -51,6 +51,19 @@ class ShardHelper:
     loaders: List["Loader"] = field(default_factory=list)
 
 
+@dataclass
+class GuardedWriters:
+    """What :mod:`rank_writers` decided about writer objects (SummaryWriter, writer-like
+    helpers, a project's logger class): the variables that hold one made on rank 0 only,
+    whose uses as statements :mod:`rank_zero` guards (``keys``); the creations it found
+    outside the script's own SummaryWriter calls (``made``); and the SummaryWriters left on
+    every rank, with why (``bad``)."""
+
+    keys: Set["VarKey"] = field(default_factory=set)
+    made: List[object] = field(default_factory=list)
+    bad: List[Tuple[object, str]] = field(default_factory=list)
+
+
 def order(transforms: List[Tuple[str, tuple, tuple]]) -> List[str]:
     """Transform names ``(name, needs, provides)`` ordered so providers come first; the
     written order decides among the rest. Raises ``MissingFact`` for a need no transform

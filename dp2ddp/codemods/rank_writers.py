@@ -23,6 +23,7 @@ from typing import List, Optional, Set
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
@@ -33,49 +34,48 @@ from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers, writing_class
 
 
-def tensorboard_keys(ctx: Context) -> Set[VarKey]:
-    """Variables holding a SummaryWriter whose every use can be guarded (cached). The
-    writers are followed together: a function called once with each of two writers
-    (``train(logger=train_logger)``, ``train(logger=val_logger)``) holds one of them."""
-    got = ctx.cache.get("tensorboard_keys")
-    if got is None:
-        m = ctx.m
-        bad = ctx.cache.setdefault("tensorboard_bad", [])
-        made = ctx.cache.setdefault("tensorboard_made", [])
-        creations = []
-        for w in writers(m):
-            if w.kind != "tensorboard":
-                continue
-            keys = assigned_keys(m, w.call)
-            if not keys:
-                bad.append((w, "its value is not kept in a variable"))  # type: ignore[attr-defined]
-                continue
-            creations.append((w, keys))
-        seen_calls = {id(w.call) for w, _ in creations}
-        helper_made = []
-        for key, creation in _writer_like(m).items():
+PROVIDES = (GuardedWriters,)
+
+
+def guarded_writers(m: SemanticModel) -> GuardedWriters:
+    """Variables holding a SummaryWriter (or a writer-like object) whose every use can be
+    guarded. The writers are followed together: a function called once with each of two
+    writers (``train(logger=train_logger)``, ``train(logger=val_logger)``) holds one of them."""
+    bad: List = []
+    made: List = []
+    creations = []
+    for w in writers(m):
+        if w.kind != "tensorboard":
+            continue
+        keys = assigned_keys(m, w.call)
+        if not keys:
+            bad.append((w, "its value is not kept in a variable"))
+            continue
+        creations.append((w, keys))
+    seen_calls = {id(w.call) for w, _ in creations}
+    helper_made = []
+    for key, creation in _writer_like(m).items():
+        if id(creation) not in seen_calls:
+            creations.append((Writer("tensorboard", creation), [key]))
+            helper_made.append(creation)
+    for key, made_here in _file_loggers(m).items():
+        for creation in made_here:
             if id(creation) not in seen_calls:
                 creations.append((Writer("tensorboard", creation), [key]))
                 helper_made.append(creation)
-        for key, made_here in _file_loggers(m).items():
-            for creation in made_here:
-                if id(creation) not in seen_calls:
-                    creations.append((Writer("tensorboard", creation), [key]))
-                    helper_made.append(creation)
-        seeds: Set[VarKey] = set()
-        for _, keys in creations:
-            seeds.update(keys)
-        got = wrapper_keys(m, seeds) if seeds else set()
-        problem = _unguardable_use(m, got) if got else None
-        if problem is not None:
-            for w, _ in creations:
-                if all(w.call is not h for h in helper_made):
-                    bad.append((w, problem))  # type: ignore[attr-defined]
-            got = set()
-        else:
-            made.extend(helper_made)  # type: ignore[attr-defined]
-        ctx.cache["tensorboard_keys"] = got
-    return got  # type: ignore[return-value]
+    seeds: Set[VarKey] = set()
+    for _, keys in creations:
+        seeds.update(keys)
+    got = wrapper_keys(m, seeds) if seeds else set()
+    problem = _unguardable_use(m, got) if got else None
+    if problem is not None:
+        for w, _ in creations:
+            if all(w.call is not h for h in helper_made):
+                bad.append((w, problem))
+        got = set()
+    else:
+        made.extend(helper_made)
+    return GuardedWriters(got, made, bad)
 
 
 TB_METHODS = frozenset({
@@ -134,7 +134,7 @@ def _file_loggers(m: SemanticModel) -> dict:
 
 def is_writer_use(ctx: Context, stmt: ast.stmt) -> bool:
     """``writer.add_scalar(...)`` as a statement, for a guarded SummaryWriter."""
-    keys = tensorboard_keys(ctx)
+    keys = ctx.need(GuardedWriters).keys
     if not keys or not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
         return False
     call = stmt.value
@@ -190,9 +190,10 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
-    tensorboard_keys(ctx)
-    bad = {id(w): why for w, why in ctx.cache.get("tensorboard_bad", [])}  # type: ignore[union-attr]
-    for made in ctx.cache.get("tensorboard_made", []):  # type: ignore[union-attr]
+    guarded = guarded_writers(m)
+    ctx.provide(guarded)
+    bad = {id(w): why for w, why in guarded.bad}
+    for made in guarded.made:
         if not rank_guarded(m, made):
             early = ctx.mode == "plain" and not ctx.in_setup_region(made)
             out.append(_restrict(ctx, Writer("tensorboard", made), None, early))  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.rank_writers import is_writer_use
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
@@ -34,6 +35,8 @@ from dp2ddp.model.names import COPY, DUMPS, FILE_WRITES, LOAD, MKDIR, OPEN, PRIN
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.writers import LOGGING_CONFIG, open_mode, writers, writes_mode
+
+NEEDS = (GuardedWriters,)
 
 PURE_BUILTINS = {
     "len", "str", "repr", "int", "float", "round", "abs", "min", "max", "sum", "sorted", "list", "tuple", "dict",
