@@ -206,3 +206,21 @@ def test_spawn_reads_fn_and_args_positional_or_keyword():
     assert a.target is b.target is m.module_functions["worker"] and c.target is None
     assert [m.source(spawn_argument(m, s, "cfg")) for s in (a, b)] == ["1", "3"]
     assert m.source(spawn_argument(m, b, "world")) == "4" and spawn_argument(m, a, "i") is None
+
+
+def test_branches_around_a_node_say_which_branch_holds_it():
+    m = build(textwrap.dedent("""
+        def f(a, b):
+            if a:
+                try:
+                    x = 1
+                except ValueError:
+                    y = 2 if b else 3
+            else:
+                z = 4
+    """))
+    x, y, z = (next(n for n in m.nodes(ast.Assign) if n.targets[0].id == v) for v in "xyz")
+    assert [(type(a).__name__, w) for a, w in m.branches(x)] == [("Try", "body"), ("If", "body")]
+    assert [(type(a).__name__, w) for a, w in m.branches(y.value.body)] == [("IfExp", "body"), ("Try", "handlers"), ("If", "body")]
+    assert [(type(a).__name__, w) for a, w in m.branches(z)] == [("If", "orelse")]
+    assert [(type(a).__name__, w) for a, w in m.branches(x, stop=(ast.Try,))] == []

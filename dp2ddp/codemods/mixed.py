@@ -324,15 +324,8 @@ def _rank_sources(m: SemanticModel) -> List[ast.AST]:
 
 
 def _conditions(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
-    out = []
-    child = node
-    for a in m.ancestors(node):
-        if isinstance(a, FUNCTIONS + (ast.Module,)):
-            break
-        if isinstance(a, ast.If) and child is not a.test and any(child is s for s in a.body):
-            out.append(a.test)
-        child = a
-    return out
+    """The tests of the ``if`` statements whose true branch holds ``node``."""
+    return [a.test for a, where in m.branches(node) if isinstance(a, ast.If) and where == "body"]
 
 
 def _local_rank_args(m: SemanticModel) -> List[ast.Call]:

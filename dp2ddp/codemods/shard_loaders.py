@@ -308,19 +308,15 @@ def _switches(ctx: Context) -> Dict[str, str]:
 
 
 def _conditional(m, node: ast.AST, on: Dict[str, str]) -> bool:
-    """``node`` sits under an ``if`` (or a ``try``) of its function that is not the switch of
-    the distributed path (on in its torchrun branch): it does not run on every path there."""
-    child = node
-    for a in m.ancestors(node):
-        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-            return False
+    """``node`` sits under an ``if`` (or a ``try``, a conditional expression) of its
+    function that is not the switch of the distributed path (on in its torchrun branch):
+    it does not run on every path there."""
+    for a, where in m.branches(node):
         if isinstance(a, ast.If):
-            branch = "body" if any(c is child for c in a.body) else "orelse"
-            if on.get(ast.dump(a.test)) != branch:
+            if where != "test" and on.get(ast.dump(a.test)) != where:
                 return True
-        elif isinstance(a, (ast.Try, ast.IfExp)):
+        elif isinstance(a, ast.Try) or (isinstance(a, ast.IfExp) and where != "test"):
             return True
-        child = a
     return False
 
 

@@ -125,6 +125,25 @@ class Structure:
             child = a
         return out
 
+    def branches(self, node: ast.AST, stop: Tuple[type, ...] = ()) -> List[Tuple[ast.AST, str]]:
+        """The conditional constructs around ``node`` up to its function (or the first
+        ancestor of a type in ``stop``), innermost first, each with the field of it that
+        holds ``node``: ``(if_stmt, "body" | "orelse" | "test")``, ``(try_stmt, "body" |
+        "handlers" | "orelse" | "finalbody")``, ``(ifexp, "body" | "orelse" | "test")``.
+        The one home of "the conditions around a node": wraps, mixed scripts and loaders
+        read it each with their own question."""
+        out: List[Tuple[ast.AST, str]] = []
+        child = node
+        for a in self.ancestors(node):
+            if isinstance(a, FUNCTIONS + (ast.Module, ast.Lambda, ast.ClassDef) + stop):
+                break
+            if isinstance(a, (ast.If, ast.IfExp, ast.Try)):
+                where = next((f for f in ("test", "body", "orelse", "handlers", "finalbody")
+                              if _holds(getattr(a, f, None), child)), "body")
+                out.append((a, where))
+            child = a
+        return out
+
     # ------------------------------------------------------------------ module facts
     @cached_property
     def module_functions(self) -> Dict[str, ast.AST]:
@@ -169,3 +188,9 @@ def _in_header(func: ast.AST, node: ast.AST, model: Structure) -> bool:
             return not any(cur is s for s in func.body)  # type: ignore[attr-defined]
         cur = a
     return False
+
+
+def _holds(field: object, child: ast.AST) -> bool:
+    if isinstance(field, list):
+        return any(c is child for c in field)
+    return field is child

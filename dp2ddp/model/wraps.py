@@ -85,16 +85,15 @@ def conditions(m: SemanticModel, stmt: ast.stmt) -> List[ast.AST]:
     """``if`` statements whose branches hold ``stmt``, up to its function, loop or ``with``,
     innermost first; the ``__main__`` guard does not count."""
     out = []
-    child: ast.AST = stmt
-    for a in m.ancestors(stmt):
-        if isinstance(a, ast.If):
-            if is_main_test(a.test) and m.parent(a) is m.tree:
-                break
-            if child is not a.test:
-                out.append(a)
-        elif isinstance(a, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.ExceptHandler, ast.Module, ast.ClassDef, ast.Lambda) + FUNCTIONS):
+    for a, where in m.branches(stmt, stop=(ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try, ast.ExceptHandler)):
+        if isinstance(a, ast.Try):
             break
-        child = a
+        if not isinstance(a, ast.If):
+            continue
+        if is_main_test(a.test) and m.parent(a) is m.tree:
+            break
+        if where != "test":
+            out.append(a)
     return out
 
 
