@@ -149,7 +149,9 @@ class _Flow:
             elif b.kind in ("unpack", "for", "with") and b.target is not None:
                 out |= self._bound(b.target, d)
             elif b.kind == "param" and where.kind == "function":
-                out |= self._param(where.node, e.id, d)
+                # no caller in this module passes it: the parameter itself (a caller in
+                # another module binds it: training.trained_origins, project_load_sites)
+                out |= self._param(where.node, e.id, d) or {(e, ())}
             else:
                 out.add((e, ()))
         return out

@@ -205,11 +205,21 @@ def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
         if m.resolve_call(call) is not None:
             continue
         found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-        if found is None or isinstance(found[1], ast.ClassDef):
+        if found is None:
             continue
         pm, func, _ = found
-        for param in _fed_params(pm, func):
-            arg = _argument(pm, func, call, param)
+        if isinstance(func, ast.ClassDef):
+            # ``Trainer(model, loader)``: a parameter of its __init__ that a training loop of
+            # the class iterates (through ``self.data``)
+            init = pm.methods(func).get("__init__")
+            if init is None:
+                continue
+            params = _fed_params(pm, init, within=func)
+            func = init
+        else:
+            params = _fed_params(pm, func)
+        for param in params:
+            arg = pm.argument_for(func, call, param)
             if arg is not None:
                 fed.extend(iterated(arg))
     out: Set[Tuple[int, tuple]] = set()
@@ -248,30 +258,21 @@ def yielded_values(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
     return out
 
 
-def _fed_params(pm: SemanticModel, func: ast.AST) -> Set[str]:
+def _fed_params(pm: SemanticModel, func: ast.AST, within: Optional[ast.AST] = None) -> Set[str]:
     """Parameters of ``func`` (in project module ``pm``) whose value feeds one of its
-    training loops."""
+    training loops — or, with ``within`` (a class, ``func`` its ``__init__``), a training
+    loop of any of the class's methods (the value kept on ``self``)."""
     from dp2ddp.model.flow import origins
 
     params = set(pm.params(func))
     out = set()
     for v, loop in fed_values(pm):
-        if pm.enclosing_function(loop) is not func:
+        if within is not None:
+            if not pm.contains(within, loop):
+                continue
+        elif pm.enclosing_function(loop) is not func:
             continue
         for node, _ in origins(pm, v):
             if isinstance(node, ast.Name) and node.id in params and pm.enclosing_function(node) is func:
                 out.add(node.id)
     return out
-
-
-def _argument(pm: SemanticModel, func: ast.AST, call: ast.Call, param: str) -> Optional[ast.AST]:
-    """What ``call`` (in another module) passes for ``param`` of ``func`` (a plain function)."""
-    for k in call.keywords:
-        if k.arg == param:
-            return k.value
-    a = func.args  # type: ignore[attr-defined]
-    positional = [p.arg for p in a.posonlyargs + a.args]
-    if any(isinstance(x, ast.Starred) for x in call.args) or param not in positional:
-        return None
-    i = positional.index(param)
-    return call.args[i] if i < len(call.args) else None
