@@ -42,6 +42,7 @@ from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
+STREAM_CLASS = "ShardedStream"
 
 
 PROVIDES = (OwnSamplers, ShardHelper)
@@ -304,7 +305,8 @@ def _cannot_shard(m, loader: Loader) -> Optional[str]:
 def _helper_names(ctx: Context) -> Dict[str, str]:
     helper = ctx.need(ShardHelper)
     if not helper.names:
-        helper.names.update(shard_loader=ctx.fresh_name(SHARD_FUNCTION), ShardedBatches=ctx.fresh_name(SHARD_CLASS))
+        helper.names.update(shard_loader=ctx.fresh_name(SHARD_FUNCTION), ShardedBatches=ctx.fresh_name(SHARD_CLASS),
+                            ShardedStream=ctx.fresh_name(STREAM_CLASS))
     return helper.names
 
 
