@@ -334,3 +334,26 @@ def test_a_whole_model_loaded_before_the_wrap_resumes_from_the_originals_checkpo
             assert set(r.values("resumed")) == {"Sequential"}, r.output[-3000:]
             assert len(set(r.values("params"))) == 1, "replicas out of sync"
             assert type(torch.load(d / "ckpt.pth", weights_only=False)["net"]).__name__ == "Sequential"
+
+
+@pytest.mark.parametrize("workers", ["2", "0"])
+def test_an_iterable_dataset_is_split_as_dataparallel_split_its_batches(tmp_path: Path, workers: str) -> None:
+    """An IterableDataset's loader (issue 20), its stream split by DataLoader worker or read
+    in one process: under torchrun, rank 0's slice of every step followed by rank 1's is the
+    original's batch, as many steps, and the mean of the ranks' losses is the original's loss
+    at every step (the global batch trains as before)."""
+    runs = _runs("text_stream", tmp_path, args=("--workers", workers))
+    orig, tr = runs["original"], runs["torchrun"]
+    for epoch in (0, 1):
+        assert tr.checks[f"steps-{epoch}"] == {"0": orig.checks[f"steps-{epoch}"]["-"], "1": orig.checks[f"steps-{epoch}"]["-"]}
+    steps = sorted(k for k in orig.checks if k.startswith("rows-"))
+    assert len(steps) == (8 if workers == "2" else 6), steps
+    for key in steps:
+        whole = json.loads(orig.checks[key]["-"])
+        shares = [json.loads(tr.checks[key][r]) for r in ("0", "1")]
+        assert len(shares[0]) == len(shares[1]) == len(whole) // 2 and shares[0] + shares[1] == whole, key
+        loss = key.replace("rows-", "loss-")
+        mean = (float(tr.checks[loss]["0"]) + float(tr.checks[loss]["1"])) / 2
+        assert mean == pytest.approx(float(orig.checks[loss]["-"]), rel=1e-4, abs=1e-5), (key, mean, orig.checks[loss])
+    mine = [k for k in orig.checks if k.startswith(("rows-", "loss-", "steps-"))]
+    assert {k: runs["python"].checks[k] for k in mine} == {k: orig.checks[k] for k in mine}  # a world of one: the original

@@ -228,7 +228,7 @@ def test_accept_writes_a_refused_migration_with_a_comment_at_the_spot(tmp_path: 
     """``--accept DDP105`` takes the named risk: the refusal becomes a warning (exit 1), the
     migration is written, and the statement carries a comment saying so; an unknown code is
     a usage error."""
-    src = (ROOT / "fixtures" / "shard_loaders" / "noop_iterable_dataset_refused.in.py").read_bytes()
+    src = (ROOT / "fixtures" / "shard_loaders" / "noop_iterable_dataset_unbatched_refused.in.py").read_bytes()
     f = tmp_path / "train.py"
     f.write_bytes(src)
     assert main(["rewrite", str(f)]) == 1

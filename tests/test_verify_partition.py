@@ -293,3 +293,37 @@ def test_every_optimizer_gets_its_own_index_even_when_its_id_is_reused(tmp_path)
     steps = [r for r in recs if r["ev"] == "step"]
     # each fold's optimizer, created after the previous one stopped stepping, counts the run's steps
     assert [(r["o"], r["lr"]) for r in steps] == [(0, 0.1), (0, 0.1), (1, 0.2), (1, 0.2), (2, 0.1 * 3), (2, 0.1 * 3)]
+
+
+STREAM = r"""
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(10.0).unsqueeze(1))
+
+
+w = torch.nn.Parameter(torch.zeros(1))
+opt = torch.optim.SGD([w], lr=0.1)
+for batch in DataLoader(Stream(), batch_size=4):
+    (batch * w).sum().backward()
+    opt.step()
+"""
+
+
+def test_a_streams_batches_are_recorded_as_an_iterable_dataset(tmp_path):
+    """A loader over an IterableDataset with a batch size hands out ``[None] * 4`` per step:
+    the pass says it is a stream (its samples are not named), not "indices not integers"."""
+    script = tmp_path / "stream.py"
+    script.write_text(STREAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="migrated", DP2DDP_VERIFY_OUT=str(tmp_path), LOCAL_RANK="0")
+    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "migrated-rank0.jsonl").read_text().splitlines()]
+    (rec,) = [r for r in recs if r["ev"] == "pass"]
+    assert rec["iterable"] is True and "unrecorded" not in rec and rec["batches"] >= 3, rec
+    out = partition.analyze(_run("original", [[rec]]), _run("migrated", [[rec], [dict(rec, key=rec["key"] + 1)]]), 2)
+    assert out["problems"] == [] and len(out["notes"]) == 1 and "iterates an IterableDataset" in out["notes"][0], out

@@ -97,9 +97,10 @@ CODES: Tuple[MigrationCode, ...] = (
         "a training loader that dp2ddp cannot shard between the ranks; the file is left unchanged",
         "Unsharded, every rank trains on the whole data set: the work is repeated, not split, and the effective batch "
         "and learning-rate schedule change. dp2ddp refuses rather than write that migration.",
-        "Shard it by hand: an `IterableDataset` splits its stream by `torch.distributed.get_rank()` in `__iter__`; a "
-        "loader with `batch_size=None` gets a `DistributedSampler`; a loader returned inside a tuple kept whole is "
-        "unpacked into names first. `--accept DDP105` writes the migration anyway and marks the line.",
+        "Shard it by hand: a loader with `batch_size=None` gets a `DistributedSampler`, or a `batch_size` (over an "
+        "`IterableDataset`, `shard_loader` then splits every batch of the stream); an `IterableDataset`'s loader is "
+        "migrated without `--keep-batch-size`; a loader returned inside a tuple kept whole is unpacked into names "
+        "first. `--accept DDP105` writes the migration anyway and marks the line.",
         "No fix.",
     ),
     _c(
@@ -285,7 +286,10 @@ CODES: Tuple[MigrationCode, ...] = (
         "order, `len(loader)` and the steps per epoch stay the original's, and the shuffle changes on every pass (no "
         "`set_epoch`). A batch that does not split evenly is padded with its own first samples. With "
         "`--keep-batch-size` each rank takes whole batches in turn. `num_workers` is divided by the processes on this "
-        "machine, never below 1.",
+        "machine, never below 1. Over an `IterableDataset` (with a `batch_size`) `shard_loader` wraps the dataset "
+        "instead (`ShardedStream`): every rank reads the whole stream, each DataLoader worker its part as before "
+        "(`num_workers` stays), cuts it into the original's batches and keeps its slice of each, padded alike; the "
+        "stream's randomness is drawn alike on every rank.",
         "Safe.",
     ),
     _c(

@@ -22,8 +22,11 @@ whole batches in turn (the per-process batch stays the original's).
 
 Evaluation loaders stay whole on every rank. Loaders the script's own distributed path
 already gives a ``DistributedSampler`` (a mixed script) are left to it and to
-:mod:`set_epoch`. What cannot be sharded this way (an ``IterableDataset``, ``batch_size=None``,
-a training loader returned in a shape the script cannot rebind) is refused.
+:mod:`set_epoch`. A loader over an ``IterableDataset`` gets ``ShardedStream`` instead: every
+process reads the stream (each worker its part, as before) and keeps its slice of every
+batch. What cannot be sharded this way (``batch_size=None``, an ``IterableDataset`` under
+``--keep-batch-size``, a training loader returned in a shape the script cannot rebind) is
+refused.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from dp2ddp.model.syntax import is_docstring, kwarg, terminal
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
+STREAM_CLASS = "ShardedStream"
 
 
 PROVIDES = (OwnSamplers, ShardHelper)
@@ -77,12 +81,13 @@ def propose(ctx: Context) -> List[Finding]:
         if not loader.training:
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
-        why = _cannot_shard(m, loader)
+        why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
         if why is not None:
             out.append(ctx.block(loader.call, "DDP105", f"{label} {why}"))
             continue
         wrapped.append((loader.call, label))
-        helper.loaders.append(loader)
+        if not loader.iterable_dataset:
+            helper.loaders.append(loader)  # a stream has no shuffle for set_epoch to follow
     own: List[ast.AST] = []
     for call, label, training in subclass_calls(m):
         given = kwarg(call, "sampler")
@@ -320,20 +325,27 @@ def _conditional(m, node: ast.AST, on: Dict[str, str]) -> bool:
     return False
 
 
-def _cannot_shard(m, loader: Loader) -> Optional[str]:
-    if loader.iterable_dataset:
-        return ("reads an IterableDataset: dp2ddp cannot split its stream between the ranks (each would read all of it); "
-                "shard the dataset by rank in its __iter__ by hand")
-    batch = kwarg(loader.call, "batch_size")
-    if batch is not None and isinstance(batch.value, ast.Constant) and batch.value.value is None:
+def _cannot_shard(m, loader: Loader, keep_batch_size: bool = False) -> Optional[str]:
+    """Why ``shard_loader`` would fail on this loader, where that can be seen here. An
+    ``IterableDataset`` with a batch size is sharded (``ShardedStream``: each rank keeps its
+    slice of every batch of the stream); its batches cannot be dealt whole in turn."""
+    batch = loader.batch_size  # the keyword or the second positional argument
+    if isinstance(batch, ast.Constant) and batch.value is None:
+        if loader.iterable_dataset:
+            return ("reads an IterableDataset with batch_size=None (no batches to split between the ranks): give it a "
+                    "batch_size, or shard the stream by rank in the dataset's __iter__ by hand")
         return "has batch_size=None (no batches to split between the ranks): shard its sampler by hand"
+    if loader.iterable_dataset and keep_batch_size:
+        return ("reads an IterableDataset: --keep-batch-size cannot deal its batches to the ranks in turn (their number "
+                "is unknown); migrate without it (each rank takes its slice of every batch) or shard the stream by hand")
     return None
 
 
 def _helper_names(ctx: Context) -> Dict[str, str]:
     helper = ctx.need(ShardHelper)
     if not helper.names:
-        helper.names.update(shard_loader=ctx.fresh_name(SHARD_FUNCTION), ShardedBatches=ctx.fresh_name(SHARD_CLASS))
+        helper.names.update(shard_loader=ctx.fresh_name(SHARD_FUNCTION), ShardedBatches=ctx.fresh_name(SHARD_CLASS),
+                            ShardedStream=ctx.fresh_name(STREAM_CLASS))
     return helper.names
 
 

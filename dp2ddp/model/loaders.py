@@ -248,7 +248,7 @@ def loaders(m: SemanticModel) -> List[Loader]:
         elif batch_sampler is not None:
             problem = f"{name} uses a batch_sampler: shard it per rank by hand (every rank now sees all data)"
         elif iterable:
-            problem = f"{name} reads an IterableDataset: shard it per rank by hand (every rank now sees all data)"
+            problem = f"{name} reads an IterableDataset: no sampler can be added (shard_loader splits its batches at run time)"
         elif dataset is None:
             problem = f"{name} has no dataset argument dp2ddp can read"
         elif sampler is not None and not (

@@ -136,7 +136,7 @@ EXAMPLES.update(
         + "import torch.multiprocessing as mp\n\n\ndef worker(rank):\n    pass\n"
         + _script("model = nn.DataParallel(nn.Linear(8, 1))\nif os.environ.get(\"SPAWN\"):\n    mp.spawn(worker, nprocs=2)\n")[len(_HEAD):],
         "DDP105": _script("model = nn.DataParallel(nn.Linear(8, 1))\n").replace(
-            "loader = DataLoader(data, batch_size=16, shuffle=True)", "loader = DataLoader(Stream(), batch_size=16)"
+            "loader = DataLoader(data, batch_size=16, shuffle=True)", "loader = DataLoader(Stream(), batch_size=None)"
         ).replace("\n\ndef main():", "\n\nclass Stream(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
                   "        return iter([(torch.randn(8), torch.randn(1))] * 64)\n\n\ndef main():"),
         "DDP109": _script("model = nn.DataParallel(nn.Linear(8, 1).to(\"cuda:1\"))\n"),

@@ -615,7 +615,11 @@ def _on_torch(torch):
             if p is None or p.it is not self._sampler_iter:
                 p = _begin_pass(self)
                 p.first_len = len(idx) if type(idx) is list else 1
-            if type(idx) is list:
+                # a stream's batches (its batch sampler hands out [None] * size): no sample is named
+                p.iterable = self._dataset_kind == dataloader._DatasetKind.Iterable
+            if p.iterable:
+                pass
+            elif type(idx) is list:
                 try:
                     p.arr.extend(idx)
                 except (TypeError, OverflowError):
