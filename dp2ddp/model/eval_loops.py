@@ -137,6 +137,10 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     why = _escape(m, loop.body, local, set(accs), scope, loop, 0)
     if why is not None:
         return stays(f"it {why[1]}", why[0])
+    carried = _carried(m, loop, local, scope)
+    if carried is not None:
+        return stays(f"it carries `{carried.id}` from one batch to the next (line {carried.lineno}): each rank would "
+                     "see another batch's value there", carried)
     for name in accs:
         why = _start(m, loop, name, scope)
         if why is not None:
@@ -190,7 +194,7 @@ def _header(m: SemanticModel, loop: ast.For) -> Tuple[ast.AST, Optional[str]]:
 
 def _walk(stmts: Iterable[ast.AST]) -> Iterable[ast.AST]:
     """Every node of ``stmts``, in source order, not entering nested functions or classes
-    (their definition is reported as such)."""
+    (a call of one is read where it is made)."""
     todo = list(reversed(list(stmts)))
     while todo:
         n = todo.pop()
@@ -241,7 +245,7 @@ def _escape(m: SemanticModel, body: Sequence[ast.AST], local: Set[str], accs: Se
     for n in _walk(body):
         line = f"(line {getattr(n, 'lineno', '?')})"
         if isinstance(n, FUNCTIONS + (ast.ClassDef,)):
-            return n, f"defines `{n.name}` {line}"
+            continue  # a local definition: read where it is called
         if isinstance(n, ast.Return) and depth == 0:
             return n, f"returns from inside the loop {line}"
         if isinstance(n, (ast.Yield, ast.YieldFrom, ast.Await)):
@@ -359,11 +363,51 @@ def _function_escape(m: SemanticModel, call: ast.Call, func: ast.AST, accs: Set[
     if m.contains(func, loop):
         return f"calls `{name}` (line {call.lineno}), which holds the loop"
     inner = m.scopes.get(func)
-    local = set(inner.bindings) if inner is not None else set()
+    # its own values; its parameters (``self`` included) are the caller's objects
+    local = {n for n, bs in inner.bindings.items() if all(b.kind != "param" for b in bs)} if inner is not None else set()
     why = _escape(m, func.body, local, accs, scope, loop, depth)  # type: ignore[attr-defined]
     if why is None:
         return None
     return f"calls `{name}` (line {call.lineno}), which {why[1]}"
+
+
+def _carried(m: SemanticModel, loop: ast.For, local: Set[str], scope) -> Optional[ast.Name]:
+    """A read in the loop of a name the loop binds that no binding of the same iteration
+    comes before (``batch_time.update(time.time() - end); end = time.time()``)."""
+    names = [n for n in _walk([loop.target] + list(loop.body)) if isinstance(n, ast.Name) and n.id in local
+             and m.scope_of(n) is scope]
+    stores: Dict[str, List[ast.Name]] = {}
+    for n in names:
+        if isinstance(n.ctx, ast.Store):
+            stores.setdefault(n.id, []).append(n)
+    for r in names:
+        reads = isinstance(r.ctx, ast.Load) or isinstance(m.parent(r), ast.AugAssign)
+        if reads and not any(_dominates(m, s, r, loop) for s in stores.get(r.id, ())):
+            return r
+    return None
+
+
+def _dominates(m: SemanticModel, s: ast.Name, r: ast.Name, within: ast.AST) -> bool:
+    """Binding ``s`` runs before read ``r`` on every path through ``within`` (a loop's body)
+    that reaches ``r``: ``s`` is the target of a ``for`` whose body holds ``r``, or its
+    statement comes before one that holds ``r`` in the same block."""
+    if s is r:
+        return False
+    st = m.statement_of(s)
+    if isinstance(st, (ast.For, ast.AsyncFor)) and m.contains(st.target, s):
+        return any(m.contains(b, r) for b in st.body)
+    a: Optional[ast.AST] = m.statement_of(r)
+    while a is not None and a is not within:
+        block = m.block_of(a)  # type: ignore[arg-type]
+        if block is not None:
+            i = next((k for k, x in enumerate(block[2]) if x is st), None)
+            j = next(k for k, x in enumerate(block[2]) if x is a)
+            if i is not None and i < j:
+                return True
+        a = m.parent(a)
+        while a is not None and not isinstance(a, ast.stmt):
+            a = m.parent(a)
+    return False
 
 
 def _start(m: SemanticModel, loop: ast.For, name: str, scope) -> Optional[Tuple[ast.AST, str]]:
