@@ -1,6 +1,7 @@
 """Benchmark: the migrated run does no more work than a careful hand migration (issue 20).
 
     python benchmarks/bench_work.py [--repeats 5] [--shapes accumulation,...] [--json out.json]
+    python benchmarks/bench_work.py --shapes evaluation --json benchmarks/results/eval-cpu.json
 
 For each shape (a DataParallel script and the same script migrated to DDP by hand,
 ``fixtures/work/<shape>.py`` and ``<shape>_hand.py``): the script is migrated with
@@ -23,6 +24,15 @@ processes. Reported per shape:
 
 Adding a shape is one ``Shape`` entry and its script pair; tests/test_work.py runs every
 entry too (small: ``test_args``).
+
+The ``evaluation`` shape (``EvalShape``, ``fixtures/work/evaluation.py``) compares two
+migrations of one script instead: the default one (every rank evaluates the whole set) and
+``rewrite --shard-eval`` (each rank evaluates its own whole batches), interleaved in the
+same way. Reported: the samples each rank's evaluation forwards received per pass (the
+probe; target: N / world, within one batch), the evaluation wall time (the script times each
+pass on each rank; a pass takes as long as its slower rank, summed over the passes), the
+ratio ``whole time / sharded time`` (median and 95% interval over the pairs), and whether
+the sharded run printed the whole run's metrics exactly (``repr``).
 """
 
 from __future__ import annotations
@@ -79,6 +89,23 @@ SHAPES: List[Shape] = [
 ]
 
 
+@dataclass
+class EvalShape:
+    name: str  # fixtures/work/<name>.py (DataParallel), migrated twice: whole and --shard-eval
+    args: List[str]
+    samples: int  # N: the evaluation set
+    batch: int  # its batch size
+    passes: int  # evaluations per run
+    notes: str = ""
+
+
+EVAL_SHAPES: List[EvalShape] = [
+    EvalShape("evaluation", ["--train-samples", "1024", "--eval-samples", "65536", "--eval-batch-size", "256",
+                             "--width", "512", "--epochs", "3"], samples=65536, batch=256, passes=3,
+              notes="test(epoch) after every epoch: test_loss += loss.item() * n, correct, total"),
+]
+
+
 def _env(out: Path, dim: int) -> Dict[str, str]:
     env = dict(os.environ)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -87,11 +114,12 @@ def _env(out: Path, dim: int) -> Dict[str, str]:
     return env
 
 
-def _launch(script: Path, shape: Shape, out: Path) -> dict:
+def _launch(script: Path, shape, out: Path) -> dict:
     """One run under torchrun; the facts of each rank and the wall time."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}", script.name, *shape.args]
     t = time.perf_counter()
-    r = subprocess.run(cmd, cwd=script.parent, env=_env(out, shape.dim), capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(cmd, cwd=script.parent, env=_env(out, getattr(shape, "dim", 0)), capture_output=True, text=True,
+                       timeout=1800)
     wall = time.perf_counter() - t
     if r.returncode != 0:
         raise SystemExit(f"{script.name} failed (exit {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
@@ -103,6 +131,7 @@ def _launch(script: Path, shape: Shape, out: Path) -> dict:
         "train_s": max(f.get("train_s", 0.0) for f in ranks.values()),
         "train_cpu_s": sum(f.get("train_cpu_s", 0.0) for f in ranks.values()),
         "ranks": ranks,
+        "stderr": r.stderr,
     }
 
 
@@ -177,6 +206,73 @@ def bench(shape: Shape, repeats: int, work: Path) -> dict:
     }
 
 
+def _passes(stderr: str) -> Dict[str, Dict[str, tuple]]:
+    """``EVAL <rank> <epoch> <seconds> <metrics>`` lines: epoch -> rank -> (seconds, metrics repr)."""
+    out: Dict[str, Dict[str, tuple]] = {}
+    for line in stderr.splitlines():
+        at = line.find("EVAL ")
+        if at < 0:
+            continue
+        rank, epoch, seconds, metrics = line[at + 5:].split(" ", 3)
+        out.setdefault(epoch, {})[rank] = (float(seconds), metrics.strip())
+    return out
+
+
+def bench_eval(shape: EvalShape, repeats: int, work: Path) -> dict:
+    from dp2ddp.migrate import Options, migrate_source
+
+    folder = work / shape.name
+    folder.mkdir(parents=True)
+    original = SCRIPTS / f"{shape.name}.py"
+    scripts = {}
+    warnings = {}
+    for tag, options in (("whole", Options()), ("sharded", Options(shard_eval=True))):
+        result = migrate_source(original.read_bytes(), original.name, options)
+        if result.migration.blocked or not result.changed:
+            raise SystemExit(f"{shape.name}: the migration was refused: {[f.message for f in result.migration.findings]}")
+        scripts[tag] = folder / f"{shape.name}_{tag}.py"
+        scripts[tag].write_bytes(result.output)
+        warnings[tag] = [f"{f.line}: {f.code} {f.message}" for f in result.migration.warnings]
+    if b"EvalPass(" not in scripts["sharded"].read_bytes():
+        raise SystemExit(f"{shape.name}: --shard-eval did not shard its evaluation loop")
+    runs: Dict[str, List[dict]] = {"whole": [], "sharded": []}
+    for i in range(repeats):
+        order = ("sharded", "whole") if i % 2 == 0 else ("whole", "sharded")
+        for tag in order:
+            run = _launch(scripts[tag], shape, folder / f"{tag}-{i}")
+            run["passes"] = _passes(run.pop("stderr"))
+            run["eval_s"] = sum(max(s for s, _ in ranks.values()) for ranks in run["passes"].values())
+            runs[tag].append(run)
+            print(f"  {shape.name} {tag} #{i}: wall {run['wall_s']:.2f} s, evaluation {run['eval_s']:.2f} s", file=sys.stderr)
+    per_pass = {tag: {r: f["eval_samples"] / shape.passes for r, f in runs[tag][0]["ranks"].items()} for tag in runs}
+    metrics_equal = all(
+        len({m for _, m in ranks.values()} | {m for _, m in w[epoch].values()}) == 1
+        for s, w in zip((r["passes"] for r in runs["sharded"]), (r["passes"] for r in runs["whole"]))
+        for epoch, ranks in s.items()
+    )
+    speed = {what: _median_interval([w[what] / s[what] for s, w in zip(runs["sharded"], runs["whole"])])
+             for what in ("eval_s", "wall_s")}
+    expected = shape.samples / WORLD
+    checks = {
+        "samples_per_rank": all(abs(v - expected) <= shape.batch for v in per_pass["sharded"].values()),
+        "whole_samples_per_rank": all(v == shape.samples for v in per_pass["whole"].values()),
+        "metrics_equal": metrics_equal,
+        "passes": all(len(r["passes"]) == shape.passes for tag in runs for r in runs[tag]),
+    }
+    return {
+        "shape": asdict(shape),
+        "migration_warnings": warnings,
+        "expected_samples_per_rank_per_pass": expected,
+        "eval_samples_per_rank_per_pass": per_pass,
+        "eval_s": {tag: [r["eval_s"] for r in runs[tag]] for tag in runs},
+        "wall_s": {tag: [r["wall_s"] for r in runs[tag]] for tag in runs},
+        "metrics": {tag: runs[tag][0]["passes"] for tag in runs},
+        "speed_ratio_whole_over_sharded": speed,
+        "checks": checks,
+        "pass": all(checks.values()),
+    }
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -184,6 +280,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args(argv)
     shapes = SHAPES if not args.shapes else [s for s in SHAPES if s.name in args.shapes.split(",")]
+    eval_shapes = EVAL_SHAPES if not args.shapes else [s for s in EVAL_SHAPES if s.name in args.shapes.split(",")]
     import torch
 
     report: dict = {
@@ -195,15 +292,45 @@ def main(argv: Optional[List[str]] = None) -> int:
         "speed_ratio": "hand migration's time / migrated run's time, per interleaved pair (1 = as fast; target >= 0.97 "
                        "on the training wall time); train_cpu_s: CPU time of both ranks in training, summed",
         "shapes": {},
+        "evaluation": {},
     }
     work = Path(tempfile.mkdtemp(prefix="bench_work_"))
     try:
         for shape in shapes:
             print(f"{shape.name}: {args.repeats} interleaved pairs", file=sys.stderr)
             report["shapes"][shape.name] = bench(shape, args.repeats, work)
+        for eshape in eval_shapes:
+            print(f"{eshape.name}: {args.repeats} interleaved pairs (whole / --shard-eval)", file=sys.stderr)
+            report["evaluation"][eshape.name] = bench_eval(eshape, args.repeats, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["load_average_at_end"] = list(os.getloadavg())
+    if not report["evaluation"]:
+        report.pop("evaluation")
+    else:
+        report["evaluation_speed_ratio"] = ("whole migration's time / --shard-eval migration's time, per interleaved pair "
+                                            "(above 1: sharded evaluation is faster); eval_s: the passes' wall time, "
+                                            "each its slower rank's")
+    if report["shapes"]:
+        _table(report)
+    else:
+        report.pop("shapes")
+        report.pop("speed_ratio")
+    for name, r in report.get("evaluation", {}).items():
+        cells = [f"{r['speed_ratio_whole_over_sharded'][w]['median']:.3f} [{r['speed_ratio_whole_over_sharded'][w]['ci95'][0]:.3f}, "
+                 f"{r['speed_ratio_whole_over_sharded'][w]['ci95'][1]:.3f}]" for w in ("eval_s", "wall_s")]
+        samples = "/".join(f"{v:g}" for v in r["eval_samples_per_rank_per_pass"]["sharded"].values())
+        whole = "/".join(f"{v:g}" for v in r["eval_samples_per_rank_per_pass"]["whole"].values())
+        print(f"{'shape':14} {'eval samples/rank/pass (whole -> sharded)':>42} {'speed (evaluation)':>22} {'speed (whole run)':>22}")
+        print(f"{name:14} {whole + ' -> ' + samples:>42} {cells[0]:>22} {cells[1]:>22}  metrics equal: "
+              f"{r['checks']['metrics_equal']}  {'PASS' if r['pass'] else 'FAIL ' + ','.join(k for k, v in r['checks'].items() if not v)}")
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if all(r["pass"] for part in ("shapes", "evaluation") for r in report.get(part, {}).values()) else 1
+
+
+def _table(report: dict) -> None:
     print(f"{'shape':14} {'samples/rank/epoch':>20} {'N/world':>8} {'allreduce/step':>15} {'speed (train)':>22} "
           f"{'speed (train CPU)':>22} {'speed (whole run)':>22}")
     for name, r in report["shapes"].items():
@@ -217,10 +344,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{name:14} {samples:>20} {r['expected_samples_per_rank_per_epoch']:>8g} {per_step:>15} {cells[0]:>22} "
               f"{cells[1]:>22} {cells[2]:>22}"
               f"  {'PASS' if r['pass'] else 'FAIL ' + ','.join(k for k, v in r['checks'].items() if not v)}")
-    if args.json_path:
-        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_path).write_text(json.dumps(report, indent=1) + "\n")
-    return 0 if all(r["pass"] for r in report["shapes"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ BLOCKING = "error"
 class Options:
     keep_batch_size: bool = False  # keep batch_size/num_workers per process instead of dividing
     print_all_ranks: bool = False  # do not restrict print() to rank 0
+    shard_eval: bool = False  # shard evaluation loops whose results are sums (codemods/shard_eval.py)
     accept: frozenset = frozenset()  # refusal codes the user takes the risk of (rewrite --accept)
     # "script": one file on its own; in a project migration (rewrite --with-helpers), "entry" is
     # the script that runs (its helpers hold the DataParallel wraps) and "helper" a project

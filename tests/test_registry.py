@@ -14,7 +14,7 @@ from dp2ddp.codemods.codes import BY_CODE as MIGRATION_CODES
 from dp2ddp.check.engine import check_bytes
 from dp2ddp.registry import BY_CODE, CODES, UnknownCode, render, select
 from dp2ddp.rules import RULES
-from tests.data.migration_code_examples import NOT_EMITTED, PROJECT_MODULES, example
+from tests.data.migration_code_examples import NOT_EMITTED, OPTIONS, PROJECT_MODULES, example
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,7 @@ def test_every_migration_code_is_emitted(code, source, tmp_path):
     when it is selected (DDP001's fix is the migration: where DDP001 finds nothing — a
     DataParallel that only a star import may provide, DDP107 — `check` runs no migration).
     An example may need the project's own modules beside it (PROJECT_MODULES)."""
-    from dp2ddp.migrate import migrate_bytes
+    from dp2ddp.migrate import Options, migrate_bytes
 
     assert source, f"no example for {code}: add MigrationCode.example or tests/data/migration_code_examples.py"
     path = "train.py"
@@ -116,9 +116,9 @@ def test_every_migration_code_is_emitted(code, source, tmp_path):
         for name, text in PROJECT_MODULES[code].items():
             (tmp_path / name).write_text(text)
         path = str(tmp_path / "train.py")
-    migration = migrate_bytes(source.encode(), path).migration
+    migration = migrate_bytes(source.encode(), path, Options(**OPTIONS.get(code, {}))).migration
     assert code in {f.code for f in migration.findings}, [(f.code, f.message) for f in migration.findings]
-    if not check_bytes(source.encode(), path, ("DDP001",)).diagnostics:
+    if code in OPTIONS or not check_bytes(source.encode(), path, ("DDP001",)).diagnostics:
         return
     result = check_bytes(source.encode(), path, ("DDP001", code), fix=True)
     assert result.error is None, result.error

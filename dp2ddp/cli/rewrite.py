@@ -40,6 +40,13 @@ def _fmt(display: str, f) -> str:
     "takes its share of every batch, keeping DataParallel's global batch).",
 )
 @click.option(
+    "--shard-eval",
+    is_flag=True,
+    help="Shard evaluation loops over the script's evaluation DataLoaders by whole batches where what they compute "
+    "is sums (correct += ..., a summed loss), put together after the loop exactly as the original added them "
+    "(default: every rank evaluates the whole set).",
+)
+@click.option(
     "--accept",
     "accept",
     multiple=True,
@@ -56,7 +63,7 @@ def _fmt(display: str, f) -> str:
 @click.option("--print-all-ranks", is_flag=True, help="Keep print() on every rank (default: rank 0 only).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Summary format.")
 @click.option("-q", "--quiet", is_flag=True, help="Only warnings and errors.")
-def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, with_helpers, print_all_ranks, fmt, quiet) -> int:
+def rewrite(paths, output, in_place, show_diff, keep_batch_size, shard_eval, accept, with_helpers, print_all_ranks, fmt, quiet) -> int:
     """Rewrite DataParallel scripts into DistributedDataParallel scripts.
 
     By default each PATH is written to <stem>_ddp.py beside it. Directories are searched
@@ -95,7 +102,8 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, accept, with_he
     unknown = sorted(c for c in accepted if c not in BY_CODE)
     if unknown:
         raise click.UsageError(f"--accept: unknown code {', '.join(unknown)}")
-    options = Options(keep_batch_size=keep_batch_size, print_all_ranks=print_all_ranks, accept=accepted)
+    options = Options(keep_batch_size=keep_batch_size, print_all_ranks=print_all_ranks, shard_eval=shard_eval,
+                      accept=accepted)
     if with_helpers:
         if len(paths) != 1 or STDIN in files or len(files) != 1:
             raise click.UsageError("--with-helpers takes one script (the one that runs)")

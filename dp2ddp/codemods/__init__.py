@@ -6,7 +6,8 @@ against LibCST nodes (found through ``ctx.bridge``). The engine (:mod:`dp2ddp.en
 applies all of them at once. Transforms share facts only through typed values (:mod:`dp2ddp.codemods.facts`): a
 module declares ``NEEDS``/``PROVIDES`` and the order below puts every provider first
 (``wrap_ddp`` provides the wrapper variables, ``shard_loaders`` the loaders a script's own
-``DistributedSampler`` shards, which ``set_epoch`` follows; ``mixed.detect_mode``, run
+``DistributedSampler`` shards, which ``set_epoch`` follows, and the evaluation loaders
+``shard_eval`` reads; ``mixed.detect_mode``, run
 before all of them by :func:`dp2ddp.migrate.plan`, provides the mixed-script plan).
 """
 
@@ -32,6 +33,7 @@ from dp2ddp.codemods import (
     rank_writers,
     rank_zero,
     set_epoch,
+    shard_eval,
     shard_loaders,
     whole_saves,
     wrap_ddp,
@@ -45,6 +47,7 @@ _MODULES = [
     mixed,
     process_group,
     shard_loaders,
+    shard_eval,
     set_epoch,
     whole_saves,
     init_forward,

@@ -43,6 +43,15 @@ def _script(body: str) -> str:
     return _IMPORTS + "model = nn.Linear(4, 1)\n" + body + _STEP
 
 
+_EVAL = (
+    _IMPORTS + "from torch.utils.data import DataLoader, TensorDataset\n\n"
+    "model = nn.DataParallel(nn.Linear(4, 3))\n"
+    "test_loader = DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,))), batch_size=8)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "model(torch.randn(8, 4)).sum().backward()\nopt.step()\n"
+)
+
+
 CODES: Tuple[MigrationCode, ...] = (
     _c(
         "DDP100", "wrap-migrated", "info",
@@ -127,6 +136,45 @@ CODES: Tuple[MigrationCode, ...] = (
         "Each rank evaluates the full set: the results are exact and equal on every rank; only the time is repeated.",
         "None needed. Shard it with `DistributedSampler(shuffle=False)` and all-reduce the metrics to split the work.",
         "Safe.",
+    ),
+    _c(
+        "DDP160", "eval-sharded", "info",
+        "`--shard-eval`: an evaluation loop whose results are sums runs on each rank's own whole batches",
+        "Every rank evaluating the whole set repeats the same work world-size times. A loop over an evaluation "
+        "`DataLoader` of the script whose accumulators are only added to (`correct += ...`, `test_loss += "
+        "loss.item()`, `total += y.size(0)`: bound to a number or a zero tensor before the loop, read only after "
+        "it), that runs under `torch.no_grad()` and lets nothing else out of an iteration, can be split exactly.",
+        "The loop iterates `EvalPass(loader)` (helpers written once into the script): rank r evaluates the original's "
+        "batches r, r + world, ..., so each batch's values are the original's (no padding, no duplicates) and "
+        "`len()` stays the loader's. The accumulators are handed to the pass before the loop (`.track(...)`) and taken "
+        "back after it (`.total(...)`): every rank's additions are gathered and added up in the original's order of "
+        "batches, so sums of floats come out to the last bit as the original's (an all-reduce of per-rank partial "
+        "sums would not); an `enumerate` index read after the loop gets the original's last value "
+        "(`.last_index(...)`). A loader with fewer batches than ranks, or whose order is not fixed, is read whole on "
+        "every rank at run time, and the sums are then left as they are.",
+        "Safe: the values after the loop are the original's on every rank; the loop runs on every rank that runs "
+        "it, and each rank evaluates at least one batch (DDP syncs buffers on the first forward after training).",
+        _EVAL + "correct = 0\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+        "        correct += (model(x).argmax(1) == y).sum().item()\nprint(correct)\n",
+        "test_loader_pass = EvalPass(test_loader)  # dp2ddp: this rank's whole batches of the loader (--shard-eval)\n"
+        "correct = test_loader_pass.track(correct)\nfor x, y in test_loader_pass:\n"
+        "    correct += (model(x).argmax(1) == y).sum().item()\n"
+        "correct = test_loader_pass.total(correct)  # dp2ddp: every rank's sums, in the original's order\n",
+    ),
+    _c(
+        "DDP161", "eval-kept-whole", "warning",
+        "`--shard-eval`: an evaluation loop stays whole on every rank, with the reason",
+        "Only a loop whose results are provably sums can be split between the ranks. This one leaves something else "
+        "behind (a list of predictions appended, a confusion matrix or a metric object updated in place, a running "
+        "value printed or logged inside the loop, a file written), may stop early (`break`, `return`), computes "
+        "gradients (an evaluation under attack), runs with gradients on (not under `torch.no_grad()`), or runs under "
+        "a condition that may differ between ranks.",
+        "Nothing changes: every rank evaluates the whole set, which is correct (the time is repeated). To split it, "
+        "keep the loop's results in accumulators that are only added to and read after the loop, or gather the "
+        "predictions yourself (`dist.all_gather_object`).",
+        "Safe: the loop is the default migration's.",
+        _EVAL + "preds = []\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+        "        preds.append(model(x).argmax(1))\nprint(torch.cat(preds).float().mean())\n",
     ),
     _c(
         "DDP109", "fixed-device-left", "warning",

@@ -45,10 +45,13 @@ class OwnSamplers:
 class ShardHelper:
     """The names :mod:`shard_loaders` gave its helper in this script (empty: none written)
     and the script's loaders it sharded (their epoch loops tell ``ShardedBatches`` the
-    epoch: :mod:`set_epoch`, so a run resumed at epoch k draws epoch k's order)."""
+    epoch: :mod:`set_epoch`, so a run resumed at epoch k draws epoch k's order). With
+    ``--shard-eval``, ``evaluation`` holds the evaluation loaders it left whole, for
+    :mod:`shard_eval` to decide loop by loop."""
 
     names: Dict[str, str] = field(default_factory=dict)
     loaders: List["Loader"] = field(default_factory=list)
+    evaluation: List["Loader"] = field(default_factory=list)
 
 
 @dataclass

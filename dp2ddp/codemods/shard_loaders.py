@@ -79,6 +79,9 @@ def propose(ctx: Context) -> List[Finding]:
         if loader.held:
             continue  # sharded per object of its class, where a training loop iterates one
         if not loader.training:
+            if ctx.options.shard_eval:
+                helper.evaluation.append(loader)  # --shard-eval: shard_eval decides, loop by loop
+                continue
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)

@@ -198,6 +198,10 @@ EXAMPLES["DDP111"] = EXAMPLES["DDP123"].replace("model = Net(2)\n", "model = bui
 # codes no DataParallel script draws yet (code -> why), for the lead's migration to settle
 NOT_EMITTED: dict = {}
 
+# codes drawn only under a rewrite option (code -> dp2ddp.migrate.Options keywords); `check
+# --fix` runs the migration with the default options, so only the rewrite is asked for them
+OPTIONS: dict = {"DDP160": {"shard_eval": True}, "DDP161": {"shard_eval": True}}
+
 # codes drawn only with a project module beside the script (file name -> text), written
 # next to the example before it is migrated
 PROJECT_MODULES: dict = {

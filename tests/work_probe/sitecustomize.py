@@ -9,6 +9,8 @@ With ``DP2DDP_WORK_OUT=<folder>`` each process writes ``<folder>/rank<RANK>.json
   backward pass), ``buckets``: every bucket it reduced;
 * ``samples`` / ``forwards``: the batch size (dimension ``DP2DDP_WORK_DIM``, default 0, of the
   first tensor argument) and number of the training forwards of DDP or DataParallel wrappers;
+  ``eval_samples`` / ``eval_forwards``: the same of their forwards with gradients off
+  (evaluation);
 * ``train_s``: seconds from the first training forward to the last optimizer step, and
   ``train_cpu_s``: the CPU time this process used in that span (less sensitive to what
   else the machine runs);
@@ -26,7 +28,7 @@ import sys
 import time
 
 _out = os.environ.get("DP2DDP_WORK_OUT")
-_facts = {"steps": 0, "reductions": 0, "buckets": 0, "samples": 0, "forwards": 0}
+_facts = {"steps": 0, "reductions": 0, "buckets": 0, "samples": 0, "forwards": 0, "eval_samples": 0, "eval_forwards": 0}
 _times = {"first": None, "last": None, "first_cpu": None, "last_cpu": None}
 _state = {"params": None}
 
@@ -75,6 +77,11 @@ def _install():
                 if _times["first"] is None:
                     _times["first"] = time.perf_counter()
                     _times["first_cpu"] = time.process_time()
+            elif not torch.is_grad_enabled():
+                t = _first_tensor((inputs, kwargs))
+                if t is not None and t.dim() > dim:
+                    _facts["eval_samples"] += t.size(dim)
+                _facts["eval_forwards"] += 1
             return forward(self, *inputs, **kwargs)
 
         return wrapped

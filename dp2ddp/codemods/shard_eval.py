@@ -1,0 +1,114 @@
+"""``rewrite --shard-eval``: evaluation loops whose results are sums run on each rank's
+own batches.
+
+By default every evaluation loader stays whole on every rank (DDP108): exact, and the
+evaluation takes as long as on one device. With ``--shard-eval`` each loop over one of
+those loaders (:mod:`dp2ddp.model.eval_loops`) whose results are provably sums is shared
+out by whole batches:
+
+* ``for ... in enumerate(test_loader)`` becomes ``for ... in enumerate(test_loader_pass)``
+  with ``test_loader_pass = EvalPass(test_loader)`` before the loop: rank ``r`` evaluates
+  the original's batches ``r, r + world, ...``, so every batch's values (a batch mean, a
+  batch's correct count) are the original's, with no padding and no duplicate; ``len()``
+  stays the loader's;
+* the accumulators are handed to the pass before the loop (``correct, total =
+  test_loader_pass.track(correct, total)``: each ``+=`` is kept with its batch) and taken
+  back after it (``correct, total = test_loader_pass.total(correct, total)``): every rank's
+  additions, gathered and added up in the original's order of batches, so floats come out
+  to the last bit as the original's (an all-reduce of partial sums would not);
+* ``enumerate``'s index read after the loop gets the original's last value back
+  (``batch_idx = test_loader_pass.last_index(batch_idx)``).
+
+The helpers (:file:`templates/shard_eval.py.tmpl`) are written once into the script. A
+loop that cannot be proven to leave only sums stays whole on every rank, with a warning
+that names the reason (DDP161); a loader no loop of the script iterates keeps DDP108.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, List
+
+import libcst as cst
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import ShardHelper
+from dp2ddp.engine import Edit, Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.model.syntax import is_docstring, terminal
+from dp2ddp.model.eval_loops import EvalLoop, eval_loops
+
+NEEDS = (ShardHelper,)
+
+
+def propose(ctx: Context) -> List[Finding]:
+    evaluation = ctx.need(ShardHelper).evaluation
+    if not evaluation:
+        return []
+    m = ctx.m
+    out: List[Finding] = []
+    loops = eval_loops(m, evaluation) if ctx.mode == "plain" else []
+    iterated = {id(ld.call) for e in loops for ld in e.loaders}
+    for ld in evaluation:
+        if id(ld.call) not in iterated:
+            why = ("the script has its own distributed path" if ctx.mode != "plain" else
+                   "no loop of this script iterates it where --shard-eval can follow")
+            out.append(ctx.note(ld.call, "DDP108", f"{ld.label or 'evaluation DataLoader'} stays whole on every rank "
+                                f"(each rank evaluates the full set: correct, not sharded): {why}"))
+    names: Dict[str, str] = {}
+    for e in loops:
+        label = m.source(e.iterable)
+        line = e.loop.lineno
+        if e.problem is not None:
+            out.append(ctx.warn(e.problem_node or e.loop, "DDP161", f"--shard-eval: the evaluation loop over `{label}` "
+                                f"(line {line}) stays whole on every rank: {e.problem}"))
+            continue
+        if not names:
+            names = _define(ctx)
+        out.append(_shard(ctx, e, names))
+    return out
+
+
+def _define(ctx: Context) -> Dict[str, str]:
+    """The helpers, once, after the imports at the top of the module."""
+    m = ctx.m
+    names = {n: ctx.fresh_name(n) for n in ("EvalPass", "EvalBatches", "EvalSum")}
+    body = ctx.render("shard_eval.py.tmpl", torch=ctx.name("torch"), dist=ctx.name("dist"), **names)
+    body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + list(body[0].leading_lines))
+    end = m.top_import_end
+    if end is not None:
+        ctx.extra_edits.append(InsertAfter(ctx.bridge.statement(end), tuple(body)))
+    else:
+        first = next(s for s in m.tree.body if not is_docstring(s))
+        ctx.extra_edits.append(InsertBefore(ctx.bridge.statement(first), tuple(body)))
+    return names
+
+
+def _shard(ctx: Context, e: EvalLoop, names: Dict[str, str]) -> Finding:
+    m = ctx.m
+    label = m.source(e.iterable)
+    base = terminal(e.iterable) if isinstance(e.iterable, (ast.Name, ast.Attribute)) else "eval_loader"
+    pass_name = ctx.fresh_name(f"{base}_pass")
+    loop = ctx.bridge.statement(e.loop)
+    before = [ctx.stmt("{p} = {cls}({loader})  # dp2ddp: this rank's whole batches of the loader (--shard-eval)\n",
+                       p=pass_name, cls=names["EvalPass"], loader=e.iterable)]
+    after = []
+    accs = ", ".join(e.accumulators)
+    if e.accumulators:
+        before.append(ctx.stmt("{a} = {p}.track({a})\n", a=accs, p=pass_name))
+        after.append(ctx.stmt("{a} = {p}.total({a})  # dp2ddp: every rank's sums, in the original's order\n",
+                              a=accs, p=pass_name))
+    if e.index is not None:
+        after.append(ctx.stmt("{i} = {p}.last_index({i})\n", i=e.index, p=pass_name))
+    edits: List[Edit] = [
+        InsertBefore(loop, tuple(before)),
+        Replace(ctx.cst(e.iterable), ctx.expr(pass_name)),
+    ]
+    if after:
+        edits.append(InsertAfter(loop, tuple(after)))
+    sums = f"; {', '.join(f'`{a}`' for a in e.accumulators)} added up after it in the original's order" if e.accumulators else ""
+    message = (
+        f"--shard-eval: the evaluation loop over `{label}` (line {e.loop.lineno}) is shared out by whole batches "
+        f"(rank r evaluates the original's batches r, r + world, ...; whole on every rank where the loader has "
+        f"fewer batches than ranks){sums}: the same values on every rank as the original's"
+    )
+    return ctx.note(e.loop, "DDP160", message, edits)
