@@ -701,10 +701,7 @@ def _late_cuda(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Opti
     needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
     whose device may be the CPU on a GPU machine stays refused)."""
     m = ctx.m
-    names = {m.source(target)}
-    if w.module is not None:
-        names.add(m.source(w.module))
-    late = placements_after(m, anchor, names)
+    late = _late_placements(m, w, anchor, target)
     if len(late) != 1:
         return None
     s = late[0]
@@ -729,6 +726,14 @@ def _late_cuda(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Opti
     return s
 
 
+def _late_placements(m: SemanticModel, w: Wrap, anchor: ast.stmt, target: ast.AST) -> List[ast.stmt]:
+    """Placements of the wrapped module (or the wrapper's name) after ``anchor``."""
+    names = {m.source(target)}
+    if w.module is not None:
+        names.add(m.source(w.module))
+    return placements_after(m, anchor, names)
+
+
 def _cuda_first(ctx: Context, module_text: str) -> str:
     torch = ctx.name("torch")
     return f"{module_text}.cuda() if {torch}.cuda.is_available() else {module_text}"
@@ -746,10 +751,7 @@ def _placed_late(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Op
     (``DistributedDataParallel(net, device_ids=[d])`` then meets parameters still on the CPU:
     a migration that runs on CPU and fails on the first GPU)."""
     m = ctx.m
-    names = {m.source(target)}
-    if w.module is not None:
-        names.add(m.source(w.module))
-    late = placements_after(m, anchor, names)
+    late = _late_placements(m, w, anchor, target)
     if not late:
         return None
     line = m.position(late[0])[0]

@@ -751,8 +751,6 @@ class HeldLoader:
 def held_loader(m: SemanticModel, call: ast.AST) -> Optional[HeldLoader]:
     """The :class:`HeldLoader` that ``call`` constructs, or ``None`` when the class does
     not provably iterate one DataLoader attribute set once, in its own ``__init__``."""
-    if not isinstance(call, ast.Call):
-        return None
     found = class_of_call(m, call)
     if found is None:
         return None

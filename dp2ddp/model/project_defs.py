@@ -102,9 +102,12 @@ def project_calls(m: "SemanticModel") -> List[Tuple[ast.Call, Tuple["SemanticMod
     return got  # type: ignore[return-value]
 
 
-def class_of_call(m: "SemanticModel", call: ast.Call) -> Optional[Tuple["SemanticModel", ast.ClassDef, str]]:
+def class_of_call(m: "SemanticModel", call: ast.AST) -> Optional[Tuple["SemanticModel", ast.ClassDef, str]]:
     """The class a call constructs: one of the script's own (file ``""``), or one of a
-    project module (its model, the class, its path relative to the script's folder)."""
+    project module (its model, the class, its path relative to the script's folder);
+    ``None`` for anything else, a node that is no call included."""
+    if not isinstance(call, ast.Call):
+        return None
     target = m.resolve_call(call)
     if target is not None:
         cls = m.parent(target)

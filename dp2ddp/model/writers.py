@@ -287,9 +287,7 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
     """``call`` constructs a class (the script's or a project module's) whose methods write
     files — a home-made results logger (``Logger(path, title=...)`` with ``set_names``,
     ``append``, ``close``): where it writes (``utils/logger.py:45``), else ``None``. A
-    subclass (a Dataset that caches, a Module) is not one.""" 
-    if not isinstance(call, ast.Call):
-        return None
+    subclass (a Dataset that caches, a Module) is not one."""
     found = class_of_call(m, call)
     if found is None:
         return None
