@@ -139,7 +139,11 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
         ends = [r.end for r in envelope.ranks.values() if r.end]
         method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
         bn_chunks = method == "perturb" and any(e.get("bn_chunks") for e in ends)
-        if method == "perturb" and stochastic == ["batchnorm"] and bn_chunks:
+        if "random" in stochastic:
+            se = {}  # each rank draws its own random numbers: no run of the original reproduces them
+            notes.append("the noise envelope does not cover random draws in the training step (each rank draws "
+                         "from its own stream, the original drew the whole batch's): --stochastic-rtol decides")
+        elif method == "perturb" and stochastic == ["batchnorm"] and bn_chunks:
             method = "perturb+bn"  # the envelope run normalised each chunk on its own: per-rank statistics covered
         elif method == "perturb" and stochastic:
             se = {}  # a gradient perturbation per step says nothing of per-rank BatchNorm statistics or dropout masks
@@ -222,6 +226,9 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
             "SyncBatchNorm use the whole batch): a legitimate difference"
             + (", judged against the chunked run, which normalises each chunk alike" if method == "chunks" else ""),
             "dropout": "dropout masks come from each process's own random stream: a legitimate difference",
+            "random": "the training step draws random numbers (mixup's permutation, a GAN's noise), each rank its "
+            "share from its own stream where the original drew the whole batch's: the losses can agree only "
+            "statistically",
         }
         notes.append("losses compared as a moving average: " + "; ".join(why[k] for k in stochastic))
     tolerance = {"kind": kind, "rule": rule, "why": stochastic, "rtol": opts.rtol if kind != "stochastic" else opts.stochastic_rtol,
@@ -390,6 +397,8 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
             if r.steps:
                 kinds.update(r.steps[0].get("modules") or [])
     stochastic = sorted(kinds & {"batchnorm", "dropout"})
+    if any((r.end or {}).get("random_steps") for r in orig.ranks.values()):
+        stochastic.append("random")  # the training step draws random numbers: see _judge's moving average
     if mig.ranks and any(r.steps for r in mig.ranks.values()) and "ddp" not in kinds:
         problems.append("no DistributedDataParallel module was seen in the migrated run's forward pass")
 

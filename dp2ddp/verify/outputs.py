@@ -622,8 +622,8 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
     ``batches``: the original's samples per step, for images of a rank's share of a batch."""
     rep = _Report()
     rep.unjudged = unjudged_reason(world, split, stochastic) if envelope is not None and values else None
-    kinds = [k for k in ("batchnorm", "dropout") if k in stochastic]
-    rep.decided = (" and ".join({"batchnorm": "BatchNorm", "dropout": "dropout"}[k] for k in kinds)
+    kinds = [k for k in ("batchnorm", "dropout", "random") if k in stochastic]
+    rep.decided = (" and ".join({"batchnorm": "BatchNorm", "dropout": "dropout", "random": "random draws in the step"}[k] for k in kinds)
                    if kinds and values else None)
     rep.batches = sorted({int(b) for b in batches if b})
     rep.world = world
@@ -719,13 +719,15 @@ def unjudged_reason(world: int, split: bool, stochastic: Sequence[str]) -> Optio
     where DDP keeps rank 0's (its buffers are broadcast); and the chunks' dropout masks
     come from one random stream in turn, each rank's from its own. The losses, compared as
     a moving average, and the replicas' hashes still judge the training."""
-    kinds = [k for k in ("batchnorm", "dropout") if k in stochastic]
+    kinds = [k for k in ("batchnorm", "dropout", "random") if k in stochastic]
     if not kinds:
         return None
     what = {
         "batchnorm": f"BatchNorm normalises each rank's 1/{world} of the batch and keeps running statistics from it "
                      f"(as DataParallel does over {world} GPUs), the original's the whole batch",
         "dropout": "dropout draws each rank's masks from that process's own random stream",
+        "random": "the training step draws random numbers (a permutation, noise), each rank from its own stream, "
+                  "where the original drew the whole batch's at once",
     }
     if not split:
         return ("; ".join(what[k] for k in kinds)
@@ -739,6 +741,7 @@ def unjudged_reason(world: int, split: bool, stochastic: Sequence[str]) -> Optio
                      "in turn",
         "dropout": "dropout draws each rank's masks from that process's own random stream, the envelope run's chunks "
                    "theirs from one stream in turn",
+        "random": what["random"],
     }
     return ("; ".join(chunked[k] for k in kinds)
             + f"; so the envelope run (the original with each batch split into {world} chunks by DataParallel) measures "

@@ -90,6 +90,7 @@ class _State:
         self.chunks = int(env.get("DP2DDP_VERIFY_CHUNKS", "0") or 0)
         self.chunked = False  # the envelope run: DataParallel split a batch into chunks
         self.bn_chunked = False  # the envelope run without DataParallel: BatchNorm normalised per chunk
+        self.rng_marks = []  # the default generator's state at the first steps (random draws in a step?)
         self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
         self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
         self.claimed = set()  # indices of the plans samplers have taken
@@ -114,6 +115,7 @@ class _State:
         self.forward_hook = None
         self.finished = False
         self.passes = {}  # loader key -> its current _Pass
+        self.pass_count = 0  # loader passes begun in this process
         self.npasses = {}  # loader key -> passes begun
         self.evidence = 0  # bitset bytes recorded so far
         self.kept = []  # (weak reference, parameters) of every optimizer that stepped, for the digest
@@ -851,6 +853,7 @@ def _begin_pass(it):
         kind = type(inner).__name__
     p = _Pass(it._sampler_iter, key, k, n, length, kind, it.__dict__.get("_dp2ddp_site"), sharded)
     s.passes[key] = p
+    s.pass_count += 1
     return p
 
 
@@ -1184,6 +1187,8 @@ def _on_step(optimizer, args, kwargs):
     if samples and key not in s.trained:
         s.trained.append(key)
     modules = _first_step(s, key, samples) if s.step == 1 else None
+    if s.step <= _RNG_STEPS:
+        _mark_rng(s)
     if s.pending:
         _drain(block=False)
     loss = _step_loss(losses)
@@ -1204,6 +1209,26 @@ def _on_step(optimizer, args, kwargs):
     if s.stop_at and s.step >= s.stop_at:
         _finish("limit")
         raise SystemExit(0)
+
+
+_RNG_STEPS = 4
+
+
+def _mark_rng(s):
+    """The default CPU generator's state at this step: where it moves between consecutive
+    steps (not only where a loader starts a pass), the step itself draws random numbers
+    (mixup's permutation, a GAN's noise, augmentations in the main process). Each rank then
+    draws its own from its own stream where the original drew the whole batch's: the
+    losses can only agree statistically."""
+    try:
+        import hashlib
+
+        import torch
+
+        state = hashlib.blake2b(torch.random.get_rng_state().numpy().tobytes(), digest_size=8).hexdigest()
+        s.rng_marks.append((state, s.pass_count))
+    except Exception:  # noqa: BLE001 - evidence, never a failure of the run
+        pass
 
 
 def _new_opt(s, optimizer, site):
@@ -1349,6 +1374,10 @@ def _finish(why):
                           for o in s.all_opts if o.steps]}
     if _G is not None and _G.blocked:
         rec["blocked"] = sorted(set(_G.blocked))[:20]
+    # a loader that starts a pass draws its shuffle's seed: not the step's own draw
+    drawn = sum(1 for a, b in zip(s.rng_marks, s.rng_marks[1:]) if a[0] != b[0] and a[1] == b[1])
+    if drawn >= 2:
+        rec["random_steps"] = drawn  # the training step draws from the default generator
     if s.chunks > 1:
         rec["envelope"] = "chunks" if s.chunked else "perturb"
         if s.bn_chunked and not s.chunked:
