@@ -479,6 +479,21 @@ def test_text_files_are_compared_by_their_lines(tmp_path, mig_text, kind, severi
     assert (d["kind"], d["severity"]) == (kind, severity)
 
 
+@pytest.mark.parametrize(
+    "orig_text, mig_text, header_problem",
+    [
+        ("2.2868,2.2802\n2.10,2.05\n", "2.2863,2.2794\n2.11,2.04\n", False),  # a loss log with no header: values of the run
+        ("epoch,loss\n0,2.28\n", "epoch,acc\n0,2.28\n", True),  # a header that changed: other columns
+    ],
+)
+def test_a_csv_whose_first_row_is_numbers_has_no_header_to_compare(tmp_path, orig_text, mig_text, header_problem):
+    """vision-transformers-cifar10 writes its losses per epoch as a CSV row with no header:
+    the first rows differed as the losses do, and verify called it a changed header."""
+    o, m = _two_runs(tmp_path, lambda f: (f / "log.csv").write_text(orig_text), lambda f: (f / "log.csv").write_text(mig_text))
+    kinds = {d["kind"] for d in _compare(o, m)["differences"]}
+    assert ("header" in kinds) is header_problem
+
+
 def test_same_lines_of_other_lengths_are_equal_and_no_size_is_compared(tmp_path):
     o, m = _two_runs(tmp_path, lambda f: (f / "log.txt").write_text("loss 0.5\n"), lambda f: (f / "log.txt").write_text("loss 0.49999\n"))
     rep = _compare(o, m)

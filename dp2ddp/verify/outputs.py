@@ -964,7 +964,7 @@ def _csv(rep, entry, shown, a, b, orig, mig, world) -> None:
         return
     entry["compared"] = "header and rows"
     line = mig.sites.get(b)
-    if ra[:1] != rb[:1]:
+    if ra[:1] != rb[:1] and not (_numbers(ra[:1]) and _numbers(rb[:1])):  # a first row of numbers is data, not a header
         entry["status"] = "differs"
         rep.add(shown, "header", "problem", f"{{path}}: its header differs ({', '.join((rb or [[]])[0][:MAX_LISTED])} "
                 f"against the original's {', '.join((ra or [[]])[0][:MAX_LISTED])})",
@@ -977,6 +977,18 @@ def _csv(rep, entry, shown, a, b, orig, mig, world) -> None:
                 f"{{path}}: {body_b} rows in the migration, {body_a} in the original"
                 + (": does every rank append to it?" if severe else ""),
                 ADVICE_RANK0 if severe else "rows that depend on the run are no finding; otherwise compare the files", line)
+
+
+def _numbers(rows) -> bool:
+    """A CSV row (a list of one row) whose every cell is a number: values of the run (a
+    loss log without a header), which differ as the run's values may, not columns."""
+    if not rows or not rows[0]:
+        return False
+    try:
+        [float(c) for c in rows[0] if c.strip()]
+    except ValueError:
+        return False
+    return any(c.strip() for c in rows[0])
 
 
 def image_size(path: Path) -> Optional[Tuple[int, int]]:
