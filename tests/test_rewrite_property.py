@@ -114,7 +114,7 @@ def scripts(draw):
 
 
 def _keep_lines(text: str):
-    return [ln for ln in text.splitlines() if "keep-" in ln]
+    return [ln for ln in text.splitlines() if "# keep-" in ln]
 
 
 @pytest.mark.slow

@@ -216,7 +216,8 @@ def propose(ctx: Context) -> List[Finding]:
                 out.extend(_guard(ctx, run, memo, guarded_writes))
             run = []
     out.extend(_mkdirs(ctx))
-    out.extend(_barriers(ctx, guarded_writes + _routed_write_sites(ctx)))
+    out.extend(_barriers(ctx, guarded_writes))
+    out.extend(_barriers(ctx, _routed_write_sites(ctx), routed=True))
     return out
 
 
@@ -227,8 +228,10 @@ def _routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
     yet (the word language model writes its corpus files, then reads them)."""
     m = ctx.m
     out: List[Tuple[ast.stmt, ast.stmt]] = []
+    if ctx.mode != "plain":
+        return out  # a mixed script may run without a process group: no barrier it did not write itself
     for w in writers(m):
-        if w.kind != "open" or rank_guarded(m, w.call) or (ctx.mode == "plain" and not ctx.in_setup_region(w.call)):
+        if w.kind != "open" or rank_guarded(m, w.call) or not ctx.in_setup_region(w.call):
             continue
         func = m.enclosing_function(w.call)
         if func is None:
@@ -334,8 +337,7 @@ READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yam
 
 
 def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
-    """The paths ``stmt`` writes, as ``ast.dump`` texts; a call of a function of the script
-    that writes files writes (under) each of its arguments (``write_corpus(args.data)``)."""
+    """The paths ``stmt`` writes, as ``ast.dump`` texts."""
     out = []
     for node in ast.walk(stmt):
         if isinstance(node, ast.Call):
@@ -344,11 +346,40 @@ def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
                 out.append(ast.dump(node.args[1]))
             elif q & (FILE_WRITES | COPY) and node.args:
                 out.append(ast.dump(node.args[-1] if q & COPY else node.args[0]))
-            else:
-                t = m.resolve_call(node)
-                if t is not None and _writes_files(m, t):
-                    out.extend(ast.dump(a) for a in list(node.args) + [k.value for k in node.keywords] if not isinstance(a, ast.Starred))
     return out
+
+
+def _call_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
+    """What a call of a file-writing function of the script in ``stmt`` writes under: its
+    arguments that name a path (a string, an attribute such as ``args.data``, a name bound
+    to a string), as ``ast.dump`` texts."""
+    out = []
+    for node in ast.walk(stmt):
+        if not isinstance(node, ast.Call):
+            continue
+        t = m.resolve_call(node)
+        if t is None or not _writes_files(m, t):
+            continue
+        for a in list(node.args) + [k.value for k in node.keywords]:
+            if _path_like(m, a):
+                out.append(ast.dump(a))
+    return out
+
+
+def _path_like(m: SemanticModel, expr: ast.AST) -> bool:
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, str)
+    if isinstance(expr, ast.Attribute):
+        return True
+    if isinstance(expr, ast.Name):
+        bindings = m.bindings_of(expr)
+        return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, (ast.Constant, ast.JoinedStr, ast.BinOp, ast.Call))
+                                      and not (isinstance(b.value, ast.Call) and not m.qualified_names(b.value.func) & _PATH_MAKERS)
+                                      for b in bindings)
+    return False
+
+
+_PATH_MAKERS = frozenset({"os.path.join", "pathlib.Path", "os.path.abspath", "os.path.expanduser", "str"})
 
 
 def _writes_files(m: SemanticModel, func) -> bool:
@@ -405,9 +436,12 @@ def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> a
         return cur
 
 
-def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
+def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: bool = False) -> List[Finding]:
     """``dist.barrier()`` after a rank-0 write of a file the script reads later (directly, or
-    through a function of the script that reads the path it is given)."""
+    through a function of the script that reads the path it is given). ``routed``: the
+    statements call a script function whose writes go to os.devnull on other ranks; its
+    path arguments (a string, ``args.data``: not a whole options namespace) must reach a
+    reading call after it in the same function."""
     m = ctx.m
     if not guarded:
         return []
@@ -415,10 +449,13 @@ def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]]) -> List[Fi
     out = []
     done: Set[int] = set()
     for stmt, last in guarded:
-        for path in _written_paths(m, stmt):
-            later = [c for c, p in reads if p == path and ((c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset) or m.enclosing_function(c) is not m.enclosing_function(stmt))]
+        paths = _call_paths(m, stmt) if routed else _written_paths(m, stmt)
+        for path in paths:
+            later = [] if routed else [c for c, p in reads if p == path and ((c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset) or m.enclosing_function(c) is not m.enclosing_function(stmt))]
             for call in m.nodes(ast.Call):
                 if (call.lineno, call.col_offset) <= (stmt.lineno, stmt.col_offset):
+                    continue
+                if routed and m.enclosing_function(call) is not m.enclosing_function(stmt):
                     continue
                 t = m.resolve_call(call)
                 if t is not None and any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _reads_files(m, t):
