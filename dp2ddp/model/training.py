@@ -59,26 +59,36 @@ def is_backward(call: ast.Call) -> bool:
 def _project_trains(m: SemanticModel, call: ast.Call, depth: int = 0) -> bool:
     """``call`` reaches a function of a project module that (itself, or through what it
     calls in its module) calls ``.backward()``."""
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-    if found is None or isinstance(found[1], ast.ClassDef):
-        return False
-    pm, func, _ = found
-    return trains(pm, func, depth + 1)
+    return _project_reaches(m, call, "trains", is_backward, False, depth)
 
 
 def trains(m: SemanticModel, node: ast.AST, depth: int = 0) -> bool:
     """Code at ``node`` (a loop, a function) reaches a ``.backward()``."""
-    memo = m.cache.setdefault("training:trains", {})
+    return _reaches(m, node, "trains", is_backward, False, depth)
+
+
+def _reaches(m: SemanticModel, node: ast.AST, kind: str, pred, own: bool, depth: int) -> bool:
+    """Code at ``node`` makes a call ``pred`` accepts: in the functions of this module it
+    reaches (and, with ``own``, in ``node``'s own nodes: a statement), or, two modules deep,
+    in a project module's function it calls. Memoised per model under ``kind``."""
+    memo = m.cache.setdefault(f"training:{kind}", {})
     key = id(node)
     if key in memo:  # type: ignore[operator]
         return memo[key]  # type: ignore[index]
     memo[key] = False  # type: ignore[index]
-    calls = list(m.reached_calls(node))
-    got = any(is_backward(c) for c in calls)
+    calls = ([n for n in ast.walk(node) if isinstance(n, ast.Call)] if own else []) + list(m.reached_calls(node))
+    got = any(pred(c) for c in calls)
     if not got and depth < 2:
-        got = any(_project_trains(m, c, depth) for c in calls if m.resolve_call(c) is None)
+        got = any(_project_reaches(m, c, kind, pred, own, depth) for c in calls if m.resolve_call(c) is None)
     memo[key] = got  # type: ignore[index]
     return got
+
+
+def _project_reaches(m: SemanticModel, call: ast.Call, kind: str, pred, own: bool, depth: int) -> bool:
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None or isinstance(found[1], ast.ClassDef):
+        return False
+    return _reaches(found[0], found[1], kind, pred, own, depth + 1)
 
 
 def iterated(expr: ast.AST) -> Iterator[ast.AST]:
@@ -126,22 +136,8 @@ def _is_update(call: ast.Call) -> bool:
     return isinstance(call.func, ast.Attribute) and call.func.attr in ("step", "parameters", "named_parameters")
 
 
-def _reaches_update(m: SemanticModel, node: ast.AST, depth: int = 0) -> bool:
-    memo = m.cache.setdefault("training:updates", {})
-    key = id(node)
-    if key in memo:  # type: ignore[operator]
-        return memo[key]  # type: ignore[index]
-    memo[key] = False  # type: ignore[index]
-    calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)] + list(m.reached_calls(node))
-    got = any(_is_update(c) for c in calls)
-    if not got and depth < 2:
-        for c in calls:
-            found = project_def(m, c.func) if m.resolve_call(c) is None and isinstance(c.func, (ast.Name, ast.Attribute)) else None
-            if found is not None and not isinstance(found[1], ast.ClassDef) and _reaches_update(found[0], found[1], depth + 1):
-                got = True
-                break
-    memo[key] = got  # type: ignore[index]
-    return got
+def _reaches_update(m: SemanticModel, node: ast.AST) -> bool:
+    return _reaches(m, node, "updates", _is_update, True, 0)
 
 
 def updates(m: SemanticModel, loop: ast.AST) -> bool:
