@@ -357,3 +357,19 @@ def test_an_iterable_dataset_is_split_as_dataparallel_split_its_batches(tmp_path
         assert mean == pytest.approx(float(orig.checks[loss]["-"]), rel=1e-4, abs=1e-5), (key, mean, orig.checks[loss])
     mine = [k for k in orig.checks if k.startswith(("rows-", "loss-", "steps-"))]
     assert {k: runs["python"].checks[k] for k in mine} == {k: orig.checks[k] for k in mine}  # a world of one: the original
+
+
+def test_noise_drawn_per_sample_is_the_originals_split_between_the_ranks(tmp_path: Path) -> None:
+    """Each rank draws the global batch's timesteps and noise and keeps its rows: together the
+    ranks hold the original's draw, not world-size copies of one half of it."""
+    migrated = _migrate("noise_per_sample").decode()
+    assert migrated.count(".chunk(dist.get_world_size())[dist.get_rank()]") == 2
+    runs = _runs("noise_per_sample", tmp_path)
+    orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    for name in ("timesteps", "noise"):
+        whole = orig.values(name)[0].split(",")
+        halves = [tr.checks[name][r].split(",") for r in ("0", "1")]
+        assert halves[0] != halves[1], f"{name}: both ranks drew the same rows"
+        assert halves[0] + halves[1] == whole, name
+        assert py.values(name) == orig.values(name)  # a world of one draws what the original drew

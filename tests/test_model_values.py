@@ -224,3 +224,42 @@ def test_branches_around_a_node_say_which_branch_holds_it():
     assert [(type(a).__name__, w) for a, w in m.branches(y.value.body)] == [("IfExp", "body"), ("Try", "handlers"), ("If", "body")]
     assert [(type(a).__name__, w) for a, w in m.branches(z)] == [("If", "orelse")]
     assert [(type(a).__name__, w) for a, w in m.branches(x, stop=(ast.Try,))] == []
+
+
+def test_per_sample_draws_are_those_sized_by_a_value_the_step_makes():
+    """``per_sample_draws``: a draw in the training loop whose first size dimension is the size
+    of a value the loop binds (directly, through a name, in a size tuple or ``size=``), and no
+    other: not one of a fixed size, not a scalar, not one sized by something made before the
+    loop, not one in the model's forward, not ``randperm`` (a permutation of the rank's rows)."""
+    from dp2ddp.model.noise import per_sample_draws
+
+    src = textwrap.dedent("""\
+        import torch
+        class Net(torch.nn.Module):
+            def forward(self, x):
+                return x + torch.randn(x.size(0), 4)
+        n_fixed = 16
+        model = torch.nn.DataParallel(Net())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for data in loader:
+            x = data[0]
+            b = x.size(0)
+            z1 = torch.randn(b, 4)
+            z2 = torch.randint(0, 10, (x.shape[0],))
+            z3 = torch.rand(size=(len(x), 2))
+            z4 = torch.randn(data[0].size(0), 4)
+            k1 = torch.randn(8, 4)
+            k2 = torch.rand(1)
+            k3 = torch.randn(n_fixed, 4)
+            k4 = torch.randperm(x.size(0))
+            model(x + z1 + z4).sum().backward()
+            opt.step()
+        """)
+    m = build(src, "train.py")
+    got = sorted(m.source(d.call) for d in per_sample_draws(m))
+    assert got == sorted([
+        "torch.randn(b, 4)", "torch.randint(0, 10, (x.shape[0],))", "torch.rand(size=(len(x), 2))",
+        "torch.randn(data[0].size(0), 4)",
+    ])
+    counts = {m.source(d.call): m.source(d.count) for d in per_sample_draws(m)}
+    assert counts["torch.randint(0, 10, (x.shape[0],))"] == "x.shape[0]"

@@ -36,6 +36,7 @@ REWRITE_DIRS = {
     "hand_batches": Options(),
     "in_batch_loss": Options(),
     "shard_eval": Options(shard_eval=True),
+    "rank_noise": Options(),
 }
 CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 # ``*_race_warns``: the output keeps a race the rewrite warns about (in a project module it does

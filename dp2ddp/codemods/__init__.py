@@ -30,6 +30,7 @@ from dp2ddp.codemods import (
     mixed,
     no_sync,
     process_group,
+    rank_noise,
     rank_writers,
     rank_zero,
     set_epoch,
@@ -60,6 +61,7 @@ _MODULES = [
     dp_idioms,
     no_sync,
     hand_batches,
+    rank_noise,
     in_batch_loss,
 ]
 

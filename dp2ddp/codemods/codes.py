@@ -162,6 +162,27 @@ CODES: Tuple[MigrationCode, ...] = (
         "correct = test_loader_pass.total(correct)  # dp2ddp: every rank's sums, in the original's order\n",
     ),
     _c(
+        "DDP162", "per-sample-noise", "info",
+        "noise a training step draws per item of the batch: each rank keeps its rows of the global batch's draw",
+        "A GAN's `noise = torch.randn(b_size, nz, 1, 1)` in the training loop drew one row per item of the global "
+        "batch under DataParallel. Under DDP each rank's `b_size` is its share and the ranks' random streams are "
+        "seeded alike, so every rank would draw the same rows: the global batch would hold world-size copies of them "
+        "and train on less noise than the original.",
+        "The draw's first size dimension (the size of a value the step makes: `x.size(0)`, `x.shape[0]`, `len(x)`, or "
+        "a name bound to one in the loop) is multiplied by the world size and the result cut in world-size parts, "
+        "`.chunk(dist.get_world_size())[dist.get_rank()]`: every rank draws the original's rows from the same "
+        "stream and keeps those that go with the samples `shard_loader` gives it (its contiguous slice of each "
+        "global batch).",
+        "Safe: the streams stay alike on every rank (random choices that steer control flow still agree); each "
+        "rank draws world-size times as many numbers, which is cheap beside a forward pass. Draws inside the model's "
+        "`forward` are left alone (they ran on every replica under DataParallel too).",
+        _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
+        "    n = x.size(0)\n    z = torch.randn(n, 4)\n    model(x + z).sum().backward()\n    opt.step()\n",
+        "    # dp2ddp: every rank draws the global batch's rows alike and keeps its own (DataParallel drew one per item)\n"
+        "    z = torch.randn(n * dist.get_world_size(), 4).chunk(dist.get_world_size())[dist.get_rank()]\n",
+    ),
+    _c(
         "DDP161", "eval-kept-whole", "warning",
         "`--shard-eval`: an evaluation loop stays whole on every rank, with the reason",
         "Only a loop whose results are provably sums can be split between the ranks. This one leaves something else "
