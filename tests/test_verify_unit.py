@@ -359,3 +359,25 @@ def test_project_root_reaches_the_folder_a_script_puts_on_sys_path(tmp_path):
     plain = tmp_path / "CIFAR" / "plain.py"
     plain.write_text("import torch\n")
     assert project_root(plain) == (tmp_path / "CIFAR").resolve()
+
+
+def test_progress_names_the_envelope_run_not_the_original_its_probe_reports_as():
+    """The envelope run is the original script again, and its probe reports as "original";
+    the progress lines still say which run they follow."""
+    import io
+    from types import SimpleNamespace
+
+    from dp2ddp.verify.command import _Progress
+
+    out = io.StringIO()
+    p = _Progress(out, 8)
+    p.begin("envelope", "python, the noise envelope", "pair 1")
+    p.last = -10.0
+    p.update("original", 3, {})
+    p.end(SimpleNamespace(role="original", hung=False, exit_code=0, steps=8, wall_s=1.5))
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "verify: pair 1: envelope run (python, the noise envelope) started",
+        "verify: pair 1: envelope step 3/8",
+        "verify: pair 1: envelope run: 8 steps in 1.5 s, exit code 0",
+    ]

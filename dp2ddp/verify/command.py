@@ -270,7 +270,7 @@ class _Progress:
         self.bar = None
         self.task = None
         self.last = 0.0
-        self.label = ""
+        self.role = self.label = ""
 
     def begin(self, role: str, how: str, label: str = "") -> None:
         self.role, self.label = role, label
@@ -297,14 +297,14 @@ class _Progress:
             self.last = time.monotonic()
             total = f"/{self.steps}" if self.steps else ""
             prefix = f"{self.label}: " if self.label else ""
-            self.stream.write(f"verify: {prefix}{role} step {step}{total}\n")
+            self.stream.write(f"verify: {prefix}{self.role} step {step}{total}\n")  # the envelope's probe reports as "original"
             self.stream.flush()
 
     def end(self, result) -> None:
         self.close()
         state = "hung" if result.hung else f"exit code {result.exit_code}"
         prefix = f"{self.label}: " if self.label else ""
-        self.stream.write(f"verify: {prefix}{result.role} run: {result.steps} steps in {result.wall_s:.1f} s, {state}\n")
+        self.stream.write(f"verify: {prefix}{self.role} run: {result.steps} steps in {result.wall_s:.1f} s, {state}\n")
         self.stream.flush()
 
     def close(self) -> None:

@@ -304,7 +304,8 @@ def _how(role: str, setup: Setup) -> str:
     threads = setup.threads["original" if role == "envelope" else role]
     t = f"{threads} thread{'s' if threads != 1 else ''} each"
     if role == "envelope":
-        return f"python, each batch in {setup.nproc * setup.nnodes} chunks: the noise envelope, {t}"
+        return (f"python, the original again with each batch in {setup.nproc * setup.nnodes} chunks where DataParallel "
+                f"splits it, else its gradients perturbed: the noise envelope, {t}")
     if role == "original":
         return f"python, {t}"
     return f"torchrun, {setup.nnodes} node(s) x {setup.nproc} process(es), {t}"
