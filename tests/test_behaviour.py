@@ -373,3 +373,16 @@ def test_noise_drawn_per_sample_is_the_originals_split_between_the_ranks(tmp_pat
         assert halves[0] != halves[1], f"{name}: both ranks drew the same rows"
         assert halves[0] + halves[1] == whole, name
         assert py.values(name) == orig.values(name)  # a world of one draws what the original drew
+
+
+def test_noise_shaped_like_the_batch_differs_between_the_ranks(tmp_path: Path) -> None:
+    """``torch.randn(img.size())`` and ``torch.randn_like(img)``: each rank keeps its own of
+    world-size draws made alike on every rank, so the ranks' noise differs; a world of one
+    draws what the original drew."""
+    migrated = _migrate("noise_shaped").decode()
+    assert migrated.count("for _ in range(dist.get_world_size())][dist.get_rank()]") == 2
+    runs = _runs("noise_shaped", tmp_path)
+    tr = runs["torchrun"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    assert tr.checks["noise"]["0"] != tr.checks["noise"]["1"], "both ranks drew the same noise"
+    assert runs["python"].values("noise") == runs["original"].values("noise")

@@ -263,3 +263,31 @@ def test_per_sample_draws_are_those_sized_by_a_value_the_step_makes():
     ])
     counts = {m.source(d.call): m.source(d.count) for d in per_sample_draws(m)}
     assert counts["torch.randint(0, 10, (x.shape[0],))"] == "x.shape[0]"
+
+
+def test_draws_shaped_like_a_batch_tensor_are_per_sample_and_a_loss_shaped_one_is_not():
+    from dp2ddp.model.noise import per_sample_draws
+
+    src = textwrap.dedent("""\
+        import torch
+        model = torch.nn.DataParallel(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, data in enumerate(loader):
+            img, _ = data
+            img = img.cuda()
+            a = torch.randn_like(img)
+            b = torch.FloatTensor(img.size()).normal_(mean=0, std=0.1)
+            c = torch.randn(img.shape)
+            d = torch.zeros_like(data[0]).uniform_()
+            loss = (model(img + a + b + c + d) ** 2).mean()
+            k = torch.rand_like(loss)
+            w = torch.randn_like(model.module.weight)
+            loss.backward()
+            opt.step()
+        """)
+    m = build(src, "train.py")
+    got = sorted(m.source(d.call) for d in per_sample_draws(m) if d.count is None)
+    assert got == sorted([
+        "torch.randn_like(img)", "torch.FloatTensor(img.size()).normal_(mean=0, std=0.1)", "torch.randn(img.shape)",
+        "torch.zeros_like(data[0]).uniform_()",
+    ])

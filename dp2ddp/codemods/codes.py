@@ -172,14 +172,16 @@ CODES: Tuple[MigrationCode, ...] = (
         "a name bound to one in the loop) is multiplied by the world size and the result cut in world-size parts, "
         "`.chunk(dist.get_world_size())[dist.get_rank()]`: every rank draws the original's rows from the same "
         "stream and keeps those that go with the samples `shard_loader` gives it (its contiguous slice of each "
-        "global batch).",
+        "global batch). A draw shaped like a batch tensor (`torch.randn_like(img)`, `torch.randn(img.size())`, "
+        "`torch.FloatTensor(img.size()).normal_(0, s)`) is made world-size times on every rank, which keeps draw "
+        "number `rank`: `[torch.randn_like(img) for _ in range(dist.get_world_size())][dist.get_rank()]`.",
         "Safe: the streams stay alike on every rank (random choices that steer control flow still agree); each "
         "rank draws world-size times as many numbers, which is cheap beside a forward pass. Draws inside the model's "
         "`forward` are left alone (they ran on every replica under DataParallel too).",
         _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
         "    n = x.size(0)\n    z = torch.randn(n, 4)\n    model(x + z).sum().backward()\n    opt.step()\n",
-        "    # dp2ddp: every rank draws the global batch's rows alike and keeps its own (DataParallel drew one per item)\n"
+        "    # dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)\n"
         "    z = torch.randn(n * dist.get_world_size(), 4).chunk(dist.get_world_size())[dist.get_rank()]\n",
     ),
     _c(

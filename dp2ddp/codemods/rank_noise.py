@@ -11,8 +11,18 @@ draw (found by :func:`dp2ddp.model.noise.per_sample_draws`) becomes::
 every rank draws the global batch's rows from the same stream (so the streams stay
 alike on every rank, and random choices that steer control flow still agree) and keeps
 part ``rank`` of ``world`` equal parts: the rows of the original's draw that go with the
-samples ``shard_loader`` gives this rank (its contiguous slice of each global batch). Scripts with their own distributed path
-are left as they are (their path decides what each rank draws).
+samples ``shard_loader`` gives this rank (its contiguous slice of each global batch).
+
+A draw shaped like a batch tensor has no count to multiply (``torch.randn_like(img)``,
+``torch.randn(img.size())``, ``torch.FloatTensor(img.size()).normal_(0, s)``, the noise of
+denoising and diffusion trainers): every rank makes it world-size times, one after the
+other from the same stream, and keeps draw number ``rank``::
+
+    [torch.randn_like(img) for _ in range(dist.get_world_size())][dist.get_rank()]
+
+the ranks' noise differs and their streams stay alike (the numbers are not the
+original's, which drew them in one call). Scripts with their own distributed path are
+left as they are (their path decides what each rank draws).
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.noise import per_sample_draws
 
-_COMMENT = "# dp2ddp: every rank draws the global batch's rows alike and keeps its own (DataParallel drew one per item)"
+_COMMENT = "# dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)"
 
 
 def propose(ctx: Context) -> List[Finding]:
@@ -38,13 +48,17 @@ def propose(ctx: Context) -> List[Finding]:
     for d in per_sample_draws(m):
         dist = ctx.name("dist")
         world = f"{dist}.get_world_size()"
-        simple = isinstance(d.count, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant))
-        edits = [
-            Replace(ctx.cst(d.count), lambda node, w=world, s=simple: ctx.expr(
-                "{c} * {w}" if s else "({c}) * {w}", c=node, w=w)),
-            Replace(ctx.cst(d.call), lambda node, w=world: ctx.expr(
-                "{call}.chunk({w})[{dist}.get_rank()]", call=node, dist=dist, w=w)),
-        ]
+        simple = d.count is None or isinstance(d.count, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant))
+        if d.count is not None:
+            edits = [
+                Replace(ctx.cst(d.count), lambda node, w=world, s=simple: ctx.expr(
+                    "{c} * {w}" if s else "({c}) * {w}", c=node, w=w)),
+                Replace(ctx.cst(d.call), lambda node, w=world: ctx.expr(
+                    "{call}.chunk({w})[{dist}.get_rank()]", call=node, dist=dist, w=w)),
+            ]
+        else:  # shaped like a batch tensor: one draw per rank, each rank keeps its own
+            edits = [Replace(ctx.cst(d.call), lambda node, w=world: ctx.expr(
+                "[{call} for _ in range({w})][{dist}.get_rank()]", call=node, dist=dist, w=w))]
         stmt = m.statement_of(d.call)
         if stmt is not None and id(stmt) not in commented:
             commented.add(id(stmt))
@@ -52,9 +66,11 @@ def propose(ctx: Context) -> List[Finding]:
             if hasattr(line, "leading_lines"):
                 comment = cst.EmptyLine(comment=cst.Comment(_COMMENT))
                 edits.append(Replace(line, lambda u, c=comment: u.with_changes(leading_lines=[*u.leading_lines, c])))
+        what = ("draws one row per item of the batch: every rank now draws the global batch's rows from the same "
+                "stream and keeps its own, as DataParallel's scatter gave them" if d.count is not None else
+                "draws noise shaped like the batch: every rank now draws it world-size times from the same stream and "
+                "keeps draw number `rank`")
         out.append(ctx.note(d.call, "DDP162", (
-            f"`{m.source(d.call)}` draws one row per item of the batch: every rank now draws the global batch's rows "
-            "from the same stream and keeps its own, as DataParallel's scatter gave them (otherwise every rank would "
-            "draw the same rows)"
+            f"`{m.source(d.call)}` {what} (otherwise every rank would draw the same noise)"
         ), edits))
     return out

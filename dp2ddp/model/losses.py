@@ -3,7 +3,10 @@
 A ``reduction="sum"`` loss (a ``torch.nn`` loss class or functional) adds up over the
 samples a process sees. DataParallel computes it over the whole batch; under DDP each
 process sums its share and the gradients are *averaged* across processes, so every step
-is 1/world_size of DataParallel's.
+is 1/world_size of DataParallel's. A summed loss divided by the size of its batch where it
+is computed (``F.mse_loss(out, y, reduction="sum") / (x.size(0) * 2)``, the DnCNN shape) is a
+mean: each rank's share is as large as every other's, so the average of the ranks' means
+is the original's mean, and nothing is reported.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ def sum_reductions(m: SemanticModel) -> List[ast.keyword]:
                 functional = any(q.startswith("torch.nn.functional.") for q in names)
                 if functional and (_no_grad(m, call) or not _trains_here(m, call)):
                     continue
+                if _per_batch_mean(m, call, functional):
+                    continue
                 got.append(arg)
         m.cache["losses:sum"] = got
     return got  # type: ignore[return-value]
@@ -59,3 +64,42 @@ def _trains_here(m: SemanticModel, node: ast.AST) -> bool:
         if any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in calls):
             return True
     return False
+
+
+def _per_batch_mean(m: SemanticModel, call: ast.Call, functional: bool) -> bool:
+    """Every use of the summed loss is divided by the size of a batch: the functional call
+    itself, or each call of the name a loss class is bound to (``criterion = nn.MSELoss(
+    reduction="sum")`` ... ``criterion(out, y) / (img.size()[0] * 2)``)."""
+    if functional:
+        return _divided_by_batch(m, call)
+    stmt = m.parent(call)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return False
+    name = stmt.targets[0].id
+    uses = [c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == name]
+    return bool(uses) and all(_divided_by_batch(m, c) for c in uses)
+
+
+def _divided_by_batch(m: SemanticModel, node: ast.AST) -> bool:
+    parent = m.parent(node)
+    if not (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.left is node):
+        return False
+    todo = [parent.right]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
+            todo += [e.left, e.right]
+        elif _batch_size(e):
+            return True
+    return False
+
+
+def _batch_size(e: ast.AST) -> bool:
+    """``x.size(0)``, ``x.size()[0]``, ``x.shape[0]``, ``len(x)``."""
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size":
+        return len(e.args) == 1 and isinstance(e.args[0], ast.Constant) and e.args[0].value == 0
+    if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and e.slice.value == 0:
+        v = e.value
+        return (isinstance(v, ast.Attribute) and v.attr == "shape") or (
+            isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "size" and not v.args)
+    return isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "len" and len(e.args) == 1

@@ -36,7 +36,9 @@ _DRAWS = ("torch.randn", "torch.rand", "torch.randint")
 @dataclass(frozen=True)
 class Draw:
     call: ast.Call  # the draw, e.g. ``torch.randn(b_size, nz, 1, 1, device=device)``
-    count: ast.AST  # its first size dimension, the per-sample count (``b_size``)
+    count: Optional[ast.AST]  # its first size dimension, the per-sample count (``b_size``); None for
+    # a draw shaped like a batch tensor (``torch.randn_like(img)``, ``torch.randn(img.size())``,
+    # ``torch.FloatTensor(img.size()).normal_(0, s)``): its rows cannot be counted in the call
     loop: ast.AST  # the training loop whose step draws it
 
 
@@ -47,13 +49,85 @@ def per_sample_draws(m: SemanticModel) -> List[Draw]:
         for loop in training_loops(m):
             bound = _bound_in(m, loop)
             for n in own_nodes(m, loop):
-                if isinstance(n, ast.Call) and id(n) not in seen:
-                    count = _count(m, n)
-                    if count is not None and _per_step(m, count, bound):
-                        seen.add(id(n))
-                        got.append(Draw(n, count, loop))
+                if not isinstance(n, ast.Call) or id(n) in seen:
+                    continue
+                count = _count(m, n)
+                if count is not None and _per_step(m, count, bound):
+                    seen.add(id(n))
+                    got.append(Draw(n, count, loop))
+                elif _shaped_like_batch(m, n, loop):
+                    seen.update(id(c) for c in ast.walk(n))
+                    got.append(Draw(n, None, loop))
         m.cache["noise:draws"] = got
     return got  # type: ignore[return-value]
+
+
+_LIKE = ("torch.randn_like", "torch.rand_like", "torch.randint_like")
+_SHAPED = ("torch.randn", "torch.rand")
+_IN_PLACE = frozenset({"normal_", "uniform_", "bernoulli_", "random_", "exponential_", "log_normal_", "cauchy_"})
+_NEW = frozenset({"zeros_like", "empty_like", "ones_like", "FloatTensor", "Tensor", "empty", "zeros", "ones",
+                  "new", "new_empty", "new_zeros", "new_ones", "new_tensor"})
+# calls that hand back the value they are given, on another device or in another type
+_SAME_ROWS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "type", "contiguous", "detach",
+                        "clone", "requires_grad_"})
+
+
+def _shaped_like_batch(m: SemanticModel, call: ast.Call, loop: ast.AST) -> bool:
+    """A draw shaped like a tensor of the step's batch: ``torch.randn_like(img)``,
+    ``torch.randn(img.size())``/``(img.shape)``/``(*img.shape)``, or an in-place draw on a
+    fresh tensor of that shape (``torch.FloatTensor(img.size()).normal_(0, s)``,
+    ``torch.zeros_like(img).uniform_()``, ``img.new(img.size()).normal_()``)."""
+    f = call.func
+    q = m.qualified_names(f)
+    if q & set(_LIKE):
+        return bool(call.args) and _batch_value(m, call.args[0], loop)
+    if q & set(_SHAPED):
+        return len(call.args) == 1 and _shape_of_batch(m, call.args[0], loop)
+    if isinstance(f, ast.Attribute) and f.attr in _IN_PLACE and isinstance(f.value, ast.Call):
+        made = f.value
+        name = made.func.attr if isinstance(made.func, ast.Attribute) else getattr(made.func, "id", None)
+        if name not in _NEW:
+            return False
+        if name.endswith("_like"):
+            return bool(made.args) and _batch_value(m, made.args[0], loop)
+        return len(made.args) == 1 and _shape_of_batch(m, made.args[0], loop)
+    return False
+
+
+def _shape_of_batch(m: SemanticModel, e: ast.AST, loop: ast.AST) -> bool:
+    if isinstance(e, ast.Starred):
+        e = e.value
+    if isinstance(e, ast.Attribute) and e.attr == "shape":
+        return _batch_value(m, e.value, loop)
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size" and not e.args:
+        return _batch_value(m, e.func.value, loop)
+    return False
+
+
+def _batch_value(m: SemanticModel, e: ast.AST, loop: ast.AST, depth: int = 0) -> bool:
+    """``e`` is (a part of) a batch the loop iterates: its target, an item of it
+    (``data[0]``, ``batch["img"]``), moved or retyped (``.to(device)``, ``.cuda()``,
+    ``.float()``), or a name the loop binds to one of those."""
+    while True:
+        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
+            e = e.value
+        elif isinstance(e, ast.Attribute) and e.attr == "data":  # old code: img.data
+            e = e.value
+        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_ROWS:
+            e = e.func.value
+        else:
+            break
+    if not isinstance(e, ast.Name) or depth > 6:
+        return False
+    target = getattr(loop, "target", None)
+    if target is not None and any(isinstance(n, ast.Name) and n.id == e.id for n in ast.walk(target)):
+        return True
+    for n in reversed(own_nodes(m, loop)):  # the last assignment before the use
+        if isinstance(n, ast.Assign) and n.lineno < e.lineno and any(
+            isinstance(t, ast.Name) and t.id == e.id for tgt in n.targets for t in ast.walk(tgt)
+        ):
+            return _batch_value(m, n.value, loop, depth + 1)
+    return False
 
 
 def _count(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:

@@ -39,6 +39,10 @@ RULE = Rule(
         ),
         Valid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss()\n"),
         Valid("import torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")  # not DDP code\n"),
+        Valid(  # a sum divided by its batch's size is a mean: the ranks' shares are equal
+            "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.MSELoss(reduction=\"sum\")\n"
+            "loss = criterion(out, noise) / (img.size()[0] * 2)\n"
+        ),
         Valid(
             "import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n\n\n"
             "def evaluate(model, x, y):\n    with torch.no_grad():\n        return F.mse_loss(model(x), y, reduction=\"sum\")\n\n\n"
