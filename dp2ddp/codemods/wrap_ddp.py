@@ -42,7 +42,7 @@ from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import placements_after
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS
 from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps
+from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps, fresh_each_pass
 
 PLACEMENT = {"cuda", "to"}
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
@@ -608,8 +608,10 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     inner_text = _inner_text(ctx, w)
     if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return [ctx.block(call, "DDP101", "DataParallel inside a one-line compound statement; migrate this by hand")]
-    if any(isinstance(a, LOOPS) for a in _ancestors_in_function(m, stmt)):
-        return [ctx.block(call, "DDP101", "DataParallel wrap inside a loop: DDP must wrap once, before training; migrate this by hand")]
+    if any(isinstance(a, LOOPS) for a in _ancestors_in_function(m, stmt)) and not fresh_each_pass(m, w):
+        return [ctx.block(call, "DDP101", (
+            "DataParallel wrap inside a loop, of a model that is not made in the same pass (or in the loop that "
+            "trains it): DDP must wrap each model once, before training it; migrate this by hand"))]
     if _root_name(target) is not None and _root_name(target).id == "self" and _is_module_class(m, m.enclosing_class(stmt)):
         return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
     partial_root = None

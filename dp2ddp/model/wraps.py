@@ -359,3 +359,40 @@ def project_wrapper_returns(m: SemanticModel) -> List[ast.Call]:
             out.append((call, any(w.conditions for w in ws)))
     m.cache["wraps:project_returns"] = out
     return out  # type: ignore[return-value]
+
+
+def fresh_each_pass(m: SemanticModel, w: Wrap) -> bool:
+    """A wrap inside a loop that wraps a model made in the same pass, before training it
+    (k-fold cross-validation, one model per seed or per task): each pass builds its own
+    DistributedDataParallel, which every rank constructs together (the loop runs alike on
+    every rank). Not fresh: a wrap in the loop that trains (its own statements call
+    ``.backward()``), or of a model that outlives the pass."""
+    from dp2ddp.model.syntax import LOOPS
+    from dp2ddp.model.steps import own_nodes
+
+    loop = next((a for a in m.ancestors(w.stmt) if isinstance(a, LOOPS + FUNCTIONS + (ast.ClassDef, ast.Module))), None)
+    if not isinstance(loop, LOOPS) or w.module is None or w.target is None:
+        return False
+    body_calls = [n for n in own_nodes(m, loop) if isinstance(n, ast.Call)
+                  and not any(isinstance(a, LOOPS) and a is not loop for a in _between(m, n, loop))]
+    if any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in body_calls):
+        return False  # the wrap runs in the training step itself
+    made = w.module
+    while isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) and made.func.attr in ("to", "cuda", "float", "half"):
+        made = made.func.value
+    if isinstance(made, ast.Call):
+        return True
+    if isinstance(made, ast.Name):
+        return any(
+            isinstance(n, ast.Assign) and n.lineno < w.stmt.lineno
+            and any(isinstance(t, ast.Name) and t.id == made.id for tgt in n.targets for t in ast.walk(tgt))
+            for n in own_nodes(m, loop)
+        )
+    return False
+
+
+def _between(m: SemanticModel, node: ast.AST, top: ast.AST):
+    for a in m.ancestors(node):
+        if a is top:
+            return
+        yield a
