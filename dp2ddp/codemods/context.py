@@ -203,11 +203,13 @@ class Context:
             return f'({dist}.get_rank() if {dist}.is_initialized() else int({self.name("os")}.environ.get("RANK", 0)))'
         return f"{dist}.get_rank()"
 
-    def ddp_call(self, module_text: str, find_unused: bool = False) -> str:
+    def ddp_call(self, module_text: str, find_unused: bool = False, cls: Optional[str] = None) -> str:
+        """``DistributedDataParallel(module, device_ids=...)``; ``cls``: the script's own
+        subclass (rebased on DistributedDataParallel) that the original called instead."""
         torch = self.name("torch")
         extra = ", find_unused_parameters=True" if find_unused else ""
         call = (
-            f"{self.name('DDP')}({module_text}, device_ids=[{torch}.cuda.current_device()] "
+            f"{cls or self.name('DDP')}({module_text}, device_ids=[{torch}.cuda.current_device()] "
             f"if {torch}.cuda.is_available() else None{extra})"
         )
         if self.role == "helper":

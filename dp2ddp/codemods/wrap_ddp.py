@@ -42,7 +42,7 @@ from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import placements_after
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS
 from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_type_refs, dp_wraps, fresh_each_pass
+from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass
 
 PLACEMENT = {"cuda", "to"}
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
@@ -57,13 +57,18 @@ class _Hoist:
         self.comment: Optional[cst.TrailingWhitespace] = None
         self.guarded = False
         self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
+        self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
 
 
 def problems(ctx: Context) -> List[Finding]:
     """Uses of DataParallel that cannot be migrated at all (checked before anything else)."""
     m = ctx.m
     out: List[Finding] = []
+    subclass_of = {id(b): why for c, why in dp_subclasses(m).values() if why is not None for b in c.bases}
     for ref in dp_other_refs(m):
+        if id(ref) in subclass_of:
+            out.append(ctx.block(ref, "DDP101", f"{subclass_of[id(ref)]}; migrate this subclass by hand"))
+            continue
         out.append(ctx.block(ref, "DDP101", "DataParallel is used indirectly (alias, subclass or argument); migrate this by hand"))
     for w in dp_wraps(m):
         if w.problem:
@@ -207,6 +212,7 @@ def propose(ctx: Context) -> List[Finding]:
     wrappers = Wrappers()
     ctx.provide(wrappers)
     wraps = [w for w in dp_wraps(m) if not w.functional]
+    out.extend(_rebase(ctx))
 
     keep: List[Wrap] = []
     for w in wraps:
@@ -636,12 +642,13 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             if anchor is not stmt:
                 hoist = _register(hoists, anchor, target)
                 hoist.late_cuda = early
+                hoist.cls = _cls(w)
                 edits = _unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
                                  + _early_note(m, early), edits)]
         module_text = _cuda_first(ctx, inner_text) if early is not None else inner_text
         return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + _early_note(m, early),
-                         [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused)))])]
+                         [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w))))])]
 
     if target is None:
         return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
@@ -657,6 +664,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     hoist = _register(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
+    hoist.cls = hoist.cls or _cls(w)
     edits = _unwrap_in_place(ctx, w, inner_text, hoist)
     if w.conditions and any(isinstance(e, Remove) for e in edits):
         edits = _drop_emptied_if(ctx, w, hoist) or edits
@@ -678,7 +686,7 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     m = ctx.m
     test = m.source(w.conditions[0].test)
     msg = f"DistributedDataParallel wrap kept under `if {test}:`, a flag of the caller; another wrap trains the model unconditionally"
-    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused)
+    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused, _cls(w))
     cond = w.conditions[-1]
     target = w.target
     anchor = _absorb_placement(m, cond, target, w.module) if target is not None else cond
@@ -775,11 +783,11 @@ def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: 
     edits = [Replace(ctx.cst(w.outer), ctx.expr(_inner_text(ctx, w))) for w in wraps]
     both = {id(ifexp.body), id(ifexp.orelse)} == {id(w.outer) for w in wraps}
     if both:
-        ddp = ctx.ddp_call("{inner}", find_unused)
+        ddp = ctx.ddp_call("{inner}", find_unused, _cls(wraps[0]))
         edits.append(Replace(ctx.cst(ifexp), lambda u, ddp=ddp: cst.parse_expression(ddp.format(inner=cst.Module(body=[]).code_for_node(u)))))
         return [ctx.note(wraps[0].call, "DDP100", "DataParallel -> DistributedDataParallel around the conditional expression", edits)], assigned_keys(m, ifexp), False
     t = m.source(target)
-    new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
+    new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused, _cls(wraps[0])))
     edits.append(InsertAfter(ctx.bridge.statement(stmt), (new,)))
     return [ctx.note(wraps[0].call, "DDP103", f"DistributedDataParallel wrap of {t} after the conditional expression, so that every rank wraps", edits)], assigned_keys(m, ifexp), True
 
@@ -789,6 +797,25 @@ def _ancestors_in_function(m: SemanticModel, stmt: ast.AST):
         if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda, ast.Module)):
             return
         yield a
+
+
+def _rebase(ctx: Context) -> List[Finding]:
+    """``class MyDataParallel(nn.DataParallel)`` that adds only what means the same on
+    DDP (``__getattr__`` falling through to ``.module``, ``state_dict``): its base becomes
+    DistributedDataParallel, and its calls are migrated like DataParallel's."""
+    out = []
+    for cls, why in dp_subclasses(ctx.m).values():
+        if why is None:
+            edits = [Replace(ctx.cst(b), ctx.expr(ctx.name("DDP"))) for b in cls.bases]
+            out.append(ctx.note(cls, "DDP100", f"class {cls.name} derives from DistributedDataParallel instead of "
+                                               "DataParallel (it adds only what means the same there)", edits))
+    return out
+
+
+def _cls(w: Wrap) -> Optional[str]:
+    """The name the migrated wrap calls where the original called the script's own
+    DataParallel subclass (rebased on DistributedDataParallel by :func:`_rebase`)."""
+    return w.cls.name if w.cls is not None else None
 
 
 def _register(hoists, anchor: ast.stmt, target: ast.AST) -> _Hoist:
@@ -942,7 +969,8 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
 def _insert_hoisted(ctx: Context, hoist: _Hoist, find_unused: bool) -> Finding:
     m = ctx.m
     t = m.source(hoist.target)
-    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(_cuda_first(ctx, t) if hoist.late_cuda is not None else t, find_unused))
+    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(_cuda_first(ctx, t) if hoist.late_cuda is not None else t,
+                                                           find_unused, hoist.cls))
     if hoist.leading:
         stmt = stmt.with_changes(leading_lines=hoist.leading)
     if hoist.comment is not None:

@@ -5,6 +5,9 @@ and spellings that cannot be resolved.
   ``data_parallel(module, inputs, device_ids, ...)`` call, with what the migration needs
   to know about it (the wrapped module, the variable it is assigned to, the conditions
   around it, whether it only serves evaluation).
+* :func:`dp_subclasses`: classes of this module derived from DataParallel, and for each
+  why DistributedDataParallel cannot stand in for its base (``None``: it can; then its
+  calls are wraps like DataParallel's, with ``Wrap.cls`` the class).
 * :func:`dp_type_refs`: ``isinstance(m, nn.DataParallel)``, ``type(m) in (DP, DDP)``:
   code that tells the wrapper from the module.
 * :func:`dp_other_refs`: any other use (an alias, a subclass, an argument).
@@ -44,6 +47,7 @@ class Wrap:
     function: Optional[ast.AST]
     conditions: List[ast.AST] = field(default_factory=list)  # ifs around it in its block chain, innermost first
     args: dict = field(default_factory=dict)  # device_ids / output_device / dim / inputs expressions
+    cls: Optional[ast.ClassDef] = None  # a subclass of DataParallel of this module that the call makes
 
     @property
     def guarded(self) -> bool:
@@ -102,8 +106,12 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     if got is not None:
         return got  # type: ignore[return-value]
     out: List[Wrap] = []
-    for call in m.calls(DP | DP_FUNCTIONAL):
-        functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP)
+    subclasses = {id(c): c for c, why in dp_subclasses(m).values() if why is None}
+    made = [(c, subclasses[id(k)]) for c in m.nodes(ast.Call) for k in [_class_called(m, c)] if k is not None and id(k) in subclasses]
+    cls_of = {id(c): k for c, k in made}
+    calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made], key=lambda c: (c.lineno, c.col_offset))
+    for call in calls:
+        functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP) and id(call) not in cls_of
         names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
         outer = outer_chain(m, call) if not functional else call
         stmt = m.statement_of(call)
@@ -128,10 +136,80 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
                 function=m.enclosing_function(call),
                 conditions=conditions(m, stmt) if stmt is not None else [],
                 args=args,
+                cls=cls_of.get(id(call)),
             )
         )
     m.cache["wraps:dp"] = out
     return out
+
+
+# what DataParallel has and DistributedDataParallel does not: a subclass that overrides or
+# reads one of them is written for DataParallel's scatter/replicate/gather machinery
+_DP_ONLY = frozenset({"scatter", "gather", "replicate", "parallel_apply", "src_device_obj", "chunk_sizes",
+                      "_sync_params", "replicas"})
+# methods a subclass may define: they keep meaning the same on DistributedDataParallel
+_KEPT_METHODS = frozenset({"__getattr__", "__setattr__", "__dir__", "state_dict", "load_state_dict", "__repr__"})
+
+
+def dp_subclasses(m: SemanticModel) -> Dict[int, tuple]:
+    """``{id(class): (class, why)}`` for each class of this module whose base is
+    DataParallel; ``why`` is ``None`` where the class can derive from DistributedDataParallel
+    instead (it adds or overrides only what means the same there: attribute fall-through to
+    ``.module``, ``state_dict``), else the reason it cannot."""
+    got = m.cache.get("wraps:subclasses")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: Dict[int, tuple] = {}
+    for cls in m.nodes(ast.ClassDef):
+        bases = [b for b in cls.bases if m.is_name(b, DP)]
+        if not bases:
+            continue
+        why = None
+        if len(cls.bases) != 1 or cls.keywords or cls.decorator_list:
+            why = f"class {cls.name} has other bases, keywords or decorators besides DataParallel"
+        methods = [st.name for st in cls.body if isinstance(st, FUNCTIONS)]
+        odd = [n for n in methods if n in _DP_ONLY] or [
+            n for n in methods if n not in _KEPT_METHODS and (n in ("__init__", "forward") or n.startswith("_"))]
+        if why is None and odd:
+            why = f"class {cls.name} overrides {odd[0]}(), which works differently in DistributedDataParallel"
+        for stmt in cls.body:
+            if why is not None:
+                break
+            if not isinstance(stmt, FUNCTIONS + (ast.Pass,)) and not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+                why = f"class {cls.name} has a class-level statement (line {stmt.lineno})"
+        if why is None:
+            used = sorted({n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr in _DP_ONLY})
+            if used:
+                why = f"class {cls.name} uses DataParallel's {', '.join(used)}, which DistributedDataParallel does not have"
+        if why is None and _class_referenced_apart(m, cls):
+            why = f"class {cls.name} is used other than by calling it (a type check, an alias or an argument)"
+        out[id(cls)] = (cls, why)
+    m.cache["wraps:subclasses"] = out
+    return out
+
+
+def _class_called(m: SemanticModel, call: ast.Call) -> Optional[ast.ClassDef]:
+    f = call.func
+    if not isinstance(f, ast.Name):
+        return None
+    where, bindings = m.lookup(f.id, m.scope_of(f))
+    if where is None or len(bindings) != 1 or bindings[0].kind != "class":
+        return None
+    node = bindings[0].node
+    return node if isinstance(node, ast.ClassDef) else None
+
+
+def _class_referenced_apart(m: SemanticModel, cls: ast.ClassDef) -> bool:
+    for n in m.nodes(ast.Name):
+        if n.id != cls.name or not isinstance(n.ctx, ast.Load):
+            continue
+        parent = m.parent(n)
+        if isinstance(parent, ast.Call) and parent.func is n:
+            continue
+        if m.enclosing_class(n) is cls:
+            continue  # super(MyDataParallel, self)
+        return True
+    return False
 
 
 _TYPE_CHECKS = frozenset({"builtins.isinstance", "builtins.issubclass"})
@@ -155,11 +233,15 @@ def dp_type_refs(m: SemanticModel) -> List[ast.AST]:
 
 
 def dp_other_refs(m: SemanticModel) -> List[ast.AST]:
-    """References to DataParallel that are neither a call nor a type check."""
+    """References to DataParallel that are neither a call nor a type check (nor the base
+    of a subclass that can derive from DistributedDataParallel instead)."""
     out = []
+    bases = {id(b) for c, why in dp_subclasses(m).values() if why is None for b in c.bases}
     for r in m.refs(DP | DP_FUNCTIONAL):
         parent = m.parent(r)
         if isinstance(parent, ast.Call) and parent.func is r:
+            continue
+        if id(r) in bases:
             continue
         if _type_position(m, r):
             continue
