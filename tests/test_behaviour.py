@@ -386,3 +386,19 @@ def test_noise_shaped_like_the_batch_differs_between_the_ranks(tmp_path: Path) -
     assert tr.checks["finished"] == {"0": "1", "1": "1"}
     assert tr.checks["noise"]["0"] != tr.checks["noise"]["1"], "both ranks drew the same noise"
     assert runs["python"].values("noise") == runs["original"].values("noise")
+
+
+def test_in_batch_loss_gathers_every_ranks_share_and_trains_as_the_original(tmp_path: Path) -> None:
+    """An NT-Xent loss over the batch: its inputs are gathered from every rank (DDP154), so
+    each rank computes the original's loss on the global batch, step after step (the
+    gradient each rank keeps makes DDP's average the original's step)."""
+    migrated = _migrate("contrastive_gathered").decode()
+    assert "nt_xent_loss(GatherBatch.apply(p1), GatherBatch.apply(p2))" in migrated
+    runs = _runs("contrastive_gathered", tmp_path)
+    orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    for step in range(8):
+        want = float(orig.values(f"loss{step}")[0])
+        for rank in ("0", "1"):
+            assert abs(float(tr.checks[f"loss{step}"][rank]) - want) <= 1e-4 * max(1.0, abs(want)), (step, rank)
+        assert abs(float(py.values(f"loss{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))

@@ -447,6 +447,27 @@ CODES: Tuple[MigrationCode, ...] = (
         "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n",
     ),
     _c(
+        "DDP154", "in-batch-loss-gathered", "info",
+        "a loss that compares the samples of a batch with each other gets every rank's share of the batch",
+        "A contrastive loss (SupCon, NT-Xent, InfoNCE with in-batch negatives) compares every sample of the batch with "
+        "every other. Under DataParallel it ran on the gathered outputs; under DDP each process would compute it on "
+        "its own share (fewer negatives: another loss, another model).",
+        "Each input of the loss call (names the training step assigns) goes through `GatherBatch.apply(...)`, a small "
+        "autograd function written once into the script: forward, `all_gather` of every rank's share in rank order "
+        "(the original's global batch, since each rank holds a contiguous slice of it); backward, the gradients of "
+        "every rank's (identical) loss summed and this rank's share kept, so that DDP's average of the parameters' "
+        "gradients is the original's gradient.",
+        "Safe where every rank's share has the same size (the sharded loaders pad the last batch to make it so); the "
+        "loss runs over the global batch on every rank (world-size times its cost). An input that is not a value of "
+        "the training step (a queue of negatives, a parameter) is not gathered: the file is refused (DDP153).",
+        _IMPORTS + "def contrastive_loss(z):\n    logits = z @ z.T\n"
+        "    return nn.functional.cross_entropy(logits, torch.arange(len(z)))\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for (x,) in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8):\n"
+        "    features = model(x)\n    loss = contrastive_loss(features)\n    loss.backward()\n    opt.step()\n",
+        "    loss = contrastive_loss(GatherBatch.apply(features))\n",
+    ),
+    _c(
         "DDP153", "in-batch-loss", "error",
         "a loss the training reaches compares the samples of a batch with each other (`features @ features.T`) and gathers nothing from the other ranks",
         "Under DataParallel a contrastive loss (SupCon, NT-Xent, InfoNCE) runs on the gathered outputs: every sample "

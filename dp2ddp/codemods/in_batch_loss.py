@@ -1,25 +1,59 @@
-"""Refuse a loss that compares the samples of a batch with each other (DDP153).
+"""A loss that compares the samples of a batch with each other: gathered, or refused (DDP153).
 
 See :mod:`dp2ddp.model.batch_coupling`: under DDP such a loss sees each process's share of
-the batch, not the batch, so the migration would train with another loss. The fix is the
-user's (gather every rank's features before the loss, as SimCLR's ``GatherLayer`` does);
-dp2ddp refuses with the line of the comparison.
+the batch, not the batch, so the migration would train with another loss. Where the loss
+is called from the training step with values the step makes (``loss = criterion(features,
+labels)``: names bound in the step's function, constants), each of them is gathered from
+every rank first (``GatherBatch``, written once into the script: ``all_gather`` forward,
+the summed gradient of this rank's share backward, as SimCLR's ``GatherLayer``): every
+rank computes the original's loss over the global batch, and the step is the original's
+(DDP154). Anything else (an argument that is state, such as a queue of negatives, or a
+script with its own distributed path) is refused with the line of the comparison (DDP153).
 """
 
 from __future__ import annotations
 
-from typing import List
+import ast
+from typing import List, Optional
+
+import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding
-from dp2ddp.model.batch_coupling import in_batch_losses
+from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.model.batch_coupling import in_batch_losses, loss_calls
 
 
 def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
+    gather: Optional[str] = None
     for node, rel, line, name in in_batch_losses(ctx.m):
         where = f"{rel}:{line}" if rel else f"line {line}"
-        out.append(ctx.block(node, "DDP153", f"{name} compares the samples of a batch with each other ({where}): under DDP "
-                             "each process would compute it on its own share of the batch (fewer negatives, another loss); "
-                             "gather every rank's features before it (dist.all_gather with gradients), then migrate"))
+        calls = loss_calls(ctx.m, node) if ctx.mode == "plain" else None
+        if not calls:
+            out.append(ctx.block(node, "DDP153", f"{name} compares the samples of a batch with each other ({where}): under "
+                                 "DDP each process would compute it on its own share of the batch (fewer negatives, another "
+                                 "loss), and dp2ddp cannot gather what it is given (an argument that is not a value of the "
+                                 "training step); gather every rank's features before it (dist.all_gather with gradients), "
+                                 "then migrate"))
+            continue
+        if gather is None:
+            gather = ctx.fresh_name("GatherBatch")
+            _define(ctx, gather)
+        for call in calls:
+            edits = [Replace(ctx.cst(a), lambda u, g=gather: ctx.expr("{g}.apply({x})", g=g, x=u))
+                     for a in list(call.args) + [k.value for k in call.keywords] if not isinstance(a, ast.Constant)]
+            out.append(ctx.note(call, "DDP154", (
+                f"{name} compares the samples of a batch with each other ({where}): its inputs are gathered from every "
+                f"rank first ({gather}), so every rank computes the original's loss over the global batch"), edits))
     return out
+
+
+def _define(ctx: Context, name: str) -> None:
+    m = ctx.m
+    stmts = ctx.render("gather_batch.py.tmpl", gather=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
+    stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+    end = m.top_import_end
+    if end is not None:
+        ctx.extra_edits.append(InsertAfter(ctx.bridge.statement(end), tuple(stmts)))
+    else:
+        ctx.extra_edits.append(InsertBefore(ctx.bridge.statement(next(iter(m.tree.body))), tuple(stmts)))

@@ -134,3 +134,28 @@ def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str]]:
                     break
     m.cache["batch_coupling:in_batch_losses"] = out
     return out
+
+
+def loss_calls(m: SemanticModel, node: ast.AST) -> Optional[List[ast.Call]]:
+    """The calls of an in-batch loss (``node``: a call of a project loss, or a loss
+    function of this module) whose inputs the migration can gather: every argument is a
+    name the loop around the call assigns (a value of the training step, not a parameter or
+    a module-level value that may carry state) or a constant; ``None``
+    where one is not (state such as a queue of negatives, ``*args``) or no call is found."""
+    calls = [node] if isinstance(node, ast.Call) else list(m.call_sites(node))
+    if not calls:
+        return None
+    for call in calls:
+        args = list(call.args) + [k.value for k in call.keywords if k.arg is not None]
+        if not args or len(args) != len(call.args) + len(call.keywords):
+            return None
+        loops = m.enclosing_loops(call)
+        if not loops:
+            return None
+        local = {n.id for n in ast.walk(loops[0]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for a in args:
+            if isinstance(a, ast.Constant):
+                continue
+            if not (isinstance(a, ast.Name) and a.id in local):
+                return None
+    return calls
