@@ -39,7 +39,8 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
-from dp2ddp.model.loaders import Loader, distributed_sampler, held_loader, loaders, returned_loaders, sampler_values, subclass_calls
+from dp2ddp.model.held_loaders import held_loader
+from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, returned_loaders, sampler_values, subclass_calls
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, kwarg, terminal
 
