@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dp2ddp.model.core import build
 from dp2ddp.model.project_defs import project_def
-from dp2ddp.model.loaders import held_loader, loaders
+from dp2ddp.model.held_loaders import held_loader
+from dp2ddp.model.loaders import loaders
 from dp2ddp.model.training import training_loops, trained_origins, updates
 
 

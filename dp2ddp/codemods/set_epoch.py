@@ -14,7 +14,7 @@ from typing import List, Optional, Set, Tuple
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertBefore
-from dp2ddp.model.loaders import calls_set_epoch, epoch_loops
+from dp2ddp.model.epochs import calls_set_epoch, epoch_loops
 from dp2ddp.model.syntax import is_docstring
 
 

@@ -39,7 +39,9 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
-from dp2ddp.model.loaders import Loader, distributed_sampler, held_loader, loaders, returned_loaders, sampler_values, subclass_calls
+from dp2ddp.model.held_loaders import held_loader
+from dp2ddp.model.loader_makers import returned_loaders, subclass_calls
+from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, kwarg, terminal
 
@@ -139,7 +141,7 @@ def propose(ctx: Context) -> List[Finding]:
 
 def _returned_paths(m, call: ast.Call) -> List[tuple]:
     from dp2ddp.model.project_defs import project_def
-    from dp2ddp.model.loaders import _returned
+    from dp2ddp.model.loader_makers import _returned
 
     found = project_def(m, call.func)
     if found is None:

@@ -272,7 +272,9 @@ def hand_loops(m: SemanticModel) -> List[HandLoop]:
 
 def _loader_names(m: SemanticModel, loop: ast.AST) -> Set[str]:
     """The names ``loop`` binds from a DataLoader it iterates (sharded by the loader migration)."""
-    from dp2ddp.model.loaders import expr_handle, loader_handles, loaders, unwrap_iter
+    from dp2ddp.model.epochs import loader_handles, unwrap_iter
+    from dp2ddp.model.handles import expr_handle
+    from dp2ddp.model.loaders import loaders
 
     if not isinstance(loop, (ast.For, ast.AsyncFor)):
         return set()

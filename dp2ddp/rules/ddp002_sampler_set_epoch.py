@@ -6,7 +6,8 @@ import ast
 from typing import Optional
 
 from dp2ddp.model.collectives import assigned_keys, var_key
-from dp2ddp.model.loaders import calls_set_epoch, epoch_loops, is_false, loaders
+from dp2ddp.model.epochs import calls_set_epoch, epoch_loops
+from dp2ddp.model.loaders import is_false, loaders
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.syntax import kwarg

@@ -1,0 +1,221 @@
+"""DataLoaders made by the project's own code rather than by a ``DataLoader(...)`` call.
+
+* :func:`subclass_calls`: ``MyLoader(...)`` where ``MyLoader`` derives from DataLoader (a
+  class of this module or of a project module), with its label and whether it trains;
+  :func:`subclass_loaders`: the ``super().__init__(...)`` calls inside such a class of
+  this module whose sampler is not already distributed.
+* :func:`returned_loaders`: calls of a project function that returns DataLoaders
+  (``train_loader, test_loader = data.get(args)``), with the names here that hold its
+  training loaders; ``_returned``: which loaders such a function returns, by position or key.
+
+The ``DataLoader(...)`` calls themselves are :func:`dp2ddp.model.loaders.loaders`; an object
+that holds one and iterates it is :mod:`dp2ddp.model.held_loaders`.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Optional, Set, Tuple
+
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.loaders import (
+    EVAL_WORDS,
+    Loader,
+    _assign_target,
+    _label,
+    distributed_sampler,
+    feeds_training,
+    follow,
+    is_false,
+    loaders,
+)
+from dp2ddp.model.names import DATALOADER
+from dp2ddp.model.syntax import kwarg, terminal
+
+
+def subclass_loaders(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.Call]]:
+    """``class BaseDataLoader(DataLoader)`` (directly or through another such class of the
+    module): each ``super().__init__(...)`` / ``Base.__init__(self, ...)`` call in it whose
+    sampler is not already distributed. Its sampler, dataset and shuffle usually arrive
+    through ``self`` attributes and ``**kwargs``, so no sampler is added: it is named."""
+    got = m.cache.get("subclass_loaders")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    subclasses: Set[str] = set()
+    classes = list(m.nodes(ast.ClassDef))
+    changed = True
+    while changed:
+        changed = False
+        for cls in classes:
+            if cls.name not in subclasses and any(
+                m.is_name(b, DATALOADER) or (isinstance(b, ast.Name) and b.id in subclasses) for b in cls.bases
+            ):
+                subclasses.add(cls.name)
+                changed = True
+    out: List[Tuple[ast.ClassDef, ast.Call]] = []
+    for cls in classes:
+        if cls.name not in subclasses:
+            continue
+        for call in ast.walk(cls):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "__init__"):
+                continue
+            owner = call.func.value
+            is_super = isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
+            # the call that reaches DataLoader itself; a subclass of a subclass is named once, at its base
+            if not (m.is_name(owner, DATALOADER) or (is_super and any(m.is_name(b, DATALOADER) for b in cls.bases))):
+                continue
+            if m.enclosing_class(call) is not cls:
+                continue
+            sampler = kwarg(call, "sampler")
+            if sampler is not None and distributed_sampler(m, follow(m, sampler.value)):
+                continue
+            out.append((cls, call))
+    m.cache["subclass_loaders"] = out
+    return out
+
+
+def _loader_classes(m: SemanticModel) -> Set[str]:
+    """Names of this module's classes that derive from DataLoader (directly or through
+    another such class of the module)."""
+    got = m.cache.get("loader_classes")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: Set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for cls in m.nodes(ast.ClassDef):
+            if cls.name not in out and any(m.is_name(b, DATALOADER) or (isinstance(b, ast.Name) and b.id in out) for b in cls.bases):
+                out.add(cls.name)
+                changed = True
+    m.cache["loader_classes"] = out
+    return out
+
+
+def _training_label(label: str) -> bool:
+    lowered = label.lower()
+    return "train" in lowered and not any(w in lowered for w in EVAL_WORDS)
+
+
+def subclass_calls(m: SemanticModel) -> List[Tuple[ast.Call, str, bool]]:
+    """``MyLoader(...)`` where ``MyLoader`` derives from DataLoader (a class of this module or
+    of a project module): ``(call, label, training)``; training when it shuffles or its name
+    says ``train``."""
+    from dp2ddp.model.project_defs import project_def
+
+    got = m.cache.get("subclass_calls")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    local = _loader_classes(m)
+    out: List[Tuple[ast.Call, str, bool]] = []
+    for call in m.nodes(ast.Call):
+        f = call.func
+        is_sub = False
+        if isinstance(f, ast.Name) and f.id in local:
+            _, bindings = m.lookup(f.id, m.scope_of(f))
+            is_sub = bool(bindings) and all(b.kind == "class" for b in bindings)
+        elif not m.call_is(call, DATALOADER):
+            found = project_def(m, f) if isinstance(f, (ast.Name, ast.Attribute)) else None
+            if found is not None and isinstance(found[1], ast.ClassDef):
+                pm, cls, _ = found
+                is_sub = cls.name in _loader_classes(pm)
+        if not is_sub:
+            continue
+        target = _assign_target(m, call)
+        label = _label(target, m.enclosing_function(call), m) or terminal(f) or "loader"
+        shuffle = kwarg(call, "shuffle")
+        training = (shuffle is not None and not is_false(shuffle.value)) or _training_label(label)
+        training = training or feeds_training(m, call)
+        out.append((call, label, training))
+    m.cache["subclass_calls"] = out
+    return out
+
+
+def _returned(pm: SemanticModel, func: ast.AST) -> Optional[Dict[object, Loader]]:
+    """The loaders ``func`` (a function of ``pm``) returns: index in the returned tuple (or
+    ``None`` for the value itself, or a dict key) -> the loader; ``None`` when it returns
+    none."""
+    by_call = {id(ld.call): ld for ld in loaders(pm)}
+    by_name: Dict[str, Loader] = {}
+    for ld in loaders(pm):
+        if ld.function is func and isinstance(ld.target, ast.Name):
+            by_name[ld.target.id] = ld
+
+    def loader_of(v: ast.AST) -> Optional[Loader]:
+        if isinstance(v, ast.Call):
+            return by_call.get(id(v))
+        if isinstance(v, ast.Name):
+            return by_name.get(v.id)
+        return None
+
+    out: Dict[object, Loader] = {}
+    for ret in ast.walk(func):
+        if not isinstance(ret, ast.Return) or ret.value is None or pm.enclosing_function(ret) is not func:
+            continue
+        v = ret.value
+        if isinstance(v, (ast.Tuple, ast.List)):
+            for i, e in enumerate(v.elts):
+                ld = loader_of(e)
+                if ld is not None:
+                    out[i] = ld
+        elif isinstance(v, ast.Dict):
+            for k, e in zip(v.keys, v.values):
+                ld = loader_of(e)
+                if ld is not None and isinstance(k, ast.Constant) and isinstance(k.value, str):
+                    out[k.value] = ld
+        else:
+            ld = loader_of(v)
+            if ld is not None:
+                out[None] = ld
+    return out or None
+
+
+def _returned_name(m: SemanticModel, target: Optional[ast.AST], key: object) -> Optional[str]:
+    """The expression that holds the returned loader ``key`` after ``target = call``."""
+    if target is None:
+        return None
+    if isinstance(key, int):
+        if not isinstance(target, (ast.Tuple, ast.List)) or key >= len(target.elts) or any(isinstance(e, ast.Starred) for e in target.elts):
+            return None
+        target = target.elts[key]
+    elif isinstance(key, str):
+        return f"{m.source(target)}[{key!r}]" if isinstance(target, (ast.Name, ast.Attribute)) else None
+    return m.source(target) if isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)) else None
+
+
+def returned_loaders(m: SemanticModel) -> List[Tuple[ast.Call, List[str], Optional[str]]]:
+    """Calls of a function of the project's own modules that returns DataLoaders
+    (``train_loader, test_loader = data.get(args)``): ``(call, the names here that hold its
+    training loaders, why they cannot be named)``. A returned loader is training when it is
+    in its module or when the name it is given here says so."""
+    from dp2ddp.model.project_defs import project_calls
+
+    got = m.cache.get("returned_loaders")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, List[str], Optional[str]]] = []
+    for call, (pm, func, rel) in project_calls(m):
+        if isinstance(func, ast.ClassDef):
+            continue
+        returned = _returned(pm, func)
+        if not returned:
+            continue
+        where = f"{rel}:{func.lineno}"
+        parent = m.parent(call)
+        target = parent.targets[0] if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and parent.value is call else None
+        names: List[str] = []
+        lost = None
+        for key, ld in returned.items():
+            text = _returned_name(m, target, key)
+            label = text if text is not None else (m.source(target) if target is not None else "")
+            fed = feeds_training(m, call, () if key is None else (key,))
+            if not (ld.training or _training_label(label.rsplit(".", 1)[-1]) or fed):
+                continue
+            if text is None:
+                lost = lost or (f"the training loader {func.name}() returns ({where}) is not bound to a name at this call: "
+                                "dp2ddp cannot shard it; unpack it into names first")
+            else:
+                names.append(text)
+        out.append((call, names, lost))
+    m.cache["returned_loaders"] = out
+    return out
