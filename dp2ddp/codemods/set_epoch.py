@@ -1,7 +1,7 @@
 """Call ``loader.sampler.set_epoch(epoch)`` at the top of the epoch loop.
 
 Without it, ``DistributedSampler`` shuffles every epoch the same way. The epoch loops of
-a loader come from the model (:func:`dp2ddp.model.loaders.epoch_loops`): the loader is
+a loader come from the model (:func:`dp2ddp.model.epochs.epoch_loops`): the loader is
 followed from where it is built to where it is iterated, and up to the loop that runs
 once per epoch, in the same function or around the calls of that function.
 """

@@ -231,7 +231,7 @@ def _loader_name(m, node: ast.AST) -> Optional[str]:
 
 def _holder_name(m, node: ast.AST) -> Optional[str]:
     """``name = Batches(...)`` of a class that iterates the one DataLoader it holds
-    (:class:`dp2ddp.model.loaders.HeldLoader`): ``name.<attribute>``, the loader to shard."""
+    (:class:`dp2ddp.model.held_loaders.HeldLoader`): ``name.<attribute>``, the loader to shard."""
     held = held_loader(m, node)
     if held is None:
         return None
@@ -253,6 +253,11 @@ def _wraps(m, node: ast.AST, feeds: set) -> bool:
     return any(id(n) in feeds for n, _ in origins(m, node.args[0]))
 
 
+def _all_known(got, known) -> bool:
+    """Every origin in ``got`` is a loader value already planned (itself, or the whole of it)."""
+    return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+
+
 def _wraps_known(m, node: ast.AST, known: set) -> bool:
     """``inf_loop(loader)``: a call whose first argument is only sharded loaders."""
     from dp2ddp.model.flow import origins
@@ -260,7 +265,7 @@ def _wraps_known(m, node: ast.AST, known: set) -> bool:
     if not isinstance(node, ast.Call) or not node.args or isinstance(node.args[0], ast.Starred):
         return False
     got = origins(m, node.args[0])
-    return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+    return _all_known(got, known)
 
 
 def _yields_known(m, node: ast.AST, known: set) -> bool:
@@ -271,7 +276,7 @@ def _yields_known(m, node: ast.AST, known: set) -> bool:
 
     values = yielded_values(m, node)
     got = [o for v in values for o in origins(m, v)]
-    return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+    return _all_known(got, known)
 
 
 def _partly_distributed(m, loader: Loader) -> bool:

@@ -1,9 +1,7 @@
 """DataLoaders made by the project's own code rather than by a ``DataLoader(...)`` call.
 
 * :func:`subclass_calls`: ``MyLoader(...)`` where ``MyLoader`` derives from DataLoader (a
-  class of this module or of a project module), with its label and whether it trains;
-  :func:`subclass_loaders`: the ``super().__init__(...)`` calls inside such a class of
-  this module whose sampler is not already distributed.
+  class of this module or of a project module), with its label and whether it trains.
 * :func:`returned_loaders`: calls of a project function that returns DataLoaders
   (``train_loader, test_loader = data.get(args)``), with the names here that hold its
   training loaders; ``_returned``: which loaders such a function returns, by position or key.
@@ -23,55 +21,12 @@ from dp2ddp.model.loaders import (
     Loader,
     _assign_target,
     _label,
-    distributed_sampler,
     feeds_training,
-    follow,
     is_false,
     loaders,
 )
 from dp2ddp.model.names import DATALOADER
 from dp2ddp.model.syntax import kwarg, terminal
-
-
-def subclass_loaders(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.Call]]:
-    """``class BaseDataLoader(DataLoader)`` (directly or through another such class of the
-    module): each ``super().__init__(...)`` / ``Base.__init__(self, ...)`` call in it whose
-    sampler is not already distributed. Its sampler, dataset and shuffle usually arrive
-    through ``self`` attributes and ``**kwargs``, so no sampler is added: it is named."""
-    got = m.cache.get("subclass_loaders")
-    if got is not None:
-        return got  # type: ignore[return-value]
-    subclasses: Set[str] = set()
-    classes = list(m.nodes(ast.ClassDef))
-    changed = True
-    while changed:
-        changed = False
-        for cls in classes:
-            if cls.name not in subclasses and any(
-                m.is_name(b, DATALOADER) or (isinstance(b, ast.Name) and b.id in subclasses) for b in cls.bases
-            ):
-                subclasses.add(cls.name)
-                changed = True
-    out: List[Tuple[ast.ClassDef, ast.Call]] = []
-    for cls in classes:
-        if cls.name not in subclasses:
-            continue
-        for call in ast.walk(cls):
-            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "__init__"):
-                continue
-            owner = call.func.value
-            is_super = isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super"
-            # the call that reaches DataLoader itself; a subclass of a subclass is named once, at its base
-            if not (m.is_name(owner, DATALOADER) or (is_super and any(m.is_name(b, DATALOADER) for b in cls.bases))):
-                continue
-            if m.enclosing_class(call) is not cls:
-                continue
-            sampler = kwarg(call, "sampler")
-            if sampler is not None and distributed_sampler(m, follow(m, sampler.value)):
-                continue
-            out.append((cls, call))
-    m.cache["subclass_loaders"] = out
-    return out
 
 
 def _loader_classes(m: SemanticModel) -> Set[str]:
