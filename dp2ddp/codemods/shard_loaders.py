@@ -168,7 +168,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
       would train on all of it."""
     from dp2ddp.model.batches import hand_loops
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import fed_values
+    from dp2ddp.model.training import fed_values, handed_values
 
     m = ctx.m
     unknown: List[Tuple[ast.AST, ast.AST, ast.AST]] = []  # (origin, value, loop)
@@ -176,7 +176,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
     # batches a loop cuts from its own tensors (``zip(x.split(bs), y.split(bs))``) are
     # shared by rank by hand_batches: not a loader to trace
     cut = [c.node for hl in hand_loops(m) for c in hl.cuts if c.kind == "iterable"]
-    for value, loop in fed_values(m):
+    for value, loop in fed_values(m) + handed_values(m):  # loop: a training loop, or the call handing it to one
         if any(c is value or m.contains(c, value) for c in cut):
             continue
         for node, path in origins(m, value):
@@ -209,7 +209,9 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
         line = m.position(loop)[0]
         what = m.source(node)
         what = what if len(what) <= 60 else what[:57] + "..."
-        out.append(ctx.block(value, "DDP105", f"the training loop at line {line} iterates `{m.source(value)}`, made by `{what}` "
+        where = (f"the training loop at line {line}" if not isinstance(loop, ast.Call) else
+                 f"`{m.source(loop.func)}(...)` (line {line}, whose training loop is in another module)")
+        out.append(ctx.block(value, "DDP105", f"{where} iterates `{m.source(value)}`, made by `{what}` "
                              f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
                              "on all of it; shard it by hand or build it with a DataLoader"))
     return out, rebinds

@@ -18,8 +18,17 @@ class Calls:
     def resolve_call(self, call: ast.Call) -> Optional[ast.AST]:
         """The function of this module a call reaches: a module-level function by name
         (when the name really is that function), or a method through ``self.``/``cls.``
-        in the same class (or a class of this module it derives from)."""
+        in the same class (or a class of this module it derives from); ``cls(...)`` in a
+        classmethod reaches the class's ``__init__``."""
         f = call.func
+        if isinstance(f, ast.Name) and f.id == "cls":  # ``cls(...)`` in a classmethod: the class's __init__
+            func = self.enclosing_function(call)
+            cls = self.enclosing_class(call)
+            if (cls is not None and isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and func.args.args
+                    and func.args.args[0].arg == "cls"
+                    and any(isinstance(d, ast.Name) and d.id == "classmethod" for d in func.decorator_list)):
+                return self.methods(cls).get("__init__")
+            return None
         if isinstance(f, ast.Name):
             where, bindings = self.lookup(f.id, self.scope_of(f))
             if where is None or not bindings:
@@ -156,7 +165,8 @@ class Calls:
                 t = self.resolve_call(call)
                 if t is not None and t not in seen:
                     todo.append(t)
-                    todo.extend(self._overrides(t))
+                    if getattr(t, "name", "") != "__init__":  # ``cls(...)`` makes the class it names
+                        todo.extend(self._overrides(t))
         return seen
 
     def reached_calls(self, root: ast.AST) -> Iterator[ast.Call]:

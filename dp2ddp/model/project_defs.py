@@ -16,8 +16,9 @@ _PROJECT_MODELS: Dict[str, Optional["SemanticModel"]] = {}
 def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
     """What a call's function names in the project's own modules (a file beside the
     script, which the rewrite reads but never edits): the model of that module, its
-    top-level ``def`` or ``class`` of that name, and the file's path relative to the
-    script's folder. ``None`` for anything else."""
+    top-level ``def`` or ``class`` of that name (or a classmethod of such a class,
+    ``ConfigParser.from_args``), and the file's path relative to the script's folder.
+    ``None`` for anything else."""
     if m.path in ("<string>", "<stdin>", "-"):
         return None
     base = os.path.dirname(os.path.abspath(m.path))
@@ -26,6 +27,15 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
         got = _def_in(m, base, module, name, 0)
         if got is not None:
             return got
+    for q in m.qualified_names(func):  # ``ConfigParser.from_args(...)``: a classmethod of a project class
+        module, _, name = q.rpartition(".")
+        module, _, cls_name = module.rpartition(".")
+        got = _def_in(m, base, module, cls_name, 0) if module else None
+        if got is not None and isinstance(got[1], ast.ClassDef):
+            for stmt in got[1].body:
+                if (isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name
+                        and any(isinstance(d, ast.Name) and d.id == "classmethod" for d in stmt.decorator_list)):
+                    return got[0], stmt, got[2]
     return None
 
 

@@ -186,17 +186,14 @@ def fed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.AST]]:
     return out
 
 
-def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
-    """``(id(node), path)`` of every origin (:func:`dp2ddp.model.flow.origins`) of a value that
-    feeds a training loop: the loader constructions (or helper calls, with the position of
-    the loader in what they return) behind ``for batch in ...`` of every training loop, also
-    of a project module's function the script hands the value to."""
-    from dp2ddp.model.flow import origins
-
-    got = m.cache.get("training:origins")
+def handed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call]]:
+    """``(value, call)``: each value the script hands to a project module's function or
+    class (``Trainer(model, data_loader=loader)``) whose training loop iterates the parameter
+    it binds (itself, or through ``self.data_loader`` in the class's methods)."""
+    got = m.cache.get("training:handed")
     if got is not None:
         return got  # type: ignore[return-value]
-    fed: List[ast.AST] = [v for v, _ in fed_values(m)]
+    out: List[Tuple[ast.AST, ast.Call]] = []
     for call in m.nodes(ast.Call):
         if m.resolve_call(call) is not None:
             continue
@@ -217,7 +214,22 @@ def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
         for param in params:
             arg = pm.argument_for(func, call, param)
             if arg is not None:
-                fed.extend(iterated(arg))
+                out.extend((v, call) for v in iterated(arg))
+    m.cache["training:handed"] = out
+    return out
+
+
+def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
+    """``(id(node), path)`` of every origin (:func:`dp2ddp.model.flow.origins`) of a value that
+    feeds a training loop: the loader constructions (or helper calls, with the position of
+    the loader in what they return) behind ``for batch in ...`` of every training loop, also
+    of a project module's function the script hands the value to."""
+    from dp2ddp.model.flow import origins
+
+    got = m.cache.get("training:origins")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    fed: List[ast.AST] = [v for v, _ in fed_values(m)] + [v for v, _ in handed_values(m)]
     out: Set[Tuple[int, tuple]] = set()
     todo = list(fed)
     while todo:

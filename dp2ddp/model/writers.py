@@ -8,7 +8,7 @@ something says otherwise. :func:`writers` lists them with their kind:
 ``copy``       ``shutil.copyfile`` and friends
 ``mkdir``      ``os.mkdir``/``os.makedirs``/``Path.mkdir`` (``idempotent`` when ``exist_ok``)
 ``open``       ``open(path, "w"|"a"|"x"...)``: a file opened for writing
-``tensorboard`` a ``SummaryWriter`` (torch.utils.tensorboard, tensorboardX)
+``tensorboard`` a ``SummaryWriter`` (torch.utils.tensorboard, tensorboardX), tensorboard_logger's ``Logger``
 ``wandb``      ``wandb.init``
 ``tqdm``       a tqdm progress bar (``disable=`` given or not)
 ``logfile``    ``logging.FileHandler(...)``, ``logging.basicConfig(filename=...)``
@@ -224,13 +224,15 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
             body = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
         if body is None:
             continue
+        reached = pm.reach(body)  # ``ConfigParser.from_args(...)`` -> ``cls(...)`` -> ``__init__``
         for w in writers(pm):
-            if w.kind == "mkdir" and not w.idempotent and pm.contains(body, w.call):
-                gone = _removes_in(pm, body)
-                listed = _lists_in(pm, body)
+            owner = next((f for f in reached if pm.contains(f, w.call)), None)
+            if w.kind == "mkdir" and not w.idempotent and owner is not None:
+                gone = _removes_in(pm, owner)
+                listed = _lists_in(pm, owner)
                 out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}", f"{rel}:{gone}" if gone else None,
                                          lists=f"{rel}:{listed}" if listed else None,
-                                         checked=_checked_mkdir(pm, w.call, body)))
+                                         checked=_checked_mkdir(pm, w.call, owner)))
                 break
     m.cache["companion_races"] = out
     return out
