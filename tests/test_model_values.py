@@ -292,3 +292,27 @@ def test_draws_shaped_like_a_batch_tensor_are_per_sample_and_a_loss_shaped_one_i
         "torch.randn_like(img)", "torch.FloatTensor(img.size()).normal_(mean=0, std=0.1)", "torch.randn(img.shape)",
         "torch.zeros_like(data[0]).uniform_()",
     ])
+
+
+def test_a_tensorboard_logger_logger_is_made_on_rank_0_only():
+    """``tensorboard_logger.Logger(logdir)`` writes an event file like a SummaryWriter: the
+    migration makes it on rank 0 only (one event file, as the original wrote)."""
+    from dp2ddp.migrate import migrate_source
+
+    src = textwrap.dedent("""\
+        import tensorboard_logger as tb_logger
+        import torch
+        import torch.nn as nn
+        model = nn.DataParallel(nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        logger = tb_logger.Logger(logdir="tb", flush_secs=2)
+        for epoch in range(2):
+            loss = model(torch.randn(8, 4)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            logger.log_value("loss", loss.item(), epoch)
+        """)
+    out = migrate_source(src.encode(), "train.py").output.decode()
+    assert 'logger = tb_logger.Logger(logdir="tb", flush_secs=2) if dist.get_rank() == 0 else None' in out
+    assert "if dist.get_rank() == 0:\n        logger.log_value(" in out

@@ -392,16 +392,18 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     _c(
         "DDP139", "forward-before-training", "error",
-        "the wrapped model runs on a training batch between the wrap and training; the file is left unchanged",
+        "the wrapped model runs on a training batch between the wrap and training in a way dp2ddp cannot give the "
+        "global batch; the file is left unchanged",
         "Layers that initialise from their first batch (ActNorm, data-dependent initialisation) do it in such a forward. "
         "DataParallel ran it on the whole batch; under DDP each rank runs it on its own share after the wrapper "
-        "broadcast rank 0's parameters, so the replicas start apart and never meet.",
-        "Run that forward on the bare model before the wrap (or broadcast the parameters from rank 0 after it), then "
-        "migrate.",
+        "broadcast rank 0's parameters, so the replicas start apart and never meet. Where the forward runs under "
+        "`torch.no_grad()` (or through `model.module`) on tensor expressions, its inputs are gathered instead (DDP155); "
+        "through the wrapper with gradients on, no backward would follow it and DDP's reduction would stay pending.",
+        "Run that forward on the bare model under `torch.no_grad()` (or before the wrap), then migrate.",
         "No fix.",
         _IMPORTS + "from torch.utils.data import DataLoader, TensorDataset\n\n"
         "loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, shuffle=True)\n"
-        "model = nn.DataParallel(nn.Linear(4, 1))\nwith torch.no_grad():\n    model(next(iter(loader))[0])\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nmodel(next(iter(loader))[0])\n"
         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor (x,) in loader:\n    model(x).sum().backward()\n    opt.step()\n",
     ),
     _c(
@@ -466,6 +468,25 @@ CODES: Tuple[MigrationCode, ...] = (
         "for (x,) in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8):\n"
         "    features = model(x)\n    loss = contrastive_loss(features)\n    loss.backward()\n    opt.step()\n",
         "    loss = contrastive_loss(GatherBatch.apply(features))\n",
+    ),
+    _c(
+        "DDP155", "init-forward-gathered", "info",
+        "a forward on the first training batch before training (data-dependent initialisation) sees the global batch",
+        "Layers that initialise themselves from the first batch they see (ActNorm in flow models, data-dependent "
+        "init, LSUV) do it in a forward before training, or under a first-pass test through `model.module` (glow). "
+        "DataParallel ran it on the whole batch; under DDP each rank would run it on its own share after the wrapper "
+        "broadcast rank 0's parameters: the replicas would start apart and stay apart.",
+        "Each input of that forward made from a batch goes through `GatherBatch.apply(...)` (written once into the "
+        "script, see DDP154): every rank runs the initialisation on the global batch, the data the original used, "
+        "and the replicas start alike.",
+        "Safe: the forward is the same computation on the same data on every rank; it costs world-size times one "
+        "forward, once. A forward through the wrapper with gradients on, or with inputs that are not tensor "
+        "expressions, is refused instead (DDP139).",
+        _IMPORTS + "model = nn.DataParallel(nn.Linear(4, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8)\nfor i, x in enumerate(loader):\n"
+        "    if i == 0:\n        with torch.no_grad():\n            model.module(x * 2)\n        continue\n"
+        "    model(x).sum().backward()\n    opt.step()\n",
+        "            model.module(GatherBatch.apply(x * 2))\n",
     ),
     _c(
         "DDP153", "in-batch-loss", "error",

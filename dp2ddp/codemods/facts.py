@@ -55,6 +55,15 @@ class ShardHelper:
 
 
 @dataclass
+class GatherHelper:
+    """The name :mod:`in_batch_loss` gave ``GatherBatch`` (the autograd all-gather written
+    once into the script; empty: not written yet). :mod:`init_forward` writes it through
+    the same function when a first-batch initialisation needs the global batch."""
+
+    name: str = ""
+
+
+@dataclass
 class GuardedWriters:
     """What :mod:`rank_writers` decided about writer objects (SummaryWriter, writer-like
     helpers, a project's logger class): the variables that hold one made on rank 0 only,

@@ -14,18 +14,22 @@ script with its own distributed path) is refused with the line of the comparison
 from __future__ import annotations
 
 import ast
-from typing import List, Optional
+from typing import List
 
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import GatherHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.batch_coupling import in_batch_losses, loss_calls
 
 
+PROVIDES = (GatherHelper,)
+
+
 def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
-    gather: Optional[str] = None
+    ctx.provide(GatherHelper())
     for node, rel, line, name in in_batch_losses(ctx.m):
         where = f"{rel}:{line}" if rel else f"line {line}"
         calls = loss_calls(ctx.m, node) if ctx.mode == "plain" else None
@@ -36,9 +40,7 @@ def propose(ctx: Context) -> List[Finding]:
                                  "training step); gather every rank's features before it (dist.all_gather with gradients), "
                                  "then migrate"))
             continue
-        if gather is None:
-            gather = ctx.fresh_name("GatherBatch")
-            _define(ctx, gather)
+        gather = gather_name(ctx)
         for call in calls:
             edits = [Replace(ctx.cst(a), lambda u, g=gather: ctx.expr("{g}.apply({x})", g=g, x=u))
                      for a in list(call.args) + [k.value for k in call.keywords] if not isinstance(a, ast.Constant)]
@@ -46,6 +48,15 @@ def propose(ctx: Context) -> List[Finding]:
                 f"{name} compares the samples of a batch with each other ({where}): its inputs are gathered from every "
                 f"rank first ({gather}), so every rank computes the original's loss over the global batch"), edits))
     return out
+
+
+def gather_name(ctx: Context) -> str:
+    """The name of ``GatherBatch`` in this script, written once on first use."""
+    helper = ctx.need(GatherHelper)
+    if not helper.name:
+        helper.name = ctx.fresh_name("GatherBatch")
+        _define(ctx, helper.name)
+    return helper.name
 
 
 def _define(ctx: Context, name: str) -> None:

@@ -1,14 +1,19 @@
-"""A forward on a training batch between the wrap and training is refused.
+"""A forward on a training batch between the wrap and training sees the global batch.
 
 Layers that initialise themselves from the first batch they see (ActNorm in flow models,
 data-dependent initialisation, LSUV) do it in a forward before training. DataParallel ran
-that forward on the whole batch; under DDP each rank runs it on its own share, after the
-wrapper broadcast rank 0's parameters: the replicas start apart and stay apart. dp2ddp
-cannot tell such a forward from a harmless one, so a forward of the wrapped model on data
-from a loader, after the wrap and before the first training loop of the same function,
-stops the migration (DDP139) with the line. So does the same forward in the training loop
-through ``model.module`` under a first-pass test (``if i == 0:``, glow's ActNorm
-initialisation): it bypasses the wrapper on one rank's share of the first batch.
+that forward on the whole batch; under DDP each rank would run it on its own share, after
+the wrapper broadcast rank 0's parameters: the replicas would start apart and stay apart.
+dp2ddp cannot tell such a forward from a harmless one, so it makes every such forward see
+the global batch: each input made from the batch is gathered from every rank first
+(``GatherBatch.apply(x)``, see :mod:`in_batch_loss`), so every rank initialises from the
+same data as the original did, and the replicas start alike (DDP155). That covers a
+forward of the wrapped model on data from a loader, after the wrap and before the first
+training loop of the same function, and the same forward in the training loop through
+``model.module`` under a first-pass test (``if i == 0:``, glow's ActNorm initialisation).
+Where an input cannot be gathered (not a tensor expression: ``model(**batch)``, ``*args``),
+the forward runs through the wrapper with gradients on (no backward would follow it), or
+the script has its own distributed path, the migration stops (DDP139) with the line.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ import ast
 from typing import List
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.codemods.facts import Wrappers
-from dp2ddp.engine import Finding
+from dp2ddp.codemods.facts import GatherHelper, Wrappers
+from dp2ddp.codemods.in_batch_loss import gather_name
+from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.training import training_loops, under_no_grad
 
-NEEDS = (Wrappers,)
+NEEDS = (Wrappers, GatherHelper)
 
 
 def _batch(m, expr: ast.AST) -> bool:
@@ -57,6 +63,39 @@ def _first_pass(m, call: ast.AST):
     return None
 
 
+def _gatherable(m, a: ast.AST) -> bool:
+    """An input that is a tensor expression made from a batch: arithmetic on it, an item
+    of it, a method of it (``x.to(device)``), or a name unpacked from a batch."""
+    from dp2ddp.model.flow import origins
+
+    if isinstance(a, (ast.BinOp, ast.Subscript)):
+        return True
+    if isinstance(a, ast.Call):
+        return isinstance(a.func, ast.Attribute)
+    if isinstance(a, ast.Name):
+        made = origins(m, a)
+        return bool(made) and all(path or isinstance(node, (ast.BinOp, ast.Subscript)) or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) for node, path in made)
+    return False
+
+
+def _gather(ctx: Context, call: ast.Call, what: str):
+    """Every input of ``call`` made from a batch goes through ``GatherBatch``; ``None``
+    where one cannot (or in a script with its own distributed path)."""
+    m = ctx.m
+    if ctx.mode != "plain" or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    inputs = [a for a in list(call.args) + [k.value for k in call.keywords] if _batch(m, a)]
+    if not all(_gatherable(m, a) for a in inputs):
+        return None
+    name = gather_name(ctx)
+    edits = [Replace(ctx.cst(a), lambda u, g=name: ctx.expr("{g}.apply({x})", g=g, x=u)) for a in inputs]
+    return ctx.note(call, "DDP155", (
+        f"`{' '.join(m.source(call).split())[:60]}`: a {what} sees the global batch ({name}): a layer that initialises "
+        "from its first batch (ActNorm, data-dependent init) starts every rank from the data the original used, and "
+        "the replicas start alike"), edits)
+
+
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     wrappers = ctx.need(Wrappers)
@@ -72,6 +111,10 @@ def propose(ctx: Context) -> List[Finding]:
         if any(isinstance(a, (ast.For, ast.AsyncFor, ast.While)) for a in m.ancestors(call)):
             first = _first_pass(m, call) if f is not subject else None
             if first is not None and any(_batch(m, a) for a in list(call.args) + [k.value for k in call.keywords]):
+                gathered = _gather(ctx, call, f"first-batch forward under `if {m.source(first)[:40]}`")
+                if gathered is not None:
+                    out.append(gathered)
+                    continue
                 out.append(ctx.block(call, "DDP139", f"`{' '.join(m.source(call).split())[:60]}` runs the bare model on the first training "
                                      f"batch only (`if {m.source(first)[:40]}` at line {first.lineno}), past the "
                                      "DistributedDataParallel wrapper: a layer that initialises from its first batch (ActNorm, "
@@ -84,6 +127,12 @@ def propose(ctx: Context) -> List[Finding]:
         if not later:
             continue
         if not any(_batch(m, a) for a in list(call.args) + [k.value for k in call.keywords]):
+            continue
+        # through the wrapper with gradients on, a forward with no backward leaves DDP's reduction pending
+        gathered = _gather(ctx, call, f"forward on a training batch before training (line {later[0].lineno})") if (
+            f is not subject or under_no_grad(m, call)) else None
+        if gathered is not None:
+            out.append(gathered)
             continue
         out.append(ctx.block(call, "DDP139", f"`{' '.join(m.source(call).split())[:60]}` runs the wrapped model on a training batch before training "
                              f"(line {later[0].lineno}): a layer that initialises from its first batch (ActNorm, data-dependent "

@@ -279,7 +279,8 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         if problem is not None:
             return ctx.block(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
         new = f"{{c}} if {_paren_text(rank0)} else None"
-        what = "SummaryWriter" if m.qualified_names(call.func) & SUMMARY_WRITERS else f"`{m.source(call.func)}`"
+        named = m.qualified_names(call.func) & SUMMARY_WRITERS
+        what = "SummaryWriter" if any(q.endswith("SummaryWriter") for q in named) else f"`{m.source(call.func)}`"
         return ctx.note(call, "DDP135", f"{what} created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
     if w.kind == "wandb":
         mode = kwarg(call, "mode")

@@ -42,7 +42,7 @@ from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import placements_after
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS
 from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass
+from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass, in_exiting_branch
 
 PLACEMENT = {"cuda", "to"}
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
@@ -297,7 +297,10 @@ def _trains(m: SemanticModel, func: ast.AST) -> bool:
 def eval_only(m: SemanticModel, w: Wrap) -> bool:
     """The wrap serves evaluation only: it is made inside a function that never trains,
     into a local variable the function keeps to itself (not returned, not stored on
-    ``self`` or a global)."""
+    ``self`` or a global); or in a branch that ends the program without training
+    (a ``--test-only`` path that evaluates and calls ``sys.exit``)."""
+    if w.stmt is not None and in_exiting_branch(m, w):
+        return True
     func = w.function
     if func is None or not isinstance(w.target, ast.Name) or getattr(func, "name", "") == "__init__":
         return False

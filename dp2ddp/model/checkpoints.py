@@ -59,6 +59,10 @@ def saved_parts(m: SemanticModel, call: ast.Call) -> List[ast.AST]:
             for kw in e.keywords:
                 add(kw.value, depth + 1)
             return
+        if isinstance(e, ast.IfExp):  # ``net.module if use_cuda else net``: either may be saved
+            add(e.body, depth + 1)
+            add(e.orelse, depth + 1)
+            return
         out.append(e)
         if isinstance(e, ast.Name):
             for node, path in flow.value(e, 0):
@@ -103,9 +107,9 @@ def restored_before_wrap(m: SemanticModel, assign: ast.AST) -> bool:
     (fixup's ``if args.resume: net = checkpoint["net"]`` above ``net = DataParallel(net)``):
     in the same function, earlier, and in no loop that also holds a wrap. The wrap then
     takes the loaded object, which the migration's own checkpoints hold bare."""
-    from dp2ddp.model.wraps import dp_wraps
+    from dp2ddp.model.wraps import dp_wraps, in_exiting_branch
 
-    wraps = [w for w in dp_wraps(m) if not w.functional]
+    wraps = [w for w in dp_wraps(m) if not w.functional and not (w.stmt is not None and in_exiting_branch(m, w))]
     if not wraps:
         return False
     func = m.enclosing_function(assign)

@@ -86,6 +86,9 @@ SUMMARY_WRITERS = _names(
     "torch.utils.tensorboard.writer.SummaryWriter",
     "tensorboardX.SummaryWriter",
     "tensorboardX.writer.SummaryWriter",
+    # tensorboard_logger's Logger(logdir): an event file, written through logger.log_value(...)
+    "tensorboard_logger.Logger",
+    "tensorboard_logger.tensorboard_logger.Logger",
 )
 TQDM = _names(
     "tqdm.tqdm",

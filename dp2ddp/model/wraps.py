@@ -478,3 +478,29 @@ def _between(m: SemanticModel, node: ast.AST, top: ast.AST):
         if a is top:
             return
         yield a
+
+
+_EXITS = frozenset({"sys.exit", "builtins.exit", "builtins.quit", "os._exit"})
+
+
+def in_exiting_branch(m: SemanticModel, w: Wrap) -> bool:
+    """The wrap is in an ``if`` branch that ends the program (or its function) without
+    training: ``if args.test_only: ...; net = DataParallel(net); <evaluate>; sys.exit(0)``."""
+    from dp2ddp.model.training import is_backward, trains
+
+    for a in m.ancestors(w.stmt):
+        if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda)):
+            return False
+        if not (isinstance(a, ast.If) and any(s is w.stmt or m.contains(s, w.stmt) for s in a.body)):
+            continue
+        last = a.body[-1]
+        ends = isinstance(last, (ast.Return, ast.Raise)) and (
+            not isinstance(last, ast.Raise) or "SystemExit" in m.source(last))
+        if isinstance(last, ast.Return) and m.enclosing_function(last) is None:
+            ends = False
+        if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and m.is_name(last.value.func, _EXITS):
+            ends = True
+        if ends:
+            body_calls = [c for s in a.body for c in ast.walk(s) if isinstance(c, ast.Call)]
+            return not any(is_backward(c) for c in body_calls) and not any(trains(m, s) for s in a.body)
+    return False
