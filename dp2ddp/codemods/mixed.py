@@ -32,10 +32,9 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.ranks import local_rank_arguments
 from dp2ddp.model.launch import spawn_argument, spawns as launch_spawns, spawns_of
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
-from dp2ddp.model.ranks import RANK_WORD
+from dp2ddp.model.ranks import RANK_WORD, env_read, local_rank_arguments
 from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
 
 _INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
@@ -49,13 +48,6 @@ class MixedPlan:
     overrides: list = field(default_factory=list)  # (assignment, init argument): computed by the script, env under torchrun
     predicates: list = field(default_factory=list)  # (test, branch) that switch the distributed path on
     spawn_targets: dict = field(default_factory=dict)  # mp.spawn target function -> the spawn call
-
-
-def _env_read(m: SemanticModel, expr: ast.AST) -> bool:
-    for n in ast.walk(expr):
-        if isinstance(n, (ast.Attribute, ast.Name)) and m.is_name(n, {"os.environ", "os.getenv", "os.environ.get"}):
-            return True
-    return False
 
 
 def _arg(call: ast.Call, name: str) -> Optional[ast.AST]:
@@ -121,9 +113,8 @@ def detect_mode(ctx: Context) -> List[Finding]:
     m = ctx.m
     inits = m.calls(INIT)
     spawns = m.calls(SPAWN)
-    ddps = m.calls(DDP | APEX_DDP)
     launch = m.refs(LAUNCH_MODULES)
-    local_rank_args = _local_rank_args(m)
+    local_rank_args = [call for call, _flag, _env in local_rank_arguments(m)]
     if not (inits or spawns or launch):
         # DistributedDataParallel alone (a branch for a launcher this file does not set up):
         # a DataParallel script; its own DDP branch stays as it is
@@ -156,7 +147,7 @@ def detect_mode(ctx: Context) -> List[Finding]:
                               "which arguments reach it through **kwargs; pass backend/init_method/world_size/rank explicitly")]
         for name in ("init_method", "world_size", "rank"):
             value = _arg(init, name)
-            if value is None or _env_read(m, value):
+            if value is None or env_read(m, value):
                 continue
             if isinstance(value, ast.Constant):
                 if name == "init_method" and value.value == "env://":
@@ -219,7 +210,7 @@ def detect_mode(ctx: Context) -> List[Finding]:
             if any(isinstance(n, ast.Call) for n in ast.walk(test)):
                 return [ctx.block(test, "DDP104", f"the distributed path is switched on by `{m.source(test)}`, which torchrun's environment does not decide; switch it on from RANK/WORLD_SIZE by hand")]
             plan.predicates.append((test, branch))
-    if not (plan.adapter or local_rank_args or spawn_targets or any(_env_read(m, n) for n in _rank_sources(m))):
+    if not (plan.adapter or local_rank_args or spawn_targets or any(env_read(m, n) for n in _rank_sources(m))):
         out.append(
             ctx.block(
                 inits[0],
@@ -233,15 +224,15 @@ def detect_mode(ctx: Context) -> List[Finding]:
     return out
 
 
-def _branches(m: SemanticModel, node: ast.AST):
-    """``(test, "body"|"orelse")`` of the ifs around ``node`` in its function."""
-    child = node
-    for a in m.ancestors(node):
-        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef)):
-            return
-        if isinstance(a, ast.If) and child is not a.test and not is_main_test(a.test):
-            yield a.test, "body" if any(child is s for s in a.body) else "orelse"
-        child = a
+def _ifs_around(m: SemanticModel, node: ast.AST):
+    """``(test, "body"|"orelse")`` of the ifs around ``node`` in its function (``Structure.branches``,
+    which stops at a lambda: the ifs around a lambda lead to its body too)."""
+    while node is not None:
+        for a, where in m.branches(node):
+            if isinstance(a, ast.If) and where in ("body", "orelse") and not is_main_test(a.test):
+                yield a.test, where
+        node = next((a for a in m.ancestors(node) if isinstance(a, FUNCTIONS + (ast.Module, ast.Lambda, ast.ClassDef))), None)
+        node = node if isinstance(node, ast.Lambda) else None
 
 
 def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=None):
@@ -249,7 +240,7 @@ def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=N
     the calls of that function (BasicSR: ``if args.launcher == 'none': ... else:
     init_dist(...)``), a few levels up."""
     seen = set() if seen is None else seen
-    yield from _branches(m, node)
+    yield from _ifs_around(m, node)
     func = m.enclosing_function(node)
     if func is None or depth >= 3 or func in seen:
         return
@@ -289,7 +280,7 @@ def _env_derived(m: SemanticModel, plan: "MixedPlan", local_rank_args) -> set:
         for t, values in assigns.items():
             if t in out:
                 continue
-            if any(_env_read(m, v) or _spellings(m, v) & out for v in values):
+            if any(env_read(m, v) or _spellings(m, v) & out for v in values):
                 out.add(t)
                 changed = True
     # a spelling is decided by the environment only if every assignment of it is
@@ -298,7 +289,7 @@ def _env_derived(m: SemanticModel, plan: "MixedPlan", local_rank_args) -> set:
     while changed:
         changed = False
         for t in list(out - base):
-            if any(not (_env_read(m, v) or _spellings(m, v) & out) for v in assigns.get(t, [])):
+            if any(not (env_read(m, v) or _spellings(m, v) & out) for v in assigns.get(t, [])):
                 out.discard(t)
                 changed = True
     return out
@@ -320,16 +311,12 @@ def _namespaces(m: SemanticModel) -> set:
 
 
 def _rank_sources(m: SemanticModel) -> List[ast.AST]:
-    return [n for n in m.nodes(ast.Subscript, ast.Call) if _env_read(m, n) and "RANK" in m.source(n).upper()]
+    return [n for n in m.nodes(ast.Subscript, ast.Call) if env_read(m, n) and "RANK" in m.source(n).upper()]
 
 
 def _conditions(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
     """The tests of the ``if`` statements whose true branch holds ``node``."""
     return [a.test for a, where in m.branches(node) if isinstance(a, ast.If) and where == "body"]
-
-
-def _local_rank_args(m: SemanticModel) -> List[ast.Call]:
-    return [call for call, _flag, _env in local_rank_arguments(m)]
 
 
 # --------------------------------------------------------------------------- the edits
@@ -401,7 +388,7 @@ def propose(ctx: Context) -> List[Finding]:
     for assign, name in plan.overrides:
         env = _ENV[name].format(os=os_)
         value = assign.value
-        if _env_read(m, value):
+        if env_read(m, value):
             continue  # already torchrun's value
         text = m.source(value)
         if not isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)):
