@@ -32,12 +32,13 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.launch import spawn_argument, spawns as launch_spawns, spawns_of
+from dp2ddp.model.launch import spawns as launch_spawns
 from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, namespace_origin, option_stores,
+                                   rank_env_reads, spawn_flags, spellings)
 from dp2ddp.model.ranks import RANK_WORD, env_read, local_rank_arguments
-from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
+from dp2ddp.model.syntax import FUNCTIONS, kwarg
 
-_INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
 _ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}
 
 
@@ -50,71 +51,12 @@ class MixedPlan:
     spawn_targets: dict = field(default_factory=dict)  # mp.spawn target function -> the spawn call
 
 
-def _arg(call: ast.Call, name: str) -> Optional[ast.AST]:
-    i = _INIT_PARAMS.index(name)
-    if i < len(call.args):
-        return call.args[i]
-    k = kwarg(call, name)
-    return k.value if k is not None else None
-
-
-def _namespace(m: SemanticModel, expr: ast.AST) -> Optional[Tuple[str, str]]:
-    """``args.world_size`` where ``args`` holds ``parser.parse_args()``: ``("args", "world_size")``."""
-    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
-        return None
-    return expr.value.id, expr.attr
-
-
-def _origin(m: SemanticModel, name: ast.AST, depth: int = 0) -> Optional[ast.stmt]:
-    """The statement that creates the object ``name`` holds (``args = parser.parse_args()``,
-    ``args = get_parser()``), followed through plain assignments, ``global``, and the
-    parameters of functions it is passed to (also by ``mp.spawn(fn, args=(..., args))``)."""
-    if not isinstance(name, ast.Name) or depth > 5:
-        return None
-    where, bindings = m.lookup(name.id, m.scope_of(name))
-    if where is None or not bindings:
-        return None
-    found = set()
-    for b in bindings:
-        if b.kind in ("assign", "unpack") and isinstance(b.node, ast.Assign):
-            v = b.node.value
-            if isinstance(v, ast.Call) or (isinstance(v, ast.Subscript) and isinstance(v.value, ast.Call)):
-                found.add(b.node)
-            elif isinstance(v, ast.Name) and b.kind == "assign":
-                found.add(_origin(m, v, depth + 1))
-            else:
-                return None
-        elif b.kind == "param" and where.kind == "function":
-            func = where.node
-            params = m.params(func)
-            args = [m.argument_for(func, c, b.name) for c in m.call_sites(func)]
-            for sp in spawns_of(m, func):
-                if isinstance(sp.args, ast.Tuple):
-                    args.append(spawn_argument(m, sp, b.name))
-            if not args:
-                return None
-            for a in args:
-                found.add(_origin(m, a, depth + 1) if a is not None else None)
-        else:
-            return None
-    return found.pop() if len(found) == 1 and None not in found else None
-
-
-def _namespace_origin(m: SemanticModel, attr: ast.AST) -> Optional[ast.stmt]:
-    """For ``args.world_size``: the statement that makes ``args``, when it is one statement
-    the adapter can follow."""
-    if isinstance(attr, ast.Attribute) and isinstance(attr.value, ast.Name):
-        return _origin(m, attr.value)
-    return None
-
-
 def detect_mode(ctx: Context) -> List[Finding]:
     """Decide plain or mixed; in mixed mode, check that the distributed path can be completed."""
     m = ctx.m
     inits = m.calls(INIT)
     spawns = m.calls(SPAWN)
     launch = m.refs(LAUNCH_MODULES)
-    local_rank_args = [call for call, _flag, _env in local_rank_arguments(m)]
     if not (inits or spawns or launch):
         # DistributedDataParallel alone (a branch for a launcher this file does not set up):
         # a DataParallel script; its own DDP branch stays as it is
@@ -140,77 +82,58 @@ def detect_mode(ctx: Context) -> List[Finding]:
             return [ctx.block(sp.call, "DDP104", "mp.spawn of a function dp2ddp cannot find in this file; migrate the launch by hand")]
         spawn_targets[sp.target] = sp.call
     for init in inits:
-        func = m.enclosing_function(init)
         star = next((k for k in init.keywords if k.arg is None), None)
         if star is not None or any(isinstance(a, ast.Starred) for a in init.args):
             return [ctx.block(init, "DDP104", f"init_process_group({m.source(init)[len(m.source(init.func)) + 1:-1][:60]}): dp2ddp cannot see "
                               "which arguments reach it through **kwargs; pass backend/init_method/world_size/rank explicitly")]
         for name in ("init_method", "world_size", "rank"):
-            value = _arg(init, name)
-            if value is None or env_read(m, value):
+            src = init_source(m, init, name)
+            if src is None or src.kind in ("environment", "worker"):  # worker: a parameter the spawn rewrite passes
                 continue
-            if isinstance(value, ast.Constant):
-                if name == "init_method" and value.value == "env://":
-                    continue
-                if name == "init_method" and isinstance(value.value, str):
-                    plan.edits_nodes.append(("literal_init_method", value))
-                    continue
+            value = src.node
+            if src.kind == "address":
+                plan.edits_nodes.append(("literal_init_method", value))
+            elif src.kind == "literal":
                 return [ctx.block(value, "DDP104", f"init_process_group({name}={m.source(value)}) is fixed in the script; under torchrun it must come from the environment")]
-            ns = _namespace(m, value)
-            origin = _namespace_origin(m, value)
-            if ns is not None and origin is not None:
-                plan.adapter.setdefault(origin, []).append((ns[1], _ENV[name]))
-                continue
-            if isinstance(value, ast.Name) and func is not None and value.id in m.params(func) and func in spawn_targets:
-                continue  # a parameter the spawned worker receives: see the spawn rewrite
-            if isinstance(value, ast.Name):
-                where, bindings = m.lookup(value.id, m.scope_of(value))
-                assigns = [b.node for b in bindings if b.kind == "assign" and isinstance(b.node, ast.Assign) and len(b.node.targets) == 1]
-                if where is not None and assigns and len(assigns) == len(bindings):
-                    plan.overrides.extend((a, name) for a in assigns)
-                    continue
-            return [
-                ctx.block(
-                    value,
-                    "DDP104",
-                    f"init_process_group({name}={m.source(value)}): the script computes the {name.replace('_', ' ')} itself; "
-                    f"under torchrun it must be {_ENV[name].format(os='os')} — set it by hand, then remove the DataParallel fallback",
-                )
-            ]
-        backend = _arg(init, "backend")
-        if backend is not None:
-            ns = _namespace(m, backend)
-            origin = _namespace_origin(m, backend)
-            if ns is not None and origin is not None:
-                plan.adapter.setdefault(origin, []).append((ns[1], "backend"))
+            elif src.kind == "option":
+                plan.adapter.setdefault(src.origin, []).append((value.attr, _ENV[name]))  # type: ignore[arg-type, attr-defined]
+            elif src.kind == "assigned":
+                plan.overrides.extend((a, name) for a in src.assigns)
+            else:
+                return [
+                    ctx.block(
+                        value,
+                        "DDP104",
+                        f"init_process_group({name}={m.source(value)}): the script computes the {name.replace('_', ' ')} itself; "
+                        f"under torchrun it must be {_ENV[name].format(os='os')} — set it by hand, then remove the DataParallel fallback",
+                    )
+                ]
+        backend = (init_arguments(m, init) or {}).get("backend")
+        origin = namespace_origin(m, backend) if backend is not None else None
+        if origin is not None:
+            plan.adapter.setdefault(origin, []).append((backend.attr, "backend"))  # type: ignore[union-attr]
     # a flag that decides whether the script spawns its own processes
     for target, sp in spawn_targets.items():
-        flags = [c for c in _conditions(m, sp) if _namespace(m, c) is not None]
-        if flags:
-            ns = _namespace(m, flags[0])
-            origin = _namespace_origin(m, flags[0])
-            if origin is not None:
-                plan.adapter.setdefault(origin, []).append((ns[1], "False"))  # type: ignore[index]
-                continue
+        flags = spawn_flags(m, sp)
+        origin = namespace_origin(m, flags[0]) if flags else None
+        if origin is not None:
+            plan.adapter.setdefault(origin, []).append((flags[0].attr, "False"))
+            continue
         if not (isinstance(m.parent(sp), ast.Expr) and ctx.bridge.alone_on_line(m.parent(sp))):
             return [ctx.block(sp, "DDP104", "mp.spawn in a form dp2ddp cannot redirect to torchrun; migrate the launch by hand")]
     # attribute stores of the adapted arguments after they are made: they get the env value too
     for origin, items in plan.adapter.items():
-        attrs = {a: next((n for n, t in _ENV.items() if t == v), None) for a, v in items if v not in ("backend", "False")}
-        for a in m.nodes(ast.Assign):
-            t = a.targets[0] if len(a.targets) == 1 else None
-            if isinstance(t, ast.Attribute) and t.attr in attrs and attrs[t.attr] and _namespace_origin(m, t) is origin:
-                plan.overrides.append((a, attrs[t.attr]))
-    derived = _env_derived(m, plan, local_rank_args)
+        attrs = {a: n for a, v in items for n, t in _ENV.items() if t == v}  # option -> the init argument it feeds
+        plan.overrides.extend((a, attrs[attr]) for a, attr in option_stores(m, origin, attrs))
+    derived = env_decided(m, {origin: {a for a, _ in items} for origin, items in plan.adapter.items()})
     for init in inits:
-        for test, branch in _activation_branches(m, init):
-            spell = _spellings(m, test)
-            if spell & derived:
+        for test, branch in activation_tests(m, init):
+            if spellings(m, test) & derived:
                 continue
             if any(isinstance(n, ast.Call) for n in ast.walk(test)):
                 return [ctx.block(test, "DDP104", f"the distributed path is switched on by `{m.source(test)}`, which torchrun's environment does not decide; switch it on from RANK/WORLD_SIZE by hand")]
             plan.predicates.append((test, branch))
-    if not (plan.adapter or local_rank_args or spawn_targets or any(env_read(m, n) for n in _rank_sources(m))):
+    if not (plan.adapter or local_rank_arguments(m) or spawn_targets or rank_env_reads(m)):
         out.append(
             ctx.block(
                 inits[0],
@@ -222,101 +145,6 @@ def detect_mode(ctx: Context) -> List[Finding]:
     plan.spawn_targets = spawn_targets
     ctx.provide(plan)
     return out
-
-
-def _ifs_around(m: SemanticModel, node: ast.AST):
-    """``(test, "body"|"orelse")`` of the ifs around ``node`` in its function (``Structure.branches``,
-    which stops at a lambda: the ifs around a lambda lead to its body too)."""
-    while node is not None:
-        for a, where in m.branches(node):
-            if isinstance(a, ast.If) and where in ("body", "orelse") and not is_main_test(a.test):
-                yield a.test, where
-        node = next((a for a in m.ancestors(node) if isinstance(a, FUNCTIONS + (ast.Module, ast.Lambda, ast.ClassDef))), None)
-        node = node if isinstance(node, ast.Lambda) else None
-
-
-def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=None):
-    """The branches that lead to ``node``: the ifs around it in its function, and around
-    the calls of that function (BasicSR: ``if args.launcher == 'none': ... else:
-    init_dist(...)``), a few levels up."""
-    seen = set() if seen is None else seen
-    yield from _ifs_around(m, node)
-    func = m.enclosing_function(node)
-    if func is None or depth >= 3 or func in seen:
-        return
-    seen.add(func)
-    # a worker started by mp.spawn: under torchrun the spawn itself runs it (see _spawn)
-    sites = [sp.call for sp in spawns_of(m, func)] or m.call_sites(func)
-    if len(sites) == 1:
-        yield from _activation_branches(m, sites[0], depth + 1, seen)
-
-
-def _spellings(m: SemanticModel, expr: ast.AST) -> set:
-    return {m.source(n) for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute))}
-
-
-def _env_derived(m: SemanticModel, plan: "MixedPlan", local_rank_args) -> set:
-    """Spellings whose value torchrun's environment decides: ``--local_rank`` arguments,
-    the adapted arguments, names assigned from environment reads, and (to a fixpoint)
-    names assigned from those."""
-    out = set()
-    for call in local_rank_args:
-        dest = kwarg(call, "dest")
-        names = [dest.value.value] if dest is not None and isinstance(dest.value, ast.Constant) else ["local_rank"]
-        out.update(f"{ns}.{n}" for ns in _namespaces(m) for n in names)
-    for origin, items in plan.adapter.items():
-        adapted = {a for a, _ in items}
-        for node in m.nodes(ast.Attribute):
-            if node.attr in adapted and _namespace_origin(m, node) is origin:
-                out.add(m.source(node))
-    assigns: dict = {}
-    for a in m.nodes(ast.Assign):
-        if len(a.targets) == 1 and isinstance(a.targets[0], (ast.Name, ast.Attribute)):
-            assigns.setdefault(m.source(a.targets[0]), []).append(a.value)
-    base = set(out)
-    changed = True
-    while changed:
-        changed = False
-        for t, values in assigns.items():
-            if t in out:
-                continue
-            if any(env_read(m, v) or _spellings(m, v) & out for v in values):
-                out.add(t)
-                changed = True
-    # a spelling is decided by the environment only if every assignment of it is
-    # (``args.distributed = False`` under a config test switches the path off again)
-    changed = True
-    while changed:
-        changed = False
-        for t in list(out - base):
-            if any(not (env_read(m, v) or _spellings(m, v) & out) for v in assigns.get(t, [])):
-                out.discard(t)
-                changed = True
-    return out
-
-
-def _namespaces(m: SemanticModel) -> set:
-    out = set()
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr in ("parse_args", "parse_known_args"):
-            stmt = m.statement_of(call)
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                t = stmt.targets[0]
-                if isinstance(t, ast.Tuple) and t.elts:
-                    t = t.elts[0]
-                if isinstance(t, ast.Name):
-                    out.add(t.id)
-    return out or {"args"}
-
-
-def _rank_sources(m: SemanticModel) -> List[ast.AST]:
-    return [n for n in m.nodes(ast.Subscript, ast.Call) if env_read(m, n) and "RANK" in m.source(n).upper()]
-
-
-def _conditions(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
-    """The tests of the ``if`` statements whose true branch holds ``node``."""
-    return [a.test for a, where in m.branches(node) if isinstance(a, ast.If) and where == "body"]
 
 
 # --------------------------------------------------------------------------- the edits
@@ -436,7 +264,7 @@ def propose(ctx: Context) -> List[Finding]:
 def _init_call(ctx: Context, init: ast.Call, cuda: str) -> List[Finding]:
     m = ctx.m
     out = []
-    backend = _arg(init, "backend")
+    backend = (init_arguments(m, init) or {}).get("backend")
     if isinstance(backend, ast.Constant) and backend.value == "nccl":
         out.append(ctx.note(backend, "DDP121", "backend nccl with CUDA, gloo on CPU", [Replace(ctx.cst(backend), ctx.expr('"nccl" if {c} else "gloo"', c=cuda))]))
     stmt = m.statement_of(init)
@@ -545,8 +373,7 @@ def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> List[Finding]
 def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     m = ctx.m
     plan = ctx.need(MixedPlan)
-    conds = _conditions(m, sp)
-    if any(_namespace(m, c) is not None and (c.attr, "False") in {x for items in plan.adapter.values() for x in items} for c in conds):  # type: ignore[attr-defined]
+    if any((c.attr, "False") in {x for items in plan.adapter.values() for x in items} for c in spawn_flags(m, sp)):
         return None  # the spawning flag is switched off under torchrun
     stmt = m.parent(sp)
     os_ = ctx.name("os")

@@ -1,0 +1,252 @@
+"""The facts about a script's own distributed path that the mixed-script migration asks
+(dp2ddp/model/own_path.py, dp2ddp/model/ranks.py), on small scripts."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+from dp2ddp.model.core import build
+from dp2ddp.model.names import INIT, SPAWN
+from dp2ddp.model.own_path import (
+    activation_tests,
+    env_decided,
+    init_arguments,
+    init_source,
+    namespace_origin,
+    option_stores,
+    parsed_namespaces,
+    rank_env_reads,
+    spawn_flags,
+    spellings,
+)
+from dp2ddp.model.ranks import local_rank_arguments, local_rank_dest
+
+
+def _m(src: str):
+    return build(textwrap.dedent(src))
+
+
+def _init(m):
+    (call,) = m.calls(INIT)
+    return call
+
+
+def _src(m, node):
+    return None if node is None else m.source(node)
+
+
+# --------------------------------------------------------------------------- init_process_group
+
+
+def test_init_arguments_by_position_and_keyword():
+    m = _m("""
+        import datetime, torch.distributed as dist
+        dist.init_process_group("nccl", "tcp://h:1", datetime.timedelta(60), world_size=ws, rank=r)
+    """)
+    got = {k: m.source(v) for k, v in init_arguments(m, _init(m)).items()}
+    assert got == {"backend": '"nccl"', "init_method": '"tcp://h:1"', "timeout": "datetime.timedelta(60)",
+                   "world_size": "ws", "rank": "r"}
+
+
+def test_init_arguments_leave_defaults_out():
+    m = _m("""
+        import torch.distributed as dist
+        dist.init_process_group(backend="gloo")
+    """)
+    got = init_arguments(m, _init(m))
+    assert list(got) == ["backend"] and m.source(got["backend"]) == '"gloo"'
+
+
+def test_init_sources():
+    m = _m("""
+        import os, argparse, torch.distributed as dist
+        p = argparse.ArgumentParser()
+        args = p.parse_args()
+        def main():
+            rank = args.nr * 8 + 1
+            dist.init_process_group("nccl", init_method="tcp://10.0.0.1:1", world_size=args.world_size, rank=rank)
+        def other():
+            dist.init_process_group(init_method="env://", world_size=int(os.environ["WORLD_SIZE"]), rank=2)
+        def third(n):
+            dist.init_process_group(world_size=n * 2)
+    """)
+    first, second, third = m.calls(INIT)
+    kinds = {(i, name): init_source(m, call, name) for i, call in enumerate((first, second, third))
+             for name in ("init_method", "world_size", "rank")}
+    assert kinds[0, "init_method"].kind == "address"
+    ws = kinds[0, "world_size"]
+    assert ws.kind == "option" and m.source(ws.origin) == "args = p.parse_args()"
+    rank = kinds[0, "rank"]
+    assert rank.kind == "assigned" and [m.source(a) for a in rank.assigns] == ["rank = args.nr * 8 + 1"]
+    assert kinds[1, "init_method"].kind == "environment"
+    assert kinds[1, "world_size"].kind == "environment"
+    assert kinds[1, "rank"].kind == "literal"
+    assert kinds[2, "world_size"].kind == "computed"
+    assert kinds[2, "init_method"] is None and kinds[2, "rank"] is None
+
+
+def test_init_source_of_a_spawned_workers_parameter():
+    """A parameter of a function ``mp.spawn`` starts is the spawn's to pass; the same
+    parameter of a function nobody spawns is computed by the script."""
+    src = """
+        import torch.distributed as dist, torch.multiprocessing as mp
+        def worker(i, world):
+            dist.init_process_group("gloo", world_size=world, rank=i)
+        {launch}
+    """
+    spawned = _m(src.format(launch="mp.spawn(worker, args=(2,), nprocs=2)"))
+    assert init_source(spawned, _init(spawned), "world_size").kind == "worker"
+    called = _m(src.format(launch="worker(0, 2)"))
+    assert init_source(called, _init(called), "world_size").kind == "computed"
+
+
+# --------------------------------------------------------------------------- parsed arguments
+
+
+def test_namespace_origin_through_a_function_and_a_spawn():
+    m = _m("""
+        import argparse, torch.multiprocessing as mp
+        def get_args():
+            return argparse.ArgumentParser().parse_args()
+        def worker(gpu, ngpus, args):
+            print(args.world_size)
+        def main():
+            args = get_args()
+            mp.spawn(worker, args=(2, args), nprocs=2)
+    """)
+    (attr,) = [a for a in m.nodes(ast.Attribute) if a.attr == "world_size"]
+    assert m.source(namespace_origin(m, attr)) == "args = get_args()"
+
+
+def test_namespace_origin_none_where_two_statements_make_it():
+    m = _m("""
+        import argparse
+        p = argparse.ArgumentParser()
+        args = p.parse_args() if True else None
+        print(args.rank)
+    """)
+    (attr,) = [a for a in m.nodes(ast.Attribute) if a.attr == "rank"]
+    assert namespace_origin(m, attr) is None
+
+
+def test_option_stores_of_one_namespace():
+    m = _m("""
+        import argparse
+        args = argparse.ArgumentParser().parse_args()
+        other = object()
+        args.world_size = 4
+        args.rank = 1
+        other.world_size = 3
+        args.world_size, x = 1, 2
+    """)
+    origin = m.nodes(ast.Assign)[0]
+    got = [(m.source(a), attr) for a, attr in option_stores(m, origin, ["world_size"])]
+    assert got == [("args.world_size = 4", "world_size")]
+
+
+def test_parsed_namespaces():
+    m = _m("""
+        import argparse
+        p = argparse.ArgumentParser()
+        opt, unknown = p.parse_known_args()
+        cfg = p.parse_args()
+    """)
+    assert parsed_namespaces(m) == {"opt", "cfg"}
+    assert parsed_namespaces(_m("x = 1\n")) == {"args"}
+
+
+# --------------------------------------------------------------------------- what switches the path on
+
+
+def test_activation_tests_through_the_one_call_of_the_function():
+    """BasicSR: the init sits in a helper that one branch calls."""
+    m = _m("""
+        import torch.distributed as dist
+        def init_dist():
+            if use_env:
+                dist.init_process_group("nccl")
+        def main(args):
+            if args.launcher == "none":
+                pass
+            else:
+                init_dist()
+        if __name__ == "__main__":
+            main(None)
+    """)
+    got = [(m.source(t), b) for t, b in activation_tests(m, _init(m))]
+    assert got == [("use_env", "body"), ('args.launcher == "none"', "orelse")]
+
+
+def test_activation_tests_pass_a_lambda():
+    m = _m("""
+        import torch.distributed as dist
+        if args.dist_on:
+            start = lambda: dist.init_process_group("nccl")
+    """)
+    assert [m.source(t) for t, _ in activation_tests(m, _init(m))] == ["args.dist_on"]
+
+
+def test_spawn_flags():
+    m = _m("""
+        import torch.multiprocessing as mp
+        def main(args, cfg):
+            if cfg.enabled and args.x:
+                if args.multiprocessing_distributed:
+                    mp.spawn(main, nprocs=2)
+    """)
+    (spawn,) = m.calls(SPAWN)
+    assert [m.source(f) for f in spawn_flags(m, spawn)] == ["args.multiprocessing_distributed"]
+
+
+def test_env_decided_follows_assignments_to_a_fixpoint():
+    m = _m("""
+        import os, argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--local_rank", dest="lr", type=int, default=-1)
+        args = p.parse_args()
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        distributed = world > 1
+        args.distributed = args.lr != -1
+        single = args.config == "one"
+        flip = world > 1
+        if args.config:
+            flip = False
+    """)
+    got = env_decided(m, {})
+    assert {"args.lr", "world", "distributed", "args.distributed"} <= got
+    assert "single" not in got and "flip" not in got  # flip: one assignment does not read the environment
+
+
+def test_env_decided_counts_the_adapted_options():
+    m = _m("""
+        import argparse
+        args = argparse.ArgumentParser().parse_args()
+        on = args.world_size > 1
+    """)
+    origin = m.nodes(ast.Assign)[0]
+    assert "on" not in env_decided(m, {})
+    assert {"args.world_size", "on"} <= env_decided(m, {origin: {"world_size"}})
+
+
+def test_spellings_and_rank_env_reads():
+    m = _m("""
+        import os
+        a = os.environ["LOCAL_RANK"]
+        b = os.getenv("WORLD_SIZE")
+        c = os.environ.get("rank", 0)
+        if args.local_rank != -1 and on:
+            pass
+    """)
+    assert [m.source(n) for n in rank_env_reads(m)] == ['os.environ["LOCAL_RANK"]', 'os.environ.get("rank", 0)']
+    assert spellings(m, m.nodes(ast.If)[0].test) == {"args.local_rank", "args", "on"}
+
+
+def test_local_rank_dest():
+    m = _m("""
+        import argparse
+        p = argparse.ArgumentParser()
+        p.add_argument("--local_rank", type=int, dest="gpu_index")
+        p.add_argument("--local-rank", type=int, default=0)
+    """)
+    assert [local_rank_dest(call) for call, _flag, _env in local_rank_arguments(m)] == ["gpu_index", "local_rank"]
