@@ -58,6 +58,27 @@ def test_init_arguments_leave_defaults_out():
     assert list(got) == ["backend"] and m.source(got["backend"]) == '"gloo"'
 
 
+def test_init_arguments_none_where_the_call_does_not_bind():
+    """Unpacked arguments, or a call Python itself rejects (``backend`` twice)."""
+    for args in ("**kw", "*xs", '"nccl", backend="gloo"', "a, b, c, d, e, f, g, h, i, j, k"):
+        m = _m(f"import torch.distributed as dist\ndist.init_process_group({args})\n")
+        assert init_arguments(m, _init(m)) is None, args
+
+
+def test_init_arguments_over_lines():
+    m = _m("""
+        import torch.distributed as dist
+        def main(args):
+            dist.init_process_group(
+                args.backend,  # the backend
+                device_id=args.gpu,
+                rank=args.rank,
+            )
+    """)
+    got = {k: m.source(v) for k, v in init_arguments(m, _init(m)).items()}
+    assert got == {"backend": "args.backend", "rank": "args.rank", "device_id": "args.gpu"}
+
+
 def test_init_sources():
     m = _m("""
         import os, argparse, torch.distributed as dist
