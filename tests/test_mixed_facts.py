@@ -1,5 +1,5 @@
 """The facts about a script's own distributed path that the mixed-script migration asks
-(dp2ddp/model/own_path.py, dp2ddp/model/ranks.py), on small scripts."""
+(dp2ddp/model/own_path.py, dp2ddp/model/cuda_only.py, dp2ddp/model/ranks.py), on small scripts."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import ast
 import textwrap
 
 from dp2ddp.model.core import build
+from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, cuda_device_arguments, cuda_test, rank_devices, under_cuda_test
 from dp2ddp.model.names import INIT, SPAWN
 from dp2ddp.model.own_path import (
     activation_tests,
@@ -271,3 +272,80 @@ def test_local_rank_dest():
         p.add_argument("--local-rank", type=int, default=0)
     """)
     assert [local_rank_dest(call) for call, _flag, _env in local_rank_arguments(m)] == ["gpu_index", "local_rank"]
+
+
+# --------------------------------------------------------------------------- CUDA on the distributed path
+
+
+def test_cuda_tests_and_what_they_guard():
+    m = _m("""
+        import torch
+        if torch.cuda.is_available():
+            a = x.cuda()
+        if not torch.cuda.is_available():
+            b = x.cuda()
+        else:
+            c = x.cuda()
+        d = x.cuda() if args.cuda else x
+        e = use_gpu and x.cuda()
+        if device == "cuda" and n > 1:
+            f = x.cuda()
+        if n > 1:
+            g = x.cuda()
+        def helper():
+            h = x.cuda()
+    """)
+    guarded = {}
+    for a in m.nodes(ast.Assign):  # the x.cuda() call of each assignment
+        call = next(n for n in ast.walk(a.value) if isinstance(n, ast.Call) and m.source(n) == "x.cuda()")
+        guarded[m.source(a.targets[0])] = under_cuda_test(m, call)
+    assert guarded == {"a": True, "b": False, "c": True, "d": True, "e": True, "f": True, "g": False, "h": False}
+    assert cuda_test(m, ast.parse("torch.cuda.is_available() and ok", mode="eval").body)
+    assert not cuda_test(m, ast.parse("torch.cuda.is_available() or ok", mode="eval").body)
+
+
+def test_cuda_calls_outside_a_cuda_test():
+    m = _m("""
+        import torch
+        model.cuda()
+        batch[0].cuda()
+        make().cuda()
+        torch.zeros(1).cuda()
+        if torch.cuda.is_available():
+            self.net.cuda()
+    """)
+    assert [m.source(c) for c in cuda_calls(m)] == ["model.cuda()", "batch[0].cuda()"]
+
+
+def test_cuda_asserts_and_rank_devices():
+    m = _m("""
+        import torch
+        assert torch.cuda.device_count() > rank
+        assert rank >= 0
+        d1 = torch.device("cuda", rank)
+        d2 = torch.device("cuda:%d" % rank)
+        d3 = f"cuda:{rank}"
+        d4 = "cuda:{}".format(rank)
+        d5 = torch.device("cpu")
+        if torch.cuda.is_available():
+            assert torch.cuda.is_available()
+            d6 = torch.device("cuda", rank)
+    """)
+    assert [m.source(a.test) for a in cuda_asserts(m)] == ["torch.cuda.device_count() > rank"]
+    assert [(m.source(n), kind) for n, kind in rank_devices(m)] == [
+        ('torch.device("cuda", rank)', "device"),  # not torch.device("cuda:%d" % rank): neither it nor its string
+        ('f"cuda:{rank}"', "string"),
+        ('"cuda:{}".format(rank)', "string"),
+    ]
+
+
+def test_cuda_device_arguments_of_a_wrap():
+    m = _m("""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        a = DDP(net, device_ids=[rank], output_device=rank)
+        b = DDP(net, device_ids=None, output_device=rank if torch.cuda.is_available() else None)
+    """)
+    a, b = [asg.value for asg in m.nodes(ast.Assign)]
+    assert [m.source(v) for v in cuda_device_arguments(m, a)] == ["[rank]", "rank"]
+    assert cuda_device_arguments(m, b) == []

@@ -32,8 +32,9 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, cuda_device_arguments, rank_devices, under_cuda_test
 from dp2ddp.model.launch import spawns as launch_spawns
-from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, namespace_origin, option_stores,
                                    rank_env_reads, spawn_flags, spellings)
 from dp2ddp.model.ranks import RANK_WORD, env_read, local_rank_arguments
@@ -242,18 +243,10 @@ def propose(ctx: Context) -> List[Finding]:
         else:
             new = ctx.expr('{t} and "LOCAL_RANK" not in {os}.environ', t=_paren(m, node), os=os_)
         out.append(ctx.note(node, "DDP121", f"`{m.source(node)}` switches the distributed path on; under torchrun it is on", [Replace(ctx.cst(node), new)]))
-    for call in m.nodes(ast.Call):
-        f = _cuda_call(ctx, call, cuda)
-        if f is not None:
-            out.append(f)
-    for node in m.nodes(ast.Assert):
-        f = _cuda_assert(ctx, node, cuda)
-        if f is not None:
-            out.append(f)
-    for node in m.nodes(ast.Call, ast.BinOp, ast.JoinedStr):
-        f = _cuda_device(ctx, node, cuda)
-        if f is not None:
-            out.append(f)
+    out.extend(_cuda_call(ctx, call, cuda) for call in cuda_calls(m))
+    out.extend(ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
+                        [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))]) for node in cuda_asserts(m))
+    out.extend(_cuda_device(ctx, node, kind, cuda) for node, kind in rank_devices(m))
     for sub in m.nodes(ast.Assign):
         f = _master_env(ctx, sub)
         if f is not None:
@@ -281,21 +274,14 @@ def _guard_set_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Findi
     stmt = m.statement_of(call)
     if not (isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt)):
         return None
-    if _under_cuda_test(m, stmt):
+    if under_cuda_test(m, stmt):
         return None
     return ctx.note(call, "DDP121", "torch.cuda.set_device only with CUDA", [Guard((ctx.bridge.statement(stmt),), ctx.expr(cuda))])
 
 
 def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
     m = ctx.m
-    edits = []
-    for name in ("device_ids", "output_device"):
-        k = kwarg(call, name)
-        if k is None or (isinstance(k.value, ast.Constant) and k.value.value is None):
-            continue
-        if any(m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(k.value) if isinstance(n, (ast.Name, ast.Attribute))):
-            continue
-        edits.append(Replace(ctx.cst(k.value), ctx.expr("{v} if {c} else None", v=_paren(m, k.value), c=cuda)))
+    edits = [Replace(ctx.cst(v), ctx.expr("{v} if {c} else None", v=_paren(m, v), c=cuda)) for v in cuda_device_arguments(m, call)]
     if kwarg(call, "device_ids") is None and len(call.args) < 2 and not any(k.arg is None for k in call.keywords):
         torch = ctx.name("torch")
         from dp2ddp.codemods.rank_writers import _add_kwarg
@@ -406,118 +392,23 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     return ctx.note(sp, "DDP121", f"under torchrun, {target.name}() runs in this process instead of mp.spawn", [Replace(node, wrap)])  # type: ignore[attr-defined]
 
 
-def _cuda_string(m: SemanticModel, node: ast.AST) -> bool:
-    """``'cuda:%d' % rank``, ``'cuda:{}'.format(rank)``, ``f"cuda:{rank}"``: a device string
-    built from a rank."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
-        return isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) and node.left.value.startswith("cuda:")
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
-        v = node.func.value
-        return isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.startswith("cuda:")
-    if isinstance(node, ast.JoinedStr) and node.values:
-        first = node.values[0]
-        return isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith("cuda:")
-    return False
-
-
-def _cuda_device(ctx: Context, node: ast.AST, cuda: str) -> Optional[Finding]:
+def _cuda_device(ctx: Context, node: ast.AST, kind: str, cuda: str) -> Finding:
     """``torch.device("cuda", local_rank)`` or ``'cuda:%d' % local_rank`` in the distributed
     path: the CPU when there is no CUDA (a gloo run on CPU)."""
     m = ctx.m
-    if _under_cuda_test(m, node):
-        return None
-    torch = ctx.name("torch")
-    if isinstance(node, ast.Call) and m.is_name(node.func, {"torch.device"}):
-        first = node.args[0] if node.args else None
-        if not (len(node.args) == 2 and isinstance(first, ast.Constant) and first.value == "cuda"):
-            return None
-        cpu = f'{torch}.device("cpu")'
-    elif _cuda_string(m, node):
-        parent = m.parent(node)
-        if isinstance(parent, ast.Call) and m.is_name(parent.func, {"torch.device"}):
-            return None  # torch.device('cuda:%d' % r): the string is changed, the call stays
-        cpu = '"cpu"'
-    else:
-        return None
-    text = m.source(node)
-    if not isinstance(node, ast.Call):
-        text = f"({text})"
+    cpu = f'{ctx.name("torch")}.device("cpu")' if kind == "device" else '"cpu"'
+    text = m.source(node) if isinstance(node, ast.Call) else f"({m.source(node)})"
     return ctx.note(node, "DDP121", "the rank's CUDA device, or the CPU without CUDA",
                     [Replace(ctx.cst(node), ctx.expr("{c} if {cuda} else {cpu}", c=text, cuda=cuda, cpu=cpu))])
 
 
-_CUDA_FLAGS = {"cuda", "use_cuda", "is_cuda", "has_cuda", "use_gpu", "on_gpu", "gpu"}
-
-
-def _cuda_test(m: SemanticModel, test: ast.AST) -> bool:
-    """The test holds only with CUDA: ``torch.cuda.is_available()``, ``args.cuda``,
-    ``use_cuda``, ``x.is_cuda``, ``device == "cuda"`` (also as one operand of ``and``)."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return any(_cuda_test(m, v) for v in test.values)
-    if isinstance(test, ast.Call):
-        return m.is_name(test.func, CUDA_AVAILABLE)
-    if isinstance(test, (ast.Name, ast.Attribute)):
-        return (test.id if isinstance(test, ast.Name) else test.attr) in _CUDA_FLAGS
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is)):
-        sides = [test.left] + test.comparators
-        return any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides)  # also `x.type == "cuda"`
-    return False
-
-
-def _under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:
-    """``node`` only runs with CUDA: in the body of an ``if``/conditional expression whose test
-    holds only with CUDA, or after such a test in an ``and``."""
-    child = node
-    for a in m.ancestors(node):
-        if isinstance(a, ast.If) and child is not a.test and any(child is s for s in a.body) and _cuda_test(m, a.test):
-            return True
-        if (
-            isinstance(a, ast.If)
-            and any(child is s for s in a.orelse)
-            and isinstance(a.test, ast.UnaryOp)
-            and isinstance(a.test.op, ast.Not)
-            and _cuda_test(m, a.test.operand)
-        ):
-            return True  # if not torch.cuda.is_available(): ... elif/else: (CUDA from here)
-        if isinstance(a, ast.IfExp) and child is a.body and _cuda_test(m, a.test):
-            return True
-        if isinstance(a, ast.BoolOp) and isinstance(a.op, ast.And) and child in a.values:
-            if any(_cuda_test(m, v) for v in a.values[: a.values.index(child)]):
-                return True
-        if isinstance(a, FUNCTIONS + (ast.ClassDef,)):
-            return False
-        child = a
-    return False
-
-
-def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
+def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Finding:
     """``x.cuda()`` on the distributed path runs on CPU too: ``x.cuda() if CUDA else x``."""
-    m = ctx.m
-    f = call.func
-    if not (isinstance(f, ast.Attribute) and f.attr == "cuda"):
-        return None
-    recv = f.value
-    if not isinstance(recv, (ast.Name, ast.Attribute, ast.Subscript)) or any(isinstance(n, ast.Call) for n in ast.walk(recv)):
-        return None
-    if _under_cuda_test(m, call):
-        return None
-    parent = m.parent(call)
+    parent = ctx.m.parent(call)
+    why = ".cuda() only with CUDA (the distributed path runs on CPU too)"
     if isinstance(parent, ast.Expr) and ctx.bridge.alone_on_line(parent):
-        return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
-                        [Guard((ctx.bridge.statement(parent),), ctx.expr(cuda))])
-    return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
-                    [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=recv))])
-
-
-def _cuda_assert(ctx: Context, node: ast.Assert, cuda: str) -> Optional[Finding]:
-    """``assert torch.cuda.device_count() > LOCAL_RANK`` on the distributed path: only with CUDA."""
-    m = ctx.m
-    if not any(isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, {"torch.cuda.device_count", "torch.cuda.is_available"}) for n in ast.walk(node.test)):
-        return None
-    if _under_cuda_test(m, node):
-        return None
-    return ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
-                    [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))])
+        return ctx.note(call, "DDP121", why, [Guard((ctx.bridge.statement(parent),), ctx.expr(cuda))])
+    return ctx.note(call, "DDP121", why, [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=call.func.value))])  # type: ignore[attr-defined]
 
 
 def _master_env(ctx: Context, assign: ast.Assign) -> Optional[Finding]:
