@@ -14,12 +14,15 @@ from dp2ddp.model.own_path import (
     env_decided,
     init_arguments,
     init_source,
+    master_env_stores,
     namespace_origin,
     option_stores,
     parsed_namespaces,
     rank_env_reads,
     spawn_flags,
     spellings,
+    switch_tests,
+    wrap_assignments,
 )
 from dp2ddp.model.ranks import local_rank_arguments, local_rank_dest
 
@@ -349,3 +352,60 @@ def test_cuda_device_arguments_of_a_wrap():
     a, b = [asg.value for asg in m.nodes(ast.Assign)]
     assert [m.source(v) for v in cuda_device_arguments(m, a)] == ["[rank]", "rank"]
     assert cuda_device_arguments(m, b) == []
+
+
+# --------------------------------------------------------------------------- its own wraps and settings
+
+
+def test_switch_tests_wherever_the_script_repeats_them():
+    m = _m("""
+        if args.distributed:
+            init()
+        sampler = make() if args.distributed else None
+        while args.distributed:
+            break
+        x = [args.distributed]
+        if not args.local:
+            pass
+        else:
+            init()
+        if not args.local:
+            pass
+    """)
+    first, second, _ = m.nodes(ast.If)
+    got = [(m.source(t), b, m.position(t)[0]) for t, b in switch_tests(m, [(first.test, "body"), (second.test, "orelse")])]
+    assert got == [("args.distributed", "body", 2), ("args.distributed", "body", 4), ("args.distributed", "body", 5),
+                   ("not args.local", "orelse", 8), ("not args.local", "orelse", 12)]
+    assert switch_tests(m, []) == []
+
+
+def test_wrap_assignments_follow_a_helper_to_its_call_sites():
+    m = _m("""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        def smart_DDP(model):
+            return DDP(model)
+        def train(cuda, rank):
+            if cuda and rank == -1:
+                model = torch.nn.DataParallel(model)
+            elif cuda:
+                model = smart_DDP(model)
+            for _ in range(2):
+                if rank != -1:
+                    ema = smart_DDP(ema)
+            print(smart_DDP(model))
+    """)
+    (wrap,) = [c for c in m.nodes(ast.Call) if m.source(c.func) == "DDP"]
+    got = [(m.source(a), top and m.position(top)[0]) for a, top in wrap_assignments(m, wrap)]
+    assert got == [("model = smart_DDP(model)", 7), ("ema = smart_DDP(ema)", 12)]
+
+
+def test_master_env_stores():
+    m = _m("""
+        import os
+        os.environ["MASTER_ADDR"] = "localhost"
+        os.environ["MASTER_PORT"] = str(port)
+        os.environ["NCCL_DEBUG"] = "INFO"
+        env["MASTER_PORT"] = "1"
+    """)
+    assert [m.position(a)[0] for a in master_env_stores(m)] == [3, 4]

@@ -20,6 +20,11 @@ one:
 Where the path depends on something dp2ddp cannot set (a rank computed from the
 script's own arithmetic, an initialisation in another module) the file is refused with
 the reason (DDP104).
+
+This module holds the plan (:class:`MixedPlan`, made by :func:`detect_mode`) and the edits;
+what it asks about the script is the model's: :mod:`dp2ddp.model.own_path` (the path it
+has), :mod:`dp2ddp.model.cuda_only` (what assumes CUDA), :mod:`dp2ddp.model.ranks` (its
+``--local_rank``), :mod:`dp2ddp.model.launch` (its ``mp.spawn``).
 """
 
 from __future__ import annotations
@@ -30,15 +35,14 @@ from typing import Dict, List, Optional, Tuple
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
-from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, cuda_device_arguments, rank_devices, under_cuda_test
 from dp2ddp.model.launch import spawns as launch_spawns
 from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
-from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, namespace_origin, option_stores,
-                                   rank_env_reads, spawn_flags, spellings)
-from dp2ddp.model.ranks import RANK_WORD, env_read, local_rank_arguments
-from dp2ddp.model.syntax import FUNCTIONS, kwarg
+from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, master_env_stores, namespace_origin,
+                                   option_stores, rank_env_reads, spawn_flags, spellings, switch_tests, wrap_assignments)
+from dp2ddp.model.ranks import env_read, local_rank_arguments
+from dp2ddp.model.syntax import kwarg
 
 _ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}
 
@@ -227,17 +231,7 @@ def propose(ctx: Context) -> List[Finding]:
     # each test on the way to init_process_group gets the polarity of its own branch; the
     # same test elsewhere (``if args.distributed:`` around the sampler) the polarity of the
     # innermost one (the first found)
-    dumps: dict = {}
-    exact = {id(t): b for t, b in plan.predicates}
-    for test, branch in plan.predicates:
-        dumps.setdefault(ast.dump(test), branch)
-    for node in m.nodes(*{type(t) for t, _ in plan.predicates}) if plan.predicates else []:
-        branch = exact.get(id(node), dumps.get(ast.dump(node)))
-        if branch is None:
-            continue
-        parent = m.parent(node)
-        if not (isinstance(parent, (ast.If, ast.IfExp, ast.While)) and parent.test is node):
-            continue
+    for node, branch in switch_tests(m, plan.predicates):
         if branch == "body":
             new = ctx.expr('{t} or "LOCAL_RANK" in {os}.environ', t=_paren(m, node), os=os_)
         else:
@@ -247,10 +241,7 @@ def propose(ctx: Context) -> List[Finding]:
     out.extend(ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
                         [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))]) for node in cuda_asserts(m))
     out.extend(_cuda_device(ctx, node, kind, cuda) for node, kind in rank_devices(m))
-    for sub in m.nodes(ast.Assign):
-        f = _master_env(ctx, sub)
-        if f is not None:
-            out.append(f)
+    out.extend(_master_env(ctx, assign) for assign in master_env_stores(m) if ctx.bridge.alone_on_line(assign))
     return out
 
 
@@ -325,35 +316,21 @@ def _apex(ctx: Context) -> List[Finding]:
 
 
 def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> List[Finding]:
-    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did.
-    A wrap a helper returns (yolov5's ``smart_DDP(model)``) counts where the helper is called
-    (at each of its call sites)."""
-    m = ctx.m
-    parent = m.parent(call)
-    if isinstance(parent, ast.Return):
-        func = m.enclosing_function(call)
-        return [f for site in (m.call_sites(func) if func is not None else []) for f in _ensure_wrapped(ctx, site, ensured)]
-    stmt = m.statement_of(call)
-    keys = assigned_keys(m, call)
-    if not keys or not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
-        return []
-    target = m.source(parent.targets[0])
-    top = None
-    for a in m.ancestors(stmt):
-        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef, ast.For, ast.While, ast.With, ast.Try)):
-            break
-        if isinstance(a, ast.If):
-            top = a
-    if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
-        return []
-    ensured.add((id(top), target))
-    dist = ctx.name("dist")
-    new = ctx.stmt(
-        "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
-        dist=dist, t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
-    )
-    return [ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
-                     [InsertAfter(ctx.bridge.statement(top), (new,))])]
+    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did
+    (where each assignment of the wrap stands: :func:`wrap_assignments`)."""
+    out = []
+    for assign, top in wrap_assignments(ctx.m, call):
+        target = ctx.m.source(assign.targets[0])
+        if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
+            continue
+        ensured.add((id(top), target))
+        new = ctx.stmt(
+            "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
+            dist=ctx.name("dist"), t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
+        )
+        out.append(ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
+                            [InsertAfter(ctx.bridge.statement(top), (new,))]))
+    return out
 
 
 def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
@@ -411,18 +388,12 @@ def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Finding:
     return ctx.note(call, "DDP121", why, [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=call.func.value))])  # type: ignore[attr-defined]
 
 
-def _master_env(ctx: Context, assign: ast.Assign) -> Optional[Finding]:
+def _master_env(ctx: Context, assign: ast.Assign) -> Finding:
     """``os.environ["MASTER_PORT"] = "8000"`` -> ``os.environ.setdefault(...)``: torchrun's wins."""
-    m = ctx.m
-    if len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Subscript):
-        return None
     t = assign.targets[0]
-    if not m.is_name(t.value, {"os.environ"}) or not isinstance(t.slice, ast.Constant) or t.slice.value not in ("MASTER_ADDR", "MASTER_PORT"):
-        return None
-    if not ctx.bridge.alone_on_line(assign):
-        return None
-    new = ctx.stmt("{e}.setdefault({k}, {v})", e=t.value, k=t.slice, v=assign.value)
-    return ctx.note(assign, "DDP121", f"{t.slice.value} keeps torchrun's value", [Replace(ctx.bridge.statement(assign), lambda u, n=new: n.with_changes(leading_lines=u.leading_lines))])
+    new = ctx.stmt("{e}.setdefault({k}, {v})", e=t.value, k=t.slice, v=assign.value)  # type: ignore[attr-defined]
+    return ctx.note(assign, "DDP121", f"{t.slice.value} keeps torchrun's value",  # type: ignore[attr-defined]
+                    [Replace(ctx.bridge.statement(assign), lambda u, n=new: n.with_changes(leading_lines=u.leading_lines))])
 
 
 def _paren(m: SemanticModel, node: ast.AST) -> str:
@@ -432,4 +403,4 @@ def _paren(m: SemanticModel, node: ast.AST) -> str:
     return f"({text})"
 
 
-__all__ = ["detect_mode", "propose", "RANK_WORD"]
+__all__ = ["detect_mode", "propose"]

@@ -12,7 +12,10 @@ fallback (HF's ``--local_rank``, imagenet's ``mp.spawn``/``--dist-url``, yolov5'
 * :func:`activation_tests`: the ``if`` tests on the way to a node (the init), through the
   calls of its function; :func:`spawn_flags`: the options whose truth starts ``mp.spawn``;
 * :func:`env_decided`: the spellings whose value torchrun's environment decides;
-  :func:`rank_env_reads`: the environment reads that name a rank.
+  :func:`rank_env_reads`: the environment reads that name a rank; :func:`switch_tests`:
+  the tests that switch the path on, wherever the script repeats them;
+* :func:`wrap_assignments`: where the script's own wraps are assigned, and the ``if`` chain
+  around them; :func:`master_env_stores`: the rendezvous address it sets itself.
 
 Where the script reads its local rank (``--local_rank``) is :mod:`dp2ddp.model.ranks`; its
 ``mp.spawn`` calls are :mod:`dp2ddp.model.launch`.
@@ -26,6 +29,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
+from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.launch import spawn_argument, spawns_of
 from dp2ddp.model.ranks import env_read, local_rank_arguments, local_rank_dest
@@ -262,3 +266,58 @@ def env_decided(m: SemanticModel, adapted: Dict[ast.stmt, Set[str]]) -> Set[str]
 def rank_env_reads(m: SemanticModel) -> List[ast.AST]:
     """Environment reads that name a rank (``os.environ["LOCAL_RANK"]``, ``os.getenv("RANK")``)."""
     return [n for n in m.nodes(ast.Subscript, ast.Call) if env_read(m, n) and "RANK" in m.source(n).upper()]
+
+
+# --------------------------------------------------------------------------- its own wraps and settings
+
+
+def switch_tests(m: SemanticModel, predicates: List[Tuple[ast.AST, str]]) -> List[Tuple[ast.AST, str]]:
+    """The tests of ``if``/``while``/conditional expressions that are one of ``predicates``
+    (``(test, branch)``: a test that switches the path on in that branch) or spelled the same
+    (``if args.distributed:`` around the sampler too), with the branch of that predicate (of
+    the first predicate spelled so, for another test), in source order."""
+    if not predicates:
+        return []
+    exact = {id(t): b for t, b in predicates}
+    dumps: Dict[str, str] = {}
+    for test, branch in predicates:
+        dumps.setdefault(ast.dump(test), branch)
+    out = []
+    for node in m.nodes(*{type(t) for t, _ in predicates}):
+        branch = exact.get(id(node), dumps.get(ast.dump(node)))
+        parent = m.parent(node)
+        if branch is not None and isinstance(parent, (ast.If, ast.IfExp, ast.While)) and parent.test is node:
+            out.append((node, branch))
+    return out
+
+
+def wrap_assignments(m: SemanticModel, wrap: ast.Call) -> List[Tuple[ast.Assign, Optional[ast.If]]]:
+    """Where a wrap the script makes is assigned: its one-target assignment, with the
+    outermost ``if`` of the chain around it (up to a loop, ``with``, ``try`` or function;
+    ``None`` where none is). A wrap a helper returns (yolov5's ``smart_DDP(model)``) is
+    assigned where the helper is called, at each of its call sites."""
+    parent = m.parent(wrap)
+    if isinstance(parent, ast.Return):
+        func = m.enclosing_function(wrap)
+        return [x for site in (m.call_sites(func) if func is not None else []) for x in wrap_assignments(m, site)]
+    if not assigned_keys(m, wrap) or not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
+        return []
+    top = None
+    for a in m.ancestors(m.statement_of(wrap)):  # type: ignore[arg-type]
+        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef, ast.For, ast.While, ast.With, ast.Try)):
+            break
+        if isinstance(a, ast.If):
+            top = a
+    return [(parent, top)]
+
+
+def master_env_stores(m: SemanticModel) -> List[ast.Assign]:
+    """``os.environ["MASTER_ADDR"] = ...`` / ``["MASTER_PORT"]``: the rendezvous address
+    the script sets itself (torchrun sets it too)."""
+    out = []
+    for a in m.nodes(ast.Assign):
+        t = a.targets[0] if len(a.targets) == 1 else None
+        if (isinstance(t, ast.Subscript) and m.is_name(t.value, {"os.environ"}) and isinstance(t.slice, ast.Constant)
+                and t.slice.value in ("MASTER_ADDR", "MASTER_PORT")):
+            out.append(a)
+    return out
