@@ -25,37 +25,46 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Dict, Iterable, Iterator, List, Optional, Set, Tuple
-
-import libcst as cst
 
 from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.launch import spawn_argument, spawns_of
 from dp2ddp.model.ranks import env_read, local_rank_arguments, local_rank_dest
-from dp2ddp.model.signatures import BindError, bind
 from dp2ddp.model.syntax import FUNCTIONS, is_main_test
 
 # torch.distributed.init_process_group's parameters (every version dp2ddp supports)
-_INIT = cst.ensure_type(cst.parse_statement(
-    "def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,"
-    " group_name='', pg_options=None, device_id=None, _ranks=None): ...\n"), cst.FunctionDef)
+_INIT = ("def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,"
+         " group_name='', pg_options=None, device_id=None, _ranks=None): ...\n")
+
+
+@lru_cache(maxsize=None)
+def _init_def():
+    import libcst as cst
+
+    return cst.ensure_type(cst.parse_statement(_INIT), cst.FunctionDef)
 
 
 def init_arguments(m: SemanticModel, call: ast.Call) -> Optional[Dict[str, ast.AST]]:
     """The expressions an ``init_process_group`` call passes, by parameter, bound as Python
-    binds them (:func:`dp2ddp.model.signatures.bind`); parameters left to their default are
-    absent. ``None`` where the call does not bind (``*args``/``**kwargs``, a call Python
-    would reject)."""
+    binds them (:func:`dp2ddp.model.signatures.bind`, on the call's LibCST parse: imported
+    here, so that the model stays importable without LibCST); parameters left to their
+    default are absent. ``None`` where the call does not bind (``*args``/``**kwargs``, a call
+    Python would reject)."""
     memo = m.cache.setdefault("own_path:init_arguments", {})
     if call not in memo:  # type: ignore[operator]
+        import libcst as cst
+
+        from dp2ddp.model.signatures import BindError, bind
+
         parsed = cst.ensure_type(cst.parse_expression(m.source(call)), cst.Call)
         positional, keywords = iter(call.args), iter(call.keywords)
         # LibCST keeps the arguments in source order; ast splits them into args and keywords
         back = {id(a.value): next(keywords).value if a.keyword is not None or a.star == "**" else next(positional)
                 for a in parsed.args}
         try:
-            bound = bind(parsed, _INIT)
+            bound = bind(parsed, _init_def())
         except BindError:
             memo[call] = None  # type: ignore[index]
         else:
