@@ -20,6 +20,11 @@ one:
 Where the path depends on something dp2ddp cannot set (a rank computed from the
 script's own arithmetic, an initialisation in another module) the file is refused with
 the reason (DDP104).
+
+This module holds the plan (:class:`MixedPlan`, made by :func:`detect_mode`) and the edits;
+what it asks about the script is the model's: :mod:`dp2ddp.model.own_path` (the path it
+has), :mod:`dp2ddp.model.cuda_only` (what assumes CUDA), :mod:`dp2ddp.model.ranks` (its
+``--local_rank``), :mod:`dp2ddp.model.launch` (its ``mp.spawn``).
 """
 
 from __future__ import annotations
@@ -30,15 +35,15 @@ from typing import Dict, List, Optional, Tuple
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
-from dp2ddp.model.collectives import assigned_keys
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.ranks import local_rank_arguments
-from dp2ddp.model.launch import spawn_argument, spawns as launch_spawns, spawns_of
-from dp2ddp.model.names import APEX_DDP, CUDA_AVAILABLE, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
-from dp2ddp.model.ranks import RANK_WORD
-from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
+from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, cuda_device_arguments, rank_devices, under_cuda_test
+from dp2ddp.model.launch import spawns as launch_spawns
+from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, master_env_stores, namespace_origin,
+                                   option_stores, rank_env_reads, spawn_flags, spellings, switch_tests, wrap_assignments)
+from dp2ddp.model.ranks import env_read, local_rank_arguments
+from dp2ddp.model.syntax import kwarg
 
-_INIT_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
 _ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}
 
 
@@ -51,79 +56,12 @@ class MixedPlan:
     spawn_targets: dict = field(default_factory=dict)  # mp.spawn target function -> the spawn call
 
 
-def _env_read(m: SemanticModel, expr: ast.AST) -> bool:
-    for n in ast.walk(expr):
-        if isinstance(n, (ast.Attribute, ast.Name)) and m.is_name(n, {"os.environ", "os.getenv", "os.environ.get"}):
-            return True
-    return False
-
-
-def _arg(call: ast.Call, name: str) -> Optional[ast.AST]:
-    i = _INIT_PARAMS.index(name)
-    if i < len(call.args):
-        return call.args[i]
-    k = kwarg(call, name)
-    return k.value if k is not None else None
-
-
-def _namespace(m: SemanticModel, expr: ast.AST) -> Optional[Tuple[str, str]]:
-    """``args.world_size`` where ``args`` holds ``parser.parse_args()``: ``("args", "world_size")``."""
-    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name)):
-        return None
-    return expr.value.id, expr.attr
-
-
-def _origin(m: SemanticModel, name: ast.AST, depth: int = 0) -> Optional[ast.stmt]:
-    """The statement that creates the object ``name`` holds (``args = parser.parse_args()``,
-    ``args = get_parser()``), followed through plain assignments, ``global``, and the
-    parameters of functions it is passed to (also by ``mp.spawn(fn, args=(..., args))``)."""
-    if not isinstance(name, ast.Name) or depth > 5:
-        return None
-    where, bindings = m.lookup(name.id, m.scope_of(name))
-    if where is None or not bindings:
-        return None
-    found = set()
-    for b in bindings:
-        if b.kind in ("assign", "unpack") and isinstance(b.node, ast.Assign):
-            v = b.node.value
-            if isinstance(v, ast.Call) or (isinstance(v, ast.Subscript) and isinstance(v.value, ast.Call)):
-                found.add(b.node)
-            elif isinstance(v, ast.Name) and b.kind == "assign":
-                found.add(_origin(m, v, depth + 1))
-            else:
-                return None
-        elif b.kind == "param" and where.kind == "function":
-            func = where.node
-            params = m.params(func)
-            args = [m.argument_for(func, c, b.name) for c in m.call_sites(func)]
-            for sp in spawns_of(m, func):
-                if isinstance(sp.args, ast.Tuple):
-                    args.append(spawn_argument(m, sp, b.name))
-            if not args:
-                return None
-            for a in args:
-                found.add(_origin(m, a, depth + 1) if a is not None else None)
-        else:
-            return None
-    return found.pop() if len(found) == 1 and None not in found else None
-
-
-def _namespace_origin(m: SemanticModel, attr: ast.AST) -> Optional[ast.stmt]:
-    """For ``args.world_size``: the statement that makes ``args``, when it is one statement
-    the adapter can follow."""
-    if isinstance(attr, ast.Attribute) and isinstance(attr.value, ast.Name):
-        return _origin(m, attr.value)
-    return None
-
-
 def detect_mode(ctx: Context) -> List[Finding]:
     """Decide plain or mixed; in mixed mode, check that the distributed path can be completed."""
     m = ctx.m
     inits = m.calls(INIT)
     spawns = m.calls(SPAWN)
-    ddps = m.calls(DDP | APEX_DDP)
     launch = m.refs(LAUNCH_MODULES)
-    local_rank_args = _local_rank_args(m)
     if not (inits or spawns or launch):
         # DistributedDataParallel alone (a branch for a launcher this file does not set up):
         # a DataParallel script; its own DDP branch stays as it is
@@ -149,77 +87,58 @@ def detect_mode(ctx: Context) -> List[Finding]:
             return [ctx.block(sp.call, "DDP104", "mp.spawn of a function dp2ddp cannot find in this file; migrate the launch by hand")]
         spawn_targets[sp.target] = sp.call
     for init in inits:
-        func = m.enclosing_function(init)
         star = next((k for k in init.keywords if k.arg is None), None)
         if star is not None or any(isinstance(a, ast.Starred) for a in init.args):
             return [ctx.block(init, "DDP104", f"init_process_group({m.source(init)[len(m.source(init.func)) + 1:-1][:60]}): dp2ddp cannot see "
                               "which arguments reach it through **kwargs; pass backend/init_method/world_size/rank explicitly")]
         for name in ("init_method", "world_size", "rank"):
-            value = _arg(init, name)
-            if value is None or _env_read(m, value):
+            src = init_source(m, init, name)
+            if src is None or src.kind in ("environment", "worker"):  # worker: a parameter the spawn rewrite passes
                 continue
-            if isinstance(value, ast.Constant):
-                if name == "init_method" and value.value == "env://":
-                    continue
-                if name == "init_method" and isinstance(value.value, str):
-                    plan.edits_nodes.append(("literal_init_method", value))
-                    continue
+            value = src.node
+            if src.kind == "address":
+                plan.edits_nodes.append(("literal_init_method", value))
+            elif src.kind == "literal":
                 return [ctx.block(value, "DDP104", f"init_process_group({name}={m.source(value)}) is fixed in the script; under torchrun it must come from the environment")]
-            ns = _namespace(m, value)
-            origin = _namespace_origin(m, value)
-            if ns is not None and origin is not None:
-                plan.adapter.setdefault(origin, []).append((ns[1], _ENV[name]))
-                continue
-            if isinstance(value, ast.Name) and func is not None and value.id in m.params(func) and func in spawn_targets:
-                continue  # a parameter the spawned worker receives: see the spawn rewrite
-            if isinstance(value, ast.Name):
-                where, bindings = m.lookup(value.id, m.scope_of(value))
-                assigns = [b.node for b in bindings if b.kind == "assign" and isinstance(b.node, ast.Assign) and len(b.node.targets) == 1]
-                if where is not None and assigns and len(assigns) == len(bindings):
-                    plan.overrides.extend((a, name) for a in assigns)
-                    continue
-            return [
-                ctx.block(
-                    value,
-                    "DDP104",
-                    f"init_process_group({name}={m.source(value)}): the script computes the {name.replace('_', ' ')} itself; "
-                    f"under torchrun it must be {_ENV[name].format(os='os')} — set it by hand, then remove the DataParallel fallback",
-                )
-            ]
-        backend = _arg(init, "backend")
-        if backend is not None:
-            ns = _namespace(m, backend)
-            origin = _namespace_origin(m, backend)
-            if ns is not None and origin is not None:
-                plan.adapter.setdefault(origin, []).append((ns[1], "backend"))
+            elif src.kind == "option":
+                plan.adapter.setdefault(src.origin, []).append((value.attr, _ENV[name]))  # type: ignore[arg-type, attr-defined]
+            elif src.kind == "assigned":
+                plan.overrides.extend((a, name) for a in src.assigns)
+            else:
+                return [
+                    ctx.block(
+                        value,
+                        "DDP104",
+                        f"init_process_group({name}={m.source(value)}): the script computes the {name.replace('_', ' ')} itself; "
+                        f"under torchrun it must be {_ENV[name].format(os='os')} — set it by hand, then remove the DataParallel fallback",
+                    )
+                ]
+        backend = (init_arguments(m, init) or {}).get("backend")
+        origin = namespace_origin(m, backend) if backend is not None else None
+        if origin is not None:
+            plan.adapter.setdefault(origin, []).append((backend.attr, "backend"))  # type: ignore[union-attr]
     # a flag that decides whether the script spawns its own processes
     for target, sp in spawn_targets.items():
-        flags = [c for c in _conditions(m, sp) if _namespace(m, c) is not None]
-        if flags:
-            ns = _namespace(m, flags[0])
-            origin = _namespace_origin(m, flags[0])
-            if origin is not None:
-                plan.adapter.setdefault(origin, []).append((ns[1], "False"))  # type: ignore[index]
-                continue
+        flags = spawn_flags(m, sp)
+        origin = namespace_origin(m, flags[0]) if flags else None
+        if origin is not None:
+            plan.adapter.setdefault(origin, []).append((flags[0].attr, "False"))
+            continue
         if not (isinstance(m.parent(sp), ast.Expr) and ctx.bridge.alone_on_line(m.parent(sp))):
             return [ctx.block(sp, "DDP104", "mp.spawn in a form dp2ddp cannot redirect to torchrun; migrate the launch by hand")]
     # attribute stores of the adapted arguments after they are made: they get the env value too
     for origin, items in plan.adapter.items():
-        attrs = {a: next((n for n, t in _ENV.items() if t == v), None) for a, v in items if v not in ("backend", "False")}
-        for a in m.nodes(ast.Assign):
-            t = a.targets[0] if len(a.targets) == 1 else None
-            if isinstance(t, ast.Attribute) and t.attr in attrs and attrs[t.attr] and _namespace_origin(m, t) is origin:
-                plan.overrides.append((a, attrs[t.attr]))
-    derived = _env_derived(m, plan, local_rank_args)
+        attrs = {a: n for a, v in items for n, t in _ENV.items() if t == v}  # option -> the init argument it feeds
+        plan.overrides.extend((a, attrs[attr]) for a, attr in option_stores(m, origin, attrs))
+    derived = env_decided(m, {origin: {a for a, _ in items} for origin, items in plan.adapter.items()})
     for init in inits:
-        for test, branch in _activation_branches(m, init):
-            spell = _spellings(m, test)
-            if spell & derived:
+        for test, branch in activation_tests(m, init):
+            if spellings(m, test) & derived:
                 continue
             if any(isinstance(n, ast.Call) for n in ast.walk(test)):
                 return [ctx.block(test, "DDP104", f"the distributed path is switched on by `{m.source(test)}`, which torchrun's environment does not decide; switch it on from RANK/WORLD_SIZE by hand")]
             plan.predicates.append((test, branch))
-    if not (plan.adapter or local_rank_args or spawn_targets or any(_env_read(m, n) for n in _rank_sources(m))):
+    if not (plan.adapter or local_rank_arguments(m) or spawn_targets or rank_env_reads(m)):
         out.append(
             ctx.block(
                 inits[0],
@@ -231,105 +150,6 @@ def detect_mode(ctx: Context) -> List[Finding]:
     plan.spawn_targets = spawn_targets
     ctx.provide(plan)
     return out
-
-
-def _branches(m: SemanticModel, node: ast.AST):
-    """``(test, "body"|"orelse")`` of the ifs around ``node`` in its function."""
-    child = node
-    for a in m.ancestors(node):
-        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef)):
-            return
-        if isinstance(a, ast.If) and child is not a.test and not is_main_test(a.test):
-            yield a.test, "body" if any(child is s for s in a.body) else "orelse"
-        child = a
-
-
-def _activation_branches(m: SemanticModel, node: ast.AST, depth: int = 0, seen=None):
-    """The branches that lead to ``node``: the ifs around it in its function, and around
-    the calls of that function (BasicSR: ``if args.launcher == 'none': ... else:
-    init_dist(...)``), a few levels up."""
-    seen = set() if seen is None else seen
-    yield from _branches(m, node)
-    func = m.enclosing_function(node)
-    if func is None or depth >= 3 or func in seen:
-        return
-    seen.add(func)
-    # a worker started by mp.spawn: under torchrun the spawn itself runs it (see _spawn)
-    sites = [sp.call for sp in spawns_of(m, func)] or m.call_sites(func)
-    if len(sites) == 1:
-        yield from _activation_branches(m, sites[0], depth + 1, seen)
-
-
-def _spellings(m: SemanticModel, expr: ast.AST) -> set:
-    return {m.source(n) for n in ast.walk(expr) if isinstance(n, (ast.Name, ast.Attribute))}
-
-
-def _env_derived(m: SemanticModel, plan: "MixedPlan", local_rank_args) -> set:
-    """Spellings whose value torchrun's environment decides: ``--local_rank`` arguments,
-    the adapted arguments, names assigned from environment reads, and (to a fixpoint)
-    names assigned from those."""
-    out = set()
-    for call in local_rank_args:
-        dest = kwarg(call, "dest")
-        names = [dest.value.value] if dest is not None and isinstance(dest.value, ast.Constant) else ["local_rank"]
-        out.update(f"{ns}.{n}" for ns in _namespaces(m) for n in names)
-    for origin, items in plan.adapter.items():
-        adapted = {a for a, _ in items}
-        for node in m.nodes(ast.Attribute):
-            if node.attr in adapted and _namespace_origin(m, node) is origin:
-                out.add(m.source(node))
-    assigns: dict = {}
-    for a in m.nodes(ast.Assign):
-        if len(a.targets) == 1 and isinstance(a.targets[0], (ast.Name, ast.Attribute)):
-            assigns.setdefault(m.source(a.targets[0]), []).append(a.value)
-    base = set(out)
-    changed = True
-    while changed:
-        changed = False
-        for t, values in assigns.items():
-            if t in out:
-                continue
-            if any(_env_read(m, v) or _spellings(m, v) & out for v in values):
-                out.add(t)
-                changed = True
-    # a spelling is decided by the environment only if every assignment of it is
-    # (``args.distributed = False`` under a config test switches the path off again)
-    changed = True
-    while changed:
-        changed = False
-        for t in list(out - base):
-            if any(not (_env_read(m, v) or _spellings(m, v) & out) for v in assigns.get(t, [])):
-                out.discard(t)
-                changed = True
-    return out
-
-
-def _namespaces(m: SemanticModel) -> set:
-    out = set()
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr in ("parse_args", "parse_known_args"):
-            stmt = m.statement_of(call)
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                t = stmt.targets[0]
-                if isinstance(t, ast.Tuple) and t.elts:
-                    t = t.elts[0]
-                if isinstance(t, ast.Name):
-                    out.add(t.id)
-    return out or {"args"}
-
-
-def _rank_sources(m: SemanticModel) -> List[ast.AST]:
-    return [n for n in m.nodes(ast.Subscript, ast.Call) if _env_read(m, n) and "RANK" in m.source(n).upper()]
-
-
-def _conditions(m: SemanticModel, node: ast.AST) -> List[ast.AST]:
-    """The tests of the ``if`` statements whose true branch holds ``node``."""
-    return [a.test for a, where in m.branches(node) if isinstance(a, ast.If) and where == "body"]
-
-
-def _local_rank_args(m: SemanticModel) -> List[ast.Call]:
-    return [call for call, _flag, _env in local_rank_arguments(m)]
 
 
 # --------------------------------------------------------------------------- the edits
@@ -401,7 +221,7 @@ def propose(ctx: Context) -> List[Finding]:
     for assign, name in plan.overrides:
         env = _ENV[name].format(os=os_)
         value = assign.value
-        if _env_read(m, value):
+        if env_read(m, value):
             continue  # already torchrun's value
         text = m.source(value)
         if not isinstance(value, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)):
@@ -411,45 +231,24 @@ def propose(ctx: Context) -> List[Finding]:
     # each test on the way to init_process_group gets the polarity of its own branch; the
     # same test elsewhere (``if args.distributed:`` around the sampler) the polarity of the
     # innermost one (the first found)
-    dumps: dict = {}
-    exact = {id(t): b for t, b in plan.predicates}
-    for test, branch in plan.predicates:
-        dumps.setdefault(ast.dump(test), branch)
-    for node in m.nodes(*{type(t) for t, _ in plan.predicates}) if plan.predicates else []:
-        branch = exact.get(id(node), dumps.get(ast.dump(node)))
-        if branch is None:
-            continue
-        parent = m.parent(node)
-        if not (isinstance(parent, (ast.If, ast.IfExp, ast.While)) and parent.test is node):
-            continue
+    for node, branch in switch_tests(m, plan.predicates):
         if branch == "body":
             new = ctx.expr('{t} or "LOCAL_RANK" in {os}.environ', t=_paren(m, node), os=os_)
         else:
             new = ctx.expr('{t} and "LOCAL_RANK" not in {os}.environ', t=_paren(m, node), os=os_)
         out.append(ctx.note(node, "DDP121", f"`{m.source(node)}` switches the distributed path on; under torchrun it is on", [Replace(ctx.cst(node), new)]))
-    for call in m.nodes(ast.Call):
-        f = _cuda_call(ctx, call, cuda)
-        if f is not None:
-            out.append(f)
-    for node in m.nodes(ast.Assert):
-        f = _cuda_assert(ctx, node, cuda)
-        if f is not None:
-            out.append(f)
-    for node in m.nodes(ast.Call, ast.BinOp, ast.JoinedStr):
-        f = _cuda_device(ctx, node, cuda)
-        if f is not None:
-            out.append(f)
-    for sub in m.nodes(ast.Assign):
-        f = _master_env(ctx, sub)
-        if f is not None:
-            out.append(f)
+    out.extend(_cuda_call(ctx, call, cuda) for call in cuda_calls(m))
+    out.extend(ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
+                        [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))]) for node in cuda_asserts(m))
+    out.extend(_cuda_device(ctx, node, kind, cuda) for node, kind in rank_devices(m))
+    out.extend(_master_env(ctx, assign) for assign in master_env_stores(m) if ctx.bridge.alone_on_line(assign))
     return out
 
 
 def _init_call(ctx: Context, init: ast.Call, cuda: str) -> List[Finding]:
     m = ctx.m
     out = []
-    backend = _arg(init, "backend")
+    backend = (init_arguments(m, init) or {}).get("backend")
     if isinstance(backend, ast.Constant) and backend.value == "nccl":
         out.append(ctx.note(backend, "DDP121", "backend nccl with CUDA, gloo on CPU", [Replace(ctx.cst(backend), ctx.expr('"nccl" if {c} else "gloo"', c=cuda))]))
     stmt = m.statement_of(init)
@@ -466,21 +265,14 @@ def _guard_set_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Findi
     stmt = m.statement_of(call)
     if not (isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt)):
         return None
-    if _under_cuda_test(m, stmt):
+    if under_cuda_test(m, stmt):
         return None
     return ctx.note(call, "DDP121", "torch.cuda.set_device only with CUDA", [Guard((ctx.bridge.statement(stmt),), ctx.expr(cuda))])
 
 
 def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
     m = ctx.m
-    edits = []
-    for name in ("device_ids", "output_device"):
-        k = kwarg(call, name)
-        if k is None or (isinstance(k.value, ast.Constant) and k.value.value is None):
-            continue
-        if any(m.is_name(n, CUDA_AVAILABLE) for n in ast.walk(k.value) if isinstance(n, (ast.Name, ast.Attribute))):
-            continue
-        edits.append(Replace(ctx.cst(k.value), ctx.expr("{v} if {c} else None", v=_paren(m, k.value), c=cuda)))
+    edits = [Replace(ctx.cst(v), ctx.expr("{v} if {c} else None", v=_paren(m, v), c=cuda)) for v in cuda_device_arguments(m, call)]
     if kwarg(call, "device_ids") is None and len(call.args) < 2 and not any(k.arg is None for k in call.keywords):
         torch = ctx.name("torch")
         from dp2ddp.codemods.rank_writers import _add_kwarg
@@ -524,42 +316,27 @@ def _apex(ctx: Context) -> List[Finding]:
 
 
 def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> List[Finding]:
-    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did.
-    A wrap a helper returns (yolov5's ``smart_DDP(model)``) counts where the helper is called
-    (at each of its call sites)."""
-    m = ctx.m
-    parent = m.parent(call)
-    if isinstance(parent, ast.Return):
-        func = m.enclosing_function(call)
-        return [f for site in (m.call_sites(func) if func is not None else []) for f in _ensure_wrapped(ctx, site, ensured)]
-    stmt = m.statement_of(call)
-    keys = assigned_keys(m, call)
-    if not keys or not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
-        return []
-    target = m.source(parent.targets[0])
-    top = None
-    for a in m.ancestors(stmt):
-        if isinstance(a, FUNCTIONS + (ast.Module, ast.ClassDef, ast.For, ast.While, ast.With, ast.Try)):
-            break
-        if isinstance(a, ast.If):
-            top = a
-    if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
-        return []
-    ensured.add((id(top), target))
-    dist = ctx.name("dist")
-    new = ctx.stmt(
-        "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
-        dist=dist, t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
-    )
-    return [ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
-                     [InsertAfter(ctx.bridge.statement(top), (new,))])]
+    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did
+    (where each assignment of the wrap stands: :func:`wrap_assignments`)."""
+    out = []
+    for assign, top in wrap_assignments(ctx.m, call):
+        target = ctx.m.source(assign.targets[0])
+        if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
+            continue
+        ensured.add((id(top), target))
+        new = ctx.stmt(
+            "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
+            dist=ctx.name("dist"), t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
+        )
+        out.append(ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
+                            [InsertAfter(ctx.bridge.statement(top), (new,))]))
+    return out
 
 
 def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     m = ctx.m
     plan = ctx.need(MixedPlan)
-    conds = _conditions(m, sp)
-    if any(_namespace(m, c) is not None and (c.attr, "False") in {x for items in plan.adapter.values() for x in items} for c in conds):  # type: ignore[attr-defined]
+    if any((c.attr, "False") in {x for items in plan.adapter.values() for x in items} for c in spawn_flags(m, sp)):
         return None  # the spawning flag is switched off under torchrun
     stmt = m.parent(sp)
     os_ = ctx.name("os")
@@ -592,132 +369,31 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
     return ctx.note(sp, "DDP121", f"under torchrun, {target.name}() runs in this process instead of mp.spawn", [Replace(node, wrap)])  # type: ignore[attr-defined]
 
 
-def _cuda_string(m: SemanticModel, node: ast.AST) -> bool:
-    """``'cuda:%d' % rank``, ``'cuda:{}'.format(rank)``, ``f"cuda:{rank}"``: a device string
-    built from a rank."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
-        return isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) and node.left.value.startswith("cuda:")
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format":
-        v = node.func.value
-        return isinstance(v, ast.Constant) and isinstance(v.value, str) and v.value.startswith("cuda:")
-    if isinstance(node, ast.JoinedStr) and node.values:
-        first = node.values[0]
-        return isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith("cuda:")
-    return False
-
-
-def _cuda_device(ctx: Context, node: ast.AST, cuda: str) -> Optional[Finding]:
+def _cuda_device(ctx: Context, node: ast.AST, kind: str, cuda: str) -> Finding:
     """``torch.device("cuda", local_rank)`` or ``'cuda:%d' % local_rank`` in the distributed
     path: the CPU when there is no CUDA (a gloo run on CPU)."""
     m = ctx.m
-    if _under_cuda_test(m, node):
-        return None
-    torch = ctx.name("torch")
-    if isinstance(node, ast.Call) and m.is_name(node.func, {"torch.device"}):
-        first = node.args[0] if node.args else None
-        if not (len(node.args) == 2 and isinstance(first, ast.Constant) and first.value == "cuda"):
-            return None
-        cpu = f'{torch}.device("cpu")'
-    elif _cuda_string(m, node):
-        parent = m.parent(node)
-        if isinstance(parent, ast.Call) and m.is_name(parent.func, {"torch.device"}):
-            return None  # torch.device('cuda:%d' % r): the string is changed, the call stays
-        cpu = '"cpu"'
-    else:
-        return None
-    text = m.source(node)
-    if not isinstance(node, ast.Call):
-        text = f"({text})"
+    cpu = f'{ctx.name("torch")}.device("cpu")' if kind == "device" else '"cpu"'
+    text = m.source(node) if isinstance(node, ast.Call) else f"({m.source(node)})"
     return ctx.note(node, "DDP121", "the rank's CUDA device, or the CPU without CUDA",
                     [Replace(ctx.cst(node), ctx.expr("{c} if {cuda} else {cpu}", c=text, cuda=cuda, cpu=cpu))])
 
 
-_CUDA_FLAGS = {"cuda", "use_cuda", "is_cuda", "has_cuda", "use_gpu", "on_gpu", "gpu"}
-
-
-def _cuda_test(m: SemanticModel, test: ast.AST) -> bool:
-    """The test holds only with CUDA: ``torch.cuda.is_available()``, ``args.cuda``,
-    ``use_cuda``, ``x.is_cuda``, ``device == "cuda"`` (also as one operand of ``and``)."""
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return any(_cuda_test(m, v) for v in test.values)
-    if isinstance(test, ast.Call):
-        return m.is_name(test.func, CUDA_AVAILABLE)
-    if isinstance(test, (ast.Name, ast.Attribute)):
-        return (test.id if isinstance(test, ast.Name) else test.attr) in _CUDA_FLAGS
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Eq, ast.Is)):
-        sides = [test.left] + test.comparators
-        return any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides)  # also `x.type == "cuda"`
-    return False
-
-
-def _under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:
-    """``node`` only runs with CUDA: in the body of an ``if``/conditional expression whose test
-    holds only with CUDA, or after such a test in an ``and``."""
-    child = node
-    for a in m.ancestors(node):
-        if isinstance(a, ast.If) and child is not a.test and any(child is s for s in a.body) and _cuda_test(m, a.test):
-            return True
-        if (
-            isinstance(a, ast.If)
-            and any(child is s for s in a.orelse)
-            and isinstance(a.test, ast.UnaryOp)
-            and isinstance(a.test.op, ast.Not)
-            and _cuda_test(m, a.test.operand)
-        ):
-            return True  # if not torch.cuda.is_available(): ... elif/else: (CUDA from here)
-        if isinstance(a, ast.IfExp) and child is a.body and _cuda_test(m, a.test):
-            return True
-        if isinstance(a, ast.BoolOp) and isinstance(a.op, ast.And) and child in a.values:
-            if any(_cuda_test(m, v) for v in a.values[: a.values.index(child)]):
-                return True
-        if isinstance(a, FUNCTIONS + (ast.ClassDef,)):
-            return False
-        child = a
-    return False
-
-
-def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
+def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Finding:
     """``x.cuda()`` on the distributed path runs on CPU too: ``x.cuda() if CUDA else x``."""
-    m = ctx.m
-    f = call.func
-    if not (isinstance(f, ast.Attribute) and f.attr == "cuda"):
-        return None
-    recv = f.value
-    if not isinstance(recv, (ast.Name, ast.Attribute, ast.Subscript)) or any(isinstance(n, ast.Call) for n in ast.walk(recv)):
-        return None
-    if _under_cuda_test(m, call):
-        return None
-    parent = m.parent(call)
+    parent = ctx.m.parent(call)
+    why = ".cuda() only with CUDA (the distributed path runs on CPU too)"
     if isinstance(parent, ast.Expr) and ctx.bridge.alone_on_line(parent):
-        return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
-                        [Guard((ctx.bridge.statement(parent),), ctx.expr(cuda))])
-    return ctx.note(call, "DDP121", ".cuda() only with CUDA (the distributed path runs on CPU too)",
-                    [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=recv))])
+        return ctx.note(call, "DDP121", why, [Guard((ctx.bridge.statement(parent),), ctx.expr(cuda))])
+    return ctx.note(call, "DDP121", why, [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=call.func.value))])  # type: ignore[attr-defined]
 
 
-def _cuda_assert(ctx: Context, node: ast.Assert, cuda: str) -> Optional[Finding]:
-    """``assert torch.cuda.device_count() > LOCAL_RANK`` on the distributed path: only with CUDA."""
-    m = ctx.m
-    if not any(isinstance(n, (ast.Name, ast.Attribute)) and m.is_name(n, {"torch.cuda.device_count", "torch.cuda.is_available"}) for n in ast.walk(node.test)):
-        return None
-    if _under_cuda_test(m, node):
-        return None
-    return ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
-                    [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))])
-
-
-def _master_env(ctx: Context, assign: ast.Assign) -> Optional[Finding]:
+def _master_env(ctx: Context, assign: ast.Assign) -> Finding:
     """``os.environ["MASTER_PORT"] = "8000"`` -> ``os.environ.setdefault(...)``: torchrun's wins."""
-    m = ctx.m
-    if len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Subscript):
-        return None
     t = assign.targets[0]
-    if not m.is_name(t.value, {"os.environ"}) or not isinstance(t.slice, ast.Constant) or t.slice.value not in ("MASTER_ADDR", "MASTER_PORT"):
-        return None
-    if not ctx.bridge.alone_on_line(assign):
-        return None
-    new = ctx.stmt("{e}.setdefault({k}, {v})", e=t.value, k=t.slice, v=assign.value)
-    return ctx.note(assign, "DDP121", f"{t.slice.value} keeps torchrun's value", [Replace(ctx.bridge.statement(assign), lambda u, n=new: n.with_changes(leading_lines=u.leading_lines))])
+    new = ctx.stmt("{e}.setdefault({k}, {v})", e=t.value, k=t.slice, v=assign.value)  # type: ignore[attr-defined]
+    return ctx.note(assign, "DDP121", f"{t.slice.value} keeps torchrun's value",  # type: ignore[attr-defined]
+                    [Replace(ctx.bridge.statement(assign), lambda u, n=new: n.with_changes(leading_lines=u.leading_lines))])
 
 
 def _paren(m: SemanticModel, node: ast.AST) -> str:
@@ -727,4 +403,4 @@ def _paren(m: SemanticModel, node: ast.AST) -> str:
     return f"({text})"
 
 
-__all__ = ["detect_mode", "propose", "RANK_WORD"]
+__all__ = ["detect_mode", "propose"]

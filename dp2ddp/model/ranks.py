@@ -23,7 +23,7 @@ from typing import Iterator, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import GET_RANK
-from dp2ddp.model.syntax import FUNCTIONS, children, terminal
+from dp2ddp.model.syntax import FUNCTIONS, children, kwarg, terminal
 
 RANK_WORD = re.compile(
     r"(^|_)(rank|rank0|rank_zero|master|main_process|main_rank|is_main|is_master|primary|is_primary|chief|is_chief"
@@ -361,3 +361,10 @@ def local_rank_arguments(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool
             got.append((call, flag, default is not None and env_read(m, default, "LOCAL_RANK")))
         m.cache["ranks:local_rank_args"] = got
     return got  # type: ignore[return-value]
+
+
+def local_rank_dest(call: ast.Call) -> str:
+    """The option of the parsed arguments that holds a ``--local_rank`` argument: its
+    ``dest=``, else ``local_rank`` (argparse's name for ``--local-rank`` too)."""
+    dest = kwarg(call, "dest")
+    return dest.value.value if dest is not None and isinstance(dest.value, ast.Constant) else "local_rank"
