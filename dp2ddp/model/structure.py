@@ -173,11 +173,22 @@ class Structure:
                 continue
             if last is None and i == 0 and is_docstring(stmt):
                 continue
+            if _header_line(stmt):
+                continue  # a string or ``__author__ = ...`` between the imports (ResNeXt's header)
             if isinstance(stmt, (ast.If, ast.Try)) and _only_imports(stmt):
                 last = stmt
                 continue
             break
         return last
+
+
+def _header_line(stmt: ast.stmt) -> bool:
+    """A bare string, or a module dunder set to a constant (``__author__ = "..."``)."""
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+        return True
+    return (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id.startswith("__") and stmt.targets[0].id.endswith("__")
+            and isinstance(stmt.value, (ast.Constant, ast.List, ast.Tuple)))
 
 
 def _in_header(func: ast.AST, node: ast.AST, model: Structure) -> bool:
