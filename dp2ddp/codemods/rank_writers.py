@@ -145,6 +145,16 @@ def is_writer_use(ctx: Context, stmt: ast.stmt) -> bool:
     return ctx.m.resolve_call(call) is None and any(var_key(ctx.m, a) in keys for a in call.args)
 
 
+def _followed(m: SemanticModel, call: ast.Call, node: ast.AST, keys: Set[VarKey]) -> bool:
+    """``node`` is passed to a function of the script whose parameter wrapper_keys follows
+    (every call of it passes the writer); a parameter some other call fills with another
+    value is not followed, and the use stays unguardable."""
+    func = m.resolve_call(call)
+    if func is None:
+        return False
+    return any(("local", func, p) in keys for p in m.params(func) if m.argument_for(func, call, p) is node)
+
+
 def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
     names = {k[2] for k in keys if k[0] != "attr"} | {k[2][5:] for k in keys if k[0] == "attr"}
     for node in m.nodes(ast.Name, ast.Attribute):
@@ -160,9 +170,9 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
             call = m.parent(parent)
             if isinstance(call, ast.Call) and call.func is parent and isinstance(m.parent(call), ast.Expr):
                 continue  # writer.add_scalar(...) as a statement
-        if isinstance(parent, ast.Call) and node in parent.args and m.resolve_call(parent) is not None:
+        if isinstance(parent, ast.Call) and node in parent.args and _followed(m, parent, node, keys):
             continue  # passed to a function of the script: followed by wrapper_keys
-        if isinstance(parent, ast.keyword) and isinstance(m.parent(parent), ast.Call) and m.resolve_call(m.parent(parent)) is not None:
+        if isinstance(parent, ast.keyword) and isinstance(m.parent(parent), ast.Call) and _followed(m, m.parent(parent), node, keys):
             continue  # f(logger=writer): likewise
         if isinstance(parent, ast.Call) and node in parent.args and isinstance(m.parent(parent), ast.Expr):
             continue  # passed to another module's function as a statement: the statement is guarded
