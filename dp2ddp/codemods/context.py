@@ -179,6 +179,19 @@ class Context:
     def render(self, template: str, **values: Value) -> List[cst.BaseStatement]:
         return render_statements(template, self.module, **{k: self.text(v) for k, v in values.items()})
 
+    def define_after_imports(self, template: str, **values: Value) -> None:
+        """Write a helper template (a function or class the migration defines once) after
+        the import section at the top of the module, two blank lines above it."""
+        from dp2ddp.engine import InsertAfter, InsertBefore
+
+        stmts = self.render(template, **values)
+        stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        end = self.m.top_import_end
+        if end is not None:
+            self.extra_edits.append(InsertAfter(self.bridge.statement(end), tuple(stmts)))
+        else:
+            self.extra_edits.append(InsertBefore(self.bridge.statement(next(iter(self.m.tree.body))), tuple(stmts)))
+
     def cst(self, node: ast.AST) -> cst.CSTNode:
         return self.bridge.cst(node)
 

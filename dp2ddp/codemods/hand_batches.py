@@ -23,10 +23,9 @@ from __future__ import annotations
 import ast
 from typing import Dict, List
 
-import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Edit, Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.engine import Edit, Finding, InsertBefore, Replace
 from dp2ddp.model.batches import HandLoop, dim_problems, hand_loops
 
 
@@ -69,15 +68,7 @@ def propose(ctx: Context) -> List[Finding]:
 
 
 def _define(ctx: Context, name: str) -> None:
-    m = ctx.m
-    stmts = ctx.render("rank_share.py.tmpl", rank_share=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
-    stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    end = m.top_import_end
-    if end is not None:
-        ctx.extra_edits.append(InsertAfter(ctx.bridge.statement(end), tuple(stmts)))
-    else:
-        first = next(s for s in m.tree.body)
-        ctx.extra_edits.append(InsertBefore(ctx.bridge.statement(first), tuple(stmts)))
+    ctx.define_after_imports("rank_share.py.tmpl", rank_share=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
 
 
 def _shared(ctx: Context, name: str, dim: int):

@@ -16,11 +16,9 @@ from __future__ import annotations
 import ast
 from typing import List
 
-import libcst as cst
-
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GatherHelper
-from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.batch_coupling import in_batch_losses, loss_calls
 
 
@@ -60,11 +58,4 @@ def gather_name(ctx: Context) -> str:
 
 
 def _define(ctx: Context, name: str) -> None:
-    m = ctx.m
-    stmts = ctx.render("gather_batch.py.tmpl", gather=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
-    stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-    end = m.top_import_end
-    if end is not None:
-        ctx.extra_edits.append(InsertAfter(ctx.bridge.statement(end), tuple(stmts)))
-    else:
-        ctx.extra_edits.append(InsertBefore(ctx.bridge.statement(next(iter(m.tree.body))), tuple(stmts)))
+    ctx.define_after_imports("gather_batch.py.tmpl", gather=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
