@@ -96,11 +96,14 @@ class Context:
         """A reason to leave the file unchanged; with ``--accept CODE`` a warning instead,
         and the output says so in a comment above the statement."""
         if code in getattr(self.options, "accept", ()):
-            edits = self._accepted_comment(node, code)
+            text = f"# dp2ddp: accepted {code}: this statement was not migrated safely (see `dp2ddp rewrite` output)"
+            edits = self.comment_above(node, text)
             return self.finding(node, code, f"{message} (accepted: written anyway)", "warning", Fix(edits) if edits else None)
         return self.finding(node, code, message, "error")
 
-    def _accepted_comment(self, node, code: str) -> List[Edit]:
+    def comment_above(self, node, text: str) -> List[Edit]:
+        """A comment line above the statement that holds ``node`` (none where that
+        statement shares its line with others)."""
         from dp2ddp.engine import Replace
 
         stmt = self.m.statement_of(node) if node is not None else None
@@ -109,7 +112,6 @@ class Context:
         line = self.bridge.statement(stmt)
         if not hasattr(line, "leading_lines"):
             return []
-        text = f"# dp2ddp: accepted {code}: this statement was not migrated safely (see `dp2ddp rewrite` output)"
         comment = cst.EmptyLine(comment=cst.Comment(text))
         return [Replace(line, lambda u: u.with_changes(leading_lines=[*u.leading_lines, comment]))]
 

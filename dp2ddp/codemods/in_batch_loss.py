@@ -18,7 +18,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GatherHelper
-from dp2ddp.engine import Finding, Replace
+from dp2ddp.engine import Edit, Finding, Replace
 from dp2ddp.model.batch_coupling import in_batch_losses, loss_calls
 
 
@@ -40,8 +40,8 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         gather = gather_name(ctx)
         for call in calls:
-            edits = [Replace(ctx.cst(a), lambda u, g=gather: ctx.expr("{g}.apply({x})", g=g, x=u))
-                     for a in list(call.args) + [k.value for k in call.keywords] if not isinstance(a, ast.Constant)]
+            edits = gathered(ctx, [a for a in list(call.args) + [k.value for k in call.keywords]
+                                   if not isinstance(a, ast.Constant)])
             out.append(ctx.note(call, "DDP154", (
                 f"{name} compares the samples of a batch with each other ({where}): its inputs are gathered from every "
                 f"rank first ({gather}), so every rank computes the original's loss over the global batch"), edits))
@@ -55,6 +55,12 @@ def gather_name(ctx: Context) -> str:
         helper.name = ctx.fresh_name("GatherBatch")
         _define(ctx, helper.name)
     return helper.name
+
+
+def gathered(ctx: Context, inputs: List[ast.AST]) -> List[Edit]:
+    """Each of ``inputs`` through ``GatherBatch.apply(...)`` (written into the script on first use)."""
+    gather = gather_name(ctx)
+    return [Replace(ctx.cst(a), lambda u, g=gather: ctx.expr("{g}.apply({x})", g=g, x=u)) for a in inputs]
 
 
 def _define(ctx: Context, name: str) -> None:

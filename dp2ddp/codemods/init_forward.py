@@ -23,8 +23,8 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GatherHelper, Wrappers
-from dp2ddp.codemods.in_batch_loss import gather_name
-from dp2ddp.engine import Finding, Replace
+from dp2ddp.codemods.in_batch_loss import gather_name, gathered
+from dp2ddp.engine import Finding
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.training import training_loops, under_no_grad
 
@@ -88,8 +88,8 @@ def _gather(ctx: Context, call: ast.Call, what: str):
     inputs = [a for a in list(call.args) + [k.value for k in call.keywords] if _batch(m, a)]
     if not all(_gatherable(m, a) for a in inputs):
         return None
+    edits = gathered(ctx, inputs)
     name = gather_name(ctx)
-    edits = [Replace(ctx.cst(a), lambda u, g=name: ctx.expr("{g}.apply({x})", g=g, x=u)) for a in inputs]
     return ctx.note(call, "DDP155", (
         f"`{' '.join(m.source(call).split())[:60]}`: a {what} sees the global batch ({name}): a layer that initialises "
         "from its first batch (ActNorm, data-dependent init) starts every rank from the data the original used, and "

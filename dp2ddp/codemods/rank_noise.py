@@ -30,8 +30,6 @@ from __future__ import annotations
 import ast
 from typing import List
 
-import libcst as cst
-
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.noise import per_sample_draws
@@ -48,8 +46,8 @@ def propose(ctx: Context) -> List[Finding]:
     for d in per_sample_draws(m):
         dist = ctx.name("dist")
         world = f"{dist}.get_world_size()"
-        simple = d.count is None or isinstance(d.count, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant))
         if d.count is not None:
+            simple = isinstance(d.count, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant))
             edits = [
                 Replace(ctx.cst(d.count), lambda node, w=world, s=simple: ctx.expr(
                     "{c} * {w}" if s else "({c}) * {w}", c=node, w=w)),
@@ -62,10 +60,7 @@ def propose(ctx: Context) -> List[Finding]:
         stmt = m.statement_of(d.call)
         if stmt is not None and id(stmt) not in commented:
             commented.add(id(stmt))
-            line = ctx.bridge.statement(stmt)
-            if hasattr(line, "leading_lines"):
-                comment = cst.EmptyLine(comment=cst.Comment(_COMMENT))
-                edits.append(Replace(line, lambda u, c=comment: u.with_changes(leading_lines=[*u.leading_lines, c])))
+            edits += ctx.comment_above(d.call, _COMMENT)
         what = ("draws one row per item of the batch: every rank now draws the global batch's rows from the same "
                 "stream and keeps its own, as DataParallel's scatter gave them" if d.count is not None else
                 "draws noise shaped like the batch: every rank now draws it world-size times from the same stream and "

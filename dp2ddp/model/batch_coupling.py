@@ -142,6 +142,8 @@ def loss_calls(m: SemanticModel, node: ast.AST) -> Optional[List[ast.Call]]:
     name the loop around the call assigns (a value of the training step, not a parameter or
     a module-level value that may carry state) or a constant; ``None``
     where one is not (state such as a queue of negatives, ``*args``) or no call is found."""
+    from dp2ddp.model.steps import names_bound
+
     calls = [node] if isinstance(node, ast.Call) else list(m.call_sites(node))
     if not calls:
         return None
@@ -152,7 +154,7 @@ def loss_calls(m: SemanticModel, node: ast.AST) -> Optional[List[ast.Call]]:
         loops = m.enclosing_loops(call)
         if not loops:
             return None
-        local = {n.id for n in ast.walk(loops[0]) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        local = names_bound(m, loops[0])
         for a in args:
             if isinstance(a, ast.Constant):
                 continue

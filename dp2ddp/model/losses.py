@@ -15,7 +15,7 @@ import ast
 from typing import List
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.syntax import kwarg
+from dp2ddp.model.syntax import first_dim_of, kwarg
 
 
 def sum_reductions(m: SemanticModel) -> List[ast.keyword]:
@@ -89,17 +89,6 @@ def _divided_by_batch(m: SemanticModel, node: ast.AST) -> bool:
         e = todo.pop()
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
             todo += [e.left, e.right]
-        elif _batch_size(e):
+        elif first_dim_of(e) is not None:
             return True
     return False
-
-
-def _batch_size(e: ast.AST) -> bool:
-    """``x.size(0)``, ``x.size()[0]``, ``x.shape[0]``, ``len(x)``."""
-    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size":
-        return len(e.args) == 1 and isinstance(e.args[0], ast.Constant) and e.args[0].value == 0
-    if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and e.slice.value == 0:
-        v = e.value
-        return (isinstance(v, ast.Attribute) and v.attr == "shape") or (
-            isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "size" and not v.args)
-    return isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "len" and len(e.args) == 1

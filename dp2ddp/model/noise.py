@@ -26,7 +26,8 @@ from typing import List, Optional, Set
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.flow import origins
-from dp2ddp.model.steps import own_nodes
+from dp2ddp.model.steps import names_bound, own_nodes
+from dp2ddp.model.syntax import first_dim_of
 from dp2ddp.model.training import training_loops
 
 # the draws whose size the migration can read: ``randn(*size)``, ``rand(*size)``, ``randint([low,] high, size)``
@@ -47,7 +48,7 @@ def per_sample_draws(m: SemanticModel) -> List[Draw]:
     if got is None:
         got, seen = [], set()
         for loop in training_loops(m):
-            bound = _bound_in(m, loop)
+            bound = names_bound(m, loop)
             for n in own_nodes(m, loop):
                 if not isinstance(n, ast.Call) or id(n) in seen:
                     continue
@@ -148,30 +149,12 @@ def _count(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     return None
 
 
-def _bound_in(m: SemanticModel, loop: ast.AST) -> Set[str]:
-    """Names the loop binds: its target and every assignment among its own statements."""
-    names: Set[str] = set()
-    for n in own_nodes(m, loop):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
-            names.add(n.id)
-    return names
-
-
 def _size_of_step_value(m: SemanticModel, e: ast.AST, bound: Set[str]) -> bool:
     """``x.size(0)``, ``x.size()[0]``, ``x.shape[0]``, ``len(x)`` of a name the loop binds."""
-    target = None
-    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size":
-        if len(e.args) == 1 and isinstance(e.args[0], ast.Constant) and e.args[0].value == 0 and not e.keywords:
-            target = e.func.value
-    elif isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and e.slice.value == 0:
-        v = e.value
-        if isinstance(v, ast.Attribute) and v.attr == "shape":
-            target = v.value
-        elif isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "size" and not v.args:
-            target = v.func.value
-    elif isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "len" and len(e.args) == 1:
-        if m.qualified_names(e.func) <= {"len", "builtins.len"}:
-            target = e.args[0]
+    target = first_dim_of(e)
+    if target is not None and isinstance(e, ast.Call) and isinstance(e.func, ast.Name):
+        if not m.qualified_names(e.func) <= {"len", "builtins.len"}:
+            return False  # a ``len`` of the script's own
     while isinstance(target, ast.Subscript):  # data[0].size(0)
         target = target.value
     return isinstance(target, ast.Name) and target.id in bound

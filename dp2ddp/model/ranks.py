@@ -149,9 +149,14 @@ def ends_flow(stmt: ast.If) -> bool:
     for s in stmt.body:
         if isinstance(s, (ast.Return, ast.Continue, ast.Break, ast.Raise)):
             return True
-        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call) and terminal(s.value.func) in _EXITS:
+        if is_exit(s):
             return True
     return False
+
+
+def is_exit(stmt: ast.stmt) -> bool:
+    """``sys.exit(...)``, ``exit()``, ``os._exit(...)`` as a statement."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and terminal(stmt.value.func) in _EXITS
 
 
 def early_exit_before(m: SemanticModel, node: ast.AST) -> Optional[ast.If]:

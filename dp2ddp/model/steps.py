@@ -45,6 +45,12 @@ def own_nodes(m: SemanticModel, root: ast.AST) -> List[ast.AST]:
     return sorted((n for n in out if hasattr(n, "lineno")), key=lambda n: (n.lineno, n.col_offset))
 
 
+def names_bound(m: SemanticModel, root: ast.AST) -> Set[str]:
+    """Names ``root`` (a loop: its target and the assignments among its own statements)
+    binds, not entering nested functions, classes or lambdas."""
+    return {n.id for n in own_nodes(m, root) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
 def innermost_loop(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
     loops = m.enclosing_loops(node)
     return loops[0] if loops else None

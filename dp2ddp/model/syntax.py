@@ -93,3 +93,21 @@ def terminal(node: ast.AST) -> Optional[str]:
             return s.value
         return terminal(node.value)
     return None
+
+
+def first_dim_of(e: ast.AST) -> Optional[ast.AST]:
+    """``x`` of ``x.size(0)``, ``x.size()[0]``, ``x.shape[0]`` or ``len(x)`` (spelled
+    ``len``: a caller that must know it is the builtin checks the name); else ``None``."""
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size":
+        ok = len(e.args) == 1 and isinstance(e.args[0], ast.Constant) and e.args[0].value == 0 and not e.keywords
+        return e.func.value if ok else None
+    if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant) and e.slice.value == 0:
+        v = e.value
+        if isinstance(v, ast.Attribute) and v.attr == "shape":
+            return v.value
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr == "size" and not v.args:
+            return v.func.value
+        return None
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "len" and len(e.args) == 1:
+        return e.args[0]
+    return None

@@ -480,12 +480,10 @@ def _between(m: SemanticModel, node: ast.AST, top: ast.AST):
         yield a
 
 
-_EXITS = frozenset({"sys.exit", "builtins.exit", "builtins.quit", "os._exit"})
-
-
 def in_exiting_branch(m: SemanticModel, w: Wrap) -> bool:
     """The wrap is in an ``if`` branch that ends the program (or its function) without
     training: ``if args.test_only: ...; net = DataParallel(net); <evaluate>; sys.exit(0)``."""
+    from dp2ddp.model.ranks import is_exit
     from dp2ddp.model.training import is_backward, trains
 
     for a in m.ancestors(w.stmt):
@@ -498,7 +496,7 @@ def in_exiting_branch(m: SemanticModel, w: Wrap) -> bool:
             not isinstance(last, ast.Raise) or "SystemExit" in m.source(last))
         if isinstance(last, ast.Return) and m.enclosing_function(last) is None:
             ends = False
-        if isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and m.is_name(last.value.func, _EXITS):
+        if is_exit(last):
             ends = True
         if ends:
             body_calls = [c for s in a.body for c in ast.walk(s) if isinstance(c, ast.Call)]
