@@ -14,6 +14,8 @@ from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.loaders import loaders
 from dp2ddp.model.training import training_loops, trained_origins, updates
 
+ROOT = Path(__file__).resolve().parent.parent
+
 
 def _write(folder: Path, files: dict) -> Path:
     for name, text in files.items():
@@ -316,3 +318,47 @@ def test_a_tensorboard_logger_logger_is_made_on_rank_0_only():
     out = migrate_source(src.encode(), "train.py").output.decode()
     assert 'logger = tb_logger.Logger(logdir="tb", flush_secs=2) if dist.get_rank() == 0 else None' in out
     assert "if dist.get_rank() == 0:\n        logger.log_value(" in out
+
+
+def test_a_pandas_frame_written_by_name_is_a_save_and_runs_on_rank_zero():
+    """``data_frame.to_csv(path)`` writes a file like ``torch.save``: a writer of kind
+    ``save``, and the migration runs it on rank 0 only (as SRFBN's records of every epoch)."""
+    from dp2ddp.migrate import migrate_source
+    from dp2ddp.model.writers import writers
+
+    src = textwrap.dedent('''\
+        import pandas as pd
+        import torch
+        import torch.nn as nn
+
+        model = nn.DataParallel(nn.Linear(2, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        records = {"loss": []}
+        for epoch in range(2):
+            opt.zero_grad()
+            loss = model(torch.randn(4, 2)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            records["loss"].append(loss.item())
+            pd.DataFrame(records).to_csv("records.csv", index_label="epoch")
+        ''')
+    saves = [w for w in writers(build(src)) if w.kind == "save"]
+    assert [(w.call.lineno, ast.literal_eval(w.path)) for w in saves] == [(14, "records.csv")]
+    res = migrate_source(src.encode(), "train.py")
+    assert not res.migration.blocked, [f.message for f in res.migration.warnings]
+    out = res.output.decode()
+    guarded = out.split('pd.DataFrame(records).to_csv("records.csv", index_label="epoch")')[0].rstrip().splitlines()[-1]
+    assert guarded.strip().startswith("if ") and "get_rank()" in guarded and guarded.rstrip().endswith(":"), out
+
+
+def test_a_folder_moved_away_two_modules_below_the_script_is_a_race(tmp_path):
+    """``option.parse()`` -> ``util.mkdir_and_rename()`` (a module of another package): an
+    earlier run's folder is renamed and a new one made. Followed across both modules, the
+    call races on every rank (rank 1 would move rank 0's new folder away)."""
+    from dp2ddp.model.writers import companion_folder_races
+
+    project = ROOT / "fixtures" / "project" / "archive_on_start"
+    m = build((project / "train.py").read_text(), str(project / "train.py"))
+    (race,) = companion_folder_races(m)
+    assert (race.call.lineno, race.name, race.where, race.deletes, race.checked) == (
+        13, "parse", "utils/util.py:8", "utils/util.py:7", False)

@@ -210,7 +210,8 @@ CODES: Tuple[MigrationCode, ...] = (
         "DDP110", "writer-left-on-every-rank", "error",
         "a writer that dp2ddp cannot restrict to rank 0; the file is left unchanged",
         "Every rank would write its own copy of a log or an event file, or the same file at once; a project helper "
-        "that removes and recreates a folder on every rank deletes what rank 0 wrote. A migration that writes N copies "
+        "that removes or renames and recreates a folder on every rank deletes or moves away what rank 0 wrote (found "
+        "through the project modules such a helper calls in turn). A migration that writes N copies "
         "is refused rather than written (`--accept DDP110` writes it anyway).",
         "Restrict it to rank 0 (`if dist.get_rank() == 0:`), or split the writing out of a helper that also keeps "
         "state, then migrate. (What dp2ddp can restrict it does: writers in the script, project helpers that only "

@@ -235,8 +235,9 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
     m = ctx.m
     stmt = m.statement_of(race.call)
     if race.deletes is not None:
-        return ctx.block(race.call, "DDP110", f"{race.name} removes and creates folders ({race.deletes}, {race.where}) on every "
-                         "rank: the other ranks would delete what rank 0 wrote; make it run on rank 0 only, then migrate")
+        return ctx.block(race.call, "DDP110", f"{race.name} removes or moves folders and creates them ({race.deletes}, {race.where}) "
+                         "on every rank: the other ranks would delete or move away what rank 0 wrote; make it run on rank 0 "
+                         "only, then migrate")
     if race.lists is not None:
         return ctx.block(race.call, "DDP110", f"{race.name} picks the folder it creates from what already exists ({race.lists}, "
                          f"{race.where}): every rank would pick and create its own; let rank 0 choose the folder and pass it "

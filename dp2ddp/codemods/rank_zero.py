@@ -31,10 +31,10 @@ from dp2ddp.codemods.rank_writers import is_writer_use
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.names import COPY, DUMPS, FILE_WRITES, LOAD, MKDIR, OPEN, PRINT, SAVE
+from dp2ddp.model.names import DUMPS, LOAD, OPEN, PRINT
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
-from dp2ddp.model.writers import LOGGING_CONFIG, open_mode, writers, writes_mode
+from dp2ddp.model.writers import open_mode, writer_of, writers, writes_mode
 
 NEEDS = (GuardedWriters,)
 
@@ -150,7 +150,8 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             if calls and not all(_hoistable(m, c, stmt) for c in calls):
                 return None
             return _Plan("print", calls)
-        if q & (SAVE | FILE_WRITES | COPY | LOGGING_CONFIG):
+        w = writer_of(m, call)
+        if w is not None and w.kind in ("save", "copy", "logconfig"):
             if reaches_collective(m, call, dp=True):
                 return None
             return _Plan("save")
@@ -340,12 +341,9 @@ def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
     """The paths ``stmt`` writes, as ``ast.dump`` texts."""
     out = []
     for node in ast.walk(stmt):
-        if isinstance(node, ast.Call):
-            q = m.qualified_names(node.func)
-            if q & SAVE and len(node.args) > 1:
-                out.append(ast.dump(node.args[1]))
-            elif q & (FILE_WRITES | COPY) and node.args:
-                out.append(ast.dump(node.args[-1] if q & COPY else node.args[0]))
+        w = writer_of(m, node) if isinstance(node, ast.Call) else None
+        if w is not None and w.kind in ("save", "copy") and w.path is not None:
+            out.append(ast.dump(w.path))
     return out
 
 
@@ -384,8 +382,8 @@ _PATH_MAKERS = frozenset({"os.path.join", "pathlib.Path", "os.path.abspath", "os
 
 def _writes_files(m: SemanticModel, func) -> bool:
     for call in m.reached_calls(func):
-        q = m.qualified_names(call.func)
-        if q & (SAVE | FILE_WRITES | COPY) or (q & OPEN and _writes(call)):
+        w = writer_of(m, call)
+        if w is not None and w.kind in ("save", "copy", "open"):
             return True
     return False
 

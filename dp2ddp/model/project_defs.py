@@ -129,3 +129,35 @@ def class_of_call(m: "SemanticModel", call: ast.AST) -> Optional[Tuple["Semantic
     if found is None or not isinstance(found[1], ast.ClassDef):
         return None
     return found[0], found[1], found[2]
+
+
+_ACROSS = 3  # project modules followed below the first
+
+
+def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["SemanticModel", ast.AST, str]]:
+    """The functions a call of ``node`` (a function of the project module ``pm``, or a class:
+    its ``__init__``) runs, as ``(module model, function, module path relative to the
+    script's folder)``: those of ``pm`` it reaches, and, up to three modules further, those
+    of the project modules they call (``option.parse()`` -> ``util.mkdir_and_rename()``)."""
+    out: List[Tuple["SemanticModel", ast.AST, str]] = []
+    started: set = set()
+    listed: set = set()
+    todo = [(pm, node, rel, 0)]
+    while todo:
+        mod, fn, path, depth = todo.pop()
+        if isinstance(fn, ast.ClassDef):
+            fn = next((s for s in fn.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        if fn is None or (id(mod), id(fn)) in started:
+            continue
+        started.add((id(mod), id(fn)))
+        reached = mod.reach(fn)
+        for f in reached:
+            if (id(mod), id(f)) not in listed:
+                listed.add((id(mod), id(f)))
+                out.append((mod, f, path))
+        if depth >= _ACROSS:
+            continue
+        for call, (mod2, node2, rel2) in project_calls(mod):
+            if any(mod.contains(f, call) for f in reached):
+                todo.append((mod2, node2, os.path.normpath(os.path.join(os.path.dirname(path), rel2)), depth + 1))
+    return out

@@ -4,7 +4,7 @@ Under DDP every rank runs the script, so each of these happens once per rank unl
 something says otherwise. :func:`writers` lists them with their kind:
 
 ``save``       ``torch.save(obj, path)`` and other writes of a whole file by name
-               (``np.save``, ``plt.savefig``, ``save_image`` ...)
+               (``np.save``, ``plt.savefig``, ``save_image``, a pandas frame's ``to_csv`` ...)
 ``copy``       ``shutil.copyfile`` and friends
 ``mkdir``      ``os.mkdir``/``os.makedirs``/``Path.mkdir`` (``idempotent`` when ``exist_ok``)
 ``open``       ``open(path, "w"|"a"|"x"...)``: a file opened for writing
@@ -39,11 +39,13 @@ from dp2ddp.model.names import (
     TQDM,
     WANDB_INIT,
 )
-from dp2ddp.model.project_defs import class_of_call, project_calls
+from dp2ddp.model.project_defs import class_of_call, project_calls, reach_across
 from dp2ddp.model.syntax import kwarg
 
 WRITE_MODES = ("w", "a", "x", "+")
 LOGGING_CONFIG = frozenset({"logging.config.dictConfig", "logging.config.fileConfig"})
+# pandas' writers of a frame to a file: methods of a value, so told by name
+FRAME_WRITES = frozenset({"to_csv", "to_json", "to_pickle", "to_parquet", "to_excel", "to_hdf", "to_feather"})
 
 
 @dataclass
@@ -88,6 +90,10 @@ def writers(m: SemanticModel) -> List[Writer]:
             # __import__(module, fromlist=['SummaryWriter']).SummaryWriter(log_dir) (pytorch-template)
             out.append(Writer("tensorboard", call, call.args[0] if call.args else None))
             continue
+        if isinstance(call.func, ast.Attribute) and call.func.attr in FRAME_WRITES and not q & (SAVE | FILE_WRITES):
+            # ``data_frame.to_csv(path)``: a pandas frame written to a file by name
+            out.append(Writer("save", call, call.args[0] if call.args else (kwarg(call, "path_or_buf").value if kwarg(call, "path_or_buf") else None)))  # type: ignore[union-attr]
+            continue
         if q & LOGGING_CONFIG:
             out.append(Writer("logconfig", call))
             continue
@@ -127,6 +133,14 @@ def writers(m: SemanticModel) -> List[Writer]:
             out.append(Writer("print", call))
     m.cache["writers"] = out
     return out
+
+
+def writer_of(m: SemanticModel, call: ast.AST) -> Optional[Writer]:
+    """The :class:`Writer` a call is, if it is one."""
+    got = m.cache.get("writer_of")
+    if got is None:
+        got = m.cache["writer_of"] = {id(w.call): w for w in writers(m)}
+    return got.get(id(call))  # type: ignore[union-attr]
 
 
 def writes_mode(mode: Optional[str]) -> bool:
@@ -170,6 +184,18 @@ REMOVES = frozenset({"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.
 def _removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     for call in ast.walk(func):
         if isinstance(call, ast.Call) and (pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES))):
+            return call.lineno
+    return None
+
+
+RENAMES = frozenset({"os.rename", "os.replace", "shutil.move"})
+
+
+def _renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+    """A file or folder moved away (``mkdir_and_rename``: the old run's folder renamed to an
+    archive): a rank that runs it after another moves the other's new folder."""
+    for call in ast.walk(func):
+        if isinstance(call, ast.Call) and pm.is_name(call.func, RENAMES):
             return call.lineno
     return None
 
@@ -219,21 +245,20 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
         return got  # type: ignore[return-value]
     out: List[CompanionRace] = []
     for call, (pm, node, rel) in project_calls(m):
-        body = node
-        if isinstance(node, ast.ClassDef):
-            body = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
-        if body is None:
-            continue
-        reached = pm.reach(body)  # ``ConfigParser.from_args(...)`` -> ``cls(...)`` -> ``__init__``
-        for w in writers(pm):
-            owner = next((f for f in reached if pm.contains(f, w.call)), None)
-            if w.kind == "mkdir" and not w.idempotent and owner is not None:
-                gone = _removes_in(pm, owner)
-                listed = _lists_in(pm, owner)
-                out.append(CompanionRace(call, node.name, f"{rel}:{w.call.lineno}", f"{rel}:{gone}" if gone else None,
-                                         lists=f"{rel}:{listed}" if listed else None,
-                                         checked=_checked_mkdir(pm, w.call, owner)))
-                break
+        # ``ConfigParser.from_args(...)`` -> ``cls(...)`` -> ``__init__``; ``option.parse(...)``
+        # -> ``util.mkdir_and_rename(...)`` in another module
+        # every folder it makes; the one that races worst speaks for the call
+        races = []
+        for mod, owner, path in reach_across(pm, node, rel):
+            w = next((w for w in writers(mod) if w.kind == "mkdir" and not w.idempotent and mod.contains(owner, w.call)), None)
+            if w is not None:
+                gone = _removes_in(mod, owner) or _renames_in(mod, owner)
+                listed = _lists_in(mod, owner)
+                races.append(CompanionRace(call, node.name, f"{path}:{w.call.lineno}", f"{path}:{gone}" if gone else None,
+                                           lists=f"{path}:{listed}" if listed else None,
+                                           checked=_checked_mkdir(mod, w.call, owner)))
+        if races:
+            out.append(max(races, key=lambda r: (r.deletes is not None, r.lists is not None, not r.checked)))
     m.cache["companion_races"] = out
     return out
 
