@@ -94,3 +94,14 @@ def test_a_long_run_drifts_past_a_fixed_tolerance_and_stays_within_its_envelope(
     assert rep["max_rel_loss_diff"] > 1e-4  # the old fixed --rtol 1e-4 would have failed it
     tol = rep["tolerance"]
     assert tol["kind"] == "envelope" and tol["method"] == "chunks" and tol["worst_ratio"] <= 1
+
+
+def test_augmentation_in_the_dataset_is_the_same_whichever_rank_fetches_the_item(tmp_path):
+    """A dataset that draws a crop, a flip and jitter per item from `random`, NumPy and
+    torch: the probe makes each item with the streams seeded by (seed, dataset, pass,
+    index), so the rank that owns item 5 makes the same item 5 as the original's one
+    process; the losses agree within the float-noise envelope, not just statistically."""
+    code, rep, out, _ = verify(tmp_path, fixture("augmented.py"), "--steps", "0")
+    assert code == 0, out
+    assert rep["tolerance"]["kind"] == "envelope" and rep["losses_agree"] and rep["max_rel_loss_diff"] < 1e-5, out
+    assert rep["steps_compared"] == 12

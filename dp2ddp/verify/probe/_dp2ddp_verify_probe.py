@@ -62,6 +62,7 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 
 _S = None  # the probe state, once activated
 _G = None  # the write guard, in every process of a verify run
@@ -95,6 +96,7 @@ class _State:
         self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
         self.claimed = set()  # indices of the plans samplers have taken
         self.aligning = False  # inside an aligned batch sampler: RandomSampler runs as it is
+        self.item_passes = {}  # id(dataset) -> passes of loaders over it begun (items are seeded by it)
         base = os.path.join(self.out, "%s-rank%d" % (role, self.rank))
         self.fd = os.open(base + ".jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.buf = collections.deque()  # records not yet written: dicts, or _step_line tuples
@@ -654,10 +656,14 @@ def _on_torch(torch):
             self._dp2ddp_site = loader.__dict__.get("_dp2ddp_site")
             if s.role == "original" and "_dp2ddp_aligned" not in loader.__dict__:
                 _align_loader(loader, torch)
+            # before the workers fork: they seed the items of this pass by it (_patch_item_seeds)
+            key = id(loader.dataset)
+            s.item_passes[key] = s.item_passes.get(key, 0) + 1
         return real_iter_init(self, loader, *args, **kwargs)
 
     dataloader._BaseDataLoaderIter.__init__ = iter_init
 
+    _patch_item_seeds(torch)
     if _S.role == "original":
         _patch_random_sampler(torch)
         if _S.chunks > 1:
@@ -971,6 +977,51 @@ def _align_loader(loader, torch):
     plan = _claim_plan(n, "sharded", length)
     if plan is not None:
         object.__setattr__(loader, "batch_sampler", _Aligned(batches, plan, torch))
+
+
+def _patch_item_seeds(torch):
+    """Each item of a map-style dataset is made with the random streams (torch, ``random``,
+    NumPy) seeded from (seed, dataset, pass, index), and the streams are left as they were.
+    A random crop or flip of item 5 is then the same whichever process fetches it: the
+    original's one process, the rank that owns it in the migration, or a worker of either.
+    Without this, the original draws the augmentations of a whole batch from one stream
+    while each rank draws its share from its own copy of it: the losses could only agree
+    statistically, and a difference the migration made would hide among them. Datasets
+    that fetch whole batches (``__getitems__``) are left as they are."""
+    from torch.utils.data._utils import fetch
+
+    real_fetch = fetch._MapDatasetFetcher.fetch
+
+    def item(dataset, idx, npass):
+        key = "%d|%s|%d|%r" % (_S.seed, type(dataset).__name__, npass, idx)
+        seed = zlib.crc32(key.encode())
+        np = sys.modules.get("numpy")
+        states = random.getstate(), np.random.get_state() if np is not None else None
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                random.seed(seed)
+                if np is not None:
+                    np.random.seed(seed)
+                return dataset[idx]
+        finally:
+            random.setstate(states[0])
+            if np is not None:
+                np.random.set_state(states[1])
+
+    @functools.wraps(real_fetch)
+    def fetch_items(self, possibly_batched_index):
+        ds = self.dataset
+        if _S is None or (self.auto_collation and getattr(ds, "__getitems__", None)):
+            return real_fetch(self, possibly_batched_index)
+        npass = _S.item_passes.get(id(ds), 0)
+        if self.auto_collation:
+            data = [item(ds, i, npass) for i in possibly_batched_index]
+        else:
+            data = item(ds, possibly_batched_index, npass)
+        return self.collate_fn(data)
+
+    fetch._MapDatasetFetcher.fetch = fetch_items
 
 
 def _patch_random_sampler(torch):
@@ -1378,6 +1429,7 @@ def _finish(why):
     drawn = sum(1 for a, b in zip(s.rng_marks, s.rng_marks[1:]) if a[0] != b[0] and a[1] == b[1])
     if drawn >= 2:
         rec["random_steps"] = drawn  # the training step draws from the default generator
+        rec["rng"] = [m[0] for m in s.rng_marks]  # its state at the first steps: aligned with the other run's?
     if s.chunks > 1:
         rec["envelope"] = "chunks" if s.chunked else "perturb"
         if s.bn_chunked and not s.chunked:
