@@ -125,6 +125,22 @@ def test_random_draws_in_the_step_are_judged_statistically(tmp_path):
     assert any("random draws in the training step" in n for n in rep["notes"])
 
 
+def test_noise_each_rank_draws_as_the_original_did_is_judged_exactly(tmp_path):
+    """Per-sample noise in the step, migrated by `rewrite` (DDP162: the whole batch's noise
+    drawn on every rank, each keeping its rows): every rank's generator is where the
+    original's is at each of the first steps, so the draws are the original's and the
+    losses are judged against the float-noise envelope, not as a moving average."""
+    work = tmp_path / "proj"
+    work.mkdir()
+    shutil.copy(fixture("noisy.py"), work / "train.py")
+    r = subprocess.run([sys.executable, "-m", "dp2ddp", "rewrite", str(work / "train.py")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code, rep, out, _ = verify(tmp_path, str(work / "train.py"), "--steps", "0", "--min-speedup", "0")
+    assert code == 0, out
+    assert rep["tolerance"]["kind"] == "envelope" and rep["max_rel_loss_diff"] < 1e-5, rep["tolerance"]
+    assert any("each rank drew what the original drew" in n for n in rep["notes"]), rep["notes"]
+
+
 def test_stalled_rank_is_reported_as_a_hang(tmp_path):
     timeout = 5
     code, rep, out, _ = verify(tmp_path, fixture("stall.py"), "--steps", "20", "--timeout", str(timeout), "--min-speedup", "0")

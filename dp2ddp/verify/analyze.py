@@ -247,6 +247,16 @@ def _opt_name(o: int, info: Dict[str, Any], mig_info: Optional[Dict[str, Any]], 
     return f"optimizer {o} ({kind}{where})"
 
 
+def _aligned_draws(orig, mig) -> bool:
+    """Every migrated rank's default generator was in the original's state at each of the
+    first steps (the probe's ``rng`` marks): whatever the steps drew, each rank drew the
+    same numbers as the original, so random draws do not make the losses stochastic."""
+    want = next((r.end.get("rng") for r in orig.ranks.values() if r.end and r.end.get("rng")), None)
+    if not want or len(want) < 2 or not mig.ranks:
+        return False
+    return all(r.end and r.end.get("rng") == want for r in mig.ranks.values())
+
+
 def _judge(lo, lm, le, opts: Options, stochastic: List[str], envelope: bool):
     """(agree, first failing (step, original, migrated, allowed) or None, worst ratio to the
     allowed difference, its step)."""
@@ -398,7 +408,12 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
                 kinds.update(r.steps[0].get("modules") or [])
     stochastic = sorted(kinds & {"batchnorm", "dropout"})
     if any((r.end or {}).get("random_steps") for r in orig.ranks.values()):
-        stochastic.append("random")  # the training step draws random numbers: see _judge's moving average
+        if _aligned_draws(orig, mig):
+            notes.append("the training step draws random numbers, and every rank's generator was where the original's "
+                         "was at each of the first steps (each rank drew what the original drew, as dp2ddp's migration "
+                         "of per-sample noise does): the draws are the original's, judged as exactly as the rest")
+        else:
+            stochastic.append("random")  # the training step draws random numbers: see _judge's moving average
     if mig.ranks and any(r.steps for r in mig.ranks.values()) and "ddp" not in kinds:
         problems.append("no DistributedDataParallel module was seen in the migrated run's forward pass")
 
