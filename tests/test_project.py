@@ -66,3 +66,64 @@ def test_project_copy_migrated_runs_and_its_evaluation_script_still_loads(projec
     assert main(["rewrite", "--with-helpers", "-o", str(again), str(out / "train.py")]) == 0
     for rel in ("train.py", "models/__init__.py"):
         assert (again / rel).read_bytes() == (out / rel).read_bytes(), rel
+
+
+def test_a_folder_archived_by_a_helper_of_a_helper_is_refused_and_nothing_written(tmp_path: Path, capsys) -> None:
+    """``option.parse()`` renames an earlier run's folder and makes a new one in
+    ``utils/util.py``, two modules below the script: under DDP rank 1 would move rank 0's
+    new folder away. Refused with the call, both lines and why; nothing written."""
+    d = tmp_path / "proj"
+    shutil.copytree(ROOT / "fixtures" / "project" / "archive_on_start", d)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "train.py:13:11: DDP110 parse removes or moves folders and creates them (utils/util.py:7, utils/util.py:8)" in err
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before and not (d / "train_ddp.py").exists()
+
+
+def test_the_migrated_project_modules_beside_a_migration_become_its_runs_overlays(project: Path, tmp_path: Path) -> None:
+    """verify of a project migration (``rewrite --with-helpers -o DIR``): the modules of DIR
+    that differ from the project's are what the migrated runs import, placed into real
+    files of the run's copy (never written through a link to the user's file); a migration
+    beside the original has none."""
+    from dp2ddp.verify import scratch
+
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(project / "train.py")]) == 0
+    found = scratch.migrated_modules(project / "train.py", out / "train.py")
+    assert found == {project / "models" / "__init__.py": (out / "models" / "__init__.py").read_bytes()}
+    assert scratch.migrated_modules(project / "train.py", project / "train_ddp.py") == {}
+    overlays = scratch.in_root(project, found)
+    assert list(overlays) == [Path("models/__init__.py")]
+    original_helper = (project / "models" / "__init__.py").read_bytes()
+    place = scratch.prepare(out / "train.py", tmp_path / "run", root=project, cwd=project, at=Path("train.py"), overlays=overlays)
+    copied = place.root / "models" / "__init__.py"
+    assert not copied.is_symlink() and copied.read_bytes() == overlays[Path("models/__init__.py")]
+    assert (project / "models" / "__init__.py").read_bytes() == original_helper
+
+
+def test_verify_rewrites_a_project_in_memory_when_its_wraps_are_in_helpers(project: Path) -> None:
+    """`dp2ddp verify train.py` of a script whose DataParallel is in a project module: the
+    refusal DDP151 asks for the project rewrite, so verify makes it (in memory) and hands
+    the migrated helpers to the migrated runs."""
+    from dp2ddp.verify.command import _rewrite
+
+    content, helpers = _rewrite(project / "train.py")
+    assert b"init_process_group" in content
+    ((path, data),) = helpers.items()
+    assert path == (project / "models" / "__init__.py").resolve() and b"DistributedDataParallel(" in data
+
+
+@pytest.mark.torchrun
+def test_verify_of_a_project_migration_runs_its_migrated_helpers(project: Path, tmp_path: Path) -> None:
+    """The migrated runs import the migrated ``models/__init__.py`` (which wraps in DDP), not
+    the project's: the replicas stay in sync and the losses agree (with the project's own
+    helper, which wraps only with several GPUs, each rank would train its own model)."""
+    from tests.verify_helpers import verify
+
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(project / "train.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(project / "train.py"), "--migrated", str(out / "train.py"), "--steps", "0")
+    assert code == 0, text
+    assert rep["migrated"]["helpers"] == ["models/__init__.py"] and rep["replicas_in_sync"] and rep["losses_agree"]
+    assert any(n.startswith("a project migration: the migrated runs use the migrated project modules beside") for n in rep["notes"])

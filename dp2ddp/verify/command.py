@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -9,7 +10,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 import click
 
@@ -102,7 +103,10 @@ def verify(
         click.echo(f"{plot_path}: folder does not exist", err=True)
         return EXIT_USAGE
 
+    from dp2ddp.verify import scratch as scratch_mod
+
     migrated_content: Optional[bytes] = None
+    helpers: Dict[Path, bytes] = {}  # a project migration: the migrated helper modules
     if migrated is None:
         candidate = original.with_name(original.stem + "_ddp.py")
         if candidate.is_file():
@@ -111,18 +115,25 @@ def verify(
             rc = _rewrite(original)
             if isinstance(rc, int):
                 return rc
-            migrated, migrated_content = candidate, rc
+            migrated, (migrated_content, helpers) = candidate, rc
     elif not migrated.is_file():
         click.echo(f"{migrated}: no such file", err=True)
         return EXIT_USAGE
+    else:
+        helpers = scratch_mod.migrated_modules(original, migrated)
     if original.resolve() == migrated.resolve():
         click.echo(f"{migrated}: the migrated script is the original itself", err=True)
         return EXIT_USAGE
-    from dp2ddp.verify import scratch as scratch_mod
 
     root = scratch_mod.project_root(original, project_root)
     if root not in original.resolve().parents:
         click.echo(f"{original}: not inside --project-root {project_root}", err=True)
+        return EXIT_USAGE
+    overlays = scratch_mod.in_root(root, helpers)
+    if len(overlays) < len(helpers):
+        outside = sorted(str(p) for p in helpers if not Path(os.path.normpath(p)).is_relative_to(root))
+        click.echo(f"{original}: migrated project modules outside the project root {root}: {', '.join(outside)} "
+                   "(--project-root DIR takes a folder above them)", err=True)
         return EXIT_USAGE
     run_cwd = scratch_mod.run_cwd(root, original, Path.cwd())
 
@@ -164,6 +175,7 @@ def verify(
         args=list(script_args), tag=uuid.uuid4().hex[:12], steps=steps, timeout=timeout,
         startup_timeout=startup_timeout, seed=seed, nproc=nproc, nnodes=nnodes, threads=budget,
         repeat=repeat, opts=opts, root=root, cwd=run_cwd, extend=max_steps, envelope=envelope,
+        overlays=overlays,
     )
     progress = _Progress(err, steps)
     restore = _sigterm_as_interrupt()
@@ -201,6 +213,12 @@ def verify(
     rep["workdir"] = str(scratch)
     if migrated_content is not None:
         rep["notes"].append(f"migrated script rewritten from {original.name} into {outcome.migrated_script}")
+    if overlays:
+        rep["migrated"]["helpers"] = [str(p) for p in sorted(overlays)]
+        rep["notes"].append("a project migration: the migrated runs use the migrated "
+                            + ("helper modules rewritten by dp2ddp (" if migrated_content is not None
+                               else f"project modules beside {migrated} (")
+                            + ", ".join(str(p) for p in sorted(overlays)) + ") in place of the project's own")
     crash = next(iter(rep.get("crashes", [])), None)
     if crash and crash.get("traceback"):
         who = f"rank {crash['rank']}" if crash["role"] == "migrated" and "rank" in crash else crash["role"]
@@ -219,13 +237,23 @@ def verify(
 
 
 def _rewrite(original: Path):
-    """Migrate ORIGINAL in memory; returns the bytes, or an exit code with a message shown."""
+    """Migrate ORIGINAL in memory; returns ``(bytes, {helper module path: bytes})`` (the
+    helpers of a project whose DataParallel lives in its modules, migrated as ``rewrite
+    --with-helpers`` would), or an exit code with a message shown."""
     from dp2ddp.source import InputError
 
+    helpers: Dict[Path, bytes] = {}
     try:
-        from dp2ddp.migrate import migrate_file
+        from dp2ddp.migrate import migrate_file, migrate_project
 
         result = migrate_file(str(original))
+        if result.migration.blocked and {w.code for w in result.migration.warnings if w.severity == "error"} == {"DDP151"}:
+            project = migrate_project(str(original))
+            if not project.blocked:
+                result = project.files[0].result
+                helpers = {original.resolve().parent / f.rel: f.result.output for f in project.files[1:] if f.result.changed}
+            else:
+                result = next(f.result for f in project.files if f.result.migration.blocked)
     except InputError as e:
         click.echo(str(e), err=True)
         return EXIT_USAGE
@@ -239,7 +267,7 @@ def _rewrite(original: Path):
     if not result.changed:
         click.echo(f"{original}: nothing to migrate (no DataParallel found); pass --migrated PATH", err=True)
         return EXIT_USAGE
-    return result.output
+    return result.output, helpers
 
 
 def _cleanup(scratch: Path, own: bool) -> None:

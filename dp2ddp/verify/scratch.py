@@ -191,10 +191,14 @@ def _avoided(path: Path, avoid: Path) -> bool:
 
 
 def prepare(script: Path, dest: Path, content: Optional[bytes] = None, mirror: Optional[Mirror] = None,
-            root: Optional[Path] = None, cwd: Optional[Path] = None, at: Optional[Path] = None) -> Place:
+            root: Optional[Path] = None, cwd: Optional[Path] = None, at: Optional[Path] = None,
+            overlays: Optional[Dict[Path, bytes]] = None) -> Place:
     """Mirror the project ``root`` (default: the script's folder) into ``dest`` and place the
     script (or ``content``) at ``at`` (a path relative to the root; default: where it is).
-    ``cwd``: the folder in the user's project the run starts in (default: the script's)."""
+    ``cwd``: the folder in the user's project the run starts in (default: the script's).
+    ``overlays``: files (paths relative to the root) whose content this run sees instead of
+    the project's: the migrated helper modules of a project migration (their folders are
+    made real, so nothing is written through a link)."""
     mirror = mirror or Mirror()
     mirror.budget = BUDGET  # per run: every run's mirror is made the same way
     script = script.resolve()
@@ -202,19 +206,59 @@ def prepare(script: Path, dest: Path, content: Optional[bytes] = None, mirror: O
     rel = at if at is not None else script.relative_to(root)
     start = (cwd or script.parent).resolve()
     rel_cwd = start.relative_to(root) if start == root or root in start.parents else rel.parent
-    ways = [rel.parent, rel_cwd]
+    overlays = overlays or {}
+    ways = [rel.parent, *sorted({p.parent for p in overlays}), rel_cwd]
     dest.mkdir(parents=True, exist_ok=True)
     mirror.chain(root, dest, Path("."), ways, rel.parent, dest.resolve())
+    for path, data in sorted(overlays.items()):
+        _place_file(dest, dest / path, data)
     target = dest / rel
+    _place_file(dest, target, content if content is not None else script.read_bytes())
+    run_dir = dest / rel_cwd
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return Place(root=dest, script=target, cwd=run_dir)
+
+
+def in_root(root: Path, files: Dict[Path, bytes]) -> Dict[Path, bytes]:
+    """``files`` (absolute paths) keyed by their path relative to ``root``; those outside it
+    are left out (a run's copy holds only the project)."""
+    out = {}
+    for path, data in files.items():
+        norm = Path(os.path.normpath(path))
+        if norm.is_relative_to(root):
+            out[norm.relative_to(root)] = data
+    return out
+
+
+def migrated_modules(original: Path, migrated: Path) -> Dict[Path, bytes]:
+    """The project modules the original imports whose copy beside the migrated script differs
+    from the original's: a project migrated by ``rewrite --with-helpers -o DIR`` keeps the
+    layout, so ``DIR/train.py`` comes with ``DIR/networks/__init__.py``. Absolute path of the
+    original's module -> the migrated content."""
+    from dp2ddp.project import project_modules
+
+    out: Dict[Path, bytes] = {}
+    if migrated.parent.resolve() == original.parent.resolve():
+        return out
+    for real, (rel, _depth) in project_modules(str(original)).items():
+        try:
+            theirs = (migrated.parent / rel).read_bytes()
+            if theirs != Path(real).read_bytes():
+                out[original.resolve().parent / rel] = theirs
+        except OSError:
+            continue
+    return out
+
+
+def _place_file(dest: Path, target: Path, data: bytes) -> None:
+    """Write ``data`` at ``target`` in the scratch copy ``dest``, replacing a link there
+    (never writing through it)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if not target.parent.resolve().is_relative_to(dest.resolve()):
         raise OSError(f"{target.parent}: not a folder of the scratch copy")
     if target.is_symlink() or target.exists():
         target.unlink()
-    target.write_bytes(content if content is not None else script.read_bytes())
-    run_dir = dest / rel_cwd
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return Place(root=dest, script=target, cwd=run_dir)
+    target.write_bytes(data)
 
 
 def remap(args: Sequence[str], user_root: Path, mirror_root: Path) -> List[str]:

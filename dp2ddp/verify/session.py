@@ -56,6 +56,9 @@ class Setup:
     cwd: Optional[Path] = None  # where the runs start, in the user's project (default: the script's folder)
     extend: int = 0  # the evidence: go on to the training loader's second epoch, up to this many steps
     envelope: bool = True  # measure the noise envelope (a third run in the first pair)
+    # a project migration (rewrite --with-helpers): the migrated project modules (paths relative
+    # to ``root``) the migrated runs see instead of the project's own
+    overlays: Dict[Path, bytes] = field(default_factory=dict)
 
 
 @dataclass
@@ -201,7 +204,8 @@ def _place(setup: Setup, role: str, dest: Path, mirror: scratch_mod.Mirror, root
         script, content = setup.migrated, setup.migrated_content
         inside = script == root or root in script.parents
         at = script.relative_to(root) if inside and content is None else setup.original.relative_to(root).with_name(script.name)
-        return scratch_mod.prepare(script, dest, content, mirror=mirror, root=root, cwd=cwd, at=at)
+        return scratch_mod.prepare(script, dest, content, mirror=mirror, root=root, cwd=cwd, at=at,
+                                   overlays=setup.overlays)
     return scratch_mod.prepare(setup.original, dest, mirror=mirror, root=root, cwd=cwd)
 
 
