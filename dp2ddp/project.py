@@ -83,13 +83,21 @@ def _parse(file: str) -> Optional[ast.Module]:
 
 
 def uses_dp(file: str) -> bool:
+    """The project module may wrap a model in DataParallel: it names DataParallel, and not
+    only as the synchronized-BatchNorm package does (:func:`dp2ddp.model.sync_bn.dp_library`:
+    its classes and patchers are understood where they are called)."""
     from dp2ddp.model.names import may_use_dp
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.sync_bn import dp_library
 
     try:
         with open(file, "rb") as fh:
-            return may_use_dp(fh.read())
+            if not may_use_dp(fh.read()):
+                return False
     except OSError:
         return False
+    pm = file_model(file)
+    return pm is None or not dp_library(pm)
 
 
 def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:

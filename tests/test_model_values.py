@@ -362,3 +362,55 @@ def test_a_folder_moved_away_two_modules_below_the_script_is_a_race(tmp_path):
     (race,) = companion_folder_races(m)
     assert (race.call.lineno, race.name, race.where, race.deletes, race.checked) == (
         13, "parse", "utils/util.py:8", "utils/util.py:7", False)
+
+
+def test_a_project_dataparallel_that_only_adds_replication_callbacks_is_a_sync_bn_wrap(tmp_path):
+    """The vendored synchronized-BatchNorm package's DataParallelWithCallback (it overrides
+    only ``replicate``: DataParallel's own, then callbacks on the copies) is a wrap whose
+    migration converts BatchNorm; a subclass that changes anything else is not."""
+    from dp2ddp.model.sync_bn import callback_class
+    from dp2ddp.model.wraps import dp_wraps, unresolved_dp
+    from dp2ddp.project import helpers_with_dp
+
+    (tmp_path / "sync_batchnorm.py").write_text((ROOT / "fixtures" / "sync_bn" / "sync_batchnorm.py").read_text())
+    (tmp_path / "other.py").write_text(textwrap.dedent('''\
+        from torch.nn.parallel import DataParallel
+
+
+        def hook(copies):
+            pass
+
+
+        class SkipsSuper(DataParallel):
+            def replicate(self, module, device_ids):
+                copies = [module for _ in device_ids]
+                hook(copies)
+                return copies
+
+
+        class AlsoScatters(DataParallel):
+            def replicate(self, module, device_ids):
+                copies = super().replicate(module, device_ids)
+                hook(copies)
+                return copies
+
+            def scatter(self, inputs, kwargs, device_ids):
+                return super().scatter(inputs, kwargs, device_ids)
+        '''))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent('''\
+        import torch.nn as nn
+        from sync_batchnorm import DataParallelWithCallback
+        from other import AlsoScatters, SkipsSuper
+
+        a = DataParallelWithCallback(nn.BatchNorm1d(3))
+        b = SkipsSuper(nn.Linear(2, 2))
+        c = AlsoScatters(nn.Linear(2, 2))
+        '''))
+    m = build(script.read_text(), str(script))
+    calls = sorted((c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id[0].isupper()), key=lambda c: c.lineno)
+    assert [getattr(callback_class(m, c.func), "name", None) for c in calls] == ["DataParallelWithCallback", None, None]
+    assert [(w.call.lineno, w.sync_bn) for w in dp_wraps(m)] == [(5, True)]
+    assert unresolved_dp(m) == []
+    # the other two reach DataParallel in a project module: refused with DDP151, as before
+    assert sorted(call.lineno for call, _rel, _line in helpers_with_dp(m)) == [6, 7]

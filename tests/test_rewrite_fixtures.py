@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 REWRITE_DIRS = {
     "wrap_ddp": Options(),
+    "sync_bn": Options(),
     "process_group": Options(),
     "shard_loaders": Options(),
     "rank_zero": Options(),

@@ -218,13 +218,21 @@ class Context:
             return f'({dist}.get_rank() if {dist}.is_initialized() else int({self.name("os")}.environ.get("RANK", 0)))'
         return f"{dist}.get_rank()"
 
-    def ddp_call(self, module_text: str, find_unused: bool = False, cls: Optional[str] = None) -> str:
+    def ddp_call(self, module_text: str, find_unused: bool = False, cls: Optional[str] = None, sync_bn: bool = False) -> str:
         """``DistributedDataParallel(module, device_ids=...)``; ``cls``: the script's own
-        subclass (rebased on DistributedDataParallel) that the original called instead."""
+        subclass (rebased on DistributedDataParallel) that the original called instead;
+        ``sync_bn``: the original's DataParallel synchronised BatchNorm across the GPUs
+        (:mod:`dp2ddp.model.sync_bn`), so the module's BatchNorm layers become
+        ``SyncBatchNorm`` (CUDA only, as torch's SyncBatchNorm; only one branch runs, so the
+        module expression is evaluated once)."""
         torch = self.name("torch")
         extra = ", find_unused_parameters=True" if find_unused else ""
+        inner = module_text
+        if sync_bn:
+            inner = (f"{torch}.nn.SyncBatchNorm.convert_sync_batchnorm({module_text}) "
+                     f"if {torch}.cuda.is_available() else {module_text}")
         call = (
-            f"{cls or self.name('DDP')}({module_text}, device_ids=[{torch}.cuda.current_device()] "
+            f"{cls or self.name('DDP')}({inner}, device_ids=[{torch}.cuda.current_device()] "
             f"if {torch}.cuda.is_available() else None{extra})"
         )
         if self.role == "helper":

@@ -58,6 +58,7 @@ class _Hoist:
         self.guarded = False
         self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
         self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
+        self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
 
 
 def problems(ctx: Context) -> List[Finding]:
@@ -256,6 +257,9 @@ def propose(ctx: Context) -> List[Finding]:
         out.extend(got)
         if any(f.severity == "error" for f in got):
             return out
+        if w.sync_bn:
+            out.append(ctx.note(w.call, "DDP100", f"{m.source(w.call.func)}() synchronised BatchNorm across the GPUs: under DDP its "
+                                "BatchNorm layers become torch.nn.SyncBatchNorm (with CUDA, as SyncBatchNorm runs on GPUs only)", []))
         target = w.target
         if target is not None:
             keys = _keys_of(m, w)
@@ -646,12 +650,13 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
                 hoist = _register(hoists, anchor, target)
                 hoist.late_cuda = early
                 hoist.cls = _cls(w)
+                hoist.sync_bn = w.sync_bn
                 edits = _unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
                                  + _early_note(m, early), edits)]
         module_text = _cuda_first(ctx, inner_text) if early is not None else inner_text
         return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + _early_note(m, early),
-                         [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w))))])]
+                         [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
     if target is None:
         return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
@@ -668,6 +673,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
     hoist.cls = hoist.cls or _cls(w)
+    hoist.sync_bn = hoist.sync_bn or w.sync_bn
     edits = _unwrap_in_place(ctx, w, inner_text, hoist)
     if w.conditions and any(isinstance(e, Remove) for e in edits):
         edits = _drop_emptied_if(ctx, w, hoist) or edits
@@ -689,7 +695,7 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     m = ctx.m
     test = m.source(w.conditions[0].test)
     msg = f"DistributedDataParallel wrap kept under `if {test}:`, a flag of the caller; another wrap trains the model unconditionally"
-    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused, _cls(w))
+    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused, _cls(w), w.sync_bn)
     cond = w.conditions[-1]
     target = w.target
     anchor = _absorb_placement(m, cond, target, w.module) if target is not None else cond
@@ -786,11 +792,11 @@ def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: 
     edits = [Replace(ctx.cst(w.outer), ctx.expr(_inner_text(ctx, w))) for w in wraps]
     both = {id(ifexp.body), id(ifexp.orelse)} == {id(w.outer) for w in wraps}
     if both:
-        ddp = ctx.ddp_call("{inner}", find_unused, _cls(wraps[0]))
+        ddp = ctx.ddp_call("{inner}", find_unused, _cls(wraps[0]), any(w.sync_bn for w in wraps))
         edits.append(Replace(ctx.cst(ifexp), lambda u, ddp=ddp: cst.parse_expression(ddp.format(inner=cst.Module(body=[]).code_for_node(u)))))
         return [ctx.note(wraps[0].call, "DDP100", "DataParallel -> DistributedDataParallel around the conditional expression", edits)], assigned_keys(m, ifexp), False
     t = m.source(target)
-    new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused, _cls(wraps[0])))
+    new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused, _cls(wraps[0]), any(w.sync_bn for w in wraps)))
     edits.append(InsertAfter(ctx.bridge.statement(stmt), (new,)))
     return [ctx.note(wraps[0].call, "DDP103", f"DistributedDataParallel wrap of {t} after the conditional expression, so that every rank wraps", edits)], assigned_keys(m, ifexp), True
 
@@ -973,7 +979,7 @@ def _insert_hoisted(ctx: Context, hoist: _Hoist, find_unused: bool) -> Finding:
     m = ctx.m
     t = m.source(hoist.target)
     stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(_cuda_first(ctx, t) if hoist.late_cuda is not None else t,
-                                                           find_unused, hoist.cls))
+                                                           find_unused, hoist.cls, hoist.sync_bn))
     if hoist.leading:
         stmt = stmt.with_changes(leading_lines=hoist.leading)
     if hoist.comment is not None:
@@ -1068,7 +1074,10 @@ def _dedupe_elements(tup):
 
 
 def _remove_imports(ctx: Context) -> List[Finding]:
-    edits = ctx.unused_imports(lambda module, alias: module in DP_MODULES and alias.name in ("DataParallel", "data_parallel"))
+    # and a project's DataParallel with replication callbacks the wraps no longer call (model/sync_bn.py)
+    callbacks = {q for w in dp_wraps(ctx.m) if w.sync_bn for q in ctx.m.qualified_names(w.call.func)}
+    edits = ctx.unused_imports(lambda module, alias: (module in DP_MODULES and alias.name in ("DataParallel", "data_parallel"))
+                               or f"{module}.{alias.name}" in callbacks)
     if not edits:
         return []
     f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))

@@ -71,6 +71,22 @@ def _def_in(m: "SemanticModel", base: str, module: str, name: str, depth: int) -
     return None
 
 
+def file_model(path: str) -> Optional["SemanticModel"]:
+    """The model of the project file at ``path`` (read once, and again when edited since);
+    ``None`` where it cannot be read or parsed."""
+    try:
+        key = f"{os.path.realpath(path)}:{os.stat(path).st_mtime_ns}"  # a file edited since is read again
+    except OSError:
+        return None
+    if key not in _PROJECT_MODELS:
+        try:
+            with open(path, "rb") as fh:
+                _PROJECT_MODELS[key] = build(fh.read(), path)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+            _PROJECT_MODELS[key] = None
+    return _PROJECT_MODELS[key]
+
+
 def _project_module(m: "SemanticModel", base: str, module: str) -> Optional[Tuple["SemanticModel", str]]:
     """The model of project module ``module`` and its path relative to ``base``; looked up
     once per script model (files are found and read once per run, and read again when
@@ -82,17 +98,7 @@ def _project_module(m: "SemanticModel", base: str, module: str) -> Optional[Tupl
     path = module_file(base, module)
     if path is None or os.path.realpath(path) == os.path.realpath(m.path):
         return None
-    try:
-        key = f"{os.path.realpath(path)}:{os.stat(path).st_mtime_ns}"  # a file edited since is read again
-    except OSError:
-        return None
-    if key not in _PROJECT_MODELS:
-        try:
-            with open(path, "rb") as fh:
-                _PROJECT_MODELS[key] = build(fh.read(), path)
-        except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
-            _PROJECT_MODELS[key] = None
-    pm = _PROJECT_MODELS[key]
+    pm = file_model(path)
     if pm is not None:
         memo[module] = (pm, os.path.relpath(path, base))  # type: ignore[index]
     return memo[module]  # type: ignore[index,return-value]

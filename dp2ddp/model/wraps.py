@@ -25,10 +25,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from dp2ddp.model.collectives import assigned_keys, outer_chain
+from dp2ddp.model.collectives import assigned_keys, outer_chain, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 from dp2ddp.model.project_defs import project_calls
+from dp2ddp.model.sync_bn import callback_class, patcher_of
 from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
 
 _DP_ARGS = ("module", "device_ids", "output_device", "dim")
@@ -48,6 +49,7 @@ class Wrap:
     conditions: List[ast.AST] = field(default_factory=list)  # ifs around it in its block chain, innermost first
     args: dict = field(default_factory=dict)  # device_ids / output_device / dim / inputs expressions
     cls: Optional[ast.ClassDef] = None  # a subclass of DataParallel of this module that the call makes
+    sync_bn: bool = False  # a project's DataParallel with replication callbacks (sync_bn.py): BatchNorm across devices
 
     @property
     def guarded(self) -> bool:
@@ -109,7 +111,10 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     subclasses = {id(c): c for c, why in dp_subclasses(m).values() if why is None}
     made = [(c, subclasses[id(k)]) for c in m.nodes(ast.Call) for k in [_class_called(m, c)] if k is not None and id(k) in subclasses]
     cls_of = {id(c): k for c, k in made}
-    calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made], key=lambda c: (c.lineno, c.col_offset))
+    callbacks = {id(c): c for c in m.nodes(ast.Call) if callback_class(m, c.func) is not None}
+    # a wrapper handed to the package's patch_replication_callback() synchronises BatchNorm too
+    patched = {var_key(m, c.args[0]) for c in m.nodes(ast.Call) if c.args and patcher_of(m, c.func) is not None}
+    calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made] + list(callbacks.values()), key=lambda c: (c.lineno, c.col_offset))
     for call in calls:
         functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP) and id(call) not in cls_of
         names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
@@ -137,6 +142,7 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
                 conditions=conditions(m, stmt) if stmt is not None else [],
                 args=args,
                 cls=cls_of.get(id(call)),
+                sync_bn=id(call) in callbacks or (target is not None and var_key(m, target) in patched),
             )
         )
     m.cache["wraps:dp"] = out
@@ -269,6 +275,8 @@ def unresolved_dp(m: SemanticModel) -> List[ast.AST]:
         q = m.qualified_names(n)
         if q & (DP | DP_FUNCTIONAL | DDP):
             continue
+        if isinstance(parent, ast.Call) and parent.func is n and callback_class(m, n) is not None:
+            continue  # a project's DataParallel with replication callbacks: a wrap (sync_bn.py)
         if q and all(not x.startswith(("torch.",)) and not _defined_here(m, x) for x in q) and not m.maybe_star(n):
             # an import from another package (BalancedDataParallel, apex): not torch's
             out.append(n)

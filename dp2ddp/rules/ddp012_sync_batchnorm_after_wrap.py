@@ -14,7 +14,8 @@ def check(m):
     wraps = {}
     for call in m.calls(DDP):
         for key in assigned_keys(m, outer_chain(m, call)):
-            wraps.setdefault(key, []).append(m.position(call))
+            # the wrap exists once its call returns: a conversion inside its arguments comes first
+            wraps.setdefault(key, []).append(m.end_position(call))
     for call in converts:
         args = positional(call)
         if not args:
@@ -50,5 +51,6 @@ RULE = Rule(
     examples=(
         Invalid(_HEAD + "model = DDP(model, device_ids=[rank])\nmodel = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n", 5, 9, end=(5, 55)),
         Valid(_HEAD + "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\nmodel = DDP(model, device_ids=[rank])\n"),
+        Valid(_HEAD + "model = DDP(nn.SyncBatchNorm.convert_sync_batchnorm(model) if cuda else model, device_ids=ids)\n"),
     ),
 )
