@@ -289,7 +289,7 @@ def _partly_distributed(m, loader: Loader) -> bool:
     return any(not m.call_is(v, DISTRIBUTED_SAMPLER) for v in sampler_values(m, loader.sampler_value))
 
 
-def _batch_never_divided(m, loader: Loader, on: Dict[str, str]) -> Optional[ast.AST]:
+def _batch_never_divided(m, loader: Loader, on: Dict[int, str]) -> Optional[ast.AST]:
     """The batch size of a mixed script's DistributedSampler loader (``args.batch_size``) when
     no statement of the script scales that value on every path of its function: HF's
     ``train_batch_size = per_gpu_train_batch_size * max(1, n_gpu)`` is the script's own
@@ -312,25 +312,27 @@ def _batch_never_divided(m, loader: Loader, on: Dict[str, str]) -> Optional[ast.
     return given.value
 
 
-def _switches(ctx: Context) -> Dict[str, str]:
-    """The tests that switch a mixed script's distributed path on (``if args.distributed:``),
-    by their text, with the branch that runs under torchrun (mixed.detect_mode's plan)."""
+def _switches(ctx: Context) -> Dict[int, str]:
+    """The tests that switch a mixed script's distributed path on (``if args.distributed:``,
+    and tests spelled the same), by id, with the branch that runs under torchrun
+    (:func:`dp2ddp.model.own_path.switch_tests` of mixed.detect_mode's plan)."""
     from dp2ddp.codemods.mixed import MixedPlan
+    from dp2ddp.model.own_path import switch_tests
 
     try:
         plan = ctx.need(MixedPlan)
     except Exception:  # noqa: BLE001 - a plain script has no plan
         return {}
-    return {ast.dump(t): b for t, b in plan.predicates}
+    return {id(t): b for t, b in switch_tests(ctx.m, plan.predicates)}
 
 
-def _conditional(m, node: ast.AST, on: Dict[str, str]) -> bool:
+def _conditional(m, node: ast.AST, on: Dict[int, str]) -> bool:
     """``node`` sits under an ``if`` (or a ``try``, a conditional expression) of its
     function that is not the switch of the distributed path (on in its torchrun branch):
     it does not run on every path there."""
     for a, where in m.branches(node):
         if isinstance(a, ast.If):
-            if where != "test" and on.get(ast.dump(a.test)) != where:
+            if where != "test" and on.get(id(a.test)) != where:
                 return True
         elif isinstance(a, ast.Try) or (isinstance(a, ast.IfExp) and where != "test"):
             return True
