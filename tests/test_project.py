@@ -127,3 +127,18 @@ def test_verify_of_a_project_migration_runs_its_migrated_helpers(project: Path, 
     assert code == 0, text
     assert rep["migrated"]["helpers"] == ["models/__init__.py"] and rep["replicas_in_sync"] and rep["losses_agree"]
     assert any(n.startswith("a project migration: the migrated runs use the migrated project modules beside") for n in rep["notes"])
+
+
+def test_a_loader_wrapped_on_one_path_only_is_refused_not_sharded_on_that_path(tmp_path: Path, capsys) -> None:
+    """pytorch-segmentation's shape: the base class (another module) keeps the loader it is
+    given, the subclass replaces it with a Prefetcher only ``if prefetch:`` (off on CPU).
+    Sharding after that assignment left the loader whole on the other path (every rank
+    trained on all of it, which verify of the project migration showed); now refused."""
+    d = tmp_path / "proj"
+    shutil.copytree(ROOT / "fixtures" / "project" / "prefetch_on_one_path", d)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    assert main(["rewrite", "--with-helpers", "--diff", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "trainer.py:23:33: DDP105 `self.train_loader` is set here only on some paths (line 23 is under a condition)" in err
+    assert "project not migrated, no file written" in err
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before

@@ -43,7 +43,7 @@ from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.loader_makers import returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
-from dp2ddp.model.syntax import is_docstring, kwarg, terminal
+from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
@@ -189,20 +189,25 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
             seen.add(id(node))
             unknown.append((node, value, loop))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
+    out: List[Finding] = []
     feeds = {id(n) for n, _, _ in unknown} | {k[0] for k in known}
     for node, _value, _loop in unknown:
         if _wraps(m, node, feeds):
             continue  # a wrapper of a loader: decided once that loader is
-        target = _loader_name(m, node)
-        if target is not None:
-            rebinds.append((m.statement_of(node), [target]))  # type: ignore[arg-type]
-            known.add((id(node), ()))
+        target = _loader_name(m, node) or _holder_name(m, node)
+        if target is None:
             continue
-        target = _holder_name(m, node)
-        if target is not None:
-            rebinds.append((m.statement_of(node), [target]))  # type: ignore[arg-type]
-            known.add((id(node), ()))
-    out: List[Finding] = []
+        stmt = m.statement_of(node)
+        known.add((id(node), ()))
+        if _on_some_paths(m, stmt):
+            # sharded after it, the name would stay unsharded on the path that skips it (a
+            # Prefetcher made only ``if prefetch:``, the loader itself set by a base class
+            # in another module on the other path)
+            out.append(ctx.block(node, "DDP105", f"`{target}` is set here only on some paths (line {m.position(stmt)[0]} is "  # type: ignore[arg-type]
+                                 "under a condition) and comes from elsewhere on the others: dp2ddp cannot shard it on "
+                                 "every path; shard the loader where it is made, by hand"))
+            continue
+        rebinds.append((stmt, [target]))  # type: ignore[arg-type]
     for node, value, loop in unknown:
         if (id(node), ()) in known or _wraps_known(m, node, known) or _yields_known(m, node, known):
             continue
@@ -324,6 +329,13 @@ def _switches(ctx: Context) -> Dict[int, str]:
     except Exception:  # noqa: BLE001 - a plain script has no plan
         return {}
     return {id(t): b for t, b in switch_tests(ctx.m, plan.predicates)}
+
+
+def _on_some_paths(m, stmt: ast.AST) -> bool:
+    """``stmt`` runs only on some paths of its function (under an ``if`` other than the
+    ``__main__`` guard, in a ``try``)."""
+    return any(isinstance(a, ast.Try) or (isinstance(a, ast.If) and where != "test" and not is_main_test(a.test))
+               for a, where in m.branches(stmt))
 
 
 def _conditional(m, node: ast.AST, on: Dict[int, str]) -> bool:
