@@ -19,7 +19,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.wrap_ddp import _absorb_placement, route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
-from dp2ddp.model.names import MODULE_BASES
+from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.wraps import dp_wraps
 
@@ -36,7 +36,7 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
             continue
         cls = m.enclosing_class(w.call)
-        if cls is None or not any(m.is_name(b, MODULE_BASES) for b in cls.bases) or m.parent(cls) is not m.tree:
+        if not is_module_class(m, cls) or m.parent(cls) is not m.tree:
             out.append(ctx.block(w.call, "DDP101", "data_parallel outside a method of an nn.Module class of this script; migrate this by hand"))
             continue
         inputs = w.args.get("inputs")

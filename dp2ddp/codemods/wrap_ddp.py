@@ -27,7 +27,6 @@ Anything else (``dim != 0``, unknown arguments, aliases, subclasses) blocks the 
 from __future__ import annotations
 
 import ast
-import re
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
@@ -38,10 +37,12 @@ from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
 from dp2ddp.model.checkpoints import PLAIN, key_policy
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.cuda_only import device_test
+from dp2ddp.model.kinds import is_module_class, is_tensor
 from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import placements_after
-from dp2ddp.model.syntax import FUNCTIONS, LOOPS
-from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
+from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
+from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass, in_exiting_branch
 
 PLACEMENT = {"cuda", "to"}
@@ -74,7 +75,7 @@ def problems(ctx: Context) -> List[Finding]:
     for w in dp_wraps(m):
         if w.problem:
             out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
-        elif not w.functional and w.target is not None and _root_name(w.target) is not None and _root_name(w.target).id == "self" and _is_module_class(m, m.enclosing_class(w.call)):
+        elif not w.functional and w.target is not None and root_name(w.target) is not None and root_name(w.target).id == "self" and is_module_class(m, m.enclosing_class(w.call)):
             out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
     out.extend(_shared_forward(ctx))
     out.extend(_replaced_after_wrap(ctx))
@@ -244,7 +245,7 @@ def propose(ctx: Context) -> List[Finding]:
             if any(f.severity == "error" for f in got):
                 return out
             seeds.update(keys)
-            if conditional and _DEVICE_WORDS.search(m.source(ifexp.test)):
+            if conditional and device_test(m, ifexp.test):
                 guarded_keys.update(keys)
             continue
         flag_kept = _caller_flag(m, w) and any(x is not w and not x.conditions for x in keep)
@@ -264,7 +265,7 @@ def propose(ctx: Context) -> List[Finding]:
         if target is not None:
             keys = _keys_of(m, w)
             seeds.update(keys)
-            if w.conditions and _device_condition(m, w) and not flag_kept:
+            if w.conditions and any(device_test(m, c.test) for c in w.conditions) and not flag_kept:
                 guarded_keys.update(keys)
     for hoist in hoists.values():
         out.append(_insert_hoisted(ctx, hoist, find_unused))
@@ -386,30 +387,6 @@ def _paren(text: str, node: ast.AST) -> str:
 # --------------------------------------------------------------------------- frozen parameters
 
 
-def _changed_owner(m: SemanticModel, change: ast.AST) -> Optional[ast.AST]:
-    """The module whose parameters a ``requires_grad`` change touches: ``X`` of
-    ``X.requires_grad_(...)``, or of ``for p in X.parameters(): p.requires_grad = ...``."""
-    if isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
-        subject = change.func.value
-    elif isinstance(change, ast.Attribute):
-        subject = change.value
-    else:
-        return None
-    if isinstance(subject, ast.Name):
-        for a in m.ancestors(subject):
-            if isinstance(a, (ast.For, ast.AsyncFor)) and isinstance(a.target, (ast.Name, ast.Tuple)) and subject.id in {
-                n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)
-            }:
-                it = a.iter
-                if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("parameters", "named_parameters"):
-                    return it.func.value
-                return None
-        return subject
-    if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Attribute) and subject.func.attr in ("parameters", "named_parameters"):
-        return subject.func.value
-    return subject if isinstance(subject, ast.Attribute) else None
-
-
 def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: int = 0) -> bool:
     """The change touches a model made apart from every wrapped one (an EMA copy,
     ``copy.deepcopy(model)``, a teacher) or a tensor (an attack's ``delta``): it does not
@@ -422,10 +399,10 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: in
     if target is not None:
         inner = [c for c in requires_grad_changes(m) if c is not change and m.enclosing_function(c) is target]
         return depth < 4 and bool(inner) and all(_other_model(m, c, wraps, depth + 1) for c in inner)
-    owner = _changed_owner(m, change)
+    owner = changed_owner(m, change)
     if owner is None and isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
         owner = change.func.value  # ``x.clone().requires_grad_()``
-    if owner is not None and _tensor(m, owner):
+    if owner is not None and is_tensor(m, owner):
         return True  # an input's gradient (an adversarial attack's ``delta``): no parameter changes
     while isinstance(owner, (ast.Attribute, ast.Subscript)) and not (
         isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
@@ -446,50 +423,15 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: in
                     if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
                         made.add(n.func.id)
     cls = m.enclosing_class(change)
-    if cls is not None and _root_is_self(owner) and _family(m, cls) & made:
+    if cls is not None and _root_is_self(owner) and {c.name for c in m.family(cls)} & made:
         return False  # Net.freeze_backbone(): self is the wrapped model
     return not (mine & wrapped)
-
-
-# methods only a tensor has (a module's ``.to()``/``.cuda()``/``.float()`` return the module)
-_TENSOR_METHODS = frozenset({"clone", "detach", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "uniform_",
-                             "normal_", "zero_", "fill_", "view", "reshape", "permute", "contiguous", "unsqueeze", "squeeze"})
-
-
-def _tensor(m: SemanticModel, expr: ast.AST) -> bool:
-    """``expr`` is a tensor, not a module: made by a tensor method (``x.clone()``), or a
-    name every binding of which is one or a ``torch.*`` factory (``torch.zeros_like(X)``),
-    never a ``torch.nn`` class."""
-    from dp2ddp.model.flow import origins
-
-    def made(n: ast.AST) -> bool:
-        if not isinstance(n, ast.Call):
-            return False
-        if isinstance(n.func, ast.Attribute) and n.func.attr in _TENSOR_METHODS:
-            return True
-        names = m.qualified_names(n.func)
-        return bool(names) and all(q.startswith("torch.") and not q.startswith(("torch.nn.", "torch.hub", "torch.load", "torch.jit"))
-                                   for q in names)
-
-    if made(expr):
-        return True
-    if not isinstance(expr, ast.Name):
-        return False
-    got = origins(m, expr)
-    return bool(got) and all(made(n) for n, _ in got)
 
 
 def _root_is_self(node: ast.AST) -> bool:
     while isinstance(node, (ast.Attribute, ast.Subscript)):
         node = node.value
     return isinstance(node, ast.Name) and node.id == "self"
-
-
-def _family(m: SemanticModel, cls: ast.ClassDef) -> Set[str]:
-    """The names of the classes of this module that share ``self`` with ``cls`` (the same
-    root class: the family ``flow.attribute_assignments`` reads ``self.x`` through)."""
-    root = m.root_class(cls)
-    return {c.name for c in m.nodes(ast.ClassDef) if m.root_class(c) is root}
 
 
 def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
@@ -584,35 +526,12 @@ def _caller_flag(m: SemanticModel, w: Wrap) -> bool:
     return isinstance(test, ast.Name) and test.id in m.params(func)
 
 
-def _device_condition(m: SemanticModel, w: Wrap) -> bool:
-    """The wrap depends on the devices (``if torch.cuda.device_count() > 1``, ``if device ==
-    "cuda"``, ``if args.n_gpu > 1``): on one device or CPU the original had no wrapper."""
-    return any(_DEVICE_WORDS.search(m.source(c.test)) for c in w.conditions)
-
-
-_DEVICE_WORDS = re.compile(r"gpu|cuda|device|world_size|parallel|distributed", re.IGNORECASE)
-
-
-def _root_name(expr: ast.AST) -> Optional[ast.Name]:
-    while isinstance(expr, ast.Attribute):
-        expr = expr.value
-    return expr if isinstance(expr, ast.Name) else None
-
-
 def _module_like(m: SemanticModel, name: str) -> bool:
     for call in m.nodes(ast.Call):
         f = call.func
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == name and f.attr in MODULE_LIKE_ATTRS:
             return True
     return False
-
-
-def _is_module_class(m: SemanticModel, cls: Optional[ast.ClassDef]) -> bool:
-    if cls is None:
-        return False
-    from dp2ddp.model.names import MODULE_BASES
-
-    return any(m.is_name(b, MODULE_BASES) for b in cls.bases)
 
 
 def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
@@ -625,13 +544,13 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         return [ctx.block(call, "DDP101", (
             "DataParallel wrap inside a loop, of a model that is not made in the same pass (or in the loop that "
             "trains it): DDP must wrap each model once, before training it; migrate this by hand"))]
-    if _root_name(target) is not None and _root_name(target).id == "self" and _is_module_class(m, m.enclosing_class(stmt)):
+    if root_name(target) is not None and root_name(target).id == "self" and is_module_class(m, m.enclosing_class(stmt)):
         return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
     partial_root = None
     if _partial(m, w):
-        root = _root_name(target)
+        root = root_name(target)
         if root is not None and root.id == "self":
-            if _is_module_class(m, m.enclosing_class(stmt)):
+            if is_module_class(m, m.enclosing_class(stmt)):
                 return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
         elif root is not None:
             if not _module_like(m, root.id):
@@ -891,7 +810,7 @@ def _mentions_text(m: SemanticModel, stmt: ast.AST, text: str) -> bool:
 
 def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
     text = m.source(target)
-    root = _root_name(target)
+    root = root_name(target)
     for n in ast.walk(stmt):
         if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
             return True
@@ -953,8 +872,8 @@ def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, modul
     passed only when such a statement follows; the first other use of the target, a
     loop, a ``with`` or a call of the script's functions stops the search."""
     best = anchor
-    root = _root_name(module) if module is not None else None
-    target_root = _root_name(target)
+    root = root_name(module) if module is not None else None
+    target_root = root_name(target)
     separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
     from dp2ddp.model.wraps import asserting_helper_statements
 
