@@ -16,10 +16,11 @@ import ast
 from typing import Dict, List, Set
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.codemods.wrap_ddp import _absorb_placement, route_uses
+from dp2ddp.codemods.wrap_ddp import route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
 from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.placement import absorb_placement
 from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.wraps import dp_wraps
 
@@ -75,7 +76,7 @@ def propose(ctx: Context) -> List[Finding]:
             if ctx.mode == "plain" and not ctx.in_setup_region(stmt):
                 out.append(ctx.block(inst, "DDP101", f"{name}(...) is created before the process group exists; migrate this by hand"))
                 return out
-            anchor = _absorb_placement(m, stmt, target)
+            anchor = absorb_placement(m, stmt, target)
             t = m.source(target)
             new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
             out.append(ctx.note(anchor, "DDP123", f"wrap {t} ({name}) in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(anchor), (new,))]))
