@@ -33,6 +33,16 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
+from dp2ddp.codemods.wrap_hoist import (
+    Hoist,
+    cuda_first,
+    drop_emptied_if,
+    early_note,
+    hoist_at,
+    insert_hoisted,
+    placed_late,
+    unwrap_in_place,
+)
 from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
 from dp2ddp.model.checkpoints import PLAIN, key_policy
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
@@ -40,25 +50,13 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import device_test
 from dp2ddp.model.kinds import is_module_class, is_tensor
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
-from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements
+from dp2ddp.model.placement import absorb_placement, late_cuda
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
 from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass, in_exiting_branch
 
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
 DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
-
-
-class _Hoist:
-    def __init__(self, anchor: ast.stmt, target: ast.AST) -> None:
-        self.anchor = anchor
-        self.target = target
-        self.leading: List[cst.EmptyLine] = []
-        self.comment: Optional[cst.TrailingWhitespace] = None
-        self.guarded = False
-        self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
-        self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
-        self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
 
 
 PROVIDES = (Wrappers,)
@@ -83,7 +81,7 @@ def propose(ctx: Context) -> List[Finding]:
         out.extend(_remove_imports(ctx))
         return out
 
-    hoists: Dict[Tuple[int, str], _Hoist] = {}
+    hoists: Dict[Tuple[int, str], Hoist] = {}
     seeds: Set[VarKey] = set()
     guarded_keys: Set[VarKey] = set()
     find_unused = _find_unused(ctx, keep, out)
@@ -124,7 +122,7 @@ def propose(ctx: Context) -> List[Finding]:
             if w.conditions and any(device_test(m, c.test) for c in w.conditions) and not flag_kept:
                 guarded_keys.update(keys)
     for hoist in hoists.values():
-        out.append(_insert_hoisted(ctx, hoist, find_unused))
+        out.append(insert_hoisted(ctx, hoist, find_unused))
     if ctx.role == "entry":
         # the wrapper a helper module returns (`model = models.build(args)`) is a wrapper here too
         from dp2ddp.model.wraps import project_wrapper_returns
@@ -418,19 +416,19 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         if target is not None:
             anchor = absorb_placement(m, stmt, target, w.module)
             early = late_cuda(m, anchor, target, w.module)
-            late = _placed_late(ctx, w, anchor, target) if early is None else None
+            late = placed_late(ctx, w, anchor, target) if early is None else None
             if late is not None:
                 return [late]
             if anchor is not stmt:
-                hoist = _register(hoists, anchor, target)
+                hoist = hoist_at(hoists, anchor, target)
                 hoist.late_cuda = early
                 hoist.cls = _cls(w)
                 hoist.sync_bn = w.sync_bn
-                edits = _unwrap_in_place(ctx, w, inner_text, hoist)
+                edits = unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
-                                 + _early_note(m, early), edits)]
-        module_text = _cuda_first(ctx, inner_text) if early is not None else inner_text
-        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + _early_note(m, early),
+                                 + early_note(m, early), edits)]
+        module_text = cuda_first(ctx, inner_text) if early is not None else inner_text
+        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + early_note(m, early),
                          [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
     if target is None:
@@ -441,26 +439,26 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
     anchor = absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
     early = late_cuda(m, anchor, wrap_target, w.module)
-    late = _placed_late(ctx, w, anchor, wrap_target) if early is None else None
+    late = placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]
-    hoist = _register(hoists, anchor, wrap_target)
+    hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
     hoist.cls = hoist.cls or _cls(w)
     hoist.sync_bn = hoist.sync_bn or w.sync_bn
-    edits = _unwrap_in_place(ctx, w, inner_text, hoist)
+    edits = unwrap_in_place(ctx, w, inner_text, hoist)
     if w.conditions and any(isinstance(e, Remove) for e in edits):
-        edits = _drop_emptied_if(ctx, w, hoist) or edits
+        edits = drop_emptied_if(ctx, w, hoist) or edits
     if partial_root is not None:
         msg = (
             f"partial DataParallel wrap of {m.source(target)}: the whole {partial_root.id} is wrapped once in "
             "DistributedDataParallel so that every trained parameter is averaged across ranks"
         )
-        return [ctx.note(call, "DDP102", msg + _early_note(m, early), edits)]
+        return [ctx.note(call, "DDP102", msg + early_note(m, early), edits)]
     test = m.source(w.conditions[0].test)
     return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
-                     + _early_note(m, early), edits)]
+                     + early_note(m, early), edits)]
 
 
 def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
@@ -475,40 +473,14 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     target = w.target
     anchor = absorb_placement(m, cond, target, w.module) if target is not None else cond
     if anchor is cond:
-        late = _placed_late(ctx, w, cond, target) if target is not None else None
+        late = placed_late(ctx, w, cond, target) if target is not None else None
         return [late] if late is not None else [ctx.note(w.call, "DDP127", msg, [Replace(ctx.cst(w.outer), ctx.expr(ddp))])]
     if len(w.conditions) != 1 or cond.orelse or len(cond.body) != 1 or cond.body[0] is not w.stmt or not ctx.bridge.alone_on_line(cond):
-        late = _placed_late(ctx, w, cond, target)
+        late = placed_late(ctx, w, cond, target)
         return [late] if late is not None else [ctx.block(w.call, "DDP101", "DataParallel under a flag, placed on its device after it; migrate this by hand")]
     moved = ctx.stmt("if {test}:\n    {t} = {call}\n", test=test, t=m.source(target), call=ddp)
     edits = [Remove(ctx.bridge.statement(cond)), InsertAfter(ctx.bridge.statement(anchor), (moved,))]
     return [ctx.note(w.call, "DDP127", msg + "; moved below the placement of the module on its device", edits)]
-
-
-def _cuda_first(ctx: Context, module_text: str) -> str:
-    torch = ctx.name("torch")
-    return f"{module_text}.cuda() if {torch}.cuda.is_available() else {module_text}"
-
-
-def _early_note(m: SemanticModel, early: Optional[ast.stmt]) -> str:
-    if early is None:
-        return ""
-    return (f"; the module is placed on this rank's GPU at the wrap (line {early.lineno}'s `{m.source(early).strip()[:40]}` "
-            "then moves nothing): DistributedDataParallel needs its parameters there when it is built")
-
-
-def _placed_late(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[Finding]:
-    """The module is placed on its device after the point where the DDP wrap would be
-    (``DistributedDataParallel(net, device_ids=[d])`` then meets parameters still on the CPU:
-    a migration that runs on CPU and fails on the first GPU)."""
-    m = ctx.m
-    late = late_placements(m, anchor, target, w.module)
-    if not late:
-        return None
-    line = m.position(late[0])[0]
-    return ctx.block(w.call, "DDP101", f"`{m.source(late[0]).strip()[:50]}` (line {line}) places the model on its device after the "
-                     "point where every rank must wrap it: DistributedDataParallel needs its parameters on the device when it is "
-                     "built; place the model before the wrap, then migrate")
 
 
 def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: bool):
@@ -557,52 +529,6 @@ def _cls(w: Wrap) -> Optional[str]:
     """The name the migrated wrap calls where the original called the script's own
     DataParallel subclass (rebased on DistributedDataParallel by :func:`_rebase`)."""
     return w.cls.name if w.cls is not None else None
-
-
-def _register(hoists, anchor: ast.stmt, target: ast.AST) -> _Hoist:
-    key = (id(anchor), ast.unparse(target))
-    if key not in hoists:
-        hoists[key] = _Hoist(anchor, target)
-    return hoists[key]
-
-
-def _unwrap_in_place(ctx: Context, w: Wrap, inner_text: str, hoist: _Hoist) -> list:
-    """Replace the wrap by the bare module; drop the statement if it became ``x = x``."""
-    m = ctx.m
-    if w.target is not None and inner_text == m.source(w.target):
-        line = ctx.bridge.statement(w.stmt)
-        if isinstance(line, cst.SimpleStatementLine):
-            hoist.leading.extend(line.leading_lines)
-            if line.trailing_whitespace.comment is not None and hoist.comment is None:
-                hoist.comment = line.trailing_whitespace
-            return [Remove(line)]
-    return [Replace(ctx.cst(w.outer), ctx.expr(inner_text))]
-
-
-def _drop_emptied_if(ctx: Context, w: Wrap, hoist: _Hoist) -> Optional[list]:
-    """``if cond:`` whose only statement was the wrap (and no ``else``) goes away whole;
-    its comments travel with the hoisted wrap."""
-    m = ctx.m
-    owner = m.parent(w.stmt)
-    if not isinstance(owner, ast.If) or owner.orelse or len(owner.body) != 1 or owner.body[0] is not w.stmt:
-        return None
-    if m.block_of(owner) is None:
-        return None
-    node = ctx.bridge.statement(owner)
-    hoist.leading[:0] = list(getattr(node, "leading_lines", ()))
-    return [Remove(node)]
-
-
-def _insert_hoisted(ctx: Context, hoist: _Hoist, find_unused: bool) -> Finding:
-    m = ctx.m
-    t = m.source(hoist.target)
-    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(_cuda_first(ctx, t) if hoist.late_cuda is not None else t,
-                                                           find_unused, hoist.cls, hoist.sync_bn))
-    if hoist.leading:
-        stmt = stmt.with_changes(leading_lines=hoist.leading)
-    if hoist.comment is not None:
-        stmt = stmt.with_changes(trailing_whitespace=hoist.comment)
-    return ctx.note(hoist.anchor, "DDP100", f"wrap {t} in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(hoist.anchor), (stmt,))])
 
 
 # --------------------------------------------------------------------------- uses through the wrapper
