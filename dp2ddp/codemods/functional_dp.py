@@ -16,6 +16,7 @@ import ast
 from typing import Dict, List, Set
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.find_unused import owners_need_find_unused
 from dp2ddp.codemods.wrap_ddp import route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
@@ -54,9 +55,7 @@ def propose(ctx: Context) -> List[Finding]:
     if any(f.severity == "error" for f in out):
         return out
     seeds: Set[VarKey] = set()
-    from dp2ddp.codemods.wrap_ddp import _find_unused_for_owners
-
-    find_unused = _find_unused_for_owners(ctx, out)
+    find_unused = owners_need_find_unused(ctx, out)
     wrap_stmts = []
     for name, cls in owners.items():
         instances = [c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == name and m.resolve(c.func) == name]

@@ -33,6 +33,7 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
+from dp2ddp.codemods.find_unused import needs_find_unused
 from dp2ddp.codemods.wrap_hoist import (
     Hoist,
     cuda_first,
@@ -48,11 +49,11 @@ from dp2ddp.model.checkpoints import PLAIN, key_policy
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import device_test
-from dp2ddp.model.kinds import is_module_class, is_tensor
+from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import absorb_placement, late_cuda
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
-from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
+from dp2ddp.model.uses import wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass, in_exiting_branch
 
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
@@ -84,7 +85,7 @@ def propose(ctx: Context) -> List[Finding]:
     hoists: Dict[Tuple[int, str], Hoist] = {}
     seeds: Set[VarKey] = set()
     guarded_keys: Set[VarKey] = set()
-    find_unused = _find_unused(ctx, keep, out)
+    find_unused = needs_find_unused(ctx, keep, out)
     if any(f.severity == "error" for f in out):
         return out
     done_ifexp: Set[int] = set()
@@ -236,110 +237,6 @@ def _paren(text: str, node: ast.AST) -> str:
     if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
         return text
     return f"({text})"
-
-
-# --------------------------------------------------------------------------- frozen parameters
-
-
-def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: int = 0) -> bool:
-    """The change touches a model made apart from every wrapped one (an EMA copy,
-    ``copy.deepcopy(model)``, a teacher) or a tensor (an attack's ``delta``): it does not
-    concern the wrapper's parameters. A call of a function of the script that changes
-    ``requires_grad`` is judged by the changes inside it."""
-    from dp2ddp.model.flow import origins
-
-    target = m.resolve_call(change) if isinstance(change, ast.Call) and not (
-        isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_") else None
-    if target is not None:
-        inner = [c for c in requires_grad_changes(m) if c is not change and m.enclosing_function(c) is target]
-        return depth < 4 and bool(inner) and all(_other_model(m, c, wraps, depth + 1) for c in inner)
-    owner = changed_owner(m, change)
-    if owner is None and isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
-        owner = change.func.value  # ``x.clone().requires_grad_()``
-    if owner is not None and is_tensor(m, owner):
-        return True  # an input's gradient (an adversarial attack's ``delta``): no parameter changes
-    while isinstance(owner, (ast.Attribute, ast.Subscript)) and not (
-        isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
-    ):
-        owner = owner.value  # model.module[0], model.backbone -> model
-    if owner is None:
-        return False
-    mine = {id(n) for n, _ in origins(m, owner)}
-    if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in origins(m, owner)):
-        return False
-    wrapped = set()
-    made = set()  # classes whose instances are wrapped
-    for w in wraps:
-        for e in (w.module, w.target):
-            if e is not None:
-                for n, _ in origins(m, e):
-                    wrapped.add(id(n))
-                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
-                        made.add(n.func.id)
-    cls = m.enclosing_class(change)
-    if cls is not None and _root_is_self(owner) and {c.name for c in m.family(cls)} & made:
-        return False  # Net.freeze_backbone(): self is the wrapped model
-    return not (mine & wrapped)
-
-
-def _root_is_self(node: ast.AST) -> bool:
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        node = node.value
-    return isinstance(node, ast.Name) and node.id == "self"
-
-
-def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
-    """Whether the wraps need ``find_unused_parameters=True``; refuses an unfreeze of
-    parameters frozen when the wrapper is built."""
-    m = ctx.m
-    if not wraps:
-        return False
-    changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
-    if not changes:
-        return False
-    after = []
-    before_false = []
-    for c in changes:
-        if any(_before_wrap(m, c, w) for w in wraps):
-            if sets_true(m, c) is not True:
-                before_false.append(c)
-        else:
-            after.append(c)
-    if not after:
-        return False
-    if before_false and any(sets_true(m, c) is True for c in after):
-        c = next(c for c in after if sets_true(m, c) is True)
-        out.append(
-            ctx.block(
-                c,
-                "DDP112",
-                f"parameters frozen before the DistributedDataParallel wrap (line {before_false[0].lineno}) are unfrozen "
-                "here: DDP never synchronises them and the ranks train apart; build the wrapper after the last "
-                "requires_grad change, or wrap again after unfreezing",
-            )
-        )
-        return False
-    first = after[0]
-    out.append(
-        ctx.note(
-            first,
-            "DDP125",
-            "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
-            "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
-        )
-    )
-    return True
-
-
-def _before_wrap(m: SemanticModel, node: ast.AST, w: Wrap) -> bool:
-    """``node`` runs before the wrap: same function (or module level), earlier statement,
-    not in a loop around the wrap."""
-    if m.enclosing_function(node) is not w.function:
-        return False
-    wl = w.stmt
-    if any(isinstance(a, LOOPS) and m.contains(a, wl) for a in m.ancestors(node)):
-        return False
-    return (node.lineno, node.col_offset) < (wl.lineno, wl.col_offset)
 
 
 # --------------------------------------------------------------------------- wrap sites
@@ -627,20 +524,3 @@ def _remove_imports(ctx: Context) -> List[Finding]:
     f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))
     f.line = 0
     return [f]
-
-
-def _find_unused_for_owners(ctx: Context, out: List[Finding]) -> bool:
-    """Functional wraps: any ``requires_grad`` change in the script needs
-    ``find_unused_parameters=True`` (the wrapper is built where the model is created)."""
-    changes = requires_grad_changes(ctx.m)
-    if not changes:
-        return False
-    out.append(
-        ctx.note(
-            changes[0],
-            "DDP125",
-            "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
-            "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
-        )
-    )
-    return True
