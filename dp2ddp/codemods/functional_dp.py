@@ -17,7 +17,7 @@ from typing import Dict, List, Set
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.find_unused import owners_need_find_unused
-from dp2ddp.codemods.wrap_ddp import route_uses
+from dp2ddp.codemods.wrapper_refs import route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
 from dp2ddp.model.kinds import is_module_class

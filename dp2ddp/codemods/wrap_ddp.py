@@ -44,8 +44,8 @@ from dp2ddp.codemods.wrap_hoist import (
     placed_late,
     unwrap_in_place,
 )
-from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
-from dp2ddp.model.checkpoints import PLAIN, key_policy
+from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
+from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import device_test
@@ -54,10 +54,9 @@ from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import absorb_placement, late_cuda
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
 from dp2ddp.model.uses import wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass, in_exiting_branch
+from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps, fresh_each_pass, in_exiting_branch
 
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
-DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
 
 
 PROVIDES = (Wrappers,)
@@ -78,8 +77,8 @@ def propose(ctx: Context) -> List[Finding]:
         else:
             keep.append(w)
     if ctx.mode == "mixed":
-        out.extend(_type_refs(ctx))
-        out.extend(_remove_imports(ctx))
+        out.extend(type_refs(ctx))
+        out.extend(remove_imports(ctx))
         return out
 
     hoists: Dict[Tuple[int, str], Hoist] = {}
@@ -136,8 +135,8 @@ def propose(ctx: Context) -> List[Finding]:
     wrappers.seeds, wrappers.guarded = seeds, guarded_keys
     wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
     out.extend(route_uses(ctx, seeds, guarded_keys, [(w.stmt, m.source(w.target) if w.target is not None else None) for w in keep]))
-    out.extend(_type_refs(ctx))
-    out.extend(_remove_imports(ctx))
+    out.extend(type_refs(ctx))
+    out.extend(remove_imports(ctx))
     return out
 
 
@@ -426,101 +425,3 @@ def _cls(w: Wrap) -> Optional[str]:
     """The name the migrated wrap calls where the original called the script's own
     DataParallel subclass (rebased on DistributedDataParallel by :func:`_rebase`)."""
     return w.cls.name if w.cls is not None else None
-
-
-# --------------------------------------------------------------------------- uses through the wrapper
-
-
-def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts) -> List[Finding]:
-    """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
-    and ``load_state_dict`` too where no wrapper existed on one device."""
-    m = ctx.m
-    if not seeds:
-        return []
-    keys = wrapper_keys(m, seeds)
-    guarded_all = wrapper_keys(m, guarded) if guarded else set()
-    policies: Dict[bool, object] = {}
-    edits = []
-    first = None
-    out: List[Finding] = []
-    said = set()
-    for use in wrapper_uses(m, keys):
-        if use.kind not in ("attribute", "store", "state_dict"):
-            continue
-        if use.kind == "state_dict":
-            g = var_key(m, use.node) in guarded_all
-            policy = policies.get(g) or policies.setdefault(g, key_policy(m, g))
-            if policy.reason not in said:
-                said.add(policy.reason)
-                keys_text = "without `module.` (through `.module`)" if policy.default == PLAIN else "with `module.`"
-                out.append(ctx.note(use.node, "DDP150", f"state_dict keys of {m.source(use.node)} {keys_text}: {policy.reason}"))
-            if policy.default != PLAIN:
-                continue
-        if _before_any_wrap(m, use.node, wrap_stmts):
-            continue
-        edits.append(Replace(ctx.cst(use.node), ctx.expr(ctx.module_of(m.source(use.node)))))
-        first = first or use.node
-    if not edits:
-        return out
-    return out + [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
-
-
-def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
-    """A use in the function (or module level) of a wrap of the same variable, before it
-    (``wrap_stmts``: ``(statement, wrapped variable's text or None for any)``)."""
-    func = m.enclosing_function(node)
-    text = m.source(node)
-    for s, wrapped in wrap_stmts:
-        if wrapped is not None and wrapped != text:
-            continue  # another model's wrap (netD's below netG's load_state_dict)
-        if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
-            if not any(isinstance(a, LOOPS) and m.contains(a, s) for a in m.ancestors(node)):
-                return True
-    return False
-
-
-# --------------------------------------------------------------------------- type checks and imports
-
-
-def _type_refs(ctx: Context) -> List[Finding]:
-    m = ctx.m
-    out = []
-    done_tuples = set()
-    for ref in dp_type_refs(m):
-        edits = [Replace(ctx.cst(ref), cst.Name(ctx.name("DDP")))]
-        parent = m.parent(ref)
-        if isinstance(parent, ast.Tuple) and id(parent) not in done_tuples:
-            done_tuples.add(id(parent))
-            edits.append(Replace(ctx.cst(parent), _dedupe_elements))
-        out.append(ctx.note(ref, "DDP100", "type check now names DistributedDataParallel", edits))
-    return out
-
-
-def _dedupe_elements(tup):
-    """``(DDP, DDP)`` after two DataParallel spellings were replaced: keep one."""
-    if not isinstance(tup, cst.Tuple):
-        return tup
-    seen, kept = set(), []
-    for el in tup.elements:
-        text = cst.Module(body=[]).code_for_node(el.value)
-        if text not in seen:
-            seen.add(text)
-            kept.append(el)
-    if len(kept) == len(tup.elements):
-        return tup
-    if len(kept) == 1:
-        return kept[0].value
-    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return tup.with_changes(elements=kept)
-
-
-def _remove_imports(ctx: Context) -> List[Finding]:
-    # and a project's DataParallel with replication callbacks the wraps no longer call (model/sync_bn.py)
-    callbacks = {q for w in dp_wraps(ctx.m) if w.sync_bn for q in ctx.m.qualified_names(w.call.func)}
-    edits = ctx.unused_imports(lambda module, alias: (module in DP_MODULES and alias.name in ("DataParallel", "data_parallel"))
-                               or f"{module}.{alias.name}" in callbacks)
-    if not edits:
-        return []
-    f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))
-    f.line = 0
-    return [f]
