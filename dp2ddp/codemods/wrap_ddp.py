@@ -22,6 +22,13 @@
 * Type checks (``isinstance(m, nn.DataParallel)``) name the new wrapper.
 
 Anything else (``dim != 0``, unknown arguments, aliases, subclasses) blocks the file.
+
+This module holds :func:`propose` and the edit at each wrap site; the rest lives beside
+it: the refusals checked before any transform runs (:mod:`.wrap_problems`), the wraps
+taken off (:mod:`.unwrap`), the wrap moved below the module's placement
+(:mod:`.wrap_hoist`; where it goes is :mod:`dp2ddp.model.placement`'s fact),
+``find_unused_parameters`` (:mod:`.find_unused`), and the uses routed through
+``.module``, the type checks and the import (:mod:`.wrapper_refs`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.codemods.find_unused import needs_find_unused
+from dp2ddp.codemods.unwrap import eval_only, remove_wrap, unwrapped_text
 from dp2ddp.codemods.wrap_hoist import (
     Hoist,
     cuda_first,
@@ -50,14 +58,12 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import device_test
 from dp2ddp.model.kinds import is_module_class
-from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.placement import absorb_placement, late_cuda
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
-from dp2ddp.model.uses import wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps, fresh_each_pass, in_exiting_branch
+from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps, fresh_each_pass
 
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
-
 
 PROVIDES = (Wrappers,)
 
@@ -73,7 +79,7 @@ def propose(ctx: Context) -> List[Finding]:
     keep: List[Wrap] = []
     for w in wraps:
         if eval_only(m, w) or ctx.mode == "mixed":
-            out.append(_remove_wrap(ctx, w))
+            out.append(remove_wrap(ctx, w))
         else:
             keep.append(w)
     if ctx.mode == "mixed":
@@ -140,104 +146,6 @@ def propose(ctx: Context) -> List[Finding]:
     return out
 
 
-# --------------------------------------------------------------------------- evaluation-only wraps
-
-
-def _trains(m: SemanticModel, func: ast.AST) -> bool:
-    for call in m.reached_calls(func):
-        fn = call.func
-        if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step"):
-            return True
-        if m.is_name(fn, {"torch.autograd.backward"}):
-            return True
-    return False
-
-
-def eval_only(m: SemanticModel, w: Wrap) -> bool:
-    """The wrap serves evaluation only: it is made inside a function that never trains,
-    into a local variable the function keeps to itself (not returned, not stored on
-    ``self`` or a global); or in a branch that ends the program without training
-    (a ``--test-only`` path that evaluates and calls ``sys.exit``)."""
-    if w.stmt is not None and in_exiting_branch(m, w):
-        return True
-    func = w.function
-    if func is None or not isinstance(w.target, ast.Name) or getattr(func, "name", "") == "__init__":
-        return False
-    key = var_key(m, w.target)
-    if key is None or key[0] != "local" or key[1] is not func:
-        return False
-    for node in ast.walk(func):
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == w.target.id:
-            return False
-        if isinstance(node, (ast.Yield, ast.YieldFrom)):
-            return False
-    # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
-    # train() of another module) may be trained there
-    for use in wrapper_uses(m, {key}):
-        if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
-            parent = m.parent(use.node)
-            if isinstance(parent, ast.Call) and m.is_name(parent.func, {"builtins.isinstance", "builtins.type"}):
-                continue  # `if n_gpu > 1 and not isinstance(model, DataParallel)`: a type check
-            if not (isinstance(parent, ast.Call) and m.is_name(parent.func, DP | DP_FUNCTIONAL)):
-                return False
-    return not _trains(m, func)
-
-
-def _remove_wrap(ctx: Context, w: Wrap) -> Finding:
-    """Drop the wrap: ``m = DP(m)`` goes away, ``x = DP(m)`` becomes ``x = m``; an ``if``
-    left empty goes too."""
-    m = ctx.m
-    if w.module is None or w.stmt is None:
-        return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
-    inner_text = _inner_text(ctx, w)
-    edits = []
-    if w.target is not None and inner_text == m.source(w.target) and ctx.bridge.alone_on_line(w.stmt):
-        stmt = w.stmt
-        owner = m.parent(stmt)
-        if (
-            isinstance(owner, ast.If)
-            and len(owner.body) == 1
-            and not owner.orelse
-            and owner.body[0] is stmt
-            and ctx.bridge.alone_on_line(owner)
-            and _block_keeps_other(m, owner)
-        ):
-            edits.append(Remove(ctx.bridge.statement(owner)))
-        else:
-            edits.append(Remove(ctx.bridge.statement(stmt)))
-    else:
-        edits.append(Replace(ctx.cst(w.outer), ctx.expr(inner_text)))
-    why = "evaluation-only DataParallel wrap removed: each rank evaluates with its own module" if ctx.mode != "mixed" else (
-        "DataParallel fallback removed: the script's own DDP path runs under torchrun"
-    )
-    return ctx.note(w.call, "DDP122", why, edits)
-
-
-def _block_keeps_other(m: SemanticModel, stmt: ast.stmt) -> bool:
-    """Removing ``stmt`` does not leave its block empty (the engine adds ``pass`` anyway)."""
-    return True
-
-
-def _inner_text(ctx: Context, w: Wrap) -> str:
-    """The source of the wrap's chain without the wrapper: ``DP(m).cuda()`` -> ``m.cuda()``."""
-    m = ctx.m
-    module_text = m.source(w.module)
-    if w.outer is w.call:
-        return module_text
-    full = m.source(w.outer)
-    call_text = m.source(w.call)
-    i = full.find(call_text)
-    if i < 0:  # pragma: no cover - the call is inside its chain
-        return module_text
-    return full[:i] + _paren(module_text, w.module) + full[i + len(call_text):]
-
-
-def _paren(text: str, node: ast.AST) -> str:
-    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
-        return text
-    return f"({text})"
-
-
 # --------------------------------------------------------------------------- wrap sites
 
 
@@ -287,7 +195,7 @@ def _module_like(m: SemanticModel, name: str) -> bool:
 def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
     m = ctx.m
     call, stmt, target = w.call, w.stmt, w.target
-    inner_text = _inner_text(ctx, w)
+    inner_text = unwrapped_text(ctx, w)
     if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return [ctx.block(call, "DDP101", "DataParallel inside a one-line compound statement; migrate this by hand")]
     if any(isinstance(a, LOOPS) for a in _ancestors_in_function(m, stmt)) and not fresh_each_pass(m, w):
@@ -364,7 +272,7 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     m = ctx.m
     test = m.source(w.conditions[0].test)
     msg = f"DistributedDataParallel wrap kept under `if {test}:`, a flag of the caller; another wrap trains the model unconditionally"
-    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused, _cls(w), w.sync_bn)
+    ddp = ctx.ddp_call(unwrapped_text(ctx, w), find_unused, _cls(w), w.sync_bn)
     cond = w.conditions[-1]
     target = w.target
     anchor = absorb_placement(m, cond, target, w.module) if target is not None else cond
@@ -389,7 +297,7 @@ def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: 
     target = parent.targets[0] if isinstance(parent, ast.Assign) and parent.value is ifexp and len(parent.targets) == 1 else None
     if not isinstance(target, (ast.Name, ast.Attribute)) or stmt is None or not ctx.bridge.alone_on_line(stmt):
         return [ctx.block(wraps[0].call, "DDP101", "DataParallel inside a conditional expression dp2ddp cannot rewrite; migrate this by hand")], [], False
-    edits = [Replace(ctx.cst(w.outer), ctx.expr(_inner_text(ctx, w))) for w in wraps]
+    edits = [Replace(ctx.cst(w.outer), ctx.expr(unwrapped_text(ctx, w))) for w in wraps]
     both = {id(ifexp.body), id(ifexp.orelse)} == {id(w.outer) for w in wraps}
     if both:
         ddp = ctx.ddp_call("{inner}", find_unused, _cls(wraps[0]), any(w.sync_bn for w in wraps))
