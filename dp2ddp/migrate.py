@@ -113,7 +113,7 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
         try:
             from dp2ddp.codemods import hand_batches
             from dp2ddp.codemods.entry import check_entry
-            from dp2ddp.codemods.wrap_ddp import problems
+            from dp2ddp.codemods.wrap_problems import problems
 
             findings.extend(problems(ctx))
             findings.extend(hand_batches.problems(ctx))  # DataParallel(dim != 0) whose batches cannot be split

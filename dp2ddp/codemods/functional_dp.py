@@ -16,10 +16,12 @@ import ast
 from typing import Dict, List, Set
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.codemods.wrap_ddp import _absorb_placement, route_uses
+from dp2ddp.codemods.find_unused import owners_need_find_unused
+from dp2ddp.codemods.wrapper_refs import route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
-from dp2ddp.model.names import MODULE_BASES
+from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.placement import absorb_placement
 from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.wraps import dp_wraps
 
@@ -36,7 +38,7 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
             continue
         cls = m.enclosing_class(w.call)
-        if cls is None or not any(m.is_name(b, MODULE_BASES) for b in cls.bases) or m.parent(cls) is not m.tree:
+        if not is_module_class(m, cls) or m.parent(cls) is not m.tree:
             out.append(ctx.block(w.call, "DDP101", "data_parallel outside a method of an nn.Module class of this script; migrate this by hand"))
             continue
         inputs = w.args.get("inputs")
@@ -53,9 +55,7 @@ def propose(ctx: Context) -> List[Finding]:
     if any(f.severity == "error" for f in out):
         return out
     seeds: Set[VarKey] = set()
-    from dp2ddp.codemods.wrap_ddp import _find_unused_for_owners
-
-    find_unused = _find_unused_for_owners(ctx, out)
+    find_unused = owners_need_find_unused(ctx, out)
     wrap_stmts = []
     for name, cls in owners.items():
         instances = [c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == name and m.resolve(c.func) == name]
@@ -75,7 +75,7 @@ def propose(ctx: Context) -> List[Finding]:
             if ctx.mode == "plain" and not ctx.in_setup_region(stmt):
                 out.append(ctx.block(inst, "DDP101", f"{name}(...) is created before the process group exists; migrate this by hand"))
                 return out
-            anchor = _absorb_placement(m, stmt, target)
+            anchor = absorb_placement(m, stmt, target)
             t = m.source(target)
             new = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(t, find_unused))
             out.append(ctx.note(anchor, "DDP123", f"wrap {t} ({name}) in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(anchor), (new,))]))

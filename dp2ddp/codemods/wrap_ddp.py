@@ -22,187 +22,48 @@
 * Type checks (``isinstance(m, nn.DataParallel)``) name the new wrapper.
 
 Anything else (``dim != 0``, unknown arguments, aliases, subclasses) blocks the file.
+
+This module holds :func:`propose` and the edit at each wrap site; the rest lives beside
+it: the refusals checked before any transform runs (:mod:`.wrap_problems`), the wraps
+taken off (:mod:`.unwrap`), the wrap moved below the module's placement
+(:mod:`.wrap_hoist`; where it goes is :mod:`dp2ddp.model.placement`'s fact),
+``find_unused_parameters`` (:mod:`.find_unused`), and the uses routed through
+``.module``, the type checks and the import (:mod:`.wrapper_refs`).
 """
 
 from __future__ import annotations
 
 import ast
-import re
 from typing import Dict, List, Optional, Set, Tuple
 
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
-from dp2ddp.engine import Finding, Fix, InsertAfter, Remove, Replace
-from dp2ddp.model.checkpoints import PLAIN, key_policy
+from dp2ddp.codemods.find_unused import needs_find_unused
+from dp2ddp.codemods.unwrap import eval_only, remove_wrap, unwrapped_text
+from dp2ddp.codemods.wrap_hoist import (
+    Hoist,
+    cuda_first,
+    drop_emptied_if,
+    early_note,
+    hoist_at,
+    insert_hoisted,
+    placed_late,
+    unwrap_in_place,
+)
+from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
+from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.names import DDP as DDP_NAMES, DP, DP_FUNCTIONAL
-from dp2ddp.model.placement import placements_after
-from dp2ddp.model.syntax import FUNCTIONS, LOOPS
-from dp2ddp.model.uses import requires_grad_changes, sets_true, wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import Wrap, dp_other_refs, dp_subclasses, dp_type_refs, dp_wraps, fresh_each_pass, in_exiting_branch
+from dp2ddp.model.cuda_only import device_test
+from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.placement import absorb_placement, late_cuda
+from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
+from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps, fresh_each_pass
 
-PLACEMENT = {"cuda", "to"}
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
-DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
-
-
-class _Hoist:
-    def __init__(self, anchor: ast.stmt, target: ast.AST) -> None:
-        self.anchor = anchor
-        self.target = target
-        self.leading: List[cst.EmptyLine] = []
-        self.comment: Optional[cst.TrailingWhitespace] = None
-        self.guarded = False
-        self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
-        self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
-        self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
-
-
-def problems(ctx: Context) -> List[Finding]:
-    """Uses of DataParallel that cannot be migrated at all (checked before anything else)."""
-    m = ctx.m
-    out: List[Finding] = []
-    subclass_of = {id(b): why for c, why in dp_subclasses(m).values() if why is not None for b in c.bases}
-    for ref in dp_other_refs(m):
-        if id(ref) in subclass_of:
-            out.append(ctx.block(ref, "DDP101", f"{subclass_of[id(ref)]}; migrate this subclass by hand"))
-            continue
-        out.append(ctx.block(ref, "DDP101", "DataParallel is used indirectly (alias, subclass or argument); migrate this by hand"))
-    for w in dp_wraps(m):
-        if w.problem:
-            out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
-        elif not w.functional and w.target is not None and _root_name(w.target) is not None and _root_name(w.target).id == "self" and _is_module_class(m, m.enclosing_class(w.call)):
-            out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
-    out.extend(_shared_forward(ctx))
-    out.extend(_replaced_after_wrap(ctx))
-    return out
-
-
-_REPLACING = {"resize_token_embeddings", "resize_position_embeddings", "prune_heads", "reset_classifier"}
-
-
-def _replacing_methods(m: SemanticModel) -> Set[str]:
-    """Method names that replace parameters: HF's ``resize_token_embeddings`` and
-    friends, and methods of this module's classes that assign a new layer or parameter to
-    ``self`` outside ``__init__``."""
-    out = set(_REPLACING)
-    for cls in m.classes.values():
-        for name, meth in m.methods(cls).items():
-            if name == "__init__":
-                continue
-            for node in ast.walk(meth):
-                if isinstance(node, ast.Assign) and any(
-                    isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" for t in node.targets
-                ):
-                    v = node.value
-                    if isinstance(v, ast.Call) and any(q.startswith("torch.nn.") for q in m.qualified_names(v.func)):
-                        out.add(name)
-    return out
-
-
-def _replaced_after_wrap(ctx: Context) -> List[Finding]:
-    """``model.resize_token_embeddings(n)`` after the model is wrapped: DataParallel
-    replicates the module on every forward and sees the new parameters; DDP keeps
-    synchronising the ones it was built with, and the new ones train apart."""
-    m = ctx.m
-    names = _replacing_methods(m)
-    wraps = [w.stmt for w in dp_wraps(m) if not w.functional and w.stmt is not None]
-    wraps += [m.statement_of(c) for c in m.calls(DDP_NAMES)]
-    out = []
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and f.attr in names):
-            continue
-        func = m.enclosing_function(call)
-        for w in wraps:
-            if w is not None and m.enclosing_function(w) is func and (w.lineno, w.col_offset) < (call.lineno, call.col_offset):
-                out.append(
-                    ctx.block(
-                        call,
-                        "DDP117",
-                        f"{f.attr}() replaces parameters after the model is wrapped (line {w.lineno}): DistributedDataParallel "
-                        "keeps synchronising the parameters it was built with and the new ones train apart; call it before the wrap",
-                    )
-                )
-                break
-    return out
-
-
-_CUT = {"detach", "item", "data", "cpu", "numpy", "tolist"}
-
-
-def _uses_tainted(expr: ast.AST, tainted: Set[str]) -> bool:
-    """``expr`` reads a tainted name other than through ``.detach()``/``.item()``/``.data``."""
-    todo = [expr]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, ast.Attribute) and n.attr in _CUT:
-            continue
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
-            continue
-        if isinstance(n, ast.Name) and n.id in tainted:
-            return True
-        todo.extend(ast.iter_child_nodes(n))
-    return False
-
-
-def _shared_forward(ctx: Context) -> List[Finding]:
-    """One forward of a wrapped model whose output feeds two or more ``.backward()`` calls
-    in the same loop (pix2pixHD: the generator and discriminator losses of one forward):
-    DDP marks each parameter ready once per forward, so this cannot be migrated as it is."""
-    m = ctx.m
-    seeds: Set[VarKey] = set()
-    for w in dp_wraps(m):
-        if not w.functional:
-            seeds.update(assigned_keys(m, w.outer))
-    if not seeds:
-        return []
-    keys = wrapper_keys(m, seeds)
-    out = []
-    done = set()
-    for use in wrapper_uses(m, keys):
-        if use.kind != "forward":
-            continue
-        call = m.parent(use.node)
-        loops = m.enclosing_loops(call)
-        if not loops or id(loops[0]) in done:
-            continue
-        loop = loops[0]
-        forwards = [c for c in m.calls_in(loop) if var_key(m, c.func) in keys]
-        if len(forwards) != 1:
-            continue
-        done.add(id(loop))
-        stmt = m.statement_of(call)
-        tainted: Set[str] = set()
-        if isinstance(stmt, ast.Assign):
-            for t in stmt.targets:
-                tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-        if not tainted:
-            continue
-        backwards = []
-        for s in ast.walk(loop):
-            if isinstance(s, ast.Assign) and s is not stmt and _uses_tainted(s.value, tainted):
-                for t in s.targets:
-                    tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-        for c in m.calls_in(loop):
-            if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and _uses_tainted(c.func.value, tainted):
-                backwards.append(c)
-        if len(backwards) >= 2:
-            lines = ", ".join(str(b.lineno) for b in backwards)
-            out.append(
-                ctx.block(
-                    call,
-                    "DDP101",
-                    f"one forward of {m.source(use.node)} feeds {len(backwards)} backward passes (lines {lines}): "
-                    "DistributedDataParallel synchronises each parameter once per forward; split the forward per "
-                    "loss (or wrap the parts separately) and migrate by hand",
-                )
-            )
-    return out
-
 
 PROVIDES = (Wrappers,)
 
@@ -218,18 +79,18 @@ def propose(ctx: Context) -> List[Finding]:
     keep: List[Wrap] = []
     for w in wraps:
         if eval_only(m, w) or ctx.mode == "mixed":
-            out.append(_remove_wrap(ctx, w))
+            out.append(remove_wrap(ctx, w))
         else:
             keep.append(w)
     if ctx.mode == "mixed":
-        out.extend(_type_refs(ctx))
-        out.extend(_remove_imports(ctx))
+        out.extend(type_refs(ctx))
+        out.extend(remove_imports(ctx))
         return out
 
-    hoists: Dict[Tuple[int, str], _Hoist] = {}
+    hoists: Dict[Tuple[int, str], Hoist] = {}
     seeds: Set[VarKey] = set()
     guarded_keys: Set[VarKey] = set()
-    find_unused = _find_unused(ctx, keep, out)
+    find_unused = needs_find_unused(ctx, keep, out)
     if any(f.severity == "error" for f in out):
         return out
     done_ifexp: Set[int] = set()
@@ -244,7 +105,7 @@ def propose(ctx: Context) -> List[Finding]:
             if any(f.severity == "error" for f in got):
                 return out
             seeds.update(keys)
-            if conditional and _DEVICE_WORDS.search(m.source(ifexp.test)):
+            if conditional and device_test(m, ifexp.test):
                 guarded_keys.update(keys)
             continue
         flag_kept = _caller_flag(m, w) and any(x is not w and not x.conditions for x in keep)
@@ -264,10 +125,10 @@ def propose(ctx: Context) -> List[Finding]:
         if target is not None:
             keys = _keys_of(m, w)
             seeds.update(keys)
-            if w.conditions and _device_condition(m, w) and not flag_kept:
+            if w.conditions and any(device_test(m, c.test) for c in w.conditions) and not flag_kept:
                 guarded_keys.update(keys)
     for hoist in hoists.values():
-        out.append(_insert_hoisted(ctx, hoist, find_unused))
+        out.append(insert_hoisted(ctx, hoist, find_unused))
     if ctx.role == "entry":
         # the wrapper a helper module returns (`model = models.build(args)`) is a wrapper here too
         from dp2ddp.model.wraps import project_wrapper_returns
@@ -280,270 +141,9 @@ def propose(ctx: Context) -> List[Finding]:
     wrappers.seeds, wrappers.guarded = seeds, guarded_keys
     wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
     out.extend(route_uses(ctx, seeds, guarded_keys, [(w.stmt, m.source(w.target) if w.target is not None else None) for w in keep]))
-    out.extend(_type_refs(ctx))
-    out.extend(_remove_imports(ctx))
+    out.extend(type_refs(ctx))
+    out.extend(remove_imports(ctx))
     return out
-
-
-# --------------------------------------------------------------------------- evaluation-only wraps
-
-
-def _trains(m: SemanticModel, func: ast.AST) -> bool:
-    for call in m.reached_calls(func):
-        fn = call.func
-        if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step"):
-            return True
-        if m.is_name(fn, {"torch.autograd.backward"}):
-            return True
-    return False
-
-
-def eval_only(m: SemanticModel, w: Wrap) -> bool:
-    """The wrap serves evaluation only: it is made inside a function that never trains,
-    into a local variable the function keeps to itself (not returned, not stored on
-    ``self`` or a global); or in a branch that ends the program without training
-    (a ``--test-only`` path that evaluates and calls ``sys.exit``)."""
-    if w.stmt is not None and in_exiting_branch(m, w):
-        return True
-    func = w.function
-    if func is None or not isinstance(w.target, ast.Name) or getattr(func, "name", "") == "__init__":
-        return False
-    key = var_key(m, w.target)
-    if key is None or key[0] != "local" or key[1] is not func:
-        return False
-    for node in ast.walk(func):
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == w.target.id:
-            return False
-        if isinstance(node, (ast.Yield, ast.YieldFrom)):
-            return False
-    # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
-    # train() of another module) may be trained there
-    for use in wrapper_uses(m, {key}):
-        if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
-            parent = m.parent(use.node)
-            if isinstance(parent, ast.Call) and m.is_name(parent.func, {"builtins.isinstance", "builtins.type"}):
-                continue  # `if n_gpu > 1 and not isinstance(model, DataParallel)`: a type check
-            if not (isinstance(parent, ast.Call) and m.is_name(parent.func, DP | DP_FUNCTIONAL)):
-                return False
-    return not _trains(m, func)
-
-
-def _remove_wrap(ctx: Context, w: Wrap) -> Finding:
-    """Drop the wrap: ``m = DP(m)`` goes away, ``x = DP(m)`` becomes ``x = m``; an ``if``
-    left empty goes too."""
-    m = ctx.m
-    if w.module is None or w.stmt is None:
-        return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
-    inner_text = _inner_text(ctx, w)
-    edits = []
-    if w.target is not None and inner_text == m.source(w.target) and ctx.bridge.alone_on_line(w.stmt):
-        stmt = w.stmt
-        owner = m.parent(stmt)
-        if (
-            isinstance(owner, ast.If)
-            and len(owner.body) == 1
-            and not owner.orelse
-            and owner.body[0] is stmt
-            and ctx.bridge.alone_on_line(owner)
-            and _block_keeps_other(m, owner)
-        ):
-            edits.append(Remove(ctx.bridge.statement(owner)))
-        else:
-            edits.append(Remove(ctx.bridge.statement(stmt)))
-    else:
-        edits.append(Replace(ctx.cst(w.outer), ctx.expr(inner_text)))
-    why = "evaluation-only DataParallel wrap removed: each rank evaluates with its own module" if ctx.mode != "mixed" else (
-        "DataParallel fallback removed: the script's own DDP path runs under torchrun"
-    )
-    return ctx.note(w.call, "DDP122", why, edits)
-
-
-def _block_keeps_other(m: SemanticModel, stmt: ast.stmt) -> bool:
-    """Removing ``stmt`` does not leave its block empty (the engine adds ``pass`` anyway)."""
-    return True
-
-
-def _inner_text(ctx: Context, w: Wrap) -> str:
-    """The source of the wrap's chain without the wrapper: ``DP(m).cuda()`` -> ``m.cuda()``."""
-    m = ctx.m
-    module_text = m.source(w.module)
-    if w.outer is w.call:
-        return module_text
-    full = m.source(w.outer)
-    call_text = m.source(w.call)
-    i = full.find(call_text)
-    if i < 0:  # pragma: no cover - the call is inside its chain
-        return module_text
-    return full[:i] + _paren(module_text, w.module) + full[i + len(call_text):]
-
-
-def _paren(text: str, node: ast.AST) -> str:
-    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
-        return text
-    return f"({text})"
-
-
-# --------------------------------------------------------------------------- frozen parameters
-
-
-def _changed_owner(m: SemanticModel, change: ast.AST) -> Optional[ast.AST]:
-    """The module whose parameters a ``requires_grad`` change touches: ``X`` of
-    ``X.requires_grad_(...)``, or of ``for p in X.parameters(): p.requires_grad = ...``."""
-    if isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
-        subject = change.func.value
-    elif isinstance(change, ast.Attribute):
-        subject = change.value
-    else:
-        return None
-    if isinstance(subject, ast.Name):
-        for a in m.ancestors(subject):
-            if isinstance(a, (ast.For, ast.AsyncFor)) and isinstance(a.target, (ast.Name, ast.Tuple)) and subject.id in {
-                n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)
-            }:
-                it = a.iter
-                if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("parameters", "named_parameters"):
-                    return it.func.value
-                return None
-        return subject
-    if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Attribute) and subject.func.attr in ("parameters", "named_parameters"):
-        return subject.func.value
-    return subject if isinstance(subject, ast.Attribute) else None
-
-
-def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: int = 0) -> bool:
-    """The change touches a model made apart from every wrapped one (an EMA copy,
-    ``copy.deepcopy(model)``, a teacher) or a tensor (an attack's ``delta``): it does not
-    concern the wrapper's parameters. A call of a function of the script that changes
-    ``requires_grad`` is judged by the changes inside it."""
-    from dp2ddp.model.flow import origins
-
-    target = m.resolve_call(change) if isinstance(change, ast.Call) and not (
-        isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_") else None
-    if target is not None:
-        inner = [c for c in requires_grad_changes(m) if c is not change and m.enclosing_function(c) is target]
-        return depth < 4 and bool(inner) and all(_other_model(m, c, wraps, depth + 1) for c in inner)
-    owner = _changed_owner(m, change)
-    if owner is None and isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
-        owner = change.func.value  # ``x.clone().requires_grad_()``
-    if owner is not None and _tensor(m, owner):
-        return True  # an input's gradient (an adversarial attack's ``delta``): no parameter changes
-    while isinstance(owner, (ast.Attribute, ast.Subscript)) and not (
-        isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
-    ):
-        owner = owner.value  # model.module[0], model.backbone -> model
-    if owner is None:
-        return False
-    mine = {id(n) for n, _ in origins(m, owner)}
-    if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in origins(m, owner)):
-        return False
-    wrapped = set()
-    made = set()  # classes whose instances are wrapped
-    for w in wraps:
-        for e in (w.module, w.target):
-            if e is not None:
-                for n, _ in origins(m, e):
-                    wrapped.add(id(n))
-                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
-                        made.add(n.func.id)
-    cls = m.enclosing_class(change)
-    if cls is not None and _root_is_self(owner) and _family(m, cls) & made:
-        return False  # Net.freeze_backbone(): self is the wrapped model
-    return not (mine & wrapped)
-
-
-# methods only a tensor has (a module's ``.to()``/``.cuda()``/``.float()`` return the module)
-_TENSOR_METHODS = frozenset({"clone", "detach", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "uniform_",
-                             "normal_", "zero_", "fill_", "view", "reshape", "permute", "contiguous", "unsqueeze", "squeeze"})
-
-
-def _tensor(m: SemanticModel, expr: ast.AST) -> bool:
-    """``expr`` is a tensor, not a module: made by a tensor method (``x.clone()``), or a
-    name every binding of which is one or a ``torch.*`` factory (``torch.zeros_like(X)``),
-    never a ``torch.nn`` class."""
-    from dp2ddp.model.flow import origins
-
-    def made(n: ast.AST) -> bool:
-        if not isinstance(n, ast.Call):
-            return False
-        if isinstance(n.func, ast.Attribute) and n.func.attr in _TENSOR_METHODS:
-            return True
-        names = m.qualified_names(n.func)
-        return bool(names) and all(q.startswith("torch.") and not q.startswith(("torch.nn.", "torch.hub", "torch.load", "torch.jit"))
-                                   for q in names)
-
-    if made(expr):
-        return True
-    if not isinstance(expr, ast.Name):
-        return False
-    got = origins(m, expr)
-    return bool(got) and all(made(n) for n, _ in got)
-
-
-def _root_is_self(node: ast.AST) -> bool:
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        node = node.value
-    return isinstance(node, ast.Name) and node.id == "self"
-
-
-def _family(m: SemanticModel, cls: ast.ClassDef) -> Set[str]:
-    """The names of the classes of this module that share ``self`` with ``cls`` (the same
-    root class: the family ``flow.attribute_assignments`` reads ``self.x`` through)."""
-    root = m.root_class(cls)
-    return {c.name for c in m.nodes(ast.ClassDef) if m.root_class(c) is root}
-
-
-def _find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
-    """Whether the wraps need ``find_unused_parameters=True``; refuses an unfreeze of
-    parameters frozen when the wrapper is built."""
-    m = ctx.m
-    if not wraps:
-        return False
-    changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
-    if not changes:
-        return False
-    after = []
-    before_false = []
-    for c in changes:
-        if any(_before_wrap(m, c, w) for w in wraps):
-            if sets_true(m, c) is not True:
-                before_false.append(c)
-        else:
-            after.append(c)
-    if not after:
-        return False
-    if before_false and any(sets_true(m, c) is True for c in after):
-        c = next(c for c in after if sets_true(m, c) is True)
-        out.append(
-            ctx.block(
-                c,
-                "DDP112",
-                f"parameters frozen before the DistributedDataParallel wrap (line {before_false[0].lineno}) are unfrozen "
-                "here: DDP never synchronises them and the ranks train apart; build the wrapper after the last "
-                "requires_grad change, or wrap again after unfreezing",
-            )
-        )
-        return False
-    first = after[0]
-    out.append(
-        ctx.note(
-            first,
-            "DDP125",
-            "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
-            "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
-        )
-    )
-    return True
-
-
-def _before_wrap(m: SemanticModel, node: ast.AST, w: Wrap) -> bool:
-    """``node`` runs before the wrap: same function (or module level), earlier statement,
-    not in a loop around the wrap."""
-    if m.enclosing_function(node) is not w.function:
-        return False
-    wl = w.stmt
-    if any(isinstance(a, LOOPS) and m.contains(a, wl) for a in m.ancestors(node)):
-        return False
-    return (node.lineno, node.col_offset) < (wl.lineno, wl.col_offset)
 
 
 # --------------------------------------------------------------------------- wrap sites
@@ -584,21 +184,6 @@ def _caller_flag(m: SemanticModel, w: Wrap) -> bool:
     return isinstance(test, ast.Name) and test.id in m.params(func)
 
 
-def _device_condition(m: SemanticModel, w: Wrap) -> bool:
-    """The wrap depends on the devices (``if torch.cuda.device_count() > 1``, ``if device ==
-    "cuda"``, ``if args.n_gpu > 1``): on one device or CPU the original had no wrapper."""
-    return any(_DEVICE_WORDS.search(m.source(c.test)) for c in w.conditions)
-
-
-_DEVICE_WORDS = re.compile(r"gpu|cuda|device|world_size|parallel|distributed", re.IGNORECASE)
-
-
-def _root_name(expr: ast.AST) -> Optional[ast.Name]:
-    while isinstance(expr, ast.Attribute):
-        expr = expr.value
-    return expr if isinstance(expr, ast.Name) else None
-
-
 def _module_like(m: SemanticModel, name: str) -> bool:
     for call in m.nodes(ast.Call):
         f = call.func
@@ -607,31 +192,23 @@ def _module_like(m: SemanticModel, name: str) -> bool:
     return False
 
 
-def _is_module_class(m: SemanticModel, cls: Optional[ast.ClassDef]) -> bool:
-    if cls is None:
-        return False
-    from dp2ddp.model.names import MODULE_BASES
-
-    return any(m.is_name(b, MODULE_BASES) for b in cls.bases)
-
-
 def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
     m = ctx.m
     call, stmt, target = w.call, w.stmt, w.target
-    inner_text = _inner_text(ctx, w)
+    inner_text = unwrapped_text(ctx, w)
     if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return [ctx.block(call, "DDP101", "DataParallel inside a one-line compound statement; migrate this by hand")]
     if any(isinstance(a, LOOPS) for a in _ancestors_in_function(m, stmt)) and not fresh_each_pass(m, w):
         return [ctx.block(call, "DDP101", (
             "DataParallel wrap inside a loop, of a model that is not made in the same pass (or in the loop that "
             "trains it): DDP must wrap each model once, before training it; migrate this by hand"))]
-    if _root_name(target) is not None and _root_name(target).id == "self" and _is_module_class(m, m.enclosing_class(stmt)):
+    if root_name(target) is not None and root_name(target).id == "self" and is_module_class(m, m.enclosing_class(stmt)):
         return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
     partial_root = None
     if _partial(m, w):
-        root = _root_name(target)
+        root = root_name(target)
         if root is not None and root.id == "self":
-            if _is_module_class(m, m.enclosing_class(stmt)):
+            if is_module_class(m, m.enclosing_class(stmt)):
                 return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
         elif root is not None:
             if not _module_like(m, root.id):
@@ -641,21 +218,21 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not w.conditions and partial_root is None:
         early = None
         if target is not None:
-            anchor = _absorb_placement(m, stmt, target, w.module)
-            early = _late_cuda(ctx, w, anchor, target)
-            late = _placed_late(ctx, w, anchor, target) if early is None else None
+            anchor = absorb_placement(m, stmt, target, w.module)
+            early = late_cuda(m, anchor, target, w.module)
+            late = placed_late(ctx, w, anchor, target) if early is None else None
             if late is not None:
                 return [late]
             if anchor is not stmt:
-                hoist = _register(hoists, anchor, target)
+                hoist = hoist_at(hoists, anchor, target)
                 hoist.late_cuda = early
                 hoist.cls = _cls(w)
                 hoist.sync_bn = w.sync_bn
-                edits = _unwrap_in_place(ctx, w, inner_text, hoist)
+                edits = unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
-                                 + _early_note(m, early), edits)]
-        module_text = _cuda_first(ctx, inner_text) if early is not None else inner_text
-        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + _early_note(m, early),
+                                 + early_note(m, early), edits)]
+        module_text = cuda_first(ctx, inner_text) if early is not None else inner_text
+        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + early_note(m, early),
                          [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
     if target is None:
@@ -664,28 +241,28 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     anchor = w.conditions[-1] if w.conditions else stmt
     if not ctx.bridge.alone_on_line(anchor):
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
-    anchor = _absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
-    early = _late_cuda(ctx, w, anchor, wrap_target)
-    late = _placed_late(ctx, w, anchor, wrap_target) if early is None else None
+    anchor = absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
+    early = late_cuda(m, anchor, wrap_target, w.module)
+    late = placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]
-    hoist = _register(hoists, anchor, wrap_target)
+    hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
     hoist.cls = hoist.cls or _cls(w)
     hoist.sync_bn = hoist.sync_bn or w.sync_bn
-    edits = _unwrap_in_place(ctx, w, inner_text, hoist)
+    edits = unwrap_in_place(ctx, w, inner_text, hoist)
     if w.conditions and any(isinstance(e, Remove) for e in edits):
-        edits = _drop_emptied_if(ctx, w, hoist) or edits
+        edits = drop_emptied_if(ctx, w, hoist) or edits
     if partial_root is not None:
         msg = (
             f"partial DataParallel wrap of {m.source(target)}: the whole {partial_root.id} is wrapped once in "
             "DistributedDataParallel so that every trained parameter is averaged across ranks"
         )
-        return [ctx.note(call, "DDP102", msg + _early_note(m, early), edits)]
+        return [ctx.note(call, "DDP102", msg + early_note(m, early), edits)]
     test = m.source(w.conditions[0].test)
     return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
-                     + _early_note(m, early), edits)]
+                     + early_note(m, early), edits)]
 
 
 def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
@@ -695,88 +272,19 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     m = ctx.m
     test = m.source(w.conditions[0].test)
     msg = f"DistributedDataParallel wrap kept under `if {test}:`, a flag of the caller; another wrap trains the model unconditionally"
-    ddp = ctx.ddp_call(_inner_text(ctx, w), find_unused, _cls(w), w.sync_bn)
+    ddp = ctx.ddp_call(unwrapped_text(ctx, w), find_unused, _cls(w), w.sync_bn)
     cond = w.conditions[-1]
     target = w.target
-    anchor = _absorb_placement(m, cond, target, w.module) if target is not None else cond
+    anchor = absorb_placement(m, cond, target, w.module) if target is not None else cond
     if anchor is cond:
-        late = _placed_late(ctx, w, cond, target) if target is not None else None
+        late = placed_late(ctx, w, cond, target) if target is not None else None
         return [late] if late is not None else [ctx.note(w.call, "DDP127", msg, [Replace(ctx.cst(w.outer), ctx.expr(ddp))])]
     if len(w.conditions) != 1 or cond.orelse or len(cond.body) != 1 or cond.body[0] is not w.stmt or not ctx.bridge.alone_on_line(cond):
-        late = _placed_late(ctx, w, cond, target)
+        late = placed_late(ctx, w, cond, target)
         return [late] if late is not None else [ctx.block(w.call, "DDP101", "DataParallel under a flag, placed on its device after it; migrate this by hand")]
     moved = ctx.stmt("if {test}:\n    {t} = {call}\n", test=test, t=m.source(target), call=ddp)
     edits = [Remove(ctx.bridge.statement(cond)), InsertAfter(ctx.bridge.statement(anchor), (moved,))]
     return [ctx.note(w.call, "DDP127", msg + "; moved below the placement of the module on its device", edits)]
-
-
-def _late_cuda(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[ast.stmt]:
-    """The one later placement of the module, when the wrap can do it first: ``net.cuda()``
-    (no device: the current one, the rank's after ``set_device``), as a statement of the
-    same function that runs on every path after the wrap point (no ``if``, loop, ``try`` or
-    ``with`` around it that the wrap is not in too, but ``if torch.cuda.is_available():``,
-    the test the wrap's own placement makes). ``DistributedDataParallel(net.cuda()
-    if torch.cuda.is_available() else net, ...)`` then has its parameters on the device it
-    needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
-    whose device may be the CPU on a GPU machine stays refused)."""
-    m = ctx.m
-    late = _late_placements(m, w, anchor, target)
-    if len(late) != 1:
-        return None
-    s = late[0]
-    value = s.value if isinstance(s, (ast.Expr, ast.Assign)) else None
-    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "cuda"
-            and not value.args and not value.keywords):
-        return None
-    func = m.enclosing_function(anchor)
-    if m.enclosing_function(s) is not func:
-        return None
-    around = {id(a) for a in m.ancestors(anchor)}
-    child: ast.AST = s
-    for a in m.ancestors(s):
-        if a is func or isinstance(a, ast.Module):
-            break
-        cuda_test = (isinstance(a, ast.If) and isinstance(a.test, ast.Call) and m.is_name(a.test.func, {"torch.cuda.is_available"})
-                     and any(b is child for b in a.body))
-        if (isinstance(a, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith))
-                and id(a) not in around and not cuda_test):
-            return None
-        child = a
-    return s
-
-
-def _late_placements(m: SemanticModel, w: Wrap, anchor: ast.stmt, target: ast.AST) -> List[ast.stmt]:
-    """Placements of the wrapped module (or the wrapper's name) after ``anchor``."""
-    names = {m.source(target)}
-    if w.module is not None:
-        names.add(m.source(w.module))
-    return placements_after(m, anchor, names)
-
-
-def _cuda_first(ctx: Context, module_text: str) -> str:
-    torch = ctx.name("torch")
-    return f"{module_text}.cuda() if {torch}.cuda.is_available() else {module_text}"
-
-
-def _early_note(m: SemanticModel, early: Optional[ast.stmt]) -> str:
-    if early is None:
-        return ""
-    return (f"; the module is placed on this rank's GPU at the wrap (line {early.lineno}'s `{m.source(early).strip()[:40]}` "
-            "then moves nothing): DistributedDataParallel needs its parameters there when it is built")
-
-
-def _placed_late(ctx: Context, w: Wrap, anchor: ast.stmt, target: ast.AST) -> Optional[Finding]:
-    """The module is placed on its device after the point where the DDP wrap would be
-    (``DistributedDataParallel(net, device_ids=[d])`` then meets parameters still on the CPU:
-    a migration that runs on CPU and fails on the first GPU)."""
-    m = ctx.m
-    late = _late_placements(m, w, anchor, target)
-    if not late:
-        return None
-    line = m.position(late[0])[0]
-    return ctx.block(w.call, "DDP101", f"`{m.source(late[0]).strip()[:50]}` (line {line}) places the model on its device after the "
-                     "point where every rank must wrap it: DistributedDataParallel needs its parameters on the device when it is "
-                     "built; place the model before the wrap, then migrate")
 
 
 def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: bool):
@@ -789,7 +297,7 @@ def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: 
     target = parent.targets[0] if isinstance(parent, ast.Assign) and parent.value is ifexp and len(parent.targets) == 1 else None
     if not isinstance(target, (ast.Name, ast.Attribute)) or stmt is None or not ctx.bridge.alone_on_line(stmt):
         return [ctx.block(wraps[0].call, "DDP101", "DataParallel inside a conditional expression dp2ddp cannot rewrite; migrate this by hand")], [], False
-    edits = [Replace(ctx.cst(w.outer), ctx.expr(_inner_text(ctx, w))) for w in wraps]
+    edits = [Replace(ctx.cst(w.outer), ctx.expr(unwrapped_text(ctx, w))) for w in wraps]
     both = {id(ifexp.body), id(ifexp.orelse)} == {id(w.outer) for w in wraps}
     if both:
         ddp = ctx.ddp_call("{inner}", find_unused, _cls(wraps[0]), any(w.sync_bn for w in wraps))
@@ -825,278 +333,3 @@ def _cls(w: Wrap) -> Optional[str]:
     """The name the migrated wrap calls where the original called the script's own
     DataParallel subclass (rebased on DistributedDataParallel by :func:`_rebase`)."""
     return w.cls.name if w.cls is not None else None
-
-
-def _register(hoists, anchor: ast.stmt, target: ast.AST) -> _Hoist:
-    key = (id(anchor), ast.unparse(target))
-    if key not in hoists:
-        hoists[key] = _Hoist(anchor, target)
-    return hoists[key]
-
-
-def _unwrap_in_place(ctx: Context, w: Wrap, inner_text: str, hoist: _Hoist) -> list:
-    """Replace the wrap by the bare module; drop the statement if it became ``x = x``."""
-    m = ctx.m
-    if w.target is not None and inner_text == m.source(w.target):
-        line = ctx.bridge.statement(w.stmt)
-        if isinstance(line, cst.SimpleStatementLine):
-            hoist.leading.extend(line.leading_lines)
-            if line.trailing_whitespace.comment is not None and hoist.comment is None:
-                hoist.comment = line.trailing_whitespace
-            return [Remove(line)]
-    return [Replace(ctx.cst(w.outer), ctx.expr(inner_text))]
-
-
-def _drop_emptied_if(ctx: Context, w: Wrap, hoist: _Hoist) -> Optional[list]:
-    """``if cond:`` whose only statement was the wrap (and no ``else``) goes away whole;
-    its comments travel with the hoisted wrap."""
-    m = ctx.m
-    owner = m.parent(w.stmt)
-    if not isinstance(owner, ast.If) or owner.orelse or len(owner.body) != 1 or owner.body[0] is not w.stmt:
-        return None
-    if m.block_of(owner) is None:
-        return None
-    node = ctx.bridge.statement(owner)
-    hoist.leading[:0] = list(getattr(node, "leading_lines", ()))
-    return [Remove(node)]
-
-
-def _is_placement(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
-    """``t.cuda()``, ``t = t.to(device)``, or an ``if`` that places ``t`` (``if args.ngpu > 0:
-    net.cuda(); criterion.cuda()``) and does nothing else with it."""
-    if isinstance(stmt, ast.If):
-        body = stmt.body + stmt.orelse
-        placing = [s for s in body if _is_placement(m, s, target)]
-        return bool(placing) and all(s in placing or not _mentions(m, s, target) for s in body)
-    text = m.source(target)
-    value = None
-    if isinstance(stmt, ast.Expr):
-        value = stmt.value
-    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and m.source(stmt.targets[0]) == text:
-        value = stmt.value
-    return (
-        isinstance(value, ast.Call)
-        and isinstance(value.func, ast.Attribute)
-        and value.func.attr in PLACEMENT
-        and m.source(value.func.value) == text
-    )
-
-
-def _mentions_text(m: SemanticModel, stmt: ast.AST, text: str) -> bool:
-    for n in ast.walk(stmt):
-        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
-            return True
-    return False
-
-
-def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
-    text = m.source(target)
-    root = _root_name(target)
-    for n in ast.walk(stmt):
-        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
-            return True
-        if isinstance(target, ast.Attribute) and root is not None and root.id != "self" and isinstance(n, ast.Name) and n.id == root.id:
-            return True
-    return False
-
-
-# methods whose result is the same through a wrapper (DP/DDP share them with the module)
-_WRAPPER_NEUTRAL = {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "train", "eval", "zero_grad"}
-
-
-def _same_through_wrapper(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
-    """Every mention of ``target`` in ``stmt`` calls a method that does the same on the
-    wrapper and the module (``optimizer = SGD(net.parameters())``): the wrap may move past it."""
-    text = m.source(target)
-    found = False
-    for n in ast.walk(stmt):
-        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
-            parent = m.parent(n)
-            call = m.parent(parent) if parent is not None else None
-            if not (isinstance(parent, ast.Attribute) and parent.attr in _WRAPPER_NEUTRAL and isinstance(call, ast.Call) and call.func is parent):
-                return False
-            found = True
-    return found
-
-
-def _initialises(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
-    """``init_weights(net, ...)``, ``net.apply(weights_init)``: the module's weights are set
-    (by a function of the script whose name says so, or ``apply``). DDP broadcasts rank 0's
-    parameters when it is built, so this must come first."""
-    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
-        return False
-    call = stmt.value
-    text = m.source(target)
-    f = call.func
-    if isinstance(f, ast.Attribute) and f.attr == "apply" and m.source(f.value) == text:
-        return True
-    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-    return "init" in name.lower() and any(m.source(a) == text for a in call.args)
-
-
-def _opaque(m: SemanticModel, stmt: ast.stmt) -> bool:
-    """A statement the wrap is never moved past: a loop, a ``with``, a ``def``, or a call
-    of a function of this script (it may train or read the wrapper)."""
-    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Return, ast.Try)):
-        return True
-    return any(isinstance(c, ast.Call) and m.resolve_call(c) is not None for c in ast.walk(stmt))
-
-
-def _absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST] = None) -> ast.stmt:
-    """Where the wrap goes: after the statements that still prepare the module.
-
-    The insertion point moves past placements of ``target`` (``t.cuda()``, ``if cuda: t =
-    t.cuda()``) and, when the wrapper has its own name (``net = DP(ssd_net)``), past the
-    statements that prepare the bare module (``ssd_net.load_weights(...)``,
-    ``ssd_net.extras.apply(weights_init)``): DDP broadcasts rank 0's parameters when it
-    is built, so initialisation must come first. Statements that mention neither are
-    passed only when such a statement follows; the first other use of the target, a
-    loop, a ``with`` or a call of the script's functions stops the search."""
-    best = anchor
-    root = _root_name(module) if module is not None else None
-    target_root = _root_name(target)
-    separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
-    from dp2ddp.model.wraps import asserting_helper_statements
-
-    dropped = asserting_helper_statements(m)
-    for s in m.siblings_after(anchor):
-        if _is_placement(m, s, target) or _initialises(m, s, target):
-            best = s
-            continue
-        if id(s) in dropped:
-            continue  # patch_replication_callback(model): removed by dp_idioms (DDP126)
-        if _mentions(m, s, target) and not _same_through_wrapper(m, s, target):
-            break
-        if separate and _mentions_text(m, s, root.id) and not isinstance(s, (ast.For, ast.AsyncFor, ast.While) + FUNCTIONS):  # type: ignore[union-attr]
-            best = s
-            continue
-        if _opaque(m, s):
-            break
-    return best
-
-
-def _insert_hoisted(ctx: Context, hoist: _Hoist, find_unused: bool) -> Finding:
-    m = ctx.m
-    t = m.source(hoist.target)
-    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(_cuda_first(ctx, t) if hoist.late_cuda is not None else t,
-                                                           find_unused, hoist.cls, hoist.sync_bn))
-    if hoist.leading:
-        stmt = stmt.with_changes(leading_lines=hoist.leading)
-    if hoist.comment is not None:
-        stmt = stmt.with_changes(trailing_whitespace=hoist.comment)
-    return ctx.note(hoist.anchor, "DDP100", f"wrap {t} in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(hoist.anchor), (stmt,))])
-
-
-# --------------------------------------------------------------------------- uses through the wrapper
-
-
-def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts) -> List[Finding]:
-    """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
-    and ``load_state_dict`` too where no wrapper existed on one device."""
-    m = ctx.m
-    if not seeds:
-        return []
-    keys = wrapper_keys(m, seeds)
-    guarded_all = wrapper_keys(m, guarded) if guarded else set()
-    policies: Dict[bool, object] = {}
-    edits = []
-    first = None
-    out: List[Finding] = []
-    said = set()
-    for use in wrapper_uses(m, keys):
-        if use.kind not in ("attribute", "store", "state_dict"):
-            continue
-        if use.kind == "state_dict":
-            g = var_key(m, use.node) in guarded_all
-            policy = policies.get(g) or policies.setdefault(g, key_policy(m, g))
-            if policy.reason not in said:
-                said.add(policy.reason)
-                keys_text = "without `module.` (through `.module`)" if policy.default == PLAIN else "with `module.`"
-                out.append(ctx.note(use.node, "DDP150", f"state_dict keys of {m.source(use.node)} {keys_text}: {policy.reason}"))
-            if policy.default != PLAIN:
-                continue
-        if _before_any_wrap(m, use.node, wrap_stmts):
-            continue
-        edits.append(Replace(ctx.cst(use.node), ctx.expr(ctx.module_of(m.source(use.node)))))
-        first = first or use.node
-    if not edits:
-        return out
-    return out + [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
-
-
-def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
-    """A use in the function (or module level) of a wrap of the same variable, before it
-    (``wrap_stmts``: ``(statement, wrapped variable's text or None for any)``)."""
-    func = m.enclosing_function(node)
-    text = m.source(node)
-    for s, wrapped in wrap_stmts:
-        if wrapped is not None and wrapped != text:
-            continue  # another model's wrap (netD's below netG's load_state_dict)
-        if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
-            if not any(isinstance(a, LOOPS) and m.contains(a, s) for a in m.ancestors(node)):
-                return True
-    return False
-
-
-# --------------------------------------------------------------------------- type checks and imports
-
-
-def _type_refs(ctx: Context) -> List[Finding]:
-    m = ctx.m
-    out = []
-    done_tuples = set()
-    for ref in dp_type_refs(m):
-        edits = [Replace(ctx.cst(ref), cst.Name(ctx.name("DDP")))]
-        parent = m.parent(ref)
-        if isinstance(parent, ast.Tuple) and id(parent) not in done_tuples:
-            done_tuples.add(id(parent))
-            edits.append(Replace(ctx.cst(parent), _dedupe_elements))
-        out.append(ctx.note(ref, "DDP100", "type check now names DistributedDataParallel", edits))
-    return out
-
-
-def _dedupe_elements(tup):
-    """``(DDP, DDP)`` after two DataParallel spellings were replaced: keep one."""
-    if not isinstance(tup, cst.Tuple):
-        return tup
-    seen, kept = set(), []
-    for el in tup.elements:
-        text = cst.Module(body=[]).code_for_node(el.value)
-        if text not in seen:
-            seen.add(text)
-            kept.append(el)
-    if len(kept) == len(tup.elements):
-        return tup
-    if len(kept) == 1:
-        return kept[0].value
-    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-    return tup.with_changes(elements=kept)
-
-
-def _remove_imports(ctx: Context) -> List[Finding]:
-    # and a project's DataParallel with replication callbacks the wraps no longer call (model/sync_bn.py)
-    callbacks = {q for w in dp_wraps(ctx.m) if w.sync_bn for q in ctx.m.qualified_names(w.call.func)}
-    edits = ctx.unused_imports(lambda module, alias: (module in DP_MODULES and alias.name in ("DataParallel", "data_parallel"))
-                               or f"{module}.{alias.name}" in callbacks)
-    if not edits:
-        return []
-    f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))
-    f.line = 0
-    return [f]
-
-
-def _find_unused_for_owners(ctx: Context, out: List[Finding]) -> bool:
-    """Functional wraps: any ``requires_grad`` change in the script needs
-    ``find_unused_parameters=True`` (the wrapper is built where the model is created)."""
-    changes = requires_grad_changes(ctx.m)
-    if not changes:
-        return False
-    out.append(
-        ctx.note(
-            changes[0],
-            "DDP125",
-            "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
-            "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
-        )
-    )
-    return True

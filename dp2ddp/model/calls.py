@@ -74,6 +74,12 @@ class Calls:
             cur = base
         return cur
 
+    def family(self, cls: ast.ClassDef) -> List[ast.ClassDef]:
+        """The classes of this module that share ``self`` with ``cls`` (the same root class:
+        those it derives from and those deriving from them), in source order."""
+        root = self.root_class(cls)
+        return [c for c in self.nodes(ast.ClassDef) if self.root_class(c) is root]
+
     def _derives(self, cls: ast.ClassDef, base: ast.ClassDef) -> bool:
         seen = set()
         cur = self._base_class(cls)

@@ -8,12 +8,15 @@ about CUDA must be asked where it stands:
   after such a test;
 * outside such a test: :func:`cuda_calls` (``x.cuda()``), :func:`cuda_asserts` (``assert
   torch.cuda.device_count() > rank``), :func:`rank_devices` (``torch.device("cuda", r)``,
-  ``"cuda:%d" % r``), :func:`cuda_device_arguments` (a wrap's ``device_ids=[r]``).
+  ``"cuda:%d" % r``), :func:`cuda_device_arguments` (a wrap's ``device_ids=[r]``);
+* :func:`device_test`: a looser reading, a test whose words are about the devices
+  (``torch.cuda.device_count() > 1``, ``args.n_gpu > 1``): on one device or CPU it may fail.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from typing import List, Tuple
 
 from dp2ddp.model.core import SemanticModel
@@ -21,6 +24,14 @@ from dp2ddp.model.names import CUDA_AVAILABLE
 from dp2ddp.model.syntax import FUNCTIONS, kwarg
 
 CUDA_FLAGS = frozenset({"cuda", "use_cuda", "is_cuda", "has_cuda", "use_gpu", "on_gpu", "gpu"})
+_DEVICE_WORDS = re.compile(r"gpu|cuda|device|world_size|parallel|distributed", re.IGNORECASE)
+
+
+def device_test(m: SemanticModel, test: ast.AST) -> bool:
+    """The test depends on the devices by its words (``if torch.cuda.device_count() > 1``,
+    ``if device == "cuda"``, ``if args.n_gpu > 1``): a wrap under it did not exist on one
+    device or CPU."""
+    return bool(_DEVICE_WORDS.search(m.source(test)))
 
 
 def cuda_test(m: SemanticModel, test: ast.AST) -> bool:

@@ -335,9 +335,7 @@ def attribute_assignments(m: SemanticModel, cls: ast.ClassDef) -> Dict[str, List
     if got is not None:
         return got  # type: ignore[return-value]
     out: Dict[str, List[ast.AST]] = {}
-    for c in m.nodes(ast.ClassDef):
-        if m.root_class(c) is not root:
-            continue
+    for c in m.family(cls):
         for node in ast.walk(c):
             if isinstance(node, ast.Assign):
                 targets, value = node.targets, node.value

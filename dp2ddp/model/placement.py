@@ -9,7 +9,10 @@ net.cuda()``) works on CPU and fails on the first GPU run.
 * :func:`placement_of`: ``x.cuda()``, ``x.to(...)``, ``x = x.cuda()`` — the expression placed;
 * :func:`placed_before` / :func:`placements_after`: placements of a module's names before and
   after a statement, in the statements of the same function (nested blocks included,
-  nested functions not).
+  nested functions not);
+* where a DDP wrap goes: :func:`absorb_placement` (after the statements that still place
+  or initialise the module), :func:`late_placements` (placements that would come after
+  it) and :func:`late_cuda` (the one later ``net.cuda()`` the wrap can do first).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import ast
 from typing import Iterable, List, Optional
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.syntax import FUNCTIONS
+from dp2ddp.model.syntax import FUNCTIONS, root_name
 
 PLACEMENT = frozenset({"cuda", "to"})
 
@@ -126,3 +129,164 @@ def placed_in(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
         return True
     return (isinstance(expr, ast.IfExp) and isinstance(expr.test, ast.Call)
             and m.is_name(expr.test.func, {"torch.cuda.is_available"}) and placed_in(m, expr.body))
+
+
+# --------------------------------------------------------------------------- where the wrap goes
+
+
+def _is_placement(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
+    """``t.cuda()``, ``t = t.to(device)``, or an ``if`` that places ``t`` (``if args.ngpu > 0:
+    net.cuda(); criterion.cuda()``) and does nothing else with it. Unlike
+    :func:`placement_of`, ``t.to("cpu")`` counts too."""
+    if isinstance(stmt, ast.If):
+        body = stmt.body + stmt.orelse
+        placing = [s for s in body if _is_placement(m, s, target)]
+        return bool(placing) and all(s in placing or not _mentions(m, s, target) for s in body)
+    text = m.source(target)
+    value = None
+    if isinstance(stmt, ast.Expr):
+        value = stmt.value
+    elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and m.source(stmt.targets[0]) == text:
+        value = stmt.value
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in PLACEMENT
+        and m.source(value.func.value) == text
+    )
+
+
+def _mentions_text(m: SemanticModel, stmt: ast.AST, text: str) -> bool:
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
+            return True
+    return False
+
+
+def _mentions(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
+    text = m.source(target)
+    root = root_name(target)
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
+            return True
+        if isinstance(target, ast.Attribute) and root is not None and root.id != "self" and isinstance(n, ast.Name) and n.id == root.id:
+            return True
+    return False
+
+
+# methods whose result is the same through a wrapper (DP/DDP share them with the module)
+_WRAPPER_NEUTRAL = {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children", "train", "eval", "zero_grad"}
+
+
+def _same_through_wrapper(m: SemanticModel, stmt: ast.AST, target: ast.AST) -> bool:
+    """Every mention of ``target`` in ``stmt`` calls a method that does the same on the
+    wrapper and the module (``optimizer = SGD(net.parameters())``): the wrap may move past it."""
+    text = m.source(target)
+    found = False
+    for n in ast.walk(stmt):
+        if isinstance(n, (ast.Name, ast.Attribute)) and m.source(n) == text:
+            parent = m.parent(n)
+            call = m.parent(parent) if parent is not None else None
+            if not (isinstance(parent, ast.Attribute) and parent.attr in _WRAPPER_NEUTRAL and isinstance(call, ast.Call) and call.func is parent):
+                return False
+            found = True
+    return found
+
+
+def _initialises(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> bool:
+    """``init_weights(net, ...)``, ``net.apply(weights_init)``: the module's weights are set
+    (by a function of the script whose name says so, or ``apply``). DDP broadcasts rank 0's
+    parameters when it is built, so this must come first."""
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return False
+    call = stmt.value
+    text = m.source(target)
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "apply" and m.source(f.value) == text:
+        return True
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return "init" in name.lower() and any(m.source(a) == text for a in call.args)
+
+
+def _opaque(m: SemanticModel, stmt: ast.stmt) -> bool:
+    """A statement the wrap is never moved past: a loop, a ``with``, a ``def``, or a call
+    of a function of this script (it may train or read the wrapper)."""
+    if isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Return, ast.Try)):
+        return True
+    return any(isinstance(c, ast.Call) and m.resolve_call(c) is not None for c in ast.walk(stmt))
+
+
+def absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST] = None) -> ast.stmt:
+    """Where the wrap goes: after the statements that still prepare the module.
+
+    The insertion point moves past placements of ``target`` (``t.cuda()``, ``if cuda: t =
+    t.cuda()``) and, when the wrapper has its own name (``net = DP(ssd_net)``), past the
+    statements that prepare the bare module (``ssd_net.load_weights(...)``,
+    ``ssd_net.extras.apply(weights_init)``): DDP broadcasts rank 0's parameters when it
+    is built, so initialisation must come first. Statements that mention neither are
+    passed only when such a statement follows; the first other use of the target, a
+    loop, a ``with`` or a call of the script's functions stops the search."""
+    best = anchor
+    root = root_name(module) if module is not None else None
+    target_root = root_name(target)
+    separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
+    from dp2ddp.model.wraps import asserting_helper_statements
+
+    dropped = asserting_helper_statements(m)
+    for s in m.siblings_after(anchor):
+        if _is_placement(m, s, target) or _initialises(m, s, target):
+            best = s
+            continue
+        if id(s) in dropped:
+            continue  # patch_replication_callback(model): removed by dp_idioms (DDP126)
+        if _mentions(m, s, target) and not _same_through_wrapper(m, s, target):
+            break
+        if separate and _mentions_text(m, s, root.id) and not isinstance(s, (ast.For, ast.AsyncFor, ast.While) + FUNCTIONS):  # type: ignore[union-attr]
+            best = s
+            continue
+        if _opaque(m, s):
+            break
+    return best
+
+
+def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST]) -> Optional[ast.stmt]:
+    """The one later placement of the module, when the wrap can do it first: ``net.cuda()``
+    (no device: the current one, the rank's after ``set_device``), as a statement of the
+    same function that runs on every path after the wrap point (no ``if``, loop, ``try`` or
+    ``with`` around it that the wrap is not in too, but ``if torch.cuda.is_available():``,
+    the test the wrap's own placement makes). ``DistributedDataParallel(net.cuda()
+    if torch.cuda.is_available() else net, ...)`` then has its parameters on the device it
+    needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
+    whose device may be the CPU on a GPU machine stays refused)."""
+    late = late_placements(m, anchor, target, module)
+    if len(late) != 1:
+        return None
+    s = late[0]
+    value = s.value if isinstance(s, (ast.Expr, ast.Assign)) else None
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "cuda"
+            and not value.args and not value.keywords):
+        return None
+    func = m.enclosing_function(anchor)
+    if m.enclosing_function(s) is not func:
+        return None
+    around = {id(a) for a in m.ancestors(anchor)}
+    child: ast.AST = s
+    for a in m.ancestors(s):
+        if a is func or isinstance(a, ast.Module):
+            break
+        cuda_test = (isinstance(a, ast.If) and isinstance(a.test, ast.Call) and m.is_name(a.test.func, {"torch.cuda.is_available"})
+                     and any(b is child for b in a.body))
+        if (isinstance(a, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith))
+                and id(a) not in around and not cuda_test):
+            return None
+        child = a
+    return s
+
+
+def late_placements(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST]) -> List[ast.stmt]:
+    """Placements of the wrapped module (``module``, the wrap's argument) or the wrapper's
+    name (``target``) after ``anchor``."""
+    names = {m.source(target)}
+    if module is not None:
+        names.add(m.source(module))
+    return placements_after(m, anchor, names)

@@ -1,6 +1,7 @@
 """The kinds of nodes and the small questions about one node that need no model: which
 node types are functions, loops, comprehensions; a node's children and source order; a
-call's keyword; a constant; the ``if __name__ == "__main__"`` test; a docstring."""
+call's keyword; a constant; the ``if __name__ == "__main__"`` test; a docstring; the name an
+attribute chain starts from."""
 
 from __future__ import annotations
 
@@ -111,3 +112,11 @@ def first_dim_of(e: ast.AST) -> Optional[ast.AST]:
     if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == "len" and len(e.args) == 1:
         return e.args[0]
     return None
+
+
+def root_name(expr: ast.AST) -> Optional[ast.Name]:
+    """The name an attribute chain starts from: ``model`` of ``model.features.conv``
+    (``None`` when the chain starts elsewhere: a call, a subscript)."""
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    return expr if isinstance(expr, ast.Name) else None

@@ -8,6 +8,8 @@ the model's own attributes and methods (``model.num_classes``, ``model.predict(x
 :func:`wrapper_keys` follows a wrapper from the variable it is assigned to, through the
 return value of the function that builds it and into the parameters of the functions of
 the script it is passed to. :func:`wrapper_uses` classifies each use.
+:func:`requires_grad_changes` finds where parameters are frozen or unfrozen,
+:func:`sets_true` what a change sets and :func:`changed_owner` whose parameters it touches.
 """
 
 from __future__ import annotations
@@ -218,3 +220,27 @@ def sets_true(m: SemanticModel, change: ast.AST) -> Optional[bool]:
         if low.startswith("freeze") or "freeze" in low:
             return False
     return None
+
+
+def changed_owner(m: SemanticModel, change: ast.AST) -> Optional[ast.AST]:
+    """The module whose parameters a ``requires_grad`` change touches: ``X`` of
+    ``X.requires_grad_(...)``, or of ``for p in X.parameters(): p.requires_grad = ...``."""
+    if isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
+        subject = change.func.value
+    elif isinstance(change, ast.Attribute):
+        subject = change.value
+    else:
+        return None
+    if isinstance(subject, ast.Name):
+        for a in m.ancestors(subject):
+            if isinstance(a, (ast.For, ast.AsyncFor)) and isinstance(a.target, (ast.Name, ast.Tuple)) and subject.id in {
+                n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)
+            }:
+                it = a.iter
+                if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("parameters", "named_parameters"):
+                    return it.func.value
+                return None
+        return subject
+    if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Attribute) and subject.func.attr in ("parameters", "named_parameters"):
+        return subject.func.value
+    return subject if isinstance(subject, ast.Attribute) else None

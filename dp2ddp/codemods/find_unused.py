@@ -1,0 +1,130 @@
+"""Whether the DDP wrap needs ``find_unused_parameters=True``: a script that changes
+``requires_grad`` after the wrap — of the wrapped model's parameters, not of an EMA copy,
+a teacher or an input tensor — gets it (DDP125, :func:`needs_find_unused`;
+:func:`owners_need_find_unused` for the functional form); one that unfreezes parameters
+frozen when the wrapper is built is refused (DDP112)."""
+
+from __future__ import annotations
+
+import ast
+from typing import List
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.kinds import is_tensor
+from dp2ddp.model.syntax import LOOPS
+from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true
+from dp2ddp.model.wraps import Wrap
+
+
+def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
+    """Whether the wraps need ``find_unused_parameters=True``; refuses an unfreeze of
+    parameters frozen when the wrapper is built."""
+    m = ctx.m
+    if not wraps:
+        return False
+    changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
+    if not changes:
+        return False
+    after = []
+    before_false = []
+    for c in changes:
+        if any(_before_wrap(m, c, w) for w in wraps):
+            if sets_true(m, c) is not True:
+                before_false.append(c)
+        else:
+            after.append(c)
+    if not after:
+        return False
+    if before_false and any(sets_true(m, c) is True for c in after):
+        c = next(c for c in after if sets_true(m, c) is True)
+        out.append(
+            ctx.block(
+                c,
+                "DDP112",
+                f"parameters frozen before the DistributedDataParallel wrap (line {before_false[0].lineno}) are unfrozen "
+                "here: DDP never synchronises them and the ranks train apart; build the wrapper after the last "
+                "requires_grad change, or wrap again after unfreezing",
+            )
+        )
+        return False
+    out.append(_find_unused_note(ctx, after[0]))
+    return True
+
+
+def owners_need_find_unused(ctx: Context, out: List[Finding]) -> bool:
+    """Functional wraps: any ``requires_grad`` change in the script needs
+    ``find_unused_parameters=True`` (the wrapper is built where the model is created)."""
+    changes = requires_grad_changes(ctx.m)
+    if not changes:
+        return False
+    out.append(_find_unused_note(ctx, changes[0]))
+    return True
+
+
+def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: int = 0) -> bool:
+    """The change touches a model made apart from every wrapped one (an EMA copy,
+    ``copy.deepcopy(model)``, a teacher) or a tensor (an attack's ``delta``): it does not
+    concern the wrapper's parameters. A call of a function of the script that changes
+    ``requires_grad`` is judged by the changes inside it."""
+    from dp2ddp.model.flow import origins
+
+    target = m.resolve_call(change) if isinstance(change, ast.Call) and not (
+        isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_") else None
+    if target is not None:
+        inner = [c for c in requires_grad_changes(m) if c is not change and m.enclosing_function(c) is target]
+        return depth < 4 and bool(inner) and all(_other_model(m, c, wraps, depth + 1) for c in inner)
+    owner = changed_owner(m, change)
+    if owner is None and isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
+        owner = change.func.value  # ``x.clone().requires_grad_()``
+    if owner is not None and is_tensor(m, owner):
+        return True  # an input's gradient (an adversarial attack's ``delta``): no parameter changes
+    while isinstance(owner, (ast.Attribute, ast.Subscript)) and not (
+        isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self"
+    ):
+        owner = owner.value  # model.module[0], model.backbone -> model
+    if owner is None:
+        return False
+    mine = {id(n) for n, _ in origins(m, owner)}
+    if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in origins(m, owner)):
+        return False
+    wrapped = set()
+    made = set()  # classes whose instances are wrapped
+    for w in wraps:
+        for e in (w.module, w.target):
+            if e is not None:
+                for n, _ in origins(m, e):
+                    wrapped.add(id(n))
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                        made.add(n.func.id)
+    cls = m.enclosing_class(change)
+    if cls is not None and _root_is_self(owner) and {c.name for c in m.family(cls)} & made:
+        return False  # Net.freeze_backbone(): self is the wrapped model
+    return not (mine & wrapped)
+
+
+def _root_is_self(node: ast.AST) -> bool:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _before_wrap(m: SemanticModel, node: ast.AST, w: Wrap) -> bool:
+    """``node`` runs before the wrap: same function (or module level), earlier statement,
+    not in a loop around the wrap."""
+    if m.enclosing_function(node) is not w.function:
+        return False
+    wl = w.stmt
+    if any(isinstance(a, LOOPS) and m.contains(a, wl) for a in m.ancestors(node)):
+        return False
+    return (node.lineno, node.col_offset) < (wl.lineno, wl.col_offset)
+
+
+def _find_unused_note(ctx: Context, change: ast.AST) -> Finding:
+    return ctx.note(
+        change,
+        "DDP125",
+        "requires_grad changes after the wrap: DistributedDataParallel(..., find_unused_parameters=True), or "
+        "the next iteration fails with \"Expected to have finished reduction in the prior iteration\"",
+    )

@@ -1,0 +1,112 @@
+"""DataParallel wraps taken off instead of migrated: :func:`eval_only` (a wrap that serves
+evaluation only: each rank evaluates with the module it has), :func:`remove_wrap` (the
+edit; also for the DataParallel fallback of a script with its own DDP path) and
+:func:`unwrapped_text` (the wrap's chain without the wrapper, which a migrated wrap
+keeps)."""
+
+from __future__ import annotations
+
+import ast
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding, Remove, Replace
+from dp2ddp.model.collectives import var_key
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.names import DP, DP_FUNCTIONAL
+from dp2ddp.model.uses import wrapper_uses
+from dp2ddp.model.wraps import Wrap, in_exiting_branch
+
+
+def eval_only(m: SemanticModel, w: Wrap) -> bool:
+    """The wrap serves evaluation only: it is made inside a function that never trains,
+    into a local variable the function keeps to itself (not returned, not stored on
+    ``self`` or a global); or in a branch that ends the program without training
+    (a ``--test-only`` path that evaluates and calls ``sys.exit``)."""
+    if w.stmt is not None and in_exiting_branch(m, w):
+        return True
+    func = w.function
+    if func is None or not isinstance(w.target, ast.Name) or getattr(func, "name", "") == "__init__":
+        return False
+    key = var_key(m, w.target)
+    if key is None or key[0] != "local" or key[1] is not func:
+        return False
+    for node in ast.walk(func):
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == w.target.id:
+            return False
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return False
+    # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
+    # train() of another module) may be trained there
+    for use in wrapper_uses(m, {key}):
+        if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
+            parent = m.parent(use.node)
+            if isinstance(parent, ast.Call) and m.is_name(parent.func, {"builtins.isinstance", "builtins.type"}):
+                continue  # `if n_gpu > 1 and not isinstance(model, DataParallel)`: a type check
+            if not (isinstance(parent, ast.Call) and m.is_name(parent.func, DP | DP_FUNCTIONAL)):
+                return False
+    return not _trains(m, func)
+
+
+def _trains(m: SemanticModel, func: ast.AST) -> bool:
+    for call in m.reached_calls(func):
+        fn = call.func
+        if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step"):
+            return True
+        if m.is_name(fn, {"torch.autograd.backward"}):
+            return True
+    return False
+
+
+def remove_wrap(ctx: Context, w: Wrap) -> Finding:
+    """Drop the wrap: ``m = DP(m)`` goes away, ``x = DP(m)`` becomes ``x = m``; an ``if``
+    left empty goes too."""
+    m = ctx.m
+    if w.module is None or w.stmt is None:
+        return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
+    inner_text = unwrapped_text(ctx, w)
+    edits = []
+    if w.target is not None and inner_text == m.source(w.target) and ctx.bridge.alone_on_line(w.stmt):
+        stmt = w.stmt
+        owner = m.parent(stmt)
+        if (
+            isinstance(owner, ast.If)
+            and len(owner.body) == 1
+            and not owner.orelse
+            and owner.body[0] is stmt
+            and ctx.bridge.alone_on_line(owner)
+            and _block_keeps_other(m, owner)
+        ):
+            edits.append(Remove(ctx.bridge.statement(owner)))
+        else:
+            edits.append(Remove(ctx.bridge.statement(stmt)))
+    else:
+        edits.append(Replace(ctx.cst(w.outer), ctx.expr(inner_text)))
+    why = "evaluation-only DataParallel wrap removed: each rank evaluates with its own module" if ctx.mode != "mixed" else (
+        "DataParallel fallback removed: the script's own DDP path runs under torchrun"
+    )
+    return ctx.note(w.call, "DDP122", why, edits)
+
+
+def _block_keeps_other(m: SemanticModel, stmt: ast.stmt) -> bool:
+    """Removing ``stmt`` does not leave its block empty (the engine adds ``pass`` anyway)."""
+    return True
+
+
+def unwrapped_text(ctx: Context, w: Wrap) -> str:
+    """The source of the wrap's chain without the wrapper: ``DP(m).cuda()`` -> ``m.cuda()``."""
+    m = ctx.m
+    module_text = m.source(w.module)
+    if w.outer is w.call:
+        return module_text
+    full = m.source(w.outer)
+    call_text = m.source(w.call)
+    i = full.find(call_text)
+    if i < 0:  # pragma: no cover - the call is inside its chain
+        return module_text
+    return full[:i] + _paren(module_text, w.module) + full[i + len(call_text):]
+
+
+def _paren(text: str, node: ast.AST) -> str:
+    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+        return text
+    return f"({text})"

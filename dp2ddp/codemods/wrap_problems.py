@@ -1,0 +1,163 @@
+"""The refusals of the DataParallel migration, checked before any transform runs
+(:func:`problems`, called by :func:`dp2ddp.migrate.plan`): DataParallel used in a way that
+cannot be migrated (an alias, a subclass, an argument, a sub-module wrapped inside an
+``nn.Module``), one forward feeding two backward passes, parameters replaced after the
+wrap (DDP117)."""
+
+from __future__ import annotations
+
+import ast
+from typing import List, Set
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding
+from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.names import DDP as DDP_NAMES
+from dp2ddp.model.syntax import root_name
+from dp2ddp.model.uses import wrapper_keys, wrapper_uses
+from dp2ddp.model.wraps import dp_other_refs, dp_subclasses, dp_wraps
+
+
+def problems(ctx: Context) -> List[Finding]:
+    """Uses of DataParallel that cannot be migrated at all (checked before anything else)."""
+    m = ctx.m
+    out: List[Finding] = []
+    subclass_of = {id(b): why for c, why in dp_subclasses(m).values() if why is not None for b in c.bases}
+    for ref in dp_other_refs(m):
+        if id(ref) in subclass_of:
+            out.append(ctx.block(ref, "DDP101", f"{subclass_of[id(ref)]}; migrate this subclass by hand"))
+            continue
+        out.append(ctx.block(ref, "DDP101", "DataParallel is used indirectly (alias, subclass or argument); migrate this by hand"))
+    for w in dp_wraps(m):
+        if w.problem:
+            out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
+        elif not w.functional and w.target is not None and root_name(w.target) is not None and root_name(w.target).id == "self" and is_module_class(m, m.enclosing_class(w.call)):
+            out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
+    out.extend(_shared_forward(ctx))
+    out.extend(_replaced_after_wrap(ctx))
+    return out
+
+
+_REPLACING = {"resize_token_embeddings", "resize_position_embeddings", "prune_heads", "reset_classifier"}
+
+
+def _replacing_methods(m: SemanticModel) -> Set[str]:
+    """Method names that replace parameters: HF's ``resize_token_embeddings`` and
+    friends, and methods of this module's classes that assign a new layer or parameter to
+    ``self`` outside ``__init__``."""
+    out = set(_REPLACING)
+    for cls in m.classes.values():
+        for name, meth in m.methods(cls).items():
+            if name == "__init__":
+                continue
+            for node in ast.walk(meth):
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" for t in node.targets
+                ):
+                    v = node.value
+                    if isinstance(v, ast.Call) and any(q.startswith("torch.nn.") for q in m.qualified_names(v.func)):
+                        out.add(name)
+    return out
+
+
+def _replaced_after_wrap(ctx: Context) -> List[Finding]:
+    """``model.resize_token_embeddings(n)`` after the model is wrapped: DataParallel
+    replicates the module on every forward and sees the new parameters; DDP keeps
+    synchronising the ones it was built with, and the new ones train apart."""
+    m = ctx.m
+    names = _replacing_methods(m)
+    wraps = [w.stmt for w in dp_wraps(m) if not w.functional and w.stmt is not None]
+    wraps += [m.statement_of(c) for c in m.calls(DDP_NAMES)]
+    out = []
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and f.attr in names):
+            continue
+        func = m.enclosing_function(call)
+        for w in wraps:
+            if w is not None and m.enclosing_function(w) is func and (w.lineno, w.col_offset) < (call.lineno, call.col_offset):
+                out.append(
+                    ctx.block(
+                        call,
+                        "DDP117",
+                        f"{f.attr}() replaces parameters after the model is wrapped (line {w.lineno}): DistributedDataParallel "
+                        "keeps synchronising the parameters it was built with and the new ones train apart; call it before the wrap",
+                    )
+                )
+                break
+    return out
+
+
+_CUT = {"detach", "item", "data", "cpu", "numpy", "tolist"}
+
+
+def _uses_tainted(expr: ast.AST, tainted: Set[str]) -> bool:
+    """``expr`` reads a tainted name other than through ``.detach()``/``.item()``/``.data``."""
+    todo = [expr]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Attribute) and n.attr in _CUT:
+            continue
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CUT:
+            continue
+        if isinstance(n, ast.Name) and n.id in tainted:
+            return True
+        todo.extend(ast.iter_child_nodes(n))
+    return False
+
+
+def _shared_forward(ctx: Context) -> List[Finding]:
+    """One forward of a wrapped model whose output feeds two or more ``.backward()`` calls
+    in the same loop (pix2pixHD: the generator and discriminator losses of one forward):
+    DDP marks each parameter ready once per forward, so this cannot be migrated as it is."""
+    m = ctx.m
+    seeds: Set[VarKey] = set()
+    for w in dp_wraps(m):
+        if not w.functional:
+            seeds.update(assigned_keys(m, w.outer))
+    if not seeds:
+        return []
+    keys = wrapper_keys(m, seeds)
+    out = []
+    done = set()
+    for use in wrapper_uses(m, keys):
+        if use.kind != "forward":
+            continue
+        call = m.parent(use.node)
+        loops = m.enclosing_loops(call)
+        if not loops or id(loops[0]) in done:
+            continue
+        loop = loops[0]
+        forwards = [c for c in m.calls_in(loop) if var_key(m, c.func) in keys]
+        if len(forwards) != 1:
+            continue
+        done.add(id(loop))
+        stmt = m.statement_of(call)
+        tainted: Set[str] = set()
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if not tainted:
+            continue
+        backwards = []
+        for s in ast.walk(loop):
+            if isinstance(s, ast.Assign) and s is not stmt and _uses_tainted(s.value, tainted):
+                for t in s.targets:
+                    tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        for c in m.calls_in(loop):
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and _uses_tainted(c.func.value, tainted):
+                backwards.append(c)
+        if len(backwards) >= 2:
+            lines = ", ".join(str(b.lineno) for b in backwards)
+            out.append(
+                ctx.block(
+                    call,
+                    "DDP101",
+                    f"one forward of {m.source(use.node)} feeds {len(backwards)} backward passes (lines {lines}): "
+                    "DistributedDataParallel synchronises each parameter once per forward; split the forward per "
+                    "loss (or wrap the parts separately) and migrate by hand",
+                )
+            )
+    return out

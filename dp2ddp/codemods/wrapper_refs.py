@@ -1,0 +1,114 @@
+"""What refers to the wrapper once the model is wrapped: the model's own attributes and
+methods go through ``.module`` (:func:`route_uses`, also for :mod:`functional_dp`), type
+checks name DistributedDataParallel (:func:`type_refs`), and the DataParallel import
+nothing uses any more goes (:func:`remove_imports`)."""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, List, Set
+
+import libcst as cst
+
+from dp2ddp.codemods.context import Context
+from dp2ddp.engine import Finding, Fix, Replace
+from dp2ddp.model.checkpoints import PLAIN, key_policy
+from dp2ddp.model.collectives import VarKey, var_key
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.syntax import LOOPS
+from dp2ddp.model.uses import wrapper_keys, wrapper_uses
+from dp2ddp.model.wraps import dp_type_refs, dp_wraps
+
+_DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
+
+
+def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts) -> List[Finding]:
+    """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
+    and ``load_state_dict`` too where no wrapper existed on one device."""
+    m = ctx.m
+    if not seeds:
+        return []
+    keys = wrapper_keys(m, seeds)
+    guarded_all = wrapper_keys(m, guarded) if guarded else set()
+    policies: Dict[bool, object] = {}
+    edits = []
+    first = None
+    out: List[Finding] = []
+    said = set()
+    for use in wrapper_uses(m, keys):
+        if use.kind not in ("attribute", "store", "state_dict"):
+            continue
+        if use.kind == "state_dict":
+            g = var_key(m, use.node) in guarded_all
+            policy = policies.get(g) or policies.setdefault(g, key_policy(m, g))
+            if policy.reason not in said:
+                said.add(policy.reason)
+                keys_text = "without `module.` (through `.module`)" if policy.default == PLAIN else "with `module.`"
+                out.append(ctx.note(use.node, "DDP150", f"state_dict keys of {m.source(use.node)} {keys_text}: {policy.reason}"))
+            if policy.default != PLAIN:
+                continue
+        if _before_any_wrap(m, use.node, wrap_stmts):
+            continue
+        edits.append(Replace(ctx.cst(use.node), ctx.expr(ctx.module_of(m.source(use.node)))))
+        first = first or use.node
+    if not edits:
+        return out
+    return out + [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
+
+
+def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
+    """A use in the function (or module level) of a wrap of the same variable, before it
+    (``wrap_stmts``: ``(statement, wrapped variable's text or None for any)``)."""
+    func = m.enclosing_function(node)
+    text = m.source(node)
+    for s, wrapped in wrap_stmts:
+        if wrapped is not None and wrapped != text:
+            continue  # another model's wrap (netD's below netG's load_state_dict)
+        if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
+            if not any(isinstance(a, LOOPS) and m.contains(a, s) for a in m.ancestors(node)):
+                return True
+    return False
+
+
+def type_refs(ctx: Context) -> List[Finding]:
+    m = ctx.m
+    out = []
+    done_tuples = set()
+    for ref in dp_type_refs(m):
+        edits = [Replace(ctx.cst(ref), cst.Name(ctx.name("DDP")))]
+        parent = m.parent(ref)
+        if isinstance(parent, ast.Tuple) and id(parent) not in done_tuples:
+            done_tuples.add(id(parent))
+            edits.append(Replace(ctx.cst(parent), _dedupe_elements))
+        out.append(ctx.note(ref, "DDP100", "type check now names DistributedDataParallel", edits))
+    return out
+
+
+def _dedupe_elements(tup):
+    """``(DDP, DDP)`` after two DataParallel spellings were replaced: keep one."""
+    if not isinstance(tup, cst.Tuple):
+        return tup
+    seen, kept = set(), []
+    for el in tup.elements:
+        text = cst.Module(body=[]).code_for_node(el.value)
+        if text not in seen:
+            seen.add(text)
+            kept.append(el)
+    if len(kept) == len(tup.elements):
+        return tup
+    if len(kept) == 1:
+        return kept[0].value
+    kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return tup.with_changes(elements=kept)
+
+
+def remove_imports(ctx: Context) -> List[Finding]:
+    # and a project's DataParallel with replication callbacks the wraps no longer call (model/sync_bn.py)
+    callbacks = {q for w in dp_wraps(ctx.m) if w.sync_bn for q in ctx.m.qualified_names(w.call.func)}
+    edits = ctx.unused_imports(lambda module, alias: (module in _DP_MODULES and alias.name in ("DataParallel", "data_parallel"))
+                               or f"{module}.{alias.name}" in callbacks)
+    if not edits:
+        return []
+    f = ctx.finding(None, "DDP100", "remove the DataParallel import that nothing uses any more", "info", Fix(edits))
+    f.line = 0
+    return [f]
