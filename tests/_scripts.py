@@ -24,7 +24,7 @@ Two ways to launch
   :func:`run_together`). For ``nproc=N``: N processes with the environment torchrun's
   agent gives its workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_NAME``,
-  ``GROUP_WORLD_SIZE``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``
+  ``GROUP_WORLD_SIZE``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR=localhost``, ``MASTER_PORT``
   a free port, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
   ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_ERROR_FILE``,
   ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, ``OMP_NUM_THREADS=1`` when unset), exit code 1

@@ -40,7 +40,7 @@ NOT_IMPORT_TIME_PREFIX = ("TORCHELASTIC_",)
 # what torchrun itself (not its workers) adds to every worker's environment (the list of
 # torch/distributed/elastic/agent/server/local_elastic_agent.py, 2.13); with no agent store
 # (TORCHELASTIC_USE_AGENT_STORE unset) rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT
-MASTER_ADDR = "127.0.0.1"
+MASTER_ADDR = "localhost"  # what torchrun --standalone gives (tests/test_zygote.py compares)
 
 FALLBACKS: List[str] = []  # why a launch ran the real command (for the curious: -s prints nothing)
 
@@ -186,7 +186,7 @@ def shutdown() -> None:
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((MASTER_ADDR, 0))
+        s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
