@@ -5,8 +5,9 @@ Two ways to launch
 * :func:`run` / :func:`run_together`: the real command, a new interpreter per process.
   ``run_script(..., real=True)`` too. What is *about* launching stays on these: the
   elastic and template tests, ``dp2ddp verify`` (which starts ``torchrun`` itself), the
-  ``python -c`` probes, and the first runnable case of every folder of
-  tests/test_rewrite_fixtures.py (``REAL_LAUNCH``), the cross-check of the second way.
+  ``python -c`` probes, the first runnable case of six fixture folders of
+  tests/test_rewrite_fixtures.py (``REAL_LAUNCH``) and tests/test_zygote.py (a probe
+  script run both ways, what it sees compared): the cross-check of the second way.
 * :func:`run_script` (and :func:`run_python`, :func:`run_torchrun`): the same script run
   as a fork of a *zygote* (tests/_zygote.py, tests/_zygote_server.py), a Python that has
   imported torch (with torch.distributed, torch.nn, torch.optim, torch.utils.data,
