@@ -7,7 +7,7 @@ import pytest
 # file's weight is about the seconds of CPU one of its `torchrun`/`slow` tests takes; tests
 # without those markers keep weight 0. Only the order changes, never what runs.
 COST = {
-    "tests/test_precommit.py": 100,  # builds a hook environment (pip) once per worker
+    "tests/test_precommit.py": 100,  # builds a hook environment (pip) on each worker that runs one
     "tests/test_corpus.py": 90,  # dp2ddp verify of real training scripts
     "tests/test_verify_outputs.py": 60,
     "tests/test_verify_migrations.py": 60,
@@ -38,8 +38,9 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config) -> None:
-    # `-n 2` alone means --dist load, which ignores xdist_group: test_precommit's module
-    # fixture (a pip-built hook environment) would then be built by both workers
+    # `-n 2` alone means --dist load, which hands each worker a quarter of the suite up front,
+    # in order: with the costliest first, one worker would get all of them. loadgroup (here:
+    # one test per unit) hands out two tests per worker, then one more as each finishes.
     if getattr(config.option, "dist", None) == "load":
         config.option.dist = "loadgroup"
 
@@ -53,9 +54,6 @@ def _weight(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config, items: List[pytest.Item]) -> None:
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (-_weight(item), order[id(item)]))
-    for item in items:  # a module-scoped fixture that builds an environment: one worker builds it
-        if item.nodeid.startswith("tests/test_precommit.py"):
-            item.add_marker(pytest.mark.xdist_group("precommit"))
 
 
 @pytest.fixture
