@@ -98,10 +98,9 @@ class Zygote:
             except OSError:
                 pass
             self.proc.wait()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)  # the socket and the server's log
 
 
 class Child:
