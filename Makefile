@@ -27,7 +27,10 @@ demo: $(STAMP)
 	$(PY) -m dp2ddp verify $(DEMO)/train.py --steps 0 --min-speedup 0 --plot $(DEMO)/verify.png --json $(DEMO)/verify.json
 	@echo "demo: migrated script $(DEMO)/train_ddp.py, report $(DEMO)/verify.json, plot $(DEMO)/verify.png"
 
-# The whole test suite (what CI runs: .ci/run).
+# The whole test suite (what CI runs: .ci/run). Costliest tests first (tests/conftest.py);
+# the generated scripts' runs fork from Pythons that imported
+# torch once (tests/_scripts.py says what that covers); DP2DDP_TEST_REAL_LAUNCH=1 launches
+# every one for real.
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 

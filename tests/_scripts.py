@@ -1,5 +1,48 @@
 """Running scripts for real in tests: plain python and torchrun, always reaped.
 
+Two ways to launch
+------------------
+* :func:`run` / :func:`run_together`: the real command, a new interpreter per process.
+  ``run_script(..., real=True)`` too. What is *about* launching stays on these: the
+  elastic and template tests, ``dp2ddp verify`` (which starts ``torchrun`` itself), the
+  ``python -c`` probes, the first runnable case of six fixture folders of
+  tests/test_rewrite_fixtures.py (``REAL_LAUNCH``) and tests/test_zygote.py (a probe
+  script run both ways, what it sees compared): the cross-check of the second way.
+* :func:`run_script` (and :func:`run_python`, :func:`run_torchrun`): the same script run
+  as a fork of a *zygote* (tests/_zygote.py, tests/_zygote_server.py), a Python that has
+  imported torch (with torch.distributed, torch.nn, torch.optim, torch.utils.data,
+  torch._dynamo, numpy) once per pytest process. A launch pays no interpreter start-up
+  and no ``import torch`` (seconds of CPU each; a torchrun launch paid it three times).
+
+  What the fork does as the real command does: the script runs as ``__main__`` from its
+  own file with its ``argv``, ``cwd`` and environment, its folder and ``PYTHONPATH``
+  first on ``sys.path``, the ``sitecustomize`` of ``PYTHONPATH`` imported (the exit-race
+  guard, the behaviour and work probes), fresh random state (``random``, numpy, torch)
+  and per-rank string-hash seeds (rank ``r`` forks from zygote ``r % 2``), unbuffered
+  stdout and stderr into one capture, exceptions and ``SystemExit`` turned into the exit
+  code as CPython does, threads joined and ``atexit`` handlers run at the end, its own
+  process group (killed with everything it started: timeouts and fail-fast as
+  :func:`run_together`). For ``nproc=N``: N processes with the environment torchrun's
+  agent gives its workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+  ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``ROLE_NAME``,
+  ``GROUP_WORLD_SIZE``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR=localhost``, ``MASTER_PORT``
+  a free port, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``,
+  ``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_ERROR_FILE``,
+  ``TORCH_NCCL_ASYNC_ERROR_HANDLING``, ``OMP_NUM_THREADS=1`` when unset), exit code 1
+  when any rank failed (the others are killed, as torchrun's agent does).
+
+  What it does not cover: torchrun's agent itself (rendezvous, its TCPStore: rank 0 hosts
+  the store, ``TORCHELASTIC_USE_AGENT_STORE`` is unset; restarts, its log lines, its exit
+  barrier); interpreter start-up (``site``, ``.pth`` files: the zygote's are used) and
+  finalization (module teardown, C++ static destructors: ``os._exit`` after ``atexit``
+  and a collection of ``__main__``'s globals, so the gloo exit race below cannot happen
+  in a forked run); modules the zygote imported are shared, already initialised (a launch
+  whose folder or ``PYTHONPATH`` holds a module of the same name runs the real command
+  instead, as does one whose environment changes a variable read at import time:
+  ``OMP_*``, ``MKL_*``, ``TORCH*``, ``PYTHON*``, ...); ``/proc/<pid>/environ`` of a fork
+  shows the zygote's environment, not the run's. ``DP2DDP_TEST_REAL_LAUNCH=1`` makes
+  every launch real (the whole suite then runs as it did before the zygotes).
+
 The exit race of torch 2.13 on gloo
 -----------------------------------
 A DDP rank on gloo sometimes dies with SIGABRT ("terminate called without an active
@@ -36,6 +79,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Union
+
+from tests import _zygote
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 EXIT_RACE_GUARD = Path(__file__).resolve().parent / "exit_race_guard"
@@ -139,15 +184,30 @@ def retry_exit_abort(attempt: Callable[[], Results], what: str, retries: int = 2
 
 
 def run(cmd, cwd, timeout: float = TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """The real command ``cmd``, always (a new interpreter; torchrun's own launcher)."""
     return run_together([cmd], cwd, [env or _env()], timeout=timeout)[0]
 
 
-def run_python(script: Path, workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return run([sys.executable, str(script), *args], workdir)
+def run_script(argv: Sequence[str], cwd, env: Optional[Dict[str, str]] = None, nproc: Optional[int] = None,
+               timeout: float = TIMEOUT, real: bool = False) -> subprocess.CompletedProcess:
+    """``python ARGV`` (``nproc`` None) or ``torchrun --standalone --nproc_per_node=NPROC ARGV``
+    from ``cwd``: forked from a zygote (see the module docstring) unless ``real``, or where a
+    fork would not be faithful (tests/_zygote.py says when); then the real command."""
+    env = env or _env()
+    if not real:
+        done = _zygote.launch(argv, cwd, env, nproc, timeout)
+        if done is not None:
+            return done
+    cmd = [sys.executable, *argv] if nproc is None else [*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", *argv]
+    return run(cmd, cwd, timeout=timeout, env=env)
 
 
-def run_torchrun(script: Path, workdir: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    return run([*TORCHRUN, "--standalone", f"--nproc_per_node={nproc}", str(script), *args], workdir)
+def run_python(script: Path, workdir: Path, *args: str, real: bool = False) -> subprocess.CompletedProcess:
+    return run_script([str(script), *args], workdir, real=real)
+
+
+def run_torchrun(script: Path, workdir: Path, *args: str, nproc: int = 2, real: bool = False) -> subprocess.CompletedProcess:
+    return run_script([str(script), *args], workdir, nproc=nproc, real=real)
 
 
 def copy_to(script: Path, workdir: Path, name: str = "train.py") -> Path:

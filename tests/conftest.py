@@ -1,4 +1,30 @@
+from typing import List
+
 import pytest
+
+# Order of the run: the costliest tests first, so that under ``pytest -n 2`` the two workers
+# do not end with one long test each while the other waits (longest-first scheduling). A
+# file's weight is about the seconds of CPU one of its `torchrun`/`slow` tests takes; tests
+# without those markers keep weight 0. Only the order changes, never what runs.
+COST = {
+    "tests/test_precommit.py": 100,  # builds a hook environment (pip) on each worker that runs one
+    "tests/test_corpus.py": 90,  # dp2ddp verify of real training scripts
+    "tests/test_verify_outputs.py": 60,
+    "tests/test_verify_migrations.py": 60,
+    "tests/test_verify.py": 60,
+    "tests/test_verify_guard.py": 60,
+    "tests/test_elastic.py": 60,
+    "tests/test_template.py": 50,
+    "tests/test_behaviour.py": 40,
+    "tests/test_zygote.py": 40,
+    "tests/test_rewrite_property.py": 40,
+    "tests/test_verify_unit.py": 30,
+    "tests/test_corpus_originals.py": 30,
+    "tests/test_shard_eval.py": 20,
+    "tests/test_work.py": 20,
+    "tests/test_project.py": 20,
+    "tests/test_rewrite_fixtures.py": 10,
+}
 
 
 def pytest_addoption(parser):
@@ -8,6 +34,26 @@ def pytest_addoption(parser):
         default=False,
         help="rewrite golden files (fixtures/**/*.out.py, *.txt) from the current output instead of comparing",
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config) -> None:
+    # `-n 2` alone means --dist load, which hands each worker a quarter of the suite up front,
+    # in order: with the costliest first, one worker would get all of them. loadgroup (here:
+    # one test per unit) hands out two tests per worker, then one more as each finishes.
+    if getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+
+
+def _weight(item: pytest.Item) -> int:
+    if item.get_closest_marker("torchrun") is None and item.get_closest_marker("slow") is None:
+        return 0
+    return COST.get(item.nodeid.split("::", 1)[0], 50)
+
+
+def pytest_collection_modifyitems(config, items: List[pytest.Item]) -> None:
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-_weight(item), order[id(item)]))
 
 
 @pytest.fixture

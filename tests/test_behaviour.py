@@ -24,7 +24,7 @@ from typing import Dict, List
 import pytest
 
 from dp2ddp.migrate import migrate_source
-from tests._scripts import TORCHRUN, retry_exit_abort, run
+from tests._scripts import retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 BEHAVIOUR = ROOT / "fixtures" / "behaviour"
@@ -85,14 +85,13 @@ def _runs(name: str, tmp_path: Path, args=(), python_ddp: bool = True) -> Dict[s
     migrated = _migrate(name)
     out = {}
     d = _folder(tmp_path, "original")
-    out["original"] = Run(d, run([sys.executable, f"{name}.py", *args], d, env=_env()))
+    out["original"] = Run(d, run_script([f"{name}.py", *args], d, env=_env()))
     d = _folder(tmp_path, "torchrun")
     (d / f"{name}.py").write_bytes(migrated)
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", f"{name}.py", *args]
-    out["torchrun"] = Run(d, retry_exit_abort(lambda: run(cmd, d, env=_env()), name))
+    out["torchrun"] = Run(d, retry_exit_abort(lambda: run_script([f"{name}.py", *args], d, env=_env(), nproc=2), name))
     d = _folder(tmp_path, "python")
     (d / f"{name}.py").write_bytes(migrated)
-    out["python"] = Run(d, run([sys.executable, f"{name}.py", *args], d, env=_env()))
+    out["python"] = Run(d, run_script([f"{name}.py", *args], d, env=_env()))
     for tag, r in out.items():
         assert r.returncode == 0, f"{tag} run failed:\n{r.output[-4000:]}"
     tr = out["torchrun"]
@@ -158,8 +157,8 @@ def test_checkpoint_keys_as_before_and_a_resumed_run_loads(tmp_path: Path) -> No
     ours = _keys(tr.folder / "checkpoint" / "ckpt.pth")
     assert ours == _keys(runs["original"].folder / "checkpoint" / "ckpt.pth")
     assert all(k.startswith("module.") for k in ours)  # unconditional wrap: the prefix as before
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "checkpoint_resume.py", "--resume", "--epochs", "1"]
-    resumed = Run(tr.folder, retry_exit_abort(lambda: run(cmd, tr.folder, env=_env()), "resume"))
+    argv = ["checkpoint_resume.py", "--resume", "--epochs", "1"]
+    resumed = Run(tr.folder, retry_exit_abort(lambda: run_script(argv, tr.folder, env=_env(), nproc=2), "resume"))
     assert resumed.returncode == 0, resumed.output[-3000:]
     assert resumed.checks["resumed-from"] == {"0": "1", "1": "1"}
     migrated = (tr.folder / "checkpoint_resume.py").read_text()
@@ -294,11 +293,10 @@ def test_checkpoint_keys_as_the_projects_evaluation_script_reads_them(tmp_path: 
         d = tmp_path / tag
         shutil.copytree(src, d)
         if tag == "original":
-            runs[tag] = run([sys.executable, "train.py"], d, env=_env())
+            runs[tag] = run_script(["train.py"], d, env=_env())
         else:
             (d / "train.py").write_bytes(result.output)
-            cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"]
-            runs[tag] = retry_exit_abort(lambda: run(cmd, d, env=_env()), "eval_keys")
+            runs[tag] = retry_exit_abort(lambda: run_script(["train.py"], d, env=_env(), nproc=2), "eval_keys")
         assert runs[tag].returncode == 0, (tag, runs[tag].stdout[-3000:])
         ev = subprocess.run([sys.executable, "evaluate.py"], cwd=d, capture_output=True, text=True, timeout=120,
                             env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE")})
@@ -306,8 +304,7 @@ def test_checkpoint_keys_as_the_projects_evaluation_script_reads_them(tmp_path: 
         keys = sorted(__import__("torch").load(d / "out" / "last.pth", weights_only=True)["model"])
         assert not any(k.startswith("module.") for k in keys), (tag, keys)
     d = tmp_path / "torchrun"
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py", "--resume"]
-    resumed = retry_exit_abort(lambda: run(cmd, d, env=_env()), "eval_keys_resume")
+    resumed = retry_exit_abort(lambda: run_script(["train.py", "--resume"], d, env=_env(), nproc=2), "eval_keys_resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
 
 
@@ -326,10 +323,9 @@ def test_a_whole_model_loaded_before_the_wrap_resumes_from_the_originals_checkpo
     for tag in ("torchrun", "python"):
         d = runs[tag].folder
         shutil.copy(original_ckpt, d / "ckpt.pth")
-        cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", "resume_whole_before_wrap.py"] if tag == "torchrun" else [
-            sys.executable, "resume_whole_before_wrap.py"]
+        nproc = 2 if tag == "torchrun" else None
         for _ in range(2):  # the original's file, then the migration's own
-            r = Run(d, retry_exit_abort(lambda: run(cmd, d, env=_env()), tag))
+            r = Run(d, retry_exit_abort(lambda: run_script(["resume_whole_before_wrap.py"], d, env=_env(), nproc=nproc), tag))
             assert r.returncode == 0, r.output[-3000:]
             assert set(r.values("resumed")) == {"Sequential"}, r.output[-3000:]
             assert len(set(r.values("params"))) == 1, "replicas out of sync"

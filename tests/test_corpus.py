@@ -32,7 +32,7 @@ except ImportError:  # Python < 3.11
     import tomli as tomllib
 
 from dp2ddp.migrate import migrate_source
-from tests._scripts import TORCHRUN, guarded, retry_exit_abort, run
+from tests._scripts import guarded, retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fixtures" / "corpus"
@@ -170,10 +170,9 @@ def test_migration_trains_like_the_original(name: str, tmp_path: Path) -> None:
             left = [p for p in left if _PER_RANK.search(p)]
         assert not left, _summary(two)
     else:
-        torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node=2", str(out), *args]
-        r = retry_exit_abort(lambda: run(torchrun, work, env=_env()), name)
+        r = retry_exit_abort(lambda: run_script([str(out), *args], work, env=_env(), nproc=2), name)
         assert r.returncode == 0, r.stdout[-4000:]
-    r = run([sys.executable, str(out), *args], work, env=_env())
+    r = run_script([str(out), *args], work, env=_env())
     assert r.returncode == 0, r.stdout[-4000:]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dp2ddp.cli import main
-from tests._scripts import TORCHRUN, retry_exit_abort, run
+from tests._scripts import retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = ROOT / "fixtures" / "project" / "factory_in_models"
@@ -55,12 +55,12 @@ def test_project_copy_migrated_runs_and_its_evaluation_script_still_loads(projec
     assert (out / "evaluate.py").read_bytes() == (project / "evaluate.py").read_bytes()
     helper = (out / "models" / "__init__.py").read_text()
     assert "DataParallel(" not in helper.replace("DistributedDataParallel(", "") and "dist.is_initialized()" in helper
-    r = retry_exit_abort(lambda: run([*TORCHRUN, "--standalone", "--nproc_per_node=2", "train.py"], out, env=_env()), "project")
+    r = retry_exit_abort(lambda: run_script(["train.py"], out, env=_env(), nproc=2), "project")
     assert r.returncode == 0, r.stdout[-3000:]
     assert r.stdout.count("outputs 1") == 1  # printed by rank 0 only
     ev = subprocess.run([sys.executable, "evaluate.py"], cwd=out, env=_env(), capture_output=True, text=True, timeout=120)
     assert ev.returncode == 0 and ev.stdout.startswith("eval Net"), ev.stderr[-2000:]
-    r = run([sys.executable, "train.py"], out, env=_env())
+    r = run_script(["train.py"], out, env=_env())
     assert r.returncode == 0, r.stdout[-3000:]
     again = tmp_path / "again"
     assert main(["rewrite", "--with-helpers", "-o", str(again), str(out / "train.py")]) == 0

@@ -43,6 +43,12 @@ CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 # ``*_race_warns``: the output keeps a race the rewrite warns about (in a project module it does
 # not edit); two ranks may really crash there, so it is not run
 RUNNABLE = [p for p in CASES if not p.name.startswith("noop_") and not p.name.endswith("_race_warns.in.py")]
+# The cross-check that the zygote launch the others get (tests/_scripts.py) runs them alike:
+# under the real torchrun and python run the first case of every folder with project modules
+# beside its cases (imported from the script's folder), of process_group (a CRLF source)
+# and of no_sync (AMP, accumulation); tests/test_zygote.py compares the two launches directly.
+_REAL_DIRS = {"wrap_ddp", "shard_loaders", "rank_writers", "in_batch_loss", "process_group", "no_sync"}
+REAL_LAUNCH = {min(p for p in RUNNABLE if p.parent.name == d) for d in _REAL_DIRS}
 
 
 def _id(p: Path) -> str:
@@ -109,9 +115,10 @@ def _with_project_modules(script: Path, case: Path) -> Path:
 def test_fixture_output_trains(case: Path, tmp_path: Path) -> None:
     """The expected output really runs: under torchrun with 2 CPU ranks (gloo) and as plain python."""
     expected_out = case.with_name(case.name.replace(".in.py", ".out.py"))
+    real = case in REAL_LAUNCH
     script = _with_project_modules(copy_to(expected_out, tmp_path / "torchrun"), case)
-    r = retry_exit_abort(lambda: run_torchrun(script, script.parent), _id(case))
+    r = retry_exit_abort(lambda: run_torchrun(script, script.parent, real=real), _id(case))
     assert r.returncode == 0, r.stdout[-4000:]
     script = _with_project_modules(copy_to(expected_out, tmp_path / "python"), case)
-    r = run_python(script, script.parent)
+    r = run_python(script, script.parent, real=real)
     assert r.returncode == 0, r.stdout[-4000:]

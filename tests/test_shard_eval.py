@@ -27,7 +27,6 @@ pairs (``tests/test_rewrite_fixtures.py``, ``fixtures/shard_eval/``) and below.
 from __future__ import annotations
 
 import re
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List
@@ -35,7 +34,7 @@ from typing import Dict, List
 import pytest
 
 from dp2ddp.migrate import Options, migrate_bytes
-from tests._scripts import TORCHRUN, retry_exit_abort, run
+from tests._scripts import retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "shard_eval"
@@ -69,8 +68,7 @@ def _run(tmp_path: Path, tag: str, name: str, script: bytes, torchrun: bool) -> 
     folder = tmp_path / tag
     folder.mkdir()
     (folder / f"{name}.py").write_bytes(script)
-    cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", f"{name}.py"] if torchrun else [sys.executable, f"{name}.py"]
-    proc = retry_exit_abort(lambda: run(cmd, folder), f"{name} {tag}")
+    proc = retry_exit_abort(lambda: run_script([f"{name}.py"], folder, nproc=2 if torchrun else None), f"{name} {tag}")
     assert proc.returncode == 0, f"{tag} failed:\n{proc.stdout[-4000:]}"
     return _checks(proc.stdout)
 

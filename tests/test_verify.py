@@ -67,7 +67,8 @@ def test_missing_set_epoch_is_caught(tmp_path):
 
 def test_missing_ddp_wrap_leaves_replicas_out_of_sync(tmp_path):
     code, rep, out, _ = verify(
-        tmp_path, fixture("mlp.py"), "--migrated", fixture("mlp_no_wrap_ddp.py"), "--steps", "6", "--min-speedup", "0"
+        tmp_path, fixture("mlp.py"), "--migrated", fixture("mlp_no_wrap_ddp.py"), "--steps", "6", "--min-speedup", "0",
+        "--no-envelope",  # about the replicas, not the losses' tolerance
     )
     assert code == 1, out
     assert rep["replicas_in_sync"] is False
@@ -143,7 +144,8 @@ def test_noise_each_rank_draws_as_the_original_did_is_judged_exactly(tmp_path):
 
 def test_stalled_rank_is_reported_as_a_hang(tmp_path):
     timeout = 5
-    code, rep, out, _ = verify(tmp_path, fixture("stall.py"), "--steps", "20", "--timeout", str(timeout), "--min-speedup", "0")
+    code, rep, out, _ = verify(tmp_path, fixture("stall.py"), "--steps", "20", "--timeout", str(timeout), "--min-speedup", "0",
+                               "--no-envelope")
     assert code == 1, out
     hang = rep["hang"]
     assert hang["role"] == "migrated" and hang["after_step"] == 2
@@ -157,7 +159,8 @@ def test_stalled_rank_is_reported_as_a_hang(tmp_path):
 
 
 def test_crashing_rank_shows_its_own_traceback(tmp_path):
-    code, rep, out, _ = verify(tmp_path, fixture("crash.py"), "--steps", "8", "--timeout", "30", "--min-speedup", "0")
+    code, rep, out, _ = verify(tmp_path, fixture("crash.py"), "--steps", "8", "--timeout", "30", "--min-speedup", "0",
+                               "--no-envelope")
     assert code == 1, out
     crash = rep["crashes"][0]
     assert crash["role"] == "migrated" and crash["rank"] == 1 and crash["type"] == "ValueError"
@@ -168,7 +171,8 @@ def test_crashing_rank_shows_its_own_traceback(tmp_path):
 
 
 def test_unused_parameters_get_find_unused_parameters_advice(tmp_path):
-    code, rep, out, _ = verify(tmp_path, fixture("unused.py"), "--steps", "6", "--timeout", "30", "--min-speedup", "0")
+    code, rep, out, _ = verify(tmp_path, fixture("unused.py"), "--steps", "6", "--timeout", "30", "--min-speedup", "0",
+                               "--no-envelope")
     assert code == 1, out
     crash = rep["crashes"][0]
     assert "Expected to have finished reduction" in crash["traceback"]
@@ -176,7 +180,7 @@ def test_unused_parameters_get_find_unused_parameters_advice(tmp_path):
 
 
 def test_inference_only_script_is_not_a_pass(tmp_path):
-    code, rep, out, _ = verify(tmp_path, fixture("infer.py"), "--steps", "5", "--min-speedup", "0")
+    code, rep, out, _ = verify(tmp_path, fixture("infer.py"), "--steps", "5", "--min-speedup", "0", "--no-envelope")
     assert code == 1, out
     assert rep["verdict"] == "fail" and rep["steps_compared"] == 0
     assert any("no optimizer step was observed" in p for p in rep["problems"])
@@ -288,7 +292,7 @@ def test_evaluation_between_epochs_epochs_from_one_and_a_saved_batch_pass(tmp_pa
 
 def test_two_nodes_on_loopback_match_the_original(tmp_path):
     code, rep, out, _ = verify(
-        tmp_path, fixture("mlp.py"), "--nnodes", "2", "--nproc", "1", "--steps", "12", "--min-speedup", "0"
+        tmp_path, fixture("mlp.py"), "--nnodes", "2", "--nproc", "1", "--steps", "12", "--min-speedup", "0", "--no-envelope"
     )
     assert code == 0, out
     assert rep["migrated"]["nnodes"] == 2 and rep["migrated"]["ranks"] == 2
@@ -317,7 +321,7 @@ def test_a_failed_node_does_not_leave_the_other_waiting(tmp_path):
     (tmp_path / "mlp_ddp.py").write_text(text.replace(anchor, anchor + LEAVE_BADLY, 1))
     code, rep, out, _ = verify(
         tmp_path, str(tmp_path / "mlp.py"), "--nnodes", "2", "--nproc", "1", "--steps", "6", "--timeout", "60",
-        "--min-speedup", "0",
+        "--min-speedup", "0", "--no-envelope",
     )
     assert code == 1, out
     assert rep["migrated"]["hung"] is False, out

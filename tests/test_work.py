@@ -26,7 +26,7 @@ from typing import Dict, List
 import pytest
 
 from dp2ddp.migrate import migrate_source
-from tests._scripts import TORCHRUN, retry_exit_abort, run
+from tests._scripts import retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "fixtures" / "work"
@@ -81,11 +81,10 @@ def test_migration_does_the_work_of_a_hand_migration(shape: str, tmp_path: Path)
     (work / f"{shape}_ddp.py").write_bytes(result.output)
     outs = {tag: tmp_path / tag for tag in ("original", "migrated", "hand")}
 
-    r = run([sys.executable, f"{shape}.py", *args], work, env=_env(outs["original"], dim))
+    r = run_script([f"{shape}.py", *args], work, env=_env(outs["original"], dim))
     assert r.returncode == 0, r.stdout[-3000:]
     for tag, script in (("migrated", f"{shape}_ddp.py"), ("hand", f"{shape}_hand.py")):
-        cmd = [*TORCHRUN, "--standalone", "--nproc_per_node=2", script, *args]
-        r = retry_exit_abort(lambda: run(cmd, work, env=_env(outs[tag], dim)), f"{shape} {tag}")
+        r = retry_exit_abort(lambda: run_script([script, *args], work, env=_env(outs[tag], dim), nproc=2), f"{shape} {tag}")
         assert r.returncode == 0, r.stdout[-3000:]
 
     original = _facts(outs["original"])["rank-"]
