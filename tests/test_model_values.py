@@ -409,7 +409,7 @@ def test_a_project_dataparallel_that_only_adds_replication_callbacks_is_a_sync_b
         '''))
     m = build(script.read_text(), str(script))
     calls = sorted((c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id[0].isupper()), key=lambda c: c.lineno)
-    assert [getattr(callback_class(m, c.func), "name", None) for c in calls] == ["DataParallelWithCallback", None, None]
+    assert [getattr(callback_class(m, c), "name", None) for c in calls] == ["DataParallelWithCallback", None, None]
     assert [(w.call.lineno, w.sync_bn) for w in dp_wraps(m)] == [(5, True)]
     assert unresolved_dp(m) == []
     # the other two reach DataParallel in a project module: refused with DDP151, as before

@@ -39,7 +39,7 @@ def _copies_then_callbacks(fn: ast.FunctionDef, makes_copies) -> bool:
     """``fn``'s body is ``copies = <DataParallel's replicate>(...)``, one or more calls that
     take the copies (the callbacks), ``return copies`` (a docstring allowed)."""
     body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    if len(body) < 3 or fn.decorator_list and not all(isinstance(d, ast.Call) for d in fn.decorator_list):
+    if len(body) < 3 or not all(isinstance(d, ast.Call) for d in fn.decorator_list):  # ``@functools.wraps(old)``
         return False
     first, middle, last = body[0], body[1:-1], body[-1]
     if not (isinstance(first, ast.Assign) and len(first.targets) == 1 and isinstance(first.targets[0], ast.Name)
@@ -64,18 +64,18 @@ def replicates_with_callbacks(m: SemanticModel, cls: ast.ClassDef) -> bool:
     return _copies_then_callbacks(body[0], _super_replicate)
 
 
-def callback_class(m: SemanticModel, func: ast.AST) -> Optional[ast.ClassDef]:
-    """The DataParallel-with-callbacks class of a project module that a call's function
-    names (the vendored ``sync_batchnorm`` package), else ``None``. (One defined in the
-    script itself stays a DataParallel subclass the rewrite cannot rebase.)"""
-    from dp2ddp.model.project_defs import project_def
+def callback_class(m: SemanticModel, call: ast.AST) -> Optional[ast.ClassDef]:
+    """The DataParallel-with-callbacks class of a project module that ``call`` makes (the
+    vendored ``sync_batchnorm`` package), else ``None``. (One defined in the script itself
+    stays a DataParallel subclass the rewrite cannot rebase.) Read from
+    :func:`dp2ddp.model.project_defs.project_calls`, once per model."""
+    got = m.cache.get("sync_bn:classes")
+    if got is None:
+        from dp2ddp.model.project_defs import project_calls
 
-    if not isinstance(func, (ast.Name, ast.Attribute)):
-        return None
-    found = project_def(m, func)
-    if found is None or not isinstance(found[1], ast.ClassDef):
-        return None
-    return found[1] if replicates_with_callbacks(found[0], found[1]) else None
+        got = m.cache["sync_bn:classes"] = {
+            id(c): node for c, (pm, node, _rel) in project_calls(m) if isinstance(node, ast.ClassDef) and replicates_with_callbacks(pm, node)}
+    return got.get(id(call))  # type: ignore[union-attr]
 
 
 def replication_patcher(pm: SemanticModel, fn: ast.AST) -> bool:
@@ -101,16 +101,11 @@ def replication_patcher(pm: SemanticModel, fn: ast.AST) -> bool:
     return False
 
 
-def patcher_of(m: SemanticModel, func: ast.AST) -> Optional[ast.FunctionDef]:
-    """The project's replication patcher a call's function names, else ``None``."""
-    from dp2ddp.model.project_defs import project_def
+def patcher_calls(m: SemanticModel) -> list:
+    """The calls of this module to a project's replication patcher (``patch_replication_callback(model)``)."""
+    from dp2ddp.model.project_defs import project_calls
 
-    if not isinstance(func, (ast.Name, ast.Attribute)):
-        return None
-    found = project_def(m, func)
-    if found is None or not replication_patcher(found[0], found[1]):
-        return None
-    return found[1]  # type: ignore[return-value]
+    return [c for c, (pm, node, _rel) in project_calls(m) if replication_patcher(pm, node)]
 
 
 def dp_library(pm: SemanticModel) -> bool:

@@ -29,7 +29,7 @@ from dp2ddp.model.collectives import assigned_keys, outer_chain, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 from dp2ddp.model.project_defs import project_calls
-from dp2ddp.model.sync_bn import callback_class, patcher_of
+from dp2ddp.model.sync_bn import callback_class, patcher_calls
 from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
 
 _DP_ARGS = ("module", "device_ids", "output_device", "dim")
@@ -111,9 +111,9 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     subclasses = {id(c): c for c, why in dp_subclasses(m).values() if why is None}
     made = [(c, subclasses[id(k)]) for c in m.nodes(ast.Call) for k in [_class_called(m, c)] if k is not None and id(k) in subclasses]
     cls_of = {id(c): k for c, k in made}
-    callbacks = {id(c): c for c in m.nodes(ast.Call) if callback_class(m, c.func) is not None}
+    callbacks = {id(c): c for c in m.nodes(ast.Call) if callback_class(m, c) is not None}
     # a wrapper handed to the package's patch_replication_callback() synchronises BatchNorm too
-    patched = {var_key(m, c.args[0]) for c in m.nodes(ast.Call) if c.args and patcher_of(m, c.func) is not None}
+    patched = {var_key(m, c.args[0]) for c in patcher_calls(m) if c.args}
     calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made] + list(callbacks.values()), key=lambda c: (c.lineno, c.col_offset))
     for call in calls:
         functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP) and id(call) not in cls_of
@@ -275,7 +275,7 @@ def unresolved_dp(m: SemanticModel) -> List[ast.AST]:
         q = m.qualified_names(n)
         if q & (DP | DP_FUNCTIONAL | DDP):
             continue
-        if isinstance(parent, ast.Call) and parent.func is n and callback_class(m, n) is not None:
+        if isinstance(parent, ast.Call) and parent.func is n and callback_class(m, parent) is not None:
             continue  # a project's DataParallel with replication callbacks: a wrap (sync_bn.py)
         if q and all(not x.startswith(("torch.",)) and not _defined_here(m, x) for x in q) and not m.maybe_star(n):
             # an import from another package (BalancedDataParallel, apex): not torch's
