@@ -9,7 +9,6 @@ launches: ports, run ids, pids, seeds).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -43,14 +42,16 @@ if "RANK" in os.environ:
     dist.destroy_process_group()
 open("left-open-%s.txt" % os.environ.get("RANK", "-"), "w").write("flushed at exit\n")
 atexit.register(lambda: print("ATEXIT", os.environ.get("RANK", "-"), flush=True))
-print("FACTS " + json.dumps(facts), flush=True)
+open("facts-%s.json" % os.environ.get("RANK", "-"), "w").write(json.dumps(facts))
+print("FACTS", flush=True)
 if os.environ.get("PROBE_EXIT"):
     sys.exit(int(os.environ["PROBE_EXIT"]))
 '''
 
 
-def _facts(output: str) -> list:
-    return [json.loads(m) for m in re.findall(r"^FACTS (.*)$", output, re.MULTILINE)]
+def _facts(folder: Path) -> list:
+    # each process writes its own file: two ranks printing to one pipe may interleave their lines
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("facts-*.json"))]
 
 
 def _launch(tmp_path: Path, tag: str, nproc, real: bool, **env):
@@ -79,8 +80,9 @@ def test_a_forked_launch_shows_the_script_what_the_real_command_does(tmp_path: P
         tag = "real" if real else "forked"
         d, r = _launch(tmp_path, tag, nproc, real)
         assert r.returncode == 0, r.stdout[-3000:]
-        facts = sorted(_facts(r.stdout), key=lambda f: f["env"]["RANK"] or "")
+        facts = sorted(_facts(d), key=lambda f: f["env"]["RANK"] or "")
         assert len(facts) == (nproc or 1), r.stdout[-3000:]
+        assert r.stdout.count("FACTS") == (nproc or 1)  # and stdout reached the caller from every process
         assert r.stdout.count("ATEXIT") == (nproc or 1)  # atexit handlers ran in every process
         for rank in ([str(i) for i in range(nproc)] if nproc else ["-"]):
             assert (d / f"left-open-{rank}.txt").read_text() == "flushed at exit\n"
