@@ -102,14 +102,17 @@ def propose(ctx: Context) -> List[Finding]:
         if training:
             wrapped.append((call, label))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
-    for call, names, lost in returned_loaders(m):
-        if lost is not None:
-            out.append(ctx.block(call, "DDP105", lost))
-        elif names:
-            rebinds.append((m.statement_of(call), names))  # type: ignore[arg-type]
+    for r in returned_loaders(m):
+        if r.lost is not None:
+            out.append(ctx.block(r.call, "DDP105", r.lost))
+            continue
+        if r.names:
+            rebinds.append((m.statement_of(r.call), r.names))  # type: ignore[arg-type]
+        if r.inline:
+            wrapped.append((r.call, f"{m.source(r.call.func)}()"))  # ``Trainer(shard_loader(data.loader()), cfg)``
     known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)} | {(id(c), ()) for c in own}
-    for call, names, _ in returned_loaders(m):
-        known |= {(id(call), p) for p in _returned_paths(m, call)}
+    for r in returned_loaders(m):
+        known |= {(id(r.call), p) for p in _returned_paths(m, r.call)}
     lost, named = _untraced_feeds(ctx, known)
     out.extend(lost)
     rebinds.extend(named)
@@ -186,6 +189,8 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                 continue
             if isinstance(node, ast.Call) and (terminal(node.func) in _NOT_DATA or m.call_is(node, DATALOADER)):
                 continue
+            if _handed_by_entry(ctx, node):
+                continue  # the entry script's migration shards what it hands this parameter
             seen.add(id(node))
             unknown.append((node, value, loop))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
@@ -220,6 +225,21 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                              f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
                              "on all of it; shard it by hand or build it with a DataLoader"))
     return out, rebinds
+
+
+def _handed_by_entry(ctx: Context, node: ast.AST) -> bool:
+    """In a project module migrated with its entry script: ``node`` is a parameter of a
+    function here (a class's ``__init__``) that only callers elsewhere bind, and the entry
+    script hands it the training value (:attr:`dp2ddp.migrate.Options.handed`)."""
+    handed = getattr(ctx.options, "handed", ())
+    if not handed or not isinstance(node, ast.Name):
+        return False
+    m = ctx.m
+    _, bindings = m.lookup(node.id, m.scope_of(node))
+    if not bindings or any(b.kind != "param" for b in bindings):
+        return False
+    fn = bindings[0].scope.node  # the function whose parameter it is
+    return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (fn.name, fn.lineno, node.id) in handed
 
 
 def _loader_name(m, node: ast.AST) -> Optional[str]:

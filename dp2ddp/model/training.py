@@ -17,7 +17,7 @@ whatever it is called.
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.project_defs import project_def
@@ -190,10 +190,24 @@ def handed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call]]:
     """``(value, call)``: each value the script hands to a project module's function or
     class (``Trainer(model, data_loader=loader)``) whose training loop iterates the parameter
     it binds (itself, or through ``self.data_loader`` in the class's methods)."""
+    return [(v, h.call) for h in handed_params(m) for v in iterated(h.arg)]
+
+
+class Handed(NamedTuple):
+    call: ast.Call  # the call in this script (``Trainer(model, loader)``)
+    module: SemanticModel  # the project module it calls into
+    function: ast.AST  # the function there that binds the parameter (a class's ``__init__``)
+    param: str  # the parameter a training loop of that module iterates
+    arg: ast.AST  # what this call passes for it
+
+
+def handed_params(m: SemanticModel) -> List[Handed]:
+    """The parameters of project modules' functions and classes that this script hands a
+    value a training loop there iterates (see :func:`handed_values`)."""
     got = m.cache.get("training:handed")
     if got is not None:
         return got  # type: ignore[return-value]
-    out: List[Tuple[ast.AST, ast.Call]] = []
+    out: List[Handed] = []
     for call in m.nodes(ast.Call):
         if m.resolve_call(call) is not None:
             continue
@@ -214,7 +228,7 @@ def handed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call]]:
         for param in params:
             arg = pm.argument_for(func, call, param)
             if arg is not None:
-                out.extend((v, call) for v in iterated(arg))
+                out.append(Handed(call, pm, func, param, arg))
     m.cache["training:handed"] = out
     return out
 

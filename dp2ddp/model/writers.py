@@ -164,6 +164,7 @@ class CompanionRace:
     only_writes: bool = False  # it writes and does nothing else every rank needs (see writes_only)
     lists: Optional[str] = None  # ``utils/saver.py:8`` where it lists a folder (``run_{n}`` from what exists)
     checked: bool = True  # the mkdir runs only when the folder is missing (``if not os.path.exists(d)``)
+    module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
 
 
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
@@ -256,7 +257,7 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
                 listed = _lists_in(mod, owner)
                 races.append(CompanionRace(call, node.name, f"{path}:{w.call.lineno}", f"{path}:{gone}" if gone else None,
                                            lists=f"{path}:{listed}" if listed else None,
-                                           checked=_checked_mkdir(mod, w.call, owner)))
+                                           checked=_checked_mkdir(mod, w.call, owner), module=pm.path))
         if races:
             out.append(max(races, key=lambda r: (r.deletes is not None, r.lists is not None, not r.checked)))
     m.cache["companion_races"] = out
@@ -284,7 +285,7 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
             if line is not None:
                 gone = _removes_in(found[0], found[1])
                 out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}", f"{found[2]}:{gone}" if gone else None,
-                                         writes_only(found[0], found[1])))
+                                         writes_only(found[0], found[1]), module=found[0].path))
     for call in m.nodes(ast.Call):
         f = call.func
         if not (isinstance(f, ast.Attribute) and instances):
@@ -298,7 +299,7 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         if line is not None:
             gone = _removes_in(pm, meth)
             out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}", f"{rel}:{gone}" if gone else None,
-                                     writes_only(pm, meth)))
+                                     writes_only(pm, meth), module=pm.path))
     m.cache["companion_writes"] = out
     return out
 
@@ -314,13 +315,18 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
     """``call`` constructs a class (the script's or a project module's) whose methods write
     files — a home-made results logger (``Logger(path, title=...)`` with ``set_names``,
     ``append``, ``close``): where it writes (``utils/logger.py:45``), else ``None``. A
-    subclass (a Dataset that caches, a Module) is not one."""
+    subclass (a Dataset that caches, a Module) is not one, nor a class that trains (a
+    Trainer whose methods also save checkpoints: every rank must run it)."""
+    from dp2ddp.model.training import training_loops
+
     found = class_of_call(m, call)
     if found is None:
         return None
     cm, cls, where = found
     if any(isinstance(b, ast.Name) and b.id not in ("object",) or isinstance(b, ast.Attribute) for b in cls.bases):
         return None  # a subclass (a Dataset, a Module) is not a file logger
+    if any(cm.contains(cls, loop) for loop in training_loops(cm)):
+        return None
     written = None
     for w in writers(cm):
         if w.kind in ("open", "save", "logfile") and cm.contains(cls, w.call):
