@@ -176,6 +176,8 @@ class _Applier(cst.CSTTransformer):
             result = new(result) if callable(new) else new
         hoist = self.hoists.get(original_node)
         if hoist is not None and isinstance(result, cst.BaseExpression):
+            if isinstance(result, cst.Call) and result.lpar:
+                result = result.with_changes(lpar=[], rpar=[])  # ``%(f(x))``: the call alone is assigned
             self.taken[hoist] = result  # with every edit inside it
             result = cst.Name(hoist.name)
         if original_node in self.remove:
