@@ -80,9 +80,9 @@ def quick_reject(data: bytes) -> bool:
 
 
 def applicable(model) -> bool:
-    from dp2ddp.model.wraps import dp_other_refs, dp_type_refs, dp_wraps, unresolved_dp
+    from dp2ddp.model.wraps import uses_dataparallel
 
-    return bool(dp_wraps(model) or dp_type_refs(model) or dp_other_refs(model) or unresolved_dp(model))
+    return uses_dataparallel(model)
 
 
 def plan(model, bridge, options: Optional[Options] = None) -> Migration:

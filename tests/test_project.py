@@ -203,3 +203,36 @@ def test_verify_passes_the_migration_of_a_loader_a_project_method_returns(tmp_pa
     assert "disjoint, the original's epoch exactly" in text and "outputs: 1 problem" not in text, text
     r = run_script(["main.py"], out, env=_env())
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_training_on_a_loader_made_in_a_module_the_migration_does_not_edit_is_refused(tmp_path: Path, capsys) -> None:
+    """``engine.fit(model)`` builds its own DataLoader and trains in a module without
+    DataParallel (its docstring names DataParallel: not a helper for that): the script never
+    sees the loader, so nothing would shard it; and ``fit`` also saves, so running it on rank
+    0 alone (as a writer) would leave rank 1 out of every backward pass. Refused, alone or
+    as a project, nothing written."""
+    d = tmp_path / "proj"
+    shutil.copytree(ROOT / "fixtures" / "project" / "trains_in_a_plain_module", d)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    want = ("main.py:8:5: DDP105 `engine.fit(...)` reaches a training loop (engine.py:16) over `loader`, made there "
+            "(engine.py:9) in a module this migration does not edit")
+    assert main(["rewrite", str(d / "main.py")]) == 1
+    assert want in capsys.readouterr().err
+    assert main(["rewrite", "--with-helpers", "--diff", str(d / "main.py")]) == 1
+    err = capsys.readouterr().err
+    assert want in err and "(helper module)" not in err
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before and not (d / "main_ddp.py").exists()
+
+
+def test_a_function_that_trains_and_saves_is_not_run_on_rank_0_alone() -> None:
+    """The writer fact for project helpers: a function that trains (a loop of backward
+    passes) is not 'only writes', however it ends with a save."""
+    from dp2ddp.model.core import build
+    from dp2ddp.model.writers import trains_in, writes_only
+
+    path = ROOT / "fixtures" / "project" / "trains_in_a_plain_module" / "engine.py"
+    pm = build(path.read_bytes(), str(path))
+    fit = next(f for f in pm.tree.body if getattr(f, "name", "") == "fit")
+    make = next(f for f in pm.tree.body if getattr(f, "name", "") == "make_loader")
+    assert trains_in(pm, fit) == 15 and not writes_only(pm, fit)
+    assert trains_in(pm, make) is None

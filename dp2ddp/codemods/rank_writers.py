@@ -267,6 +267,7 @@ def _companion_write(ctx: Context, w) -> Finding:
     if w.deletes is not None or not w.only_writes or not whole:
         why = (
             f"it also removes files ({w.deletes})" if w.deletes is not None
+            else f"it also trains ({w.trains}), which every rank must do" if w.trains is not None
             else "its result is used" if not whole
             else "it also keeps state or returns a value every rank needs"
         )

@@ -44,6 +44,7 @@ from dp2ddp.model.loader_makers import returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
+from dp2ddp.model.training import NOT_DATA
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
@@ -115,6 +116,7 @@ def propose(ctx: Context) -> List[Finding]:
         known |= {(id(r.call), p) for p in _returned_paths(m, r.call)}
     lost, named = _untraced_feeds(ctx, known)
     out.extend(lost)
+    out.extend(_foreign_training(ctx))
     rebinds.extend(named)
     if not wrapped and not rebinds:
         return out
@@ -153,9 +155,6 @@ def _returned_paths(m, call: ast.Call) -> List[tuple]:
     return [() if k is None else (k,) for k in got]
 
 
-# what a training loop may iterate besides data: epochs and index ranges (hand batching is
-# another transform's business), numbers, literals
-_NOT_DATA = {"range", "trange", "len", "count", "repeat", "int", "float"}
 
 
 def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple[ast.stmt, List[str]]]]:
@@ -187,7 +186,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                 continue
             if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.JoinedStr)):
                 continue
-            if isinstance(node, ast.Call) and (terminal(node.func) in _NOT_DATA or m.call_is(node, DATALOADER)):
+            if isinstance(node, ast.Call) and (terminal(node.func) in NOT_DATA or m.call_is(node, DATALOADER)):
                 continue
             if _handed_by_entry(ctx, node):
                 continue  # the entry script's migration shards what it hands this parameter
@@ -225,6 +224,22 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                              f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
                              "on all of it; shard it by hand or build it with a DataLoader"))
     return out, rebinds
+
+
+def _foreign_training(ctx: Context) -> List[Finding]:
+    """A call into project code that trains on a loader made there, in a module this
+    migration does not edit (a helper of the same project migration shards its own):
+    refused, every rank would train on all of it."""
+    from dp2ddp.model.training import foreign_training
+
+    out: List[Finding] = []
+    for f in foreign_training(ctx.m):
+        if ctx.migrated_with(f.module):
+            continue
+        out.append(ctx.block(f.call, "DDP105", f"`{ctx.m.source(f.call.func)}(...)` reaches a training loop ({f.loop}) over "
+                             f"`{f.value}`, made there ({f.made}) in a module this migration does not edit: every rank would "
+                             "train on all of it; make the loader in the script and pass it in, or shard it there by hand"))
+    return out
 
 
 def _handed_by_entry(ctx: Context, node: ast.AST) -> bool:

@@ -106,6 +106,11 @@ def iterated(expr: ast.AST) -> Iterator[ast.AST]:
     yield expr
 
 
+# what a training loop may iterate besides data: epochs and index ranges (hand batching is
+# another transform's business), numbers, literals
+NOT_DATA = frozenset({"range", "trange", "len", "count", "repeat", "int", "float"})
+
+
 def training_loops(m: SemanticModel) -> List[ast.AST]:
     """Loops whose body reaches a ``.backward()``, innermost first where they nest."""
     got = m.cache.get("training:loops")
@@ -297,4 +302,47 @@ def _fed_params(pm: SemanticModel, func: ast.AST, within: Optional[ast.AST] = No
         for node, _ in origins(pm, v):
             if isinstance(node, ast.Name) and node.id in params and pm.enclosing_function(node) is func:
                 out.add(node.id)
+    return out
+
+
+class Foreign(NamedTuple):
+    """A call of the script into project code that trains on a value made there."""
+
+    call: ast.Call  # the call in this script (``engine.fit(model)``)
+    module: str  # the path of the project module whose loop trains
+    loop: str  # ``engine.py:10``: the training loop
+    value: str  # what it iterates (``loader``)
+    made: str  # ``engine.py:7``: where that value is made
+
+
+def foreign_training(m: SemanticModel) -> List[Foreign]:
+    """Calls of a project function or class whose run reaches a training loop in a project
+    module (up to three modules further: :func:`dp2ddp.model.project_defs.reach_across`) that
+    iterates a value made there (a ``DataLoader(...)`` or any other call of that module),
+    not one its callers pass in: the script never sees that loader, so nothing it does
+    shards it. A parameter's value is the caller's (:func:`handed_params` for the script's
+    own calls)."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.project_defs import project_calls, reach_across
+
+    got = m.cache.get("training:foreign")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Foreign] = []
+    for call, (pm, node, rel) in project_calls(m):
+        found = None
+        for mod, fn, path in reach_across(pm, node, rel):
+            for value, loop in fed_values(mod):
+                if not mod.contains(fn, loop) or mod.enclosing_function(loop) is not fn:
+                    continue
+                made = next((o for o, _ in origins(mod, value)
+                             if isinstance(o, ast.Call) and terminal(o.func) not in NOT_DATA), None)
+                if made is not None:
+                    found = Foreign(call, mod.path, f"{path}:{loop.lineno}", mod.source(value), f"{path}:{made.lineno}")
+                    break
+            if found is not None:
+                break
+        if found is not None:
+            out.append(found)
+    m.cache["training:foreign"] = out
     return out

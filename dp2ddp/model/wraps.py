@@ -510,3 +510,9 @@ def in_exiting_branch(m: SemanticModel, w: Wrap) -> bool:
             body_calls = [c for s in a.body for c in ast.walk(s) if isinstance(c, ast.Call)]
             return not any(is_backward(c) for c in body_calls) and not any(trains(m, s) for s in a.body)
     return False
+
+
+def uses_dataparallel(m: SemanticModel) -> bool:
+    """The module names DataParallel in code (a wrap, a type test, another reference, or a
+    spelling that may be it), not only in a docstring or comment: what a migration acts on."""
+    return bool(dp_wraps(m) or dp_type_refs(m) or dp_other_refs(m) or unresolved_dp(m))

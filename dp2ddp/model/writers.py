@@ -165,6 +165,7 @@ class CompanionRace:
     lists: Optional[str] = None  # ``utils/saver.py:8`` where it lists a folder (``run_{n}`` from what exists)
     checked: bool = True  # the mkdir runs only when the folder is missing (``if not os.path.exists(d)``)
     module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
+    trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
 
 
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
@@ -201,14 +202,30 @@ def _renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     return None
 
 
+def trains_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+    """The line where ``func`` (of module ``pm``) trains: its first training loop, or else
+    its first ``.backward()`` call; ``None`` where it does not."""
+    from dp2ddp.model.training import training_loops
+
+    loop = next((lp for lp in training_loops(pm) if pm.contains(func, lp)), None)
+    if loop is not None:
+        return loop.lineno
+    back = next((n for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr == "backward"), None)
+    return back.lineno if back is not None else None
+
+
 def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
     """``func`` (of a project module) only produces output: it returns nothing, keeps no
     state (no ``self.x = ...``, no ``global``), and reaches no collective. Running it on
     rank 0 alone then changes nothing the other ranks read."""
     from dp2ddp.model.collectives import reaching_functions
+    from dp2ddp.model.training import training_loops
 
     if func in reaching_functions(pm) or func in reaching_functions(pm, dp=True):
         return False
+    if trains_in(pm, func) is not None:
+        return False  # under DDP its backward passes are collectives every rank must reach
     for n in ast.walk(func):
         if isinstance(n, ast.Return) and n.value is not None and not (isinstance(n.value, ast.Constant) and n.value.value is None):
             return False
@@ -219,6 +236,11 @@ def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend", "update", "add", "pop", "insert") and isinstance(n.func.value, ast.Attribute):
             return False  # self.history.append(...): state kept for later
     return True
+
+
+def _trains_where(pm: SemanticModel, func: ast.AST, rel: str) -> Optional[str]:
+    line = trains_in(pm, func)
+    return f"{rel}:{line}" if line is not None else None
 
 
 def _checked_mkdir(pm: SemanticModel, call: ast.AST, body: ast.AST) -> bool:
@@ -285,7 +307,8 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
             if line is not None:
                 gone = _removes_in(found[0], found[1])
                 out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}", f"{found[2]}:{gone}" if gone else None,
-                                         writes_only(found[0], found[1]), module=found[0].path))
+                                         writes_only(found[0], found[1]), module=found[0].path,
+                                         trains=_trains_where(found[0], found[1], found[2])))
     for call in m.nodes(ast.Call):
         f = call.func
         if not (isinstance(f, ast.Attribute) and instances):
@@ -299,7 +322,7 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         if line is not None:
             gone = _removes_in(pm, meth)
             out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}", f"{rel}:{gone}" if gone else None,
-                                     writes_only(pm, meth), module=pm.path))
+                                     writes_only(pm, meth), module=pm.path, trains=_trains_where(pm, meth, rel)))
     m.cache["companion_writes"] = out
     return out
 
