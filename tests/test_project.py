@@ -236,3 +236,25 @@ def test_a_function_that_trains_and_saves_is_not_run_on_rank_0_alone() -> None:
     make = next(f for f in pm.tree.body if getattr(f, "name", "") == "make_loader")
     assert trains_in(pm, fit) == 15 and not writes_only(pm, fit)
     assert trains_in(pm, make) is None
+
+
+def test_a_project_objects_method_that_writes_is_reported_once_and_runs_on_rank_0(tmp_path: Path, capsys) -> None:
+    """``saver.save_checkpoint(state)`` on an object of a project class: one finding (it was
+    reported twice, as a function and as a method, once project calls learnt methods), and
+    the call runs on rank 0 only; also where ``saver`` is ``None`` on another path."""
+    (tmp_path / "saver.py").write_text(
+        "import torch\n\n\nclass Saver:\n    def __init__(self, path):\n        self.path = path\n\n"
+        "    def save_checkpoint(self, state):\n        torch.save(state, self.path)\n")
+    (tmp_path / "train.py").write_text(
+        "import sys\n\nimport torch\nimport torch.nn as nn\n\nfrom saver import Saver\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "saver = Saver('ck.pt') if len(sys.argv) < 2 else None\nfor _ in range(2):\n"
+        "    loss = model(torch.randn(8, 4)).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+        "if saver is not None:\n    saver.save_checkpoint({'model': model.state_dict()})\n")
+    assert main(["rewrite", str(tmp_path / "train.py")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Saver.save_checkpoint writes files (saver.py:9) and nothing else: it runs on rank 0 only") == 1, out
+    assert "save_checkpoint writes files" not in out.replace("Saver.save_checkpoint writes files", "")
+    migrated = (tmp_path / "train_ddp.py").read_text()
+    assert "        if dist.get_rank() == 0:\n            saver.save_checkpoint(" in migrated or \
+        "    if dist.get_rank() == 0:\n        saver.save_checkpoint(" in migrated, migrated[-600:]

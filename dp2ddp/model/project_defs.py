@@ -44,10 +44,11 @@ _ACTIVE: set = set()  # instance methods being resolved (``x = x.method()`` must
 
 
 def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
-    """``loader = data.loader()`` where every value ``data`` may hold is an instance of one
-    project class (``data = Data_Loader(...)``, through names, ``self.x`` and the script's own
-    functions: :func:`dp2ddp.model.flow.origins`): that class's method of that name (its own
-    or a base class's in the same module)."""
+    """``loader = data.loader()`` where the values ``data`` may hold that are objects of a
+    class are all of one project class (``data = Data_Loader(...)``, through names, ``self.x``
+    and the script's own functions: :func:`dp2ddp.model.flow.origins`; other values, ``None``
+    or a call of unknown make on another path, are no class of the script's): that class's
+    method of that name (its own or a base class's in the same module)."""
     from dp2ddp.model.flow import origins
 
     if not isinstance(func, ast.Attribute) or id(func) in _ACTIVE:
@@ -58,8 +59,10 @@ def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["Seman
         found = None
         for node, path in origins(m, func.value):
             got = class_of_call(m, node) if not path else None
-            if got is None or not got[2]:
-                return None  # a value of unknown make, or a class of the script itself
+            if got is None:
+                continue  # not an object of a class of this project (None, a value of unknown make)
+            if not got[2]:
+                return None  # a class of the script itself: resolve_call's business
             classes.add((id(got[0]), id(got[1])))
             found = got
         if found is None or len(classes) != 1:

@@ -287,42 +287,26 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
 
 
 def companion_writes(m: SemanticModel) -> List[CompanionRace]:
-    """Calls of a method of a project class (``self.saver.save_checkpoint(...)`` where
-    ``self.saver = Saver(args)`` and ``Saver`` is a class beside the script) or of a project
-    function that writes a file (``torch.save``, ``open(path, "w")``, a copy). The rewrite
-    cannot see what else such a call does, so it does not guard it: every rank writes."""
-    from dp2ddp.model.collectives import assigned_keys, var_key
-
+    """Calls of a project function, or of the method of an object of a project class
+    (``self.saver.save_checkpoint(...)`` where ``self.saver = Saver(args)`` and ``Saver`` is a
+    class beside the script: :func:`dp2ddp.model.project_defs.project_def`), that writes a file
+    (``torch.save``, ``open(path, "w")``, a copy). The rewrite cannot see what else such a call
+    does, so it does not guard it: every rank writes."""
     got = m.cache.get("companion_writes")
     if got is not None:
         return got  # type: ignore[return-value]
     out: List[CompanionRace] = []
-    instances = {}  # VarKey -> (project model, class, path)
-    for call, found in project_calls(m):
-        if isinstance(found[1], ast.ClassDef):
-            for key in assigned_keys(m, call):
-                instances[key] = found
-        else:
-            line = _writes_in(found[0], found[1])
-            if line is not None:
-                gone = _removes_in(found[0], found[1])
-                out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}", f"{found[2]}:{gone}" if gone else None,
-                                         writes_only(found[0], found[1]), module=found[0].path,
-                                         trains=_trains_where(found[0], found[1], found[2])))
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and instances):
+    for call, (pm, func, rel) in project_calls(m):
+        if isinstance(func, ast.ClassDef):
             continue
-        found = instances.get(var_key(m, f.value))
-        if found is None:
+        line = _writes_in(pm, func)
+        if line is None:
             continue
-        pm, cls, rel = found
-        meth = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == f.attr), None)
-        line = _writes_in(pm, meth) if meth is not None else None
-        if line is not None:
-            gone = _removes_in(pm, meth)
-            out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}", f"{rel}:{gone}" if gone else None,
-                                     writes_only(pm, meth), module=pm.path, trains=_trains_where(pm, meth, rel)))
+        owner = pm.parent(func)
+        name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
+        gone = _removes_in(pm, func)
+        out.append(CompanionRace(call, name, f"{rel}:{line}", f"{rel}:{gone}" if gone else None, writes_only(pm, func),
+                                 module=pm.path, trains=_trains_where(pm, func, rel)))
     m.cache["companion_writes"] = out
     return out
 
