@@ -37,6 +37,18 @@ class Options:
     # ``__init__``) to which the entry script hands the values their training loops iterate:
     # the entry's migration shards what it hands (dp2ddp.model.training.handed_params)
     handed: frozenset = frozenset()
+    # entry role: the real paths of the project modules migrated with the entry (their writes,
+    # folders and loaders are their own migrations' business)
+    plan_modules: frozenset = frozenset()
+    # helper role: a module without DataParallel that trains on loaders it makes itself
+    # (training.foreign_training): migrated for its loaders, writers and prints
+    trains_only: bool = False
+
+
+def _acts(options: Optional["Options"]) -> bool:
+    """A file migrated although it names no DataParallel: a project's entry script, or a
+    helper that trains on its own loaders."""
+    return options is not None and (options.role == "entry" or options.trains_only)
 
 
 @dataclass
@@ -94,7 +106,7 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
     from dp2ddp.model.wraps import dp_other_refs, dp_type_refs, dp_wraps, unresolved_dp
 
     options = options or Options()
-    if not applicable(model) and options.role != "entry":
+    if not applicable(model) and not _acts(options):
         return Migration()
     ctx = Context(model, bridge, options)
     findings: List[Finding] = []
@@ -194,14 +206,14 @@ def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options
 
     src = Source(path, data)
     tree, text = parse_ast(src)
-    if quick_reject(data) and (options is None or options.role != "entry"):
+    if quick_reject(data) and not _acts(options):
         if b"import" in data and path not in ("<stdin>", "-"):
             from dp2ddp.model.core import SemanticModel
 
             return Result(path, data, False, _project_miss(SemanticModel(tree, text, path)))
         return Result(path, data, False, Migration())
     model = SemanticModel(tree, text, path)
-    if not applicable(model) and (options is None or options.role != "entry"):
+    if not applicable(model) and not _acts(options):
         return Result(path, data, False, _project_miss(model))
     from dp2ddp.model.bridge import Bridge
 
@@ -242,15 +254,37 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     options = options or Options()
     out = ProjectResult(entry)
     helpers = sorted((rel, real) for real, (rel, _d) in project_modules(entry).items() if uses_dp(real))
-    handed = _handed_params(entry) if helpers else {}
-    for rel, real in helpers:
+    trainers = _trainers(entry, {real for _, real in helpers})
+    handed = _handed_params(entry) if helpers or trainers else {}
+    for rel, real in sorted(helpers + trainers):
         src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
-        res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ()))))
+        res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ())),
+                                                            trains_only=(rel, real) in trainers))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
-    role = "entry" if helpers else "script"
-    res = migrate_source(src.data, src.display, replace(options, role=role))
+    role = "entry" if helpers or trainers else "script"
+    plan_modules = frozenset(real for _, real in helpers + trainers)
+    res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
+    return out
+
+
+def _trainers(entry: str, helpers: set) -> list:
+    """``(path relative to the entry's folder, real path)`` of the project modules without
+    DataParallel where the entry's calls train on loaders made there
+    (:func:`dp2ddp.model.training.foreign_training`): migrated with it, for their loaders."""
+    import os
+
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.training import foreign_training
+
+    em = file_model(entry)
+    base = os.path.dirname(os.path.abspath(entry))
+    out = []
+    for f in foreign_training(em) if em is not None else ():
+        real = os.path.realpath(f.module)
+        if real not in helpers and (os.path.relpath(f.module, base), real) not in out:
+            out.append((os.path.relpath(f.module, base), real))
     return out
 
 

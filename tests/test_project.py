@@ -205,23 +205,45 @@ def test_verify_passes_the_migration_of_a_loader_a_project_method_returns(tmp_pa
     assert r.returncode == 0, r.stdout[-3000:]
 
 
-def test_training_on_a_loader_made_in_a_module_the_migration_does_not_edit_is_refused(tmp_path: Path, capsys) -> None:
+def test_training_on_a_loader_made_in_a_plain_project_module_is_refused_alone_and_migrated_as_a_project(tmp_path: Path, capsys) -> None:
     """``engine.fit(model)`` builds its own DataLoader and trains in a module without
-    DataParallel (its docstring names DataParallel: not a helper for that): the script never
-    sees the loader, so nothing would shard it; and ``fit`` also saves, so running it on rank
-    0 alone (as a writer) would leave rank 1 out of every backward pass. Refused, alone or
-    as a project, nothing written."""
+    DataParallel (its docstring names DataParallel: not a helper for that): migrating the
+    script alone would leave that loader whole on every rank, and ``fit`` also saves (as a
+    rank-0 writer, rank 1 would miss every backward). Alone: refused, nothing written. As a
+    project (``--with-helpers``): engine.py is migrated with it, for its loader, prints and
+    save."""
     d = tmp_path / "proj"
     shutil.copytree(ROOT / "fixtures" / "project" / "trains_in_a_plain_module", d)
     before = {p: p.read_bytes() for p in d.rglob("*.py")}
-    want = ("main.py:8:5: DDP105 `engine.fit(...)` reaches a training loop (engine.py:16) over `loader`, made there "
-            "(engine.py:9) in a module this migration does not edit")
     assert main(["rewrite", str(d / "main.py")]) == 1
-    assert want in capsys.readouterr().err
-    assert main(["rewrite", "--with-helpers", "--diff", str(d / "main.py")]) == 1
     err = capsys.readouterr().err
-    assert want in err and "(helper module)" not in err
+    assert ("main.py:8:5: DDP105 `engine.fit(...)` reaches a training loop (engine.py:16) over `loader`, made there "
+            "(engine.py:9) in a module this migration does not edit") in err and "--with-helpers" in err
     assert {p: p.read_bytes() for p in d.rglob("*.py")} == before and not (d / "main_ddp.py").exists()
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "main.py")]) == 0
+    engine = (out / "engine.py").read_text()
+    assert "    return shard_loader(DataLoader(data, batch_size=8, shuffle=True))\n" in engine
+    assert "== 0:\n        torch.save(model.state_dict(), out)\n" in engine
+    main_py = (out / "main.py").read_text()
+    assert '\n    engine.fit(model, epochs=2, out="model.pt")\n' in main_py  # on every rank: it trains
+
+
+@pytest.mark.torchrun
+def test_verify_passes_a_project_whose_plain_module_trains_on_its_own_loader(tmp_path: Path) -> None:
+    """verify of that project migration: the loader made in engine.py is split disjointly,
+    each epoch the original's; the losses agree, the replicas stay in sync, model.pt is the
+    original's."""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(ROOT / "fixtures" / "project" / "trains_in_a_plain_module", d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "main.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(d / "main.py"), "--migrated", str(out / "main.py"), "--steps", "0")
+    assert code == 0, text
+    assert rep["losses_agree"] and rep["replicas_in_sync"] and rep["migrated"]["helpers"] == ["engine.py"], text
+    assert "disjoint, the original's epoch exactly" in text and "outputs: equal" in text, text
 
 
 def test_a_function_that_trains_and_saves_is_not_run_on_rank_0_alone() -> None:

@@ -294,9 +294,14 @@ class Context:
         """The project module at ``path`` is migrated in the same plan as this entry script
         (``rewrite --with-helpers``: it has a DataParallel of its own): what it writes and
         the folders it makes are its own migration's to place on rank 0."""
+        import os
+
         from dp2ddp.project import uses_dp
 
-        return self.role == "entry" and bool(path) and uses_dp(path)
+        if self.role != "entry" or not path:
+            return False
+        plan = getattr(self.options, "plan_modules", frozenset())
+        return os.path.realpath(path) in plan if plan else uses_dp(path)
 
     def in_setup_region(self, node: ast.AST) -> bool:
         """Code at ``node`` runs after the process group is initialised."""

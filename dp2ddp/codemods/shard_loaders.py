@@ -238,7 +238,8 @@ def _foreign_training(ctx: Context) -> List[Finding]:
             continue
         out.append(ctx.block(f.call, "DDP105", f"`{ctx.m.source(f.call.func)}(...)` reaches a training loop ({f.loop}) over "
                              f"`{f.value}`, made there ({f.made}) in a module this migration does not edit: every rank would "
-                             "train on all of it; make the loader in the script and pass it in, or shard it there by hand"))
+                             "train on all of it; migrate that module with the script (`--with-helpers` shards the loader "
+                             "there), or make the loader in the script and pass it in"))
     return out
 
 
