@@ -229,6 +229,18 @@ def test_training_on_a_loader_made_in_a_plain_project_module_is_refused_alone_an
     assert '\n    engine.fit(model, epochs=2, out="model.pt")\n' in main_py  # on every rank: it trains
 
 
+def test_verify_rewrites_in_memory_a_project_whose_plain_module_trains_on_its_own_loader() -> None:
+    """`dp2ddp verify main.py` without --migrated: the script alone is refused (DDP105, the
+    loader made in engine.py), the project migration is not: verify makes that one."""
+    from dp2ddp.verify.command import _rewrite
+
+    d = ROOT / "fixtures" / "project" / "trains_in_a_plain_module"
+    content, helpers = _rewrite(d / "main.py")
+    assert b"init_process_group" in content
+    ((path, data),) = helpers.items()
+    assert path == (d / "engine.py").resolve() and b"shard_loader(DataLoader(" in data
+
+
 @pytest.mark.torchrun
 def test_verify_passes_a_project_whose_plain_module_trains_on_its_own_loader(tmp_path: Path) -> None:
     """verify of that project migration: the loader made in engine.py is split disjointly,

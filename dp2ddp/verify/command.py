@@ -247,12 +247,15 @@ def _rewrite(original: Path):
         from dp2ddp.migrate import migrate_file, migrate_project
 
         result = migrate_file(str(original))
-        if result.migration.blocked and {w.code for w in result.migration.warnings if w.severity == "error"} == {"DDP151"}:
+        if result.migration.blocked:
+            # what `rewrite --with-helpers` migrates: DataParallel in a project module (DDP151), a
+            # project module that trains on its own loaders (DDP105)
             project = migrate_project(str(original))
-            if not project.blocked:
+            only_helpers = {w.code for w in result.migration.warnings if w.severity == "error"} == {"DDP151"}
+            if not project.blocked and len(project.files) > 1:
                 result = project.files[0].result
                 helpers = {original.resolve().parent / f.rel: f.result.output for f in project.files[1:] if f.result.changed}
-            else:
+            elif only_helpers:
                 result = next(f.result for f in project.files if f.result.migration.blocked)
     except InputError as e:
         click.echo(str(e), err=True)
