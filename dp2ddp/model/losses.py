@@ -140,7 +140,8 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
             value = target.value if target is not None else use.args[1] if len(use.args) > 1 else None
             if value is None or isinstance(value, ast.Starred) or any(isinstance(a, ast.Starred) for a in use.args):
                 continue
-            if not (_constant(ignore.value) or m.enclosing_function(use) is m.enclosing_function(made)):
+            if not (_constant(ignore.value) or m.enclosing_function(use) is m.enclosing_function(made)
+                    or _same_binding(m, ignore.value, made, use)):
                 continue  # ``ignore_index=self.ignore`` read where the loss is made, not where it is used
             out.append(ValidMean(use, value, ignore.value, made))
     m.cache["losses:valid"] = out
@@ -173,3 +174,13 @@ def _constant(e: ast.AST) -> bool:
     if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
         e = e.operand
     return isinstance(e, ast.Constant) and isinstance(e.value, int)
+
+
+def _same_binding(m: SemanticModel, e: ast.AST, made: ast.AST, use: ast.AST) -> bool:
+    """``ignore_index=PAD``: a name that means the same binding where the loss is used (a
+    module-level constant) as where it is made."""
+    if not isinstance(e, ast.Name):
+        return False
+    _, here = m.lookup(e.id, m.scope_of(made))
+    _, there = m.lookup(e.id, m.scope_of(use))
+    return bool(here) and [id(b) for b in here] == [id(b) for b in there]
