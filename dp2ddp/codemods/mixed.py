@@ -37,7 +37,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, cuda_device_arguments, rank_devices, under_cuda_test
-from dp2ddp.model.launch import spawns as launch_spawns
+from dp2ddp.model.launch import spawn_parameters, spawns as launch_spawns
 from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, master_env_stores, namespace_origin,
                                    option_stores, rank_env_reads, spawn_flags, spellings, switch_tests, wrap_assignments)
@@ -340,19 +340,17 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
         return None  # the spawning flag is switched off under torchrun
     stmt = m.parent(sp)
     os_ = ctx.name("os")
-    args = next(s.args for s in launch_spawns(m) if s.call is sp)
-    params = m.params(target)
+    spawn = next(s for s in launch_spawns(m) if s.call is sp)
     call_args = [f'int({os_}.environ["LOCAL_RANK"])']
-    if args is not None:
-        if not isinstance(args, ast.Tuple):
-            call_args.append("*" + m.source(args))
-        else:
-            for i, el in enumerate(args.elts):
-                pname = params[i + 1] if i + 1 < len(params) else None
-                if pname is not None and "world" in pname.lower():
-                    call_args.append(f'int({os_}.environ["WORLD_SIZE"])')
-                else:
-                    call_args.append(m.source(el))
+    passed = spawn_parameters(m, spawn, target)
+    if passed is not None:
+        for pname, el in passed:
+            if pname is not None and "world" in pname.lower():
+                call_args.append(f'int({os_}.environ["WORLD_SIZE"])')
+            else:
+                call_args.append(m.source(el))
+    elif spawn.args is not None:
+        call_args.append("*" + m.source(spawn.args))
     text = (
         f'if "LOCAL_RANK" in {os_}.environ:  # dp2ddp: torchrun started this process: run the worker here\n'
         f"    {target.name}({', '.join(call_args)})\n"  # type: ignore[attr-defined]
