@@ -107,7 +107,8 @@ def restored_before_wrap(m: SemanticModel, assign: ast.AST) -> bool:
     (fixup's ``if args.resume: net = checkpoint["net"]`` above ``net = DataParallel(net)``):
     in the same function, earlier, and in no loop that also holds a wrap. The wrap then
     takes the loaded object, which the migration's own checkpoints hold bare."""
-    from dp2ddp.model.wraps import dp_wraps, in_exiting_branch
+    from dp2ddp.model.wrap_context import in_exiting_branch
+    from dp2ddp.model.wraps import dp_wraps
 
     wraps = [w for w in dp_wraps(m) if not w.functional and not (w.stmt is not None and in_exiting_branch(m, w))]
     if not wraps:
