@@ -668,7 +668,7 @@ def test_module_prefix_is_judged_by_the_projects_own_loaders():
     # resnext's shape: train.py saves net.state_dict() of a wrap taken with --ngpu > 1, and
     # test.py strips `module.` before load_state_dict: rewrite writes the bare keys (its key
     # policy), and verify judges the difference by the same loaders
-    from dp2ddp.model.checkpoints import EITHER, PLAIN, PREFIXED, LoadSite
+    from dp2ddp.model.checkpoint_keys import EITHER, PLAIN, PREFIXED, LoadSite
     from dp2ddp.verify.advice import module_prefix
 
     d = {"prefix": "module.", "how": "lost", "count": 2, "original_keys": ["module.a", "module.b"], "migrated_keys": ["a", "b"]}

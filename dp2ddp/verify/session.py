@@ -285,7 +285,7 @@ def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> D
     split = env is not None and any((r.end or {}).get("envelope") == "chunks" for r in env.ranks.values())
     stochastic = (pair.report.get("tolerance") or {}).get("why") or []
     batches = sorted({int(s.get("samples") or 0) for r in pair.runs["original"].ranks.values() for s in r.steps} - {0})
-    from dp2ddp.model.checkpoints import checkpoint_readers
+    from dp2ddp.model.checkpoint_keys import checkpoint_readers
 
     try:
         return outputs.compare(seen["original"], seen["migrated"], setup.nproc * setup.nnodes, dp, steps, envelope=envelope,
