@@ -15,11 +15,11 @@ import os
 from dataclasses import dataclass, field
 from typing import List
 
+from dp2ddp.model.call_args import LOAD_PARAMS, LOAD_STATE_DICT_PARAMS, SAVE_PARAMS, argument
 from dp2ddp.model.checkpoints import loaded_values, saves
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, LOAD
-from dp2ddp.model.syntax import kwarg
 
 PLAIN, PREFIXED, EITHER = "plain", "module.", "either"
 
@@ -66,7 +66,7 @@ def _load_path(m: SemanticModel, expr: ast.AST) -> frozenset:
     out: set = set()
     for n, _ in origins(m, expr):
         if isinstance(n, ast.Call) and m.call_is(n, LOAD):
-            path = n.args[0] if n.args else (kwarg(n, "f").value if kwarg(n, "f") else None)
+            path = argument(n, LOAD_PARAMS, "f")
             if path is not None:
                 out |= file_names(m, path)
     return frozenset(out)
@@ -81,7 +81,7 @@ def _project_imports(m: SemanticModel) -> frozenset:
 def saved_file_names(m: SemanticModel) -> frozenset:
     out: set = set()
     for call in saves(m):
-        path = call.args[1] if len(call.args) > 1 else (kwarg(call, "f").value if kwarg(call, "f") else None)
+        path = argument(call, SAVE_PARAMS, "f")
         if path is not None:
             out |= file_names(m, path)
     return frozenset(out)
@@ -121,8 +121,8 @@ def _strips_prefix(m: SemanticModel, node: ast.AST) -> bool:
         if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and isinstance(n.slice.lower, ast.Constant) and n.slice.lower.value == 7:
             return True
     if isinstance(node, ast.Call):
-        strict = kwarg(node, "strict")
-        if strict is not None and isinstance(strict.value, ast.Constant) and strict.value.value is False:
+        strict = argument(node, LOAD_STATE_DICT_PARAMS, "strict")
+        if isinstance(strict, ast.Constant) and strict.value is False:
             return True
     return False
 
@@ -172,9 +172,10 @@ def load_sites(pm: SemanticModel, rel: str) -> List[LoadSite]:
     out = []
     for call in pm.nodes(ast.Call):
         f = call.func
-        if not (isinstance(f, ast.Attribute) and f.attr == "load_state_dict" and call.args):
+        if not (isinstance(f, ast.Attribute) and f.attr == "load_state_dict"):
             continue
-        if not _from_load(pm, call.args[0]):
+        state = argument(call, LOAD_STATE_DICT_PARAMS, "state_dict")
+        if state is None or not _from_load(pm, state):
             continue
         subject = f.value
         if _not_a_model(pm, subject):
@@ -187,7 +188,7 @@ def load_sites(pm: SemanticModel, rel: str) -> List[LoadSite]:
             wants = PREFIXED
         else:
             wants = PLAIN
-        out.append(LoadSite(rel, call.lineno, wants, _load_path(pm, call.args[0]), _project_imports(pm)))
+        out.append(LoadSite(rel, call.lineno, wants, _load_path(pm, state), _project_imports(pm)))
     return out
 
 

@@ -19,17 +19,16 @@ from __future__ import annotations
 import ast
 from typing import List, Set, Tuple
 
+from dp2ddp.model.call_args import SAVE_PARAMS, argument
 from dp2ddp.model.collectives import VarKey, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOAD, SAVE
-from dp2ddp.model.syntax import kwarg
 
 
 def saved_object(call: ast.Call) -> ast.AST:
-    if call.args:
-        return call.args[0]
-    k = kwarg(call, "obj")
-    return k.value if k is not None else call
+    """``torch.save(obj, f)``: ``obj`` (the call itself where it cannot be read)."""
+    obj = argument(call, SAVE_PARAMS, "obj")
+    return obj if obj is not None else call
 
 
 def saved_parts(m: SemanticModel, call: ast.Call) -> List[ast.AST]:

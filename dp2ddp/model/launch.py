@@ -12,9 +12,9 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from dp2ddp.model.call_args import SPAWN_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SPAWN
-from dp2ddp.model.syntax import kwarg
 
 
 @dataclass
@@ -30,8 +30,8 @@ def spawns(m: SemanticModel) -> List[Spawn]:
     if got is None:
         got = []
         for call in m.calls(SPAWN):
-            fn = call.args[0] if call.args else (kwarg(call, "fn").value if kwarg(call, "fn") else None)  # type: ignore[union-attr]
-            args = call.args[1] if len(call.args) > 1 else (kwarg(call, "args").value if kwarg(call, "args") else None)  # type: ignore[union-attr]
+            fn = argument(call, SPAWN_PARAMS, "fn")
+            args = argument(call, SPAWN_PARAMS, "args")
             target = m.module_functions.get(fn.id) if isinstance(fn, ast.Name) else None
             got.append(Spawn(call, fn, target, args))
         m.cache["launch:spawns"] = got

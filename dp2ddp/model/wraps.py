@@ -27,15 +27,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from dp2ddp.model.call_args import DATA_PARALLEL_FUNCTIONAL_PARAMS, DATA_PARALLEL_PARAMS, argument
 from dp2ddp.model.collectives import outer_chain, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 from dp2ddp.model.sync_bn import callback_class, patcher_calls
-from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
-
-_DP_ARGS = ("module", "device_ids", "output_device", "dim")
-_FUNCTIONAL_ARGS = ("module", "inputs", "device_ids", "output_device", "dim", "module_kwargs")
-
+from dp2ddp.model.syntax import FUNCTIONS, is_main_test
 
 @dataclass
 class Wrap:
@@ -57,16 +54,8 @@ class Wrap:
         return bool(self.conditions)
 
 
-def _arg(call: ast.Call, names, name: str) -> Optional[ast.AST]:
-    i = names.index(name)
-    if i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: i + 1]):
-        return call.args[i]
-    k = kwarg(call, name)
-    return k.value if k is not None else None
-
-
 def _problem(call: ast.Call, functional: bool) -> Optional[str]:
-    names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
+    names = DATA_PARALLEL_FUNCTIONAL_PARAMS if functional else DATA_PARALLEL_PARAMS
     what = "data_parallel" if functional else "DataParallel"
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return f"*args/**kwargs in the {what} call"
@@ -75,15 +64,15 @@ def _problem(call: ast.Call, functional: bool) -> Optional[str]:
         return f"{what} argument {unknown[0]}= has no DistributedDataParallel equivalent"
     if len(call.args) > len(names):
         return f"too many {what} arguments"
-    dim = _arg(call, names, "dim")
+    dim = argument(call, names, "dim")
     # DataParallel(dim != 0): dp2ddp.model.batches decides whether its batches can be split on that dimension
     if functional and dim is not None and not (isinstance(dim, ast.Constant) and dim.value == 0):
         return f"{what}(dim={ast.unparse(dim)}) scatters along another dimension; DistributedDataParallel cannot express it"
-    if _arg(call, names, "module") is None:
+    if argument(call, names, "module") is None:
         return f"{what} call without a module"
-    if functional and _arg(call, names, "inputs") is None:
+    if functional and argument(call, names, "inputs") is None:
         return "data_parallel call without inputs"
-    if functional and _arg(call, names, "module_kwargs") is not None:
+    if functional and argument(call, names, "module_kwargs") is not None:
         return "data_parallel(module_kwargs=...) is not migrated"
     return None
 
@@ -118,7 +107,7 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made] + list(callbacks.values()), key=lambda c: (c.lineno, c.col_offset))
     for call in calls:
         functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP) and id(call) not in cls_of
-        names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
+        names = DATA_PARALLEL_FUNCTIONAL_PARAMS if functional else DATA_PARALLEL_PARAMS
         outer = outer_chain(m, call) if not functional else call
         stmt = m.statement_of(call)
         target = None
@@ -129,12 +118,12 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
             target = parent.target
         if not isinstance(target, (ast.Name, ast.Attribute)):
             target = None
-        args = {n: _arg(call, names, n) for n in names if n != "module"}
+        args = {n: argument(call, names, n) for n in names if n != "module"}
         out.append(
             Wrap(
                 call=call,
                 functional=functional,
-                module=_arg(call, names, "module"),
+                module=argument(call, names, "module"),
                 problem=_problem(call, functional),
                 outer=outer,
                 stmt=stmt,  # type: ignore[arg-type]
