@@ -27,6 +27,8 @@ SPAWN_PARAMS = ("fn", "args", "nprocs", "join", "daemon", "start_method")
 DATA_PARALLEL_PARAMS = ("module", "device_ids", "output_device", "dim")
 # nn.parallel.data_parallel(module, inputs, device_ids, output_device, dim, module_kwargs)
 DATA_PARALLEL_FUNCTIONAL_PARAMS = ("module", "inputs", "device_ids", "output_device", "dim", "module_kwargs")
+# DistributedDataParallel(module, device_ids, output_device, dim, ...)
+DDP_PARAMS = ("module", "device_ids", "output_device", "dim")
 # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, ...)
 DATALOADER_PARAMS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
                      "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator")
