@@ -317,7 +317,7 @@ def _failure(run: RunResult, opts: Options, problems: List[str], details: Dict[s
     if exit_race(run):
         details.setdefault("exit_race", []).append(run.role)
         return
-    from dp2ddp.verify.outputs import strip_ansi
+    from dp2ddp.verify.checkpoint_files import strip_ansi
 
     for r in run.ranks.values():  # torch colours some of its errors: no escape codes in a report
         if r.error:

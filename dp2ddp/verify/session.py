@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from dp2ddp.verify import analyze, outputs, runner, scratch as scratch_mod, speed
+from dp2ddp.verify import analyze, outputs, run_files, runner, scratch as scratch_mod, speed
 
 AUTO_PAIRS = 3  # measured pairs by default ...
 AUTO_BUDGET_S = 120.0  # ... while the runs so far plus one more pair fit in this
@@ -106,7 +106,7 @@ def run(setup: Setup, progress) -> Outcome:
         places = {role: _place(setup, role, pair.folder / role, mirror, root) for role in roles}
         if first_script is None:
             first_script = places["migrated"].script
-        seen: Dict[str, outputs.RunOutputs] = {}
+        seen: Dict[str, run_files.RunOutputs] = {}
         took: Dict[str, float] = {}
         for role in roles:
             if role == "envelope" and any(r.hung or r.exit_code not in (0, None) and not analyze.exit_race(r)
@@ -116,7 +116,7 @@ def run(setup: Setup, progress) -> Outcome:
             place = places[role]
             args = scratch_mod.remap(setup.args, root, place.root)
             syspath = [str(place.cwd), str(place.script.parent), str(place.root)]
-            watch = outputs.Watch(place.root, args, cwd=place.cwd, syspath=syspath) if k == 1 else None
+            watch = run_files.Watch(place.root, args, cwd=place.cwd, syspath=syspath) if k == 1 else None
             probe_role = "original" if role == "envelope" else role
             env = dict(speed.thread_env(setup.threads[probe_role]))
             env.update(_guard_env(setup, place, pair.folder, role, root))
@@ -269,7 +269,7 @@ def sampler_plans(run: runner.RunResult) -> List[Dict[str, Any]]:
     return list(plans.values())
 
 
-def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> Dict[str, Any]:
+def _outputs(seen: Dict[str, run_files.RunOutputs], pair: Pair, setup: Setup) -> Dict[str, Any]:
     """The first pair's outputs compared; a comparison that fails on an unexpected file
     costs its section, not the verification."""
     failed = sorted({c["role"] for c in pair.report.get("crashes", [])} | ({pair.report["hang"]["role"]} if "hang" in pair.report else set()))
