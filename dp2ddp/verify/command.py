@@ -154,10 +154,10 @@ def verify(
             speed_notes.append("speed reported, not judged: on CPU a few cores cannot show DDP's gain "
                                "(--min-speedup X judges it)")
 
-    from dp2ddp.verify import analyze, report, runner, session, speed
+    from dp2ddp.verify import analyze, options, report, runner, session, speed
 
     original, migrated = original.resolve(), migrated.resolve()
-    opts = analyze.Options(
+    opts = options.Options(
         steps=steps,
         warmup=warmup,
         rtol=rtol,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from dp2ddp.verify import analyze, outputs, run_files, runner, scratch as scratch_mod, speed
+from dp2ddp.verify import analyze, failures, options, outputs, run_files, runner, scratch as scratch_mod, speed
 
 AUTO_PAIRS = 3  # measured pairs by default ...
 AUTO_BUDGET_S = 120.0  # ... while the runs so far plus one more pair fit in this
@@ -51,7 +51,7 @@ class Setup:
     nnodes: int
     threads: Dict[str, Any]
     repeat: Optional[int]  # None: the default (AUTO_PAIRS within AUTO_BUDGET_S)
-    opts: analyze.Options
+    opts: options.Options
     root: Optional[Path] = None  # the user's project (default: the original's folder)
     cwd: Optional[Path] = None  # where the runs start, in the user's project (default: the script's folder)
     extend: int = 0  # the evidence: go on to the training loader's second epoch, up to this many steps
@@ -109,7 +109,7 @@ def run(setup: Setup, progress) -> Outcome:
         seen: Dict[str, run_files.RunOutputs] = {}
         took: Dict[str, float] = {}
         for role in roles:
-            if role == "envelope" and any(r.hung or r.exit_code not in (0, None) and not analyze.exit_race(r)
+            if role == "envelope" and any(r.hung or r.exit_code not in (0, None) and not failures.exit_race(r)
                                           for r in pair.runs.values()):
                 shutil.rmtree(pair.folder / role, ignore_errors=True)
                 continue  # a failed run has no losses to judge: no envelope needed
