@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dp2ddp.verify import partition
 from dp2ddp.verify.failures import EXIT_RACE_NOTE, describe_failure
-from dp2ddp.verify.losses import aligned_draws, judge_losses, relative
+from dp2ddp.verify.losses import aligned_draws, judge_losses, relative, step_loss
 from dp2ddp.verify.options import Options
 from dp2ddp.verify.runner import RunResult
 
@@ -25,15 +25,8 @@ def _per_step(run: RunResult) -> List[Tuple[Optional[float], int, float]]:
     for i in range(n):
         recs = [r.steps[i] for r in ranks]
         samples = [int(x.get("samples") or 0) for x in recs]
-        losses = [x.get("loss") for x in recs]
         t = max(float(x["t"]) for x in recs)
-        if any(v is None for v in losses):
-            loss = None
-        elif all(samples):
-            loss = sum(v * s for v, s in zip(losses, samples)) / sum(samples)
-        else:
-            loss = sum(losses) / len(losses)
-        out.append((loss, sum(samples), t))
+        out.append((step_loss([x.get("loss") for x in recs], samples), sum(samples), t))
     return out
 
 

@@ -35,6 +35,16 @@ def relative(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+def step_loss(losses: List[Optional[float]], samples: List[int]) -> Optional[float]:
+    """One step's loss over the ranks: weighted by their samples where every rank counted
+    them, else their plain mean; ``None`` where a rank reported none."""
+    if any(v is None for v in losses):
+        return None
+    if all(samples):
+        return sum(v * s for v, s in zip(losses, samples)) / sum(samples)  # type: ignore[operator]
+    return sum(losses) / len(losses)  # type: ignore[arg-type]
+
+
 def series(run: RunResult) -> Dict[int, List[Tuple[Optional[float], Optional[float]]]]:
     """Per optimizer (by creation order, the same in both runs): (global loss, learning rate)
     of each of its steps, over all ranks (losses weighted by the ranks' samples where the
@@ -53,15 +63,8 @@ def series(run: RunResult) -> Dict[int, List[Tuple[Optional[float], Optional[flo
         seq = []
         for i in range(n):
             recs = [x[i] for x in lists]
-            losses = [x.get("loss") for x in recs]
             samples = [int(x.get("samples") or 0) for x in recs]
-            if any(v is None for v in losses):
-                loss = None
-            elif all(samples):
-                loss = sum(v * w for v, w in zip(losses, samples)) / sum(samples)
-            else:
-                loss = sum(losses) / len(losses)
-            seq.append((loss, recs[0].get("lr")))
+            seq.append((step_loss([x.get("loss") for x in recs], samples), recs[0].get("lr")))
         out[o] = seq
     return out
 
