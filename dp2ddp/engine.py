@@ -36,6 +36,17 @@ class Replace:
 
 
 @dataclass(frozen=True)
+class Hoist:
+    """Move the expression ``node`` out of its statement ``stmt`` into ``name = <node>``
+    right before that statement (with every edit made inside the expression, and the
+    statement's leading comments), leaving ``name`` in its place."""
+
+    node: cst.CSTNode
+    stmt: cst.CSTNode
+    name: str
+
+
+@dataclass(frozen=True)
 class InsertBefore:
     stmt: cst.CSTNode  # a BaseStatement in a body
     stmts: Tuple[cst.BaseStatement, ...]
@@ -87,7 +98,7 @@ class RemoveImportIfUnused:
     asname: Optional[str] = None
 
 
-Edit = Union[Replace, InsertBefore, InsertAfter, Remove, Guard, Enclose, AddImport, RemoveImportIfUnused]
+Edit = Union[Replace, Hoist, InsertBefore, InsertAfter, Remove, Guard, Enclose, AddImport, RemoveImportIfUnused]
 
 
 # Finding and Fix live in dp2ddp.findings (no LibCST there: `check` detects without it)
@@ -95,6 +106,17 @@ from dp2ddp.findings import Finding, Fix, build_fixes  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------- applying
+
+
+class OverlappingEdits(RuntimeError):
+    """Two edits of one migration overlap in a way that would lose one of them: a bug of
+    dp2ddp (an edit must build its replacement from the updated node), never written."""
+
+
+def _code(node: cst.CSTNode) -> str:
+    text = cst.Module(body=[]).code_for_node(node).strip().splitlines()
+    first = text[0] if text else ""
+    return first if len(first) <= 60 else first[:57] + "..."
 
 
 class _Applier(cst.CSTTransformer):
@@ -106,6 +128,9 @@ class _Applier(cst.CSTTransformer):
         self.before: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
         self.after: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
         self.remove: set = set()
+        self.hoists: Dict[cst.CSTNode, Hoist] = {}
+        self.hoisted: Dict[cst.CSTNode, List[Hoist]] = {}  # statement -> its hoists, in source order
+        self.taken: Dict[Hoist, cst.BaseExpression] = {}
         self.guards: List[Union[Guard, Enclose]] = []
         self.guard_members: Dict[cst.CSTNode, Union[Guard, Enclose]] = {}
         # original statement -> the objects it became in the updated tree
@@ -119,6 +144,9 @@ class _Applier(cst.CSTTransformer):
                 self.after.setdefault(e.stmt, []).extend(e.stmts)
             elif isinstance(e, Remove):
                 self.remove.add(e.stmt)
+            elif isinstance(e, Hoist):
+                self.hoists[e.node] = e
+                self.hoisted.setdefault(e.stmt, []).append(e)
             elif isinstance(e, Guard):
                 if any(s in self.guard_members for s in e.stmts):
                     continue  # overlapping guard: the first one wins
@@ -142,7 +170,16 @@ class _Applier(cst.CSTTransformer):
         for new in self.replace.get(original_node, ()):
             if isinstance(result, (cst.RemovalSentinel, cst.FlattenSentinel)):
                 break
+            if not callable(new) and result is updated_node and not updated_node.deep_equals(original_node):
+                # a replacement made from the original node would drop the edits inside it
+                raise OverlappingEdits(f"an edit replaces `{_code(original_node)}` whole, dropping edits made inside it")
             result = new(result) if callable(new) else new
+        hoist = self.hoists.get(original_node)
+        if hoist is not None and isinstance(result, cst.BaseExpression):
+            if isinstance(result, cst.Call) and result.lpar:
+                result = result.with_changes(lpar=[], rpar=[])  # ``%(f(x))``: the call alone is assigned
+            self.taken[hoist] = result  # with every edit inside it
+            result = cst.Name(hoist.name)
         if original_node in self.remove:
             result = cst.RemoveFromParent()
         if original_node in self.guard_members or original_node in self.enclosing:
@@ -155,6 +192,15 @@ class _Applier(cst.CSTTransformer):
             else:
                 self.results[original_node] = [result]
         before = self.before.get(original_node)
+        moved = [h for h in self.hoisted.get(original_node, ()) if h in self.taken]
+        if moved:
+            assigns = [cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(h.name))], self.taken[h])]) for h in moved]
+            if isinstance(result, cst.SimpleStatementLine) and result.leading_lines:
+                assigns[0] = assigns[0].with_changes(leading_lines=result.leading_lines)
+                result = result.with_changes(leading_lines=())
+                if original_node in self.results:
+                    self.results[original_node] = [result]
+            before = list(before or ()) + assigns  # right before it: after what other edits insert (set_epoch)
         after = self.after.get(original_node)
         if before or after:
             items: List[cst.CSTNode] = list(before or ())
@@ -217,6 +263,8 @@ def _targets(edit: Edit) -> Tuple[cst.CSTNode, ...]:
         return (edit.node,)
     if isinstance(edit, (InsertBefore, InsertAfter)):
         return (edit.stmt,)
+    if isinstance(edit, Hoist):
+        return (edit.node, edit.stmt)
     if isinstance(edit, Remove):
         return (edit.stmt,)
     if isinstance(edit, (Guard, Enclose)):

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from dp2ddp.engine import Edit, Finding, Fix, apply_edits
+from dp2ddp.engine import Edit, Finding, Fix, OverlappingEdits, apply_edits
 from dp2ddp.source import InputError, Source
 
 BLOCKING = "error"
@@ -33,7 +33,10 @@ class Options:
     # the script that runs (its helpers hold the DataParallel wraps) and "helper" a project
     # module it imports (it gets the wrap, not the process group)
     role: str = "script"
-    project_wraps: tuple = ()  # entry role: (call in the entry, guarded) for each helper call that returns a wrapper
+    # helper role: ``(function name, line, parameter)`` of the module's functions (a class's
+    # ``__init__``) to which the entry script hands the values their training loops iterate:
+    # the entry's migration shards what it hands (dp2ddp.model.training.handed_params)
+    handed: frozenset = frozenset()
 
 
 @dataclass
@@ -77,9 +80,9 @@ def quick_reject(data: bytes) -> bool:
 
 
 def applicable(model) -> bool:
-    from dp2ddp.model.wraps import dp_other_refs, dp_type_refs, dp_wraps, unresolved_dp
+    from dp2ddp.model.wraps import uses_dataparallel
 
-    return bool(dp_wraps(model) or dp_type_refs(model) or dp_other_refs(model) or unresolved_dp(model))
+    return uses_dataparallel(model)
 
 
 def plan(model, bridge, options: Optional[Options] = None) -> Migration:
@@ -207,7 +210,11 @@ def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options
     migration = plan(model, bridge, options)
     if migration.blocked or not migration.edits:
         return Result(path, data, False, migration)
-    new = apply_edits(module, migration.edits, bridge.ancestors)
+    try:
+        new = apply_edits(module, migration.edits, bridge.ancestors)
+    except OverlappingEdits as e:  # a bug of dp2ddp: said in one line, nothing written
+        raise InputError(path, None, f"dp2ddp could not combine its own edits ({e}); this is a bug of dp2ddp, "
+                         "please report it with the file") from None
     out = new.bytes
     return Result(path, out, out != data, migration)
 
@@ -235,14 +242,30 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     options = options or Options()
     out = ProjectResult(entry)
     helpers = sorted((rel, real) for real, (rel, _d) in project_modules(entry).items() if uses_dp(real))
-    for rel, _real in helpers:
+    handed = _handed_params(entry) if helpers else {}
+    for rel, real in helpers:
         src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
-        res = migrate_source(src.data, src.display, replace(options, role="helper"))
+        res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ()))))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
     role = "entry" if helpers else "script"
     res = migrate_source(src.data, src.display, replace(options, role=role))
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
+    return out
+
+
+def _handed_params(entry: str) -> dict:
+    """Per project module (its real path): the parameters the entry script hands training
+    values to, as :attr:`Options.handed` lists them."""
+    import os
+
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.training import handed_params
+
+    em = file_model(entry)
+    out: dict = {}
+    for h in handed_params(em) if em is not None else ():
+        out.setdefault(os.path.realpath(h.module.path), set()).add((getattr(h.function, "name", ""), h.function.lineno, h.param))
     return out
 
 

@@ -97,7 +97,12 @@ def uses_dp(file: str) -> bool:
     except OSError:
         return False
     pm = file_model(file)
-    return pm is None or not dp_library(pm)
+    if pm is None:
+        return True  # unparsable: the helper's own migration says so
+    from dp2ddp.model.wraps import uses_dataparallel
+
+    # named in code, not only in a docstring or comment; and not only as the sync-BN package
+    return uses_dataparallel(pm) and not dp_library(pm)
 
 
 def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:

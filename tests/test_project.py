@@ -142,3 +142,119 @@ def test_a_loader_wrapped_on_one_path_only_is_refused_not_sharded_on_that_path(t
     assert "trainer.py:23:33: DDP105 `self.train_loader` is set here only on some paths (line 23 is under a condition)" in err
     assert "project not migrated, no file written" in err
     assert {p: p.read_bytes() for p in d.rglob("*.py")} == before
+
+
+LOADER_FROM_A_METHOD = ROOT / "fixtures" / "project" / "loader_from_a_method"
+
+
+def test_a_loader_a_project_objects_method_returns_is_sharded_where_the_entry_hands_it(tmp_path: Path) -> None:
+    """Self-Attention-GAN's shape: ``Trainer(batches.loader(), cfg)`` where ``batches`` is an
+    object of a data module's class whose method returns a DataLoader, and the Trainer
+    (the helper with the DataParallel) iterates it with ``next(iter(...))``. The entry
+    shards the value where it hands it; the helper's parameter is the entry's to shard;
+    the Trainer, which also saves checkpoints, trains on every rank (no rank-0-only
+    logger); the checkpoints keep the `module.` keys the user's ``--parallel`` run wrote."""
+    d = tmp_path / "proj"
+    shutil.copytree(LOADER_FROM_A_METHOD, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "main.py")]) == 0
+    entry = (out / "main.py").read_text()
+    assert "trainer = Trainer(shard_loader(batches.loader()), cfg)\n" in entry
+    assert "trainer.train()\n" in entry and "cfg) if dist.get_rank() == 0" not in entry  # not made on rank 0 only
+    helper = (out / "trainer.py").read_text()
+    assert "torch.save(self.net.state_dict()," in helper  # the wrapper's keys: `module.`, as the original's
+
+
+def test_a_helper_parameter_no_module_of_the_plan_hands_stays_refused(tmp_path: Path, capsys) -> None:
+    """The same Trainer made by a module without DataParallel (``runner.py``), which the
+    project migration does not edit: nobody in the plan shards what it hands, so the
+    helper's loop over its parameter is refused, nothing written."""
+    d = tmp_path / "proj"
+    shutil.copytree(LOADER_FROM_A_METHOD, d)
+    (d / "runner.py").write_text(
+        "from data import Batches\nfrom trainer import Trainer\n\n\ndef run(cfg):\n"
+        "    Trainer(Batches(cfg.batch_size).loader(), cfg).train()\n")
+    main_py = (d / "main.py").read_text()
+    main_py = main_py.replace("from trainer import Trainer\n", "from runner import run\n").replace(
+        "        trainer = Trainer(batches.loader(), cfg)\n        trainer.train()\n", "        run(cfg)\n")
+    (d / "main.py").write_text(main_py)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    assert main(["rewrite", "--with-helpers", "--diff", str(d / "main.py")]) == 1
+    err = capsys.readouterr().err
+    assert "trainer.py:25:29: DDP105 the training loop at line 23 iterates `data_iter`, made by `data_loader` (line 9)" in err
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before
+
+
+@pytest.mark.torchrun
+def test_verify_passes_the_migration_of_a_loader_a_project_method_returns(tmp_path: Path) -> None:
+    """verify of that project migration: the losses agree against the envelope, the
+    replicas stay in sync, each epoch's data is the original's split disjointly between the
+    ranks, and the checkpoints equal the original's (their `module.` keys included); the
+    migration also runs as plain python."""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(LOADER_FROM_A_METHOD, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "main.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(d / "main.py"), "--migrated", str(out / "main.py"), "--steps", "0")
+    assert code == 0, text
+    assert rep["replicas_in_sync"] and rep["losses_agree"], text
+    assert "disjoint, the original's epoch exactly" in text and "outputs: 1 problem" not in text, text
+    r = run_script(["main.py"], out, env=_env())
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_training_on_a_loader_made_in_a_module_the_migration_does_not_edit_is_refused(tmp_path: Path, capsys) -> None:
+    """``engine.fit(model)`` builds its own DataLoader and trains in a module without
+    DataParallel (its docstring names DataParallel: not a helper for that): the script never
+    sees the loader, so nothing would shard it; and ``fit`` also saves, so running it on rank
+    0 alone (as a writer) would leave rank 1 out of every backward pass. Refused, alone or
+    as a project, nothing written."""
+    d = tmp_path / "proj"
+    shutil.copytree(ROOT / "fixtures" / "project" / "trains_in_a_plain_module", d)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    want = ("main.py:8:5: DDP105 `engine.fit(...)` reaches a training loop (engine.py:16) over `loader`, made there "
+            "(engine.py:9) in a module this migration does not edit")
+    assert main(["rewrite", str(d / "main.py")]) == 1
+    assert want in capsys.readouterr().err
+    assert main(["rewrite", "--with-helpers", "--diff", str(d / "main.py")]) == 1
+    err = capsys.readouterr().err
+    assert want in err and "(helper module)" not in err
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before and not (d / "main_ddp.py").exists()
+
+
+def test_a_function_that_trains_and_saves_is_not_run_on_rank_0_alone() -> None:
+    """The writer fact for project helpers: a function that trains (a loop of backward
+    passes) is not 'only writes', however it ends with a save."""
+    from dp2ddp.model.core import build
+    from dp2ddp.model.writers import trains_in, writes_only
+
+    path = ROOT / "fixtures" / "project" / "trains_in_a_plain_module" / "engine.py"
+    pm = build(path.read_bytes(), str(path))
+    fit = next(f for f in pm.tree.body if getattr(f, "name", "") == "fit")
+    make = next(f for f in pm.tree.body if getattr(f, "name", "") == "make_loader")
+    assert trains_in(pm, fit) == 15 and not writes_only(pm, fit)
+    assert trains_in(pm, make) is None
+
+
+def test_a_project_objects_method_that_writes_is_reported_once_and_runs_on_rank_0(tmp_path: Path, capsys) -> None:
+    """``saver.save_checkpoint(state)`` on an object of a project class: one finding (it was
+    reported twice, as a function and as a method, once project calls learnt methods), and
+    the call runs on rank 0 only; also where ``saver`` is ``None`` on another path."""
+    (tmp_path / "saver.py").write_text(
+        "import torch\n\n\nclass Saver:\n    def __init__(self, path):\n        self.path = path\n\n"
+        "    def save_checkpoint(self, state):\n        torch.save(state, self.path)\n")
+    (tmp_path / "train.py").write_text(
+        "import sys\n\nimport torch\nimport torch.nn as nn\n\nfrom saver import Saver\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "saver = Saver('ck.pt') if len(sys.argv) < 2 else None\nfor _ in range(2):\n"
+        "    loss = model(torch.randn(8, 4)).sum()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+        "if saver is not None:\n    saver.save_checkpoint({'model': model.state_dict()})\n")
+    assert main(["rewrite", str(tmp_path / "train.py")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Saver.save_checkpoint writes files (saver.py:9) and nothing else: it runs on rank 0 only") == 1, out
+    assert "save_checkpoint writes files" not in out.replace("Saver.save_checkpoint writes files", "")
+    migrated = (tmp_path / "train_ddp.py").read_text()
+    assert "        if dist.get_rank() == 0:\n            saver.save_checkpoint(" in migrated or \
+        "    if dist.get_rank() == 0:\n        saver.save_checkpoint(" in migrated, migrated[-600:]

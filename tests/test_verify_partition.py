@@ -313,9 +313,19 @@ for batch in DataLoader(Stream(), batch_size=4):
 """
 
 
-def test_a_streams_batches_are_recorded_as_an_iterable_dataset(tmp_path):
-    """A loader over an IterableDataset with a batch size hands out ``[None] * 4`` per step:
-    the pass says it is a stream (its samples are not named), not "indices not integers"."""
+def _with_prints(rec, prints):
+    import array
+
+    raw = array.array("q", prints).tobytes()
+    return dict(rec, prints=base64.b64encode(zlib.compress(raw)).decode())
+
+
+def test_a_streams_samples_are_told_apart_by_content_and_its_partition_judged(tmp_path):
+    """A loader over an IterableDataset hands out ``[None] * 4`` per step: no sample is
+    named, so the probe fingerprints each sample's bytes (the same bytes, the same print in
+    every process) and the pass ends complete at the stream's end. Two ranks that each read
+    the whole stream are an unsharded loader (verify passed that before: the losses agree);
+    ranks that split it are the original's epoch, disjoint."""
     script = tmp_path / "stream.py"
     script.write_text(STREAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
@@ -324,6 +334,16 @@ def test_a_streams_batches_are_recorded_as_an_iterable_dataset(tmp_path):
     assert p.returncode == 0, p.stderr
     recs = [json.loads(x) for x in (tmp_path / "migrated-rank0.jsonl").read_text().splitlines()]
     (rec,) = [r for r in recs if r["ev"] == "pass"]
-    assert rec["iterable"] is True and "unrecorded" not in rec and rec["batches"] >= 3, rec
-    out = partition.analyze(_run("original", [[rec]]), _run("migrated", [[rec], [dict(rec, key=rec["key"] + 1)]]), 2)
-    assert out["problems"] == [] and len(out["notes"]) == 1 and "iterates an IterableDataset" in out["notes"][0], out
+    assert rec["iterable"] is True and rec["complete"] is True and "unrecorded" not in rec and rec["batches"] >= 3, rec
+    prints = partition._prints(rec)
+    assert len(prints) == 10 and len(set(prints)) == 10  # torch.arange(10.0): ten different samples
+    whole = partition.analyze(_run("original", [[rec]]), _run("migrated", [[rec], [dict(rec, key=rec["key"] + 1)]]), 2)
+    assert whole["unsharded"] is True and whole["problems"][0].startswith("rank 0 and rank 1 each served all 10 samples"), whole
+    halves = [_with_prints(rec, prints[:5]), _with_prints(dict(rec, key=rec["key"] + 1), prints[5:])]
+    split = partition.analyze(_run("original", [[rec]]), _run("migrated", [[halves[0]], [halves[1]]]), 2)
+    assert split["problems"] == [] and not split["unsharded"], split
+    (loader,) = split["loaders"]
+    assert loader["stream"] is True and loader["epochs"][0]["lost"] == 0 and loader["epochs"][0]["added"] == 0
+    assert "epoch 0: 5+5 served, disjoint, the original's epoch exactly" in partition.summary(loader)
+    lost = partition.analyze(_run("original", [[rec]]), _run("migrated", [[halves[0]], [_with_prints(halves[1], prints[5:9])]]), 2)
+    assert "1 of the original's 10 samples of epoch 0 were served by no rank (told apart by their content)" in lost["problems"][0]

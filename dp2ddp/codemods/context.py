@@ -290,6 +290,14 @@ class Context:
                         out |= m.reach(t)
         return out
 
+    def migrated_with(self, path: str) -> bool:
+        """The project module at ``path`` is migrated in the same plan as this entry script
+        (``rewrite --with-helpers``: it has a DataParallel of its own): what it writes and
+        the folders it makes are its own migration's to place on rank 0."""
+        from dp2ddp.project import uses_dp
+
+        return self.role == "entry" and bool(path) and uses_dp(path)
+
     def in_setup_region(self, node: ast.AST) -> bool:
         """Code at ``node`` runs after the process group is initialised."""
         kind, where, _ = self.setup_site

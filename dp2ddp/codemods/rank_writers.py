@@ -219,10 +219,10 @@ def propose(ctx: Context) -> List[Finding]:
         if f is not None:
             out.append(f)
     for race in companion_folder_races(m):
-        if not rank_guarded(m, race.call):
+        if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module):
             out.append(_rank_zero_first(ctx, race))
     for w in companion_writes(m):
-        if not rank_guarded(m, w.call):
+        if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module):
             out.append(_companion_write(ctx, w))
     return out
 
@@ -267,6 +267,7 @@ def _companion_write(ctx: Context, w) -> Finding:
     if w.deletes is not None or not w.only_writes or not whole:
         why = (
             f"it also removes files ({w.deletes})" if w.deletes is not None
+            else f"it also trains ({w.trains}), which every rank must do" if w.trains is not None
             else "its result is used" if not whole
             else "it also keeps state or returns a value every rank needs"
         )
@@ -292,7 +293,7 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         new = f"{{c}} if {_paren_text(rank0)} else None"
         named = m.qualified_names(call.func) & SUMMARY_WRITERS
         what = "SummaryWriter" if any(q.endswith("SummaryWriter") for q in named) else f"`{m.source(call.func)}`"
-        return ctx.note(call, "DDP135", f"{what} created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), ctx.expr(new, c=call))])
+        return ctx.note(call, "DDP135", f"{what} created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u))])
     if w.kind == "wandb":
         mode = kwarg(call, "mode")
         if mode is not None:

@@ -29,7 +29,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.rank_writers import is_writer_use
 from dp2ddp.codemods.write_barriers import barriers, routed_write_sites
-from dp2ddp.engine import Finding, Guard, InsertBefore, Replace
+from dp2ddp.engine import Finding, Guard, Hoist, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DUMPS, PRINT
@@ -265,19 +265,13 @@ def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call]) -> Finding:
     """``print(f"{evaluate(m):.4f}")`` -> ``evaluate_result = evaluate(m)`` before it, the
     print of the local on rank 0."""
     m = ctx.m
-    assigns = []
     edits = []
     line = ctx.bridge.statement(stmt)
     for call in calls:
         f = call.func
         base = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else "value"
         name = ctx.fresh_name(f"{base.lstrip('_') or 'value'}_result")
-        assigns.append(ctx.stmt("{n} = {c}", n=name, c=call))
-        edits.append(Replace(ctx.cst(call), cst.Name(name)))
-    if isinstance(line, cst.SimpleStatementLine) and line.leading_lines:
-        assigns[0] = assigns[0].with_changes(leading_lines=line.leading_lines)
-        edits.append(Replace(line, lambda u: u.with_changes(leading_lines=())))
-    edits.append(InsertBefore(line, tuple(assigns)))
+        edits.append(Hoist(ctx.cst(call), line, name))  # the call as the other edits leave it (map_location=, .module)
     what = ", ".join(m.source(c.func) + "()" for c in calls)
     return ctx.note(stmt, "DDP113", f"{what} runs on every rank (it may be a collective); only the print runs on rank 0", edits)
 

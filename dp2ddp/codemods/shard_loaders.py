@@ -44,6 +44,7 @@ from dp2ddp.model.loader_makers import returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
+from dp2ddp.model.training import NOT_DATA
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
@@ -102,16 +103,20 @@ def propose(ctx: Context) -> List[Finding]:
         if training:
             wrapped.append((call, label))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
-    for call, names, lost in returned_loaders(m):
-        if lost is not None:
-            out.append(ctx.block(call, "DDP105", lost))
-        elif names:
-            rebinds.append((m.statement_of(call), names))  # type: ignore[arg-type]
+    for r in returned_loaders(m):
+        if r.lost is not None:
+            out.append(ctx.block(r.call, "DDP105", r.lost))
+            continue
+        if r.names:
+            rebinds.append((m.statement_of(r.call), r.names))  # type: ignore[arg-type]
+        if r.inline:
+            wrapped.append((r.call, f"{m.source(r.call.func)}()"))  # ``Trainer(shard_loader(data.loader()), cfg)``
     known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)} | {(id(c), ()) for c in own}
-    for call, names, _ in returned_loaders(m):
-        known |= {(id(call), p) for p in _returned_paths(m, call)}
+    for r in returned_loaders(m):
+        known |= {(id(r.call), p) for p in _returned_paths(m, r.call)}
     lost, named = _untraced_feeds(ctx, known)
     out.extend(lost)
+    out.extend(_foreign_training(ctx))
     rebinds.extend(named)
     if not wrapped and not rebinds:
         return out
@@ -150,9 +155,6 @@ def _returned_paths(m, call: ast.Call) -> List[tuple]:
     return [() if k is None else (k,) for k in got]
 
 
-# what a training loop may iterate besides data: epochs and index ranges (hand batching is
-# another transform's business), numbers, literals
-_NOT_DATA = {"range", "trange", "len", "count", "repeat", "int", "float"}
 
 
 def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple[ast.stmt, List[str]]]]:
@@ -184,8 +186,10 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                 continue
             if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.JoinedStr)):
                 continue
-            if isinstance(node, ast.Call) and (terminal(node.func) in _NOT_DATA or m.call_is(node, DATALOADER)):
+            if isinstance(node, ast.Call) and (terminal(node.func) in NOT_DATA or m.call_is(node, DATALOADER)):
                 continue
+            if _handed_by_entry(ctx, node):
+                continue  # the entry script's migration shards what it hands this parameter
             seen.add(id(node))
             unknown.append((node, value, loop))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
@@ -220,6 +224,37 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                              f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
                              "on all of it; shard it by hand or build it with a DataLoader"))
     return out, rebinds
+
+
+def _foreign_training(ctx: Context) -> List[Finding]:
+    """A call into project code that trains on a loader made there, in a module this
+    migration does not edit (a helper of the same project migration shards its own):
+    refused, every rank would train on all of it."""
+    from dp2ddp.model.training import foreign_training
+
+    out: List[Finding] = []
+    for f in foreign_training(ctx.m):
+        if ctx.migrated_with(f.module):
+            continue
+        out.append(ctx.block(f.call, "DDP105", f"`{ctx.m.source(f.call.func)}(...)` reaches a training loop ({f.loop}) over "
+                             f"`{f.value}`, made there ({f.made}) in a module this migration does not edit: every rank would "
+                             "train on all of it; make the loader in the script and pass it in, or shard it there by hand"))
+    return out
+
+
+def _handed_by_entry(ctx: Context, node: ast.AST) -> bool:
+    """In a project module migrated with its entry script: ``node`` is a parameter of a
+    function here (a class's ``__init__``) that only callers elsewhere bind, and the entry
+    script hands it the training value (:attr:`dp2ddp.migrate.Options.handed`)."""
+    handed = getattr(ctx.options, "handed", ())
+    if not handed or not isinstance(node, ast.Name):
+        return False
+    m = ctx.m
+    _, bindings = m.lookup(node.id, m.scope_of(node))
+    if not bindings or any(b.kind != "param" for b in bindings):
+        return False
+    fn = bindings[0].scope.node  # the function whose parameter it is
+    return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (fn.name, fn.lineno, node.id) in handed
 
 
 def _loader_name(m, node: ast.AST) -> Optional[str]:

@@ -56,7 +56,7 @@ from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
 from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.cuda_only import device_test
+from dp2ddp.model.cuda_only import count_test, device_test
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
@@ -91,6 +91,7 @@ def propose(ctx: Context) -> List[Finding]:
     hoists: Dict[Tuple[int, str], Hoist] = {}
     seeds: Set[VarKey] = set()
     guarded_keys: Set[VarKey] = set()
+    flagged_keys: Set[VarKey] = set()  # wrapped under a switch of the user's (``if args.parallel:``)
     find_unused = needs_find_unused(ctx, keep, out)
     if any(f.severity == "error" for f in out):
         return out
@@ -106,8 +107,10 @@ def propose(ctx: Context) -> List[Finding]:
             if any(f.severity == "error" for f in got):
                 return out
             seeds.update(keys)
-            if conditional and device_test(m, ifexp.test):
+            if conditional and count_test(m, ifexp.test):
                 guarded_keys.update(keys)
+            elif conditional and device_test(m, ifexp.test):
+                flagged_keys.update(keys)
             continue
         flag_kept = _caller_flag(m, w) and any(x is not w and not x.conditions for x in keep)
         if flag_kept:
@@ -126,8 +129,10 @@ def propose(ctx: Context) -> List[Finding]:
         if target is not None:
             keys = _keys_of(m, w)
             seeds.update(keys)
-            if w.conditions and any(device_test(m, c.test) for c in w.conditions) and not flag_kept:
+            if w.conditions and any(count_test(m, c.test) for c in w.conditions) and not flag_kept:
                 guarded_keys.update(keys)
+            elif w.conditions and any(device_test(m, c.test) for c in w.conditions):
+                flagged_keys.update(keys)
     for hoist in hoists.values():
         out.append(insert_hoisted(ctx, hoist, find_unused))
     if ctx.role == "entry":
@@ -141,7 +146,8 @@ def propose(ctx: Context) -> List[Finding]:
                 guarded_keys |= keys
     wrappers.seeds, wrappers.guarded = seeds, guarded_keys
     wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
-    out.extend(route_uses(ctx, seeds, guarded_keys, [(w.stmt, m.source(w.target) if w.target is not None else None) for w in keep]))
+    out.extend(route_uses(ctx, seeds, guarded_keys, [(w.stmt, m.source(w.target) if w.target is not None else None) for w in keep],
+                          flagged=flagged_keys))
     out.extend(type_refs(ctx))
     out.extend(remove_imports(ctx))
     return out

@@ -22,7 +22,7 @@ from dp2ddp.model.wraps import dp_type_refs, dp_wraps
 _DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
 
 
-def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts) -> List[Finding]:
+def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts, flagged: Set[VarKey] = frozenset()) -> List[Finding]:
     """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
     and ``load_state_dict`` too where no wrapper existed on one device."""
     m = ctx.m
@@ -30,7 +30,8 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
         return []
     keys = wrapper_keys(m, seeds)
     guarded_all = wrapper_keys(m, guarded) if guarded else set()
-    policies: Dict[bool, object] = {}
+    flagged_all = wrapper_keys(m, set(flagged)) if flagged else set()
+    policies: Dict[tuple, object] = {}
     edits = []
     first = None
     out: List[Finding] = []
@@ -39,8 +40,9 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
         if use.kind not in ("attribute", "store", "state_dict"):
             continue
         if use.kind == "state_dict":
-            g = var_key(m, use.node) in guarded_all
-            policy = policies.get(g) or policies.setdefault(g, key_policy(m, g))
+            key = var_key(m, use.node)
+            g = (key in guarded_all, key in flagged_all)
+            policy = policies.get(g) or policies.setdefault(g, key_policy(m, *g))
             if policy.reason not in said:
                 said.add(policy.reason)
                 keys_text = "without `module.` (through `.module`)" if policy.default == PLAIN else "with `module.`"

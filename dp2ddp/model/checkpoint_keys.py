@@ -297,12 +297,13 @@ def _own_bare_loads(m: SemanticModel) -> List[LoadSite]:
     return out
 
 
-def key_policy(m: SemanticModel, guarded: bool) -> KeyPolicy:
+def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False) -> KeyPolicy:
     """The keys the migration writes for a wrapper whose DataParallel wrap was ``guarded``
     (only with several devices) or not: as the project's own loaders outside the script
     accept them (into a bare model: plain keys; into a wrapper: ``module.``; a loader that
     handles the prefix: either); with none (or loaders that disagree), as the original
-    wrote them on one device (guarded: plain) or always (unconditional: ``module.``)."""
+    wrote them on one device (guarded: plain) or always (unconditional, or ``flagged``: under
+    a switch of the user's that the DataParallel run turned on: ``module.``)."""
     sites = [s for s in project_load_sites(m) if reads_our_files(m, s)] + _own_bare_loads(m)
     original = PLAIN if guarded else PREFIXED
     wants = {s.wants for s in sites} - {EITHER}
@@ -318,7 +319,9 @@ def key_policy(m: SemanticModel, guarded: bool) -> KeyPolicy:
     if wants:
         return KeyPolicy(original, "as the original wrote them (the project's loaders disagree: "
                          + ", ".join(f"{s.path}:{s.line} wants {s.wants}" for s in sites[:3]) + ")", sites)
-    how = "on one device (its DataParallel wrap needed several GPUs)" if guarded else "(its DataParallel wrap was unconditional)"
+    how = ("on one device (its DataParallel wrap needed several GPUs)" if guarded
+           else "with its DataParallel switched on (the run being migrated)" if flagged
+           else "(its DataParallel wrap was unconditional)")
     return KeyPolicy(original, f"as the original wrote them {how}; no loader of them found in the project", sites)
 
 

@@ -142,4 +142,3 @@ def _restorations(m: SemanticModel, wrappers: Set[VarKey]) -> List[ast.AST]:
                 out.append(node)
                 break
     return out
-

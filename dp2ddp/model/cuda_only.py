@@ -34,6 +34,18 @@ def device_test(m: SemanticModel, test: ast.AST) -> bool:
     return bool(_DEVICE_WORDS.search(m.source(test)))
 
 
+def count_test(m: SemanticModel, test: ast.AST) -> bool:
+    """A :func:`device_test` that counts the devices (``torch.cuda.device_count() > 1``,
+    ``args.n_gpu > 1``, ``len(gpu_ids) > 1``), not a flag the user sets (``if args.parallel:``,
+    ``if self.multi_gpu:``): under a flag, the DataParallel run that is migrated is the one
+    with the flag on, whatever the devices."""
+    inner = test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test
+    if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], (ast.Eq, ast.Is)):
+        if any(isinstance(c, ast.Constant) and isinstance(c.value, bool) for c in inner.comparators):
+            inner = inner.left  # ``args.parallel == True``
+    return device_test(m, test) and not isinstance(inner, (ast.Name, ast.Attribute))
+
+
 def cuda_test(m: SemanticModel, test: ast.AST) -> bool:
     """The test holds only with CUDA: ``torch.cuda.is_available()``, ``args.cuda``,
     ``use_cuda``, ``x.is_cuda``, ``device == "cuda"`` (also as one operand of ``and``)."""

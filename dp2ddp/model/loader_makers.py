@@ -13,7 +13,7 @@ that holds one and iterates it is :mod:`dp2ddp.model.held_loaders`.
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loaders import (
@@ -138,17 +138,26 @@ def _returned_name(m: SemanticModel, target: Optional[ast.AST], key: object) -> 
     return m.source(target) if isinstance(target, (ast.Name, ast.Attribute, ast.Subscript)) else None
 
 
-def returned_loaders(m: SemanticModel) -> List[Tuple[ast.Call, List[str], Optional[str]]]:
+class Returned(NamedTuple):
+    """A call of a project function (or of a project object's method) that returns DataLoaders."""
+
+    call: ast.Call
+    names: List[str]  # the names here that hold its training loaders (``train_loader``, ``loaders['train']``)
+    lost: Optional[str]  # why a training loader it returns cannot be named here
+    inline: bool  # the call's value is itself the training loader, used in place (``Trainer(data.loader(), cfg)``)
+
+
+def returned_loaders(m: SemanticModel) -> List[Returned]:
     """Calls of a function of the project's own modules that returns DataLoaders
-    (``train_loader, test_loader = data.get(args)``): ``(call, the names here that hold its
-    training loaders, why they cannot be named)``. A returned loader is training when it is
-    in its module or when the name it is given here says so."""
+    (``train_loader, test_loader = data.get(args)``, ``Trainer(data.loader(), config)``). A
+    returned loader is training when it is in its module or when the name it is given here
+    (or what the value feeds) says so."""
     from dp2ddp.model.project_defs import project_calls
 
     got = m.cache.get("returned_loaders")
     if got is not None:
         return got  # type: ignore[return-value]
-    out: List[Tuple[ast.Call, List[str], Optional[str]]] = []
+    out: List[Returned] = []
     for call, (pm, func, rel) in project_calls(m):
         if isinstance(func, ast.ClassDef):
             continue
@@ -160,17 +169,20 @@ def returned_loaders(m: SemanticModel) -> List[Tuple[ast.Call, List[str], Option
         target = parent.targets[0] if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and parent.value is call else None
         names: List[str] = []
         lost = None
+        inline = False
         for key, ld in returned.items():
             text = _returned_name(m, target, key)
             label = text if text is not None else (m.source(target) if target is not None else "")
             fed = feeds_training(m, call, () if key is None else (key,))
             if not (ld.training or _training_label(label.rsplit(".", 1)[-1]) or fed):
                 continue
-            if text is None:
+            if text is None and key is None and target is None and not isinstance(parent, ast.Expr):
+                inline = True  # the value itself, where it is used: shard it there
+            elif text is None:
                 lost = lost or (f"the training loader {func.name}() returns ({where}) is not bound to a name at this call: "
                                 "dp2ddp cannot shard it; unpack it into names first")
             else:
                 names.append(text)
-        out.append((call, names, lost))
+        out.append(Returned(call, names, lost, inline))
     m.cache["returned_loaders"] = out
     return out

@@ -17,7 +17,8 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
     """What a call's function names in the project's own modules (a file beside the
     script, which the rewrite reads but never edits): the model of that module, its
     top-level ``def`` or ``class`` of that name (or a classmethod of such a class,
-    ``ConfigParser.from_args``), and the file's path relative to the script's folder.
+    ``ConfigParser.from_args``; or the method of an instance of such a class,
+    ``Data_Loader(...).loader``), and the file's path relative to the script's folder.
     ``None`` for anything else."""
     if m.path in ("<string>", "<stdin>", "-"):
         return None
@@ -36,6 +37,55 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
                 if (isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name
                         and any(isinstance(d, ast.Name) and d.id == "classmethod" for d in stmt.decorator_list)):
                     return got[0], stmt, got[2]
+    return _instance_method(m, func)
+
+
+_ACTIVE: set = set()  # instance methods being resolved (``x = x.method()`` must not recurse)
+
+
+def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """``loader = data.loader()`` where the values ``data`` may hold that are objects of a
+    class are all of one project class (``data = Data_Loader(...)``, through names, ``self.x``
+    and the script's own functions: :func:`dp2ddp.model.flow.origins`; other values, ``None``
+    or a call of unknown make on another path, are no class of the script's): that class's
+    method of that name (its own or a base class's in the same module)."""
+    from dp2ddp.model.flow import origins
+
+    if not isinstance(func, ast.Attribute) or id(func) in _ACTIVE:
+        return None
+    _ACTIVE.add(id(func))
+    try:
+        classes = set()
+        found = None
+        for node, path in origins(m, func.value):
+            got = class_of_call(m, node) if not path else None
+            if got is None:
+                continue  # not an object of a class of this project (None, a value of unknown make)
+            if not got[2]:
+                return None  # a class of the script itself: resolve_call's business
+            classes.add((id(got[0]), id(got[1])))
+            found = got
+        if found is None or len(classes) != 1:
+            return None
+        pm, cls, rel = found
+        method = _method_of(pm, cls, func.attr, 0)
+        return (pm, method, rel) if method is not None else None
+    finally:
+        _ACTIVE.discard(id(func))
+
+
+def _method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, depth: int) -> Optional[ast.AST]:
+    """``cls``'s method ``name``, its own or one of its bases' of module ``pm``."""
+    method = pm.methods(cls).get(name)
+    if method is not None or depth > 4:
+        return method
+    for b in cls.bases:
+        if isinstance(b, ast.Name):
+            base = next((s for s in pm.tree.body if isinstance(s, ast.ClassDef) and s.name == b.id), None)
+            if base is not None:
+                got = _method_of(pm, base, name, depth + 1)
+                if got is not None:
+                    return got
     return None
 
 

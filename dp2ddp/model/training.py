@@ -17,7 +17,7 @@ whatever it is called.
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.project_defs import project_def
@@ -106,6 +106,11 @@ def iterated(expr: ast.AST) -> Iterator[ast.AST]:
     yield expr
 
 
+# what a training loop may iterate besides data: epochs and index ranges (hand batching is
+# another transform's business), numbers, literals
+NOT_DATA = frozenset({"range", "trange", "len", "count", "repeat", "int", "float"})
+
+
 def training_loops(m: SemanticModel) -> List[ast.AST]:
     """Loops whose body reaches a ``.backward()``, innermost first where they nest."""
     got = m.cache.get("training:loops")
@@ -190,10 +195,24 @@ def handed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call]]:
     """``(value, call)``: each value the script hands to a project module's function or
     class (``Trainer(model, data_loader=loader)``) whose training loop iterates the parameter
     it binds (itself, or through ``self.data_loader`` in the class's methods)."""
+    return [(v, h.call) for h in handed_params(m) for v in iterated(h.arg)]
+
+
+class Handed(NamedTuple):
+    call: ast.Call  # the call in this script (``Trainer(model, loader)``)
+    module: SemanticModel  # the project module it calls into
+    function: ast.AST  # the function there that binds the parameter (a class's ``__init__``)
+    param: str  # the parameter a training loop of that module iterates
+    arg: ast.AST  # what this call passes for it
+
+
+def handed_params(m: SemanticModel) -> List[Handed]:
+    """The parameters of project modules' functions and classes that this script hands a
+    value a training loop there iterates (see :func:`handed_values`)."""
     got = m.cache.get("training:handed")
     if got is not None:
         return got  # type: ignore[return-value]
-    out: List[Tuple[ast.AST, ast.Call]] = []
+    out: List[Handed] = []
     for call in m.nodes(ast.Call):
         if m.resolve_call(call) is not None:
             continue
@@ -214,7 +233,7 @@ def handed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call]]:
         for param in params:
             arg = pm.argument_for(func, call, param)
             if arg is not None:
-                out.extend((v, call) for v in iterated(arg))
+                out.append(Handed(call, pm, func, param, arg))
     m.cache["training:handed"] = out
     return out
 
@@ -283,4 +302,47 @@ def _fed_params(pm: SemanticModel, func: ast.AST, within: Optional[ast.AST] = No
         for node, _ in origins(pm, v):
             if isinstance(node, ast.Name) and node.id in params and pm.enclosing_function(node) is func:
                 out.add(node.id)
+    return out
+
+
+class Foreign(NamedTuple):
+    """A call of the script into project code that trains on a value made there."""
+
+    call: ast.Call  # the call in this script (``engine.fit(model)``)
+    module: str  # the path of the project module whose loop trains
+    loop: str  # ``engine.py:10``: the training loop
+    value: str  # what it iterates (``loader``)
+    made: str  # ``engine.py:7``: where that value is made
+
+
+def foreign_training(m: SemanticModel) -> List[Foreign]:
+    """Calls of a project function or class whose run reaches a training loop in a project
+    module (up to three modules further: :func:`dp2ddp.model.project_defs.reach_across`) that
+    iterates a value made there (a ``DataLoader(...)`` or any other call of that module),
+    not one its callers pass in: the script never sees that loader, so nothing it does
+    shards it. A parameter's value is the caller's (:func:`handed_params` for the script's
+    own calls)."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.project_defs import project_calls, reach_across
+
+    got = m.cache.get("training:foreign")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Foreign] = []
+    for call, (pm, node, rel) in project_calls(m):
+        found = None
+        for mod, fn, path in reach_across(pm, node, rel):
+            for value, loop in fed_values(mod):
+                if not mod.contains(fn, loop) or mod.enclosing_function(loop) is not fn:
+                    continue
+                made = next((o for o, _ in origins(mod, value)
+                             if isinstance(o, ast.Call) and terminal(o.func) not in NOT_DATA), None)
+                if made is not None:
+                    found = Foreign(call, mod.path, f"{path}:{loop.lineno}", mod.source(value), f"{path}:{made.lineno}")
+                    break
+            if found is not None:
+                break
+        if found is not None:
+            out.append(found)
+    m.cache["training:foreign"] = out
     return out

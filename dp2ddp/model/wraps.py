@@ -287,3 +287,9 @@ def _defined_here(m: SemanticModel, qualified: str) -> bool:
     """A qualified name of something this module defines or assigns (``<locals>`` or a bare
     module-level name), as opposed to something imported."""
     return "<locals>" in qualified or "." not in qualified
+
+
+def uses_dataparallel(m: SemanticModel) -> bool:
+    """The module names DataParallel in code (a wrap, a type test, another reference, or a
+    spelling that may be it), not only in a docstring or comment: what a migration acts on."""
+    return bool(dp_wraps(m) or dp_type_refs(m) or dp_other_refs(m) or unresolved_dp(m))

@@ -165,6 +165,8 @@ class CompanionRace:
     only_writes: bool = False  # it writes and does nothing else every rank needs (see writes_only)
     lists: Optional[str] = None  # ``utils/saver.py:8`` where it lists a folder (``run_{n}`` from what exists)
     checked: bool = True  # the mkdir runs only when the folder is missing (``if not os.path.exists(d)``)
+    module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
+    trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
 
 
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
@@ -201,14 +203,30 @@ def _renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     return None
 
 
+def trains_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+    """The line where ``func`` (of module ``pm``) trains: its first training loop, or else
+    its first ``.backward()`` call; ``None`` where it does not."""
+    from dp2ddp.model.training import training_loops
+
+    loop = next((lp for lp in training_loops(pm) if pm.contains(func, lp)), None)
+    if loop is not None:
+        return loop.lineno
+    back = next((n for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr == "backward"), None)
+    return back.lineno if back is not None else None
+
+
 def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
     """``func`` (of a project module) only produces output: it returns nothing, keeps no
     state (no ``self.x = ...``, no ``global``), and reaches no collective. Running it on
     rank 0 alone then changes nothing the other ranks read."""
     from dp2ddp.model.collectives import reaching_functions
+    from dp2ddp.model.training import training_loops
 
     if func in reaching_functions(pm) or func in reaching_functions(pm, dp=True):
         return False
+    if trains_in(pm, func) is not None:
+        return False  # under DDP its backward passes are collectives every rank must reach
     for n in ast.walk(func):
         if isinstance(n, ast.Return) and n.value is not None and not (isinstance(n.value, ast.Constant) and n.value.value is None):
             return False
@@ -219,6 +237,11 @@ def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend", "update", "add", "pop", "insert") and isinstance(n.func.value, ast.Attribute):
             return False  # self.history.append(...): state kept for later
     return True
+
+
+def _trains_where(pm: SemanticModel, func: ast.AST, rel: str) -> Optional[str]:
+    line = trains_in(pm, func)
+    return f"{rel}:{line}" if line is not None else None
 
 
 def _checked_mkdir(pm: SemanticModel, call: ast.AST, body: ast.AST) -> bool:
@@ -257,7 +280,7 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
                 listed = _lists_in(mod, owner)
                 races.append(CompanionRace(call, node.name, f"{path}:{w.call.lineno}", f"{path}:{gone}" if gone else None,
                                            lists=f"{path}:{listed}" if listed else None,
-                                           checked=_checked_mkdir(mod, w.call, owner)))
+                                           checked=_checked_mkdir(mod, w.call, owner), module=pm.path))
         if races:
             out.append(max(races, key=lambda r: (r.deletes is not None, r.lists is not None, not r.checked)))
     m.cache["companion_races"] = out
@@ -265,41 +288,26 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
 
 
 def companion_writes(m: SemanticModel) -> List[CompanionRace]:
-    """Calls of a method of a project class (``self.saver.save_checkpoint(...)`` where
-    ``self.saver = Saver(args)`` and ``Saver`` is a class beside the script) or of a project
-    function that writes a file (``torch.save``, ``open(path, "w")``, a copy). The rewrite
-    cannot see what else such a call does, so it does not guard it: every rank writes."""
-    from dp2ddp.model.collectives import assigned_keys, var_key
-
+    """Calls of a project function, or of the method of an object of a project class
+    (``self.saver.save_checkpoint(...)`` where ``self.saver = Saver(args)`` and ``Saver`` is a
+    class beside the script: :func:`dp2ddp.model.project_defs.project_def`), that writes a file
+    (``torch.save``, ``open(path, "w")``, a copy). The rewrite cannot see what else such a call
+    does, so it does not guard it: every rank writes."""
     got = m.cache.get("companion_writes")
     if got is not None:
         return got  # type: ignore[return-value]
     out: List[CompanionRace] = []
-    instances = {}  # VarKey -> (project model, class, path)
-    for call, found in project_calls(m):
-        if isinstance(found[1], ast.ClassDef):
-            for key in assigned_keys(m, call):
-                instances[key] = found
-        else:
-            line = _writes_in(found[0], found[1])
-            if line is not None:
-                gone = _removes_in(found[0], found[1])
-                out.append(CompanionRace(call, found[1].name, f"{found[2]}:{line}", f"{found[2]}:{gone}" if gone else None,
-                                         writes_only(found[0], found[1])))
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and instances):
+    for call, (pm, func, rel) in project_calls(m):
+        if isinstance(func, ast.ClassDef):
             continue
-        found = instances.get(var_key(m, f.value))
-        if found is None:
+        line = _writes_in(pm, func)
+        if line is None:
             continue
-        pm, cls, rel = found
-        meth = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == f.attr), None)
-        line = _writes_in(pm, meth) if meth is not None else None
-        if line is not None:
-            gone = _removes_in(pm, meth)
-            out.append(CompanionRace(call, f"{cls.name}.{f.attr}", f"{rel}:{line}", f"{rel}:{gone}" if gone else None,
-                                     writes_only(pm, meth)))
+        owner = pm.parent(func)
+        name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
+        gone = _removes_in(pm, func)
+        out.append(CompanionRace(call, name, f"{rel}:{line}", f"{rel}:{gone}" if gone else None, writes_only(pm, func),
+                                 module=pm.path, trains=_trains_where(pm, func, rel)))
     m.cache["companion_writes"] = out
     return out
 
@@ -315,13 +323,18 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
     """``call`` constructs a class (the script's or a project module's) whose methods write
     files — a home-made results logger (``Logger(path, title=...)`` with ``set_names``,
     ``append``, ``close``): where it writes (``utils/logger.py:45``), else ``None``. A
-    subclass (a Dataset that caches, a Module) is not one."""
+    subclass (a Dataset that caches, a Module) is not one, nor a class that trains (a
+    Trainer whose methods also save checkpoints: every rank must run it)."""
+    from dp2ddp.model.training import training_loops
+
     found = class_of_call(m, call)
     if found is None:
         return None
     cm, cls, where = found
     if any(isinstance(b, ast.Name) and b.id not in ("object",) or isinstance(b, ast.Attribute) for b in cls.bases):
         return None  # a subclass (a Dataset, a Module) is not a file logger
+    if any(cm.contains(cls, loop) for loop in training_loops(cm)):
+        return None
     written = None
     for w in writers(cm):
         if w.kind in ("open", "save", "logfile") and cm.contains(cls, w.call):

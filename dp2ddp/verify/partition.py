@@ -34,6 +34,8 @@ SAME = 0.9  # ranks whose served samples overlap this much serve the same data
 
 def bits(rec: Dict[str, Any]) -> Optional[int]:
     """The pass's bitset as a Python int (bit i: index i served)."""
+    if "_set" in rec:
+        return rec["_set"]  # a stream's pass, its samples numbered by content (_streams)
     text = rec.get("bits")
     if not text:
         return None
@@ -170,10 +172,14 @@ def _loader(ranks: Dict[int, List[Dict[str, Any]]], orig: Optional[List[Dict[str
                                "n": first.get("n"), "epochs": []}
     problems, notes = out["problems"], out["notes"]
     if first.get("iterable"):
-        notes.append(f"data: {who} iterates an IterableDataset: which samples each rank read is not recorded, "
-                     "the partition is not checked")
-        section["checked"] = False
-        return section
+        numbered = _streams(ranks, orig, rank_ids)
+        if numbered is None:
+            notes.append(f"data: {who} iterates an IterableDataset: which samples each rank read is not recorded, "
+                         "the partition is not checked")
+            section["checked"] = False
+            return section
+        ranks, orig = numbered
+        section["stream"] = True  # samples told apart by their content (fingerprints of their bytes)
     if first.get("unrecorded") or any("bits" not in p for p in (ranks[r][0] for r in rank_ids)):
         notes.append(f"data: {who}: the indices served were not recorded (not integers, or too many): "
                      "the partition is not checked")
@@ -192,7 +198,9 @@ def _loader(ranks: Dict[int, List[Dict[str, Any]]], orig: Optional[List[Dict[str
         if ep.get("unsharded"):
             out["unsharded"] = True
     # a new order each epoch, where the original reshuffles
-    if epochs >= 2:
+    if section.get("stream"):
+        section["order"] = "a stream: its order is the dataset's own"
+    elif epochs >= 2:
         _order(ranks, rank_ids, orig, who, kind, problems, section)
     elif ranks[rank_ids[0]]:
         section["order"] = "one epoch seen"
@@ -256,20 +264,68 @@ def _epoch(k, passes, rank_ids, o, world, who, problems, notes, section, reporte
         added = union & ~o_set
         ep["lost"], ep["added"] = lost.bit_count(), added.bit_count()
         if lost:
+            which = ("told apart by their content" if section.get("stream") else
+                     f"indices {', '.join(map(str, examples(lost)))}{', ...' if lost.bit_count() > MAX_EXAMPLES else ''}")
             problems.append(f"{who}: {_n(lost.bit_count())} of the original's {_n(o_set.bit_count())} samples of "
-                            f"{epoch_name} were served by no rank (indices {', '.join(map(str, examples(lost)))}"
-                            f"{', ...' if lost.bit_count() > MAX_EXAMPLES else ''})")
+                            f"{epoch_name} were served by no rank ({which})")
             problems.append("  advice: every sample of the epoch should reach one rank: check drop_last, the "
                             "sampler's num_replicas and rank, and a dataset split by rank")
         if added:
+            which = ("told apart by their content" if section.get("stream") else
+                     f"indices {', '.join(map(str, examples(added)))}{', ...' if added.bit_count() > MAX_EXAMPLES else ''}")
             problems.append(f"{who}: {_n(added.bit_count())} samples were served in {epoch_name} that the original's "
-                            f"epoch does not hold (indices {', '.join(map(str, examples(added)))}"
-                            f"{', ...' if added.bit_count() > MAX_EXAMPLES else ''})")
+                            f"epoch does not hold ({which})")
             problems.append("  advice: the migration's loader covers other samples than the original's (drop_last, "
                             "a subset, another split): make its epoch the original's")
     elif k == 0 and not complete:
         ep["coverage"] = "partial epoch: lost samples are not checked"
     return ep
+
+
+def _prints(rec: Dict[str, Any]) -> Optional[List[int]]:
+    text = rec.get("prints")
+    if not text:
+        return None
+    import array
+
+    a = array.array("q")
+    a.frombytes(zlib.decompress(base64.b64decode(text)))
+    return a.tolist()
+
+
+def _streams(ranks: Dict[int, List[Dict[str, Any]]], orig: Optional[List[Dict[str, Any]]], rank_ids: List[int]):
+    """A stream's passes with their samples numbered by content: pass k of every rank and of
+    the original, each fingerprint (the probe's, of the sample's bytes) given one number, so
+    that the bitset analysis of map-style loaders applies (disjoint, the original's epoch,
+    padding). ``None`` where a rank's passes carry no fingerprints."""
+    epochs = min(len(ranks[r]) for r in rank_ids)
+    new_ranks: Dict[int, List[Dict[str, Any]]] = {r: [] for r in rank_ids}
+    new_orig: List[Dict[str, Any]] = []
+    for k in range(epochs):
+        got = {r: _prints(ranks[r][k]) for r in rank_ids}
+        if any(v is None for v in got.values()):
+            break
+        o = orig[k] if orig and k < len(orig) else None
+        o_prints = _prints(o) if o else None
+        numbers: Dict[int, int] = {}
+        for seq in [o_prints or []] + [got[r] for r in rank_ids]:
+            for x in seq:
+                numbers.setdefault(x, len(numbers))
+
+        def numbered(rec, seq):
+            found = 0
+            for x in seq:
+                found |= 1 << numbers[x]
+            out = dict(rec, _set=found, bits="", served=len(seq), unique=found.bit_count(), n=len(numbers))
+            return out
+
+        for r in rank_ids:
+            new_ranks[r].append(numbered(ranks[r][k], got[r]))
+        if o is not None and o_prints is not None:
+            new_orig.append(numbered(o, o_prints))
+    if not new_ranks[rank_ids[0]]:
+        return None
+    return new_ranks, (new_orig or None)
 
 
 def _same(sets: List[int], unique: List[int]) -> bool:

@@ -48,6 +48,7 @@ audit hook costs one dict lookup per audit event.
 """
 
 import array
+import base64
 import atexit
 import collections
 import faulthandler
@@ -70,6 +71,8 @@ _G = None  # the write guard, in every process of a verify run
 
 FLUSH_S = 0.2  # longest a step record waits in the buffer
 HEAD = 64  # indices kept from the start of each pass (order evidence)
+PRINT_BYTES = 4096  # bytes of each stream sample that its fingerprint reads
+PRINTS_MAX = 1 << 20  # fingerprints kept per pass of a stream
 EVIDENCE_PASSES = 3  # passes per loader whose bitset is recorded
 EVIDENCE_BYTES = 8 << 20  # bitsets recorded per process at most
 EVIDENCE_MAX_N = 1 << 28  # larger index spaces: counts only
@@ -584,7 +587,15 @@ def _on_torch(torch):
 
     @functools.wraps(real_next)
     def __next__(self):
-        batch = real_next(self)
+        try:
+            batch = real_next(self)
+        except StopIteration:
+            # a stream's pass ends here (its batch sampler never runs out): complete
+            if _S.on:
+                p = _S.passes.get(id(getattr(self, "_index_sampler", None)))
+                if p is not None and p.iterable and p.it is getattr(self, "_sampler_iter", None):
+                    p.close(True)
+            raise
         # Counted per loader (its index sampler is one object for the loader's life), so
         # that a step counts only the loader that fed it (see _on_step): the migration
         # keeps evaluation loaders whole on every rank, and counting their batches would
@@ -596,6 +607,9 @@ def _on_torch(torch):
             fetched = s.fetched
             fetched[key] = fetched.get(key, 0) + _batch_size(batch, Tensor)
             s.last = key
+            p = s.passes.get(key)
+            if p is not None and p.iterable and p.k < EVIDENCE_PASSES:
+                p.fingerprint(batch, torch)  # a stream names no sample: what it served, by content
         return batch
 
     dataloader._BaseDataLoaderIter.__next__ = __next__
@@ -701,6 +715,31 @@ def _loss_value(t):
     return t.item() if t.is_cpu else t.detach()
 
 
+def _first_tensor(batch, tensor_type, depth=0):
+    if isinstance(batch, tensor_type):
+        return batch
+    if depth > 3:
+        return None
+    if isinstance(batch, (list, tuple)) and batch:
+        return _first_tensor(batch[0], tensor_type, depth + 1)
+    if isinstance(batch, dict) and batch:
+        return _first_tensor(next(iter(batch.values())), tensor_type, depth + 1)
+    return None
+
+
+_WEIGHTS = {}
+
+
+def _print_weights(n, torch):
+    """Fixed odd int64 weights, the same in every process (a generator of its own: the
+    script's random state is not touched)."""
+    w = _WEIGHTS.get(n)
+    if w is None:
+        g = torch.Generator().manual_seed(0x5EED)
+        w = _WEIGHTS[n] = torch.randint(1, 1 << 62, (n,), generator=g, dtype=torch.int64) | 1
+    return w
+
+
 def _batch_size(batch, tensor_type, depth=0):
     if isinstance(batch, tensor_type):
         return batch.size(0) if batch.dim() else 1
@@ -735,6 +774,30 @@ class _Pass:
         self.bad = False  # indices that are not integers: counts only
         self.iterable = False
         self.closed = False
+        self.prints = None  # a stream's samples, by content (array of int64 fingerprints)
+
+    def fingerprint(self, batch, torch):
+        """The fingerprints of a stream batch's samples (rows of its first tensor): an int64
+        sum of the first PRINT_BYTES bytes of each row, each times a fixed odd weight --
+        integer arithmetic, so the same bytes give the same print in every process. Never
+        worth a crash: a batch without a CPU tensor is skipped."""
+        try:
+            t = _first_tensor(batch, torch.Tensor)
+            if t is None or t.dim() == 0 or t.device.type != "cpu" or t.is_sparse:
+                return
+            rows = t.detach().reshape(t.shape[0], -1).contiguous()
+            if rows.dtype == torch.bool:
+                rows = rows.to(torch.uint8)
+            raw = rows.view(torch.uint8)[:, :PRINT_BYTES].to(torch.int64)
+            w = _print_weights(raw.shape[1], torch)
+            prints = (raw * w).sum(1)
+            if self.prints is None:
+                self.prints = array.array("q")
+            if len(self.prints) < PRINTS_MAX:
+                self.prints.extend(prints.tolist())
+        except Exception:
+            self.prints = None
+            self.iterable_unprinted = True
 
     def add(self, idx):
         if idx is None:
@@ -796,6 +859,10 @@ class _Pass:
                 rec["sharded"] = self.sharded
             if self.iterable:
                 rec["iterable"] = True
+                if self.prints is not None and not getattr(self, "iterable_unprinted", False) and s.evidence < EVIDENCE_BYTES:
+                    data = zlib.compress(self.prints.tobytes())
+                    s.evidence += len(data)
+                    rec["prints"] = base64.b64encode(data).decode()
             if self.bad:
                 rec["unrecorded"] = True
             elif self.seen is not None:

@@ -1,0 +1,41 @@
+"""The edit engine (dp2ddp/engine.py): edits nest, and an edit that would drop another fails."""
+
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as cm
+import pytest
+
+from dp2ddp.engine import Hoist, InsertBefore, OverlappingEdits, Replace, apply_edits
+
+SOURCE = "x = 1\n# the result\nprint(load(path), 2)\n"
+
+
+def _nodes(module: cst.Module):
+    stmt = module.body[1]
+    call = cm.findall(stmt, cm.Call(func=cm.Name("load")))[0]
+    return stmt, call
+
+
+def _add_kwarg(u: cst.Call) -> cst.Call:
+    return u.with_changes(args=[*u.args, cst.Arg(cst.Name("cpu"), keyword=cst.Name("map_location"))])
+
+
+def test_a_hoisted_call_keeps_the_edits_made_inside_it_and_the_statement_s_comment() -> None:
+    module = cst.parse_module(SOURCE)
+    stmt, call = _nodes(module)
+    out = apply_edits(module, [Hoist(call, stmt, "load_result"), Replace(call, _add_kwarg),
+                               InsertBefore(stmt, (cst.parse_statement("step()\n"),))]).code
+    assert out == "x = 1\nstep()\n# the result\nload_result = load(path, map_location = cpu)\nprint(load_result, 2)\n"
+
+
+def test_a_replacement_made_from_the_original_node_over_an_edited_child_fails_instead_of_dropping_it() -> None:
+    module = cst.parse_module(SOURCE)
+    stmt, call = _nodes(module)
+    outer = stmt.body[0].value  # print(...)
+    with pytest.raises(OverlappingEdits, match="print\\(load\\(path\\), 2\\)"):
+        apply_edits(module, [Replace(call, _add_kwarg), Replace(outer, cst.parse_expression("print(0)"))])
+    # made from the updated node, both edits stay
+    out = apply_edits(module, [Replace(call, _add_kwarg),
+                               Replace(outer, lambda u: cst.parse_expression("guard(0)").with_changes(args=u.args))]).code
+    assert "guard(load(path, map_location = cpu), 2)" in out
