@@ -31,6 +31,7 @@ REWRITE_DIRS = {
     "rank_writers": Options(),
     "map_location": Options(),
     "wrapper_uses": Options(),
+    "valid_mean": Options(),
     "keep_batch_size": Options(keep_batch_size=True),
     "print_all_ranks": Options(print_all_ranks=True),
     "no_sync": Options(),

@@ -36,6 +36,7 @@ from dp2ddp.codemods import (
     set_epoch,
     shard_eval,
     shard_loaders,
+    valid_mean,
     whole_saves,
     wrap_ddp,
 )
@@ -58,6 +59,7 @@ _MODULES = [
     map_location,
     guarded_forward,
     loss_scale,
+    valid_mean,
     dp_idioms,
     no_sync,
     hand_batches,

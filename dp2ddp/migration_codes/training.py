@@ -32,6 +32,25 @@ CODES: Tuple[MigrationCode, ...] = (
         "    z = torch.randn(n * dist.get_world_size(), 4).chunk(dist.get_world_size())[dist.get_rank()]\n",
     ),
     MigrationCode(
+        "DDP163", "valid-count-mean", "info",
+        "a loss averaged over the valid targets (`ignore_index`) of the batch: each rank's mean is weighted by its share of them",
+        "`nn.CrossEntropyLoss(ignore_index=pad)` computed on DataParallel's gathered outputs averaged over the valid "
+        "targets of the whole batch (padding tokens, ignored pixels left out). Under DDP each rank averages over its "
+        "own share's valid targets, whose count differs from rank to rank, and the gradients are averaged over the "
+        "ranks: the shares would weigh alike, not by their valid targets, and the step would differ from the original's.",
+        "The loss passes through `valid_mean(loss, target, ignore_index)` (written once into the script): this "
+        "rank's mean times `count * world_size / total_count`, the counts of valid targets all-reduced once a step. "
+        "The gradient is the original's exactly; the loss averaged over the ranks is the original's (each rank's own "
+        "printed value is its weighted share).",
+        "Safe: one all-reduce of a number per step, reached by every rank. Losses computed inside the model's "
+        "`forward` (each DataParallel replica averaged its own share already), under `torch.no_grad()`, with a class "
+        "`weight=` or another reduction are left alone.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 3))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "criterion = nn.CrossEntropyLoss(ignore_index=0)\nx, y = torch.randn(8, 4), torch.randint(0, 3, (8,))\n"
+        "loss = criterion(model(x), y)\nloss.backward()\nopt.step()\n",
+        "loss = valid_mean(criterion(model(x), y), y, 0)\n",
+    ),
+    MigrationCode(
         "DDP118", "sum-reduction-scale", "warning",
         "a `reduction=\"sum\"` loss: under DDP each step is 1/world_size of DataParallel's",
         "DataParallel sums over the whole batch; under DDP each process sums its share and the gradients are averaged "

@@ -12,7 +12,7 @@ is the original's mean, and nothing is reported.
 from __future__ import annotations
 
 import ast
-from typing import List
+from typing import List, NamedTuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import first_dim_of, kwarg
@@ -92,3 +92,84 @@ def _divided_by_batch(m: SemanticModel, node: ast.AST) -> bool:
         elif first_dim_of(e) is not None:
             return True
     return False
+
+
+# torch.nn losses whose mean is over the targets that are not ``ignore_index``
+_IGNORING = frozenset({"CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss"})
+
+
+class ValidMean(NamedTuple):
+    """A loss averaged over the valid targets of the batch it sees (``ignore_index``): a
+    count that differs from share to share. DataParallel gathered the outputs and averaged
+    over the whole batch's valid targets; under DDP each rank averages over its own, and the
+    gradients are averaged over the ranks: a mean of means, the shares weighted alike."""
+
+    call: ast.Call  # the loss computed in the training step (a use of the class, or the functional call)
+    target: ast.AST  # its target argument
+    ignore: ast.AST  # the ignore_index expression
+    made: ast.Call  # where the loss is made (the class's construction, or the functional call)
+
+
+def valid_count_means(m: SemanticModel) -> List[ValidMean]:
+    """Losses with an explicit ``ignore_index`` and the default mean reduction, computed in
+    the training step of this module on what the model returned: not inside a module's
+    ``forward`` (under DataParallel each replica computed those on its own share already),
+    not under ``torch.no_grad()``, and without class ``weight=`` (a weighted mean divides by
+    the targets' weights: not handled, nothing found). A loss class is followed to the calls
+    of the name or attribute it is bound to."""
+    got = m.cache.get("losses:valid")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[ValidMean] = []
+    for made in m.nodes(ast.Call):
+        names = m.qualified_names(made.func)
+        if not any(q.startswith("torch.nn.") and q.rsplit(".", 1)[-1] in _IGNORING for q in names):
+            continue
+        ignore = kwarg(made, "ignore_index")
+        reduction = kwarg(made, "reduction")
+        if ignore is None or kwarg(made, "weight") is not None or kwarg(made, "size_average") is not None:
+            continue
+        if reduction is not None and not (isinstance(reduction.value, ast.Constant) and reduction.value.value == "mean"):
+            continue
+        functional = any(q.startswith("torch.nn.functional.") for q in names)
+        uses = [made] if functional else _class_uses(m, made)
+        for use in uses:
+            if _in_forward(m, use) or _no_grad(m, use) or not _trains_here(m, use):
+                continue
+            target = kwarg(use, "target")
+            value = target.value if target is not None else use.args[1] if len(use.args) > 1 else None
+            if value is None or isinstance(value, ast.Starred) or any(isinstance(a, ast.Starred) for a in use.args):
+                continue
+            if not (_constant(ignore.value) or m.enclosing_function(use) is m.enclosing_function(made)):
+                continue  # ``ignore_index=self.ignore`` read where the loss is made, not where it is used
+            out.append(ValidMean(use, value, ignore.value, made))
+    m.cache["losses:valid"] = out
+    return out
+
+
+def _class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
+    """The calls of a loss object: ``criterion(out, y)`` after ``criterion = nn.X(...)`` (a
+    name or ``self.attr`` bound once), or ``nn.X(...)(out, y)``."""
+    parent = m.parent(made)
+    if isinstance(parent, ast.Call) and parent.func is made:
+        return [parent]
+    if not (isinstance(parent, ast.Assign) and parent.value is made and len(parent.targets) == 1):
+        return []
+    target = parent.targets[0]
+    if not isinstance(target, (ast.Name, ast.Attribute)):
+        return []
+    text = m.source(target)
+    return [c for c in m.nodes(ast.Call) if isinstance(c.func, (ast.Name, ast.Attribute)) and m.source(c.func) == text]
+
+
+def _in_forward(m: SemanticModel, node: ast.AST) -> bool:
+    from dp2ddp.model.kinds import is_module_class
+
+    func = m.enclosing_function(node)
+    return func is not None and getattr(func, "name", "") == "forward" and is_module_class(m, m.enclosing_class(func))
+
+
+def _constant(e: ast.AST) -> bool:
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
+        e = e.operand
+    return isinstance(e, ast.Constant) and isinstance(e.value, int)
