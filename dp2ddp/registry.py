@@ -1,7 +1,7 @@
 """The one registry of every code dp2ddp prints.
 
 * ``DDP0xx``: the lint rules of `dp2ddp check` (:mod:`dp2ddp.rules`, one module each);
-* ``DDP1xx``: what the migration says (:mod:`dp2ddp.codemods.codes`): ``info`` notes of
+* ``DDP1xx``: what the migration says (:mod:`dp2ddp.migration_codes`): ``info`` notes of
   what it changed, ``warning`` for what it left for a human, ``error`` for why it left a
   file unchanged. `dp2ddp rewrite` prints them; `dp2ddp check --fix`/`--diff` reports the
   warnings and errors of DDP001's fix (the migration) as findings.
@@ -36,27 +36,9 @@ class Code:
     examples: Tuple[Tuple[bool, str], ...] = ()  # (valid, source)
 
 
-def _migration_codes():
-    """``dp2ddp.codemods.codes.CODES``, without importing the transforms of
-    ``dp2ddp.codemods`` (and LibCST with them): `check` reads the codes, it edits nothing.
-    (The file is plain data; read privately, it is not registered as that module.)"""
-    import importlib.util
-    import os
-
-    module = sys.modules.get("dp2ddp.codemods.codes")
-    if module is None:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codemods", "codes.py")
-        spec = importlib.util.spec_from_file_location("dp2ddp._registry_codes", path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        sys.modules[spec.name] = module  # (dataclasses look their module up)
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module.CODES
-
-
 def _load() -> Tuple[Code, ...]:
+    from dp2ddp.migration_codes import CODES as MIGRATION
     from dp2ddp.rules import RULES
-
-    MIGRATION = _migration_codes()
 
     out: List[Code] = []
     for r in RULES:

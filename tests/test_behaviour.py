@@ -280,7 +280,7 @@ def test_whole_model_checkpoints_load_without_a_process_group(tmp_path: Path) ->
 
 
 def test_checkpoint_keys_as_the_projects_evaluation_script_reads_them(tmp_path: Path) -> None:
-    """The checkpoint policy (model/checkpoints.py key_policy): evaluate.py beside the script
+    """The checkpoint policy (model/checkpoint_keys.py key_policy): evaluate.py beside the script
     loads into the bare model, so the migration writes plain keys; evaluate.py reads the
     migration's file in a fresh python (no process group), and a resumed torchrun run
     loads it back into the wrapper."""

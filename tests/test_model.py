@@ -8,7 +8,8 @@ import textwrap
 from dp2ddp.model.collectives import call_reaches, is_ddp_code
 from dp2ddp.model.core import build
 from dp2ddp.model.ranks import mentions_local_rank, rank_split_conditionals, splits_ranks
-from dp2ddp.model.wraps import dp_loss_means, dp_type_refs, is_elif
+from dp2ddp.model.dp_idioms import dp_loss_means, is_elif
+from dp2ddp.model.wraps import dp_type_refs
 
 
 def _m(src: str):

@@ -157,7 +157,7 @@ def test_a_load_into_a_wrapper_moved_to_the_device_in_the_same_expression_wants_
     """``model_test = nn.DataParallel(model_test).cuda()`` then ``model_test.load_state_dict(...)``
     (Bag-of-Tricks-for-AT's eval script): a load into a wrapper, so the migration keeps the
     ``module.`` keys the original wrote (its plain keys crashed that script's own resume)."""
-    from dp2ddp.model.checkpoints import PREFIXED, load_sites
+    from dp2ddp.model.checkpoint_keys import PREFIXED, load_sites
 
     script = _write(tmp_path, {"eval.py": """
         import torch

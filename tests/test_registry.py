@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.codemods.codes import BY_CODE as MIGRATION_CODES
+from dp2ddp.migration_codes import BY_CODE as MIGRATION_CODES
 from dp2ddp.check.engine import check_bytes
 from dp2ddp.registry import BY_CODE, CODES, UnknownCode, render, select
 from dp2ddp.rules import RULES

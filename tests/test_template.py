@@ -527,7 +527,7 @@ def test_template_does_not_import_torch(tmp_path):
 def test_every_value_goes_through_a_quoting_filter():
     """The environment refuses a value that reaches the output unfiltered, so a template
     that forgets `| sh` / `| yq` breaks loudly instead of becoming injectable."""
-    from dp2ddp.cli.template import environment
+    from dp2ddp.cli.launch_quoting import environment
 
     env = environment()
     with pytest.raises(ValueError, match="without a quoting filter"):

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.verify import analyze
+from dp2ddp.verify import analyze, options
 from dp2ddp.verify.runner import Rank, RunResult
 
 SIGN = "terminate called without an active exception"
 STEPS = 6
 
 
-def _opts() -> analyze.Options:
-    return analyze.Options(steps=STEPS, warmup=1, rtol=1e-5, stochastic_rtol=1e-2, min_speedup=0.0, timeout=30,
+def _opts() -> options.Options:
+    return options.Options(steps=STEPS, warmup=1, rtol=1e-5, stochastic_rtol=1e-2, min_speedup=0.0, timeout=30,
                            user_dirs=[], nproc=2, nnodes=1)
 
 

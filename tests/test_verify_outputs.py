@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.verify import outputs
+from dp2ddp.verify import checkpoint_files, file_diffs, file_kinds, outputs, run_files
 from dp2ddp.verify.runner import Rank, RunResult
 from tests.verify_helpers import FIXTURES, fixture, verify
 
@@ -34,7 +34,7 @@ torch = pytest.importorskip("torch")
     ],
 )
 def test_names_are_grouped_up_to_numbers(path, expect):
-    assert outputs.pattern(path) == expect
+    assert file_kinds.pattern(path) == expect
 
 
 def test_paths_named_in_the_arguments_outside_the_run_folder(tmp_path):
@@ -45,7 +45,7 @@ def test_paths_named_in_the_arguments_outside_the_run_folder(tmp_path):
     ext.mkdir()
     args = ["--out-dir", str(ext), f"--log={ext}/sub", "--save_dir=../shared", "--data", "data/x", "--lr", "0.1",
             str(tmp_path / "nope" / "deeper"), "/dev/null"]
-    assert outputs.named_paths(args, cwd) == [ext, tmp_path / "shared"]  # ext/sub is inside ext
+    assert run_files.named_paths(args, cwd) == [ext, tmp_path / "shared"]  # ext/sub is inside ext
 
 
 def _run(role: str, writes=None, pids=None, stopped=False) -> RunResult:
@@ -66,7 +66,7 @@ def _two_runs(tmp_path: Path, write_orig, write_mig, mig_pids=None, mig_writes=N
         folder = tmp_path / role
         folder.mkdir(parents=True)
         (folder / "input.txt").write_text("mirrored before the run\n")
-        watch = outputs.Watch(folder, [])
+        watch = run_files.Watch(folder, [])
         write(folder)
         w = {r: [str(folder / p) for p in ps] for r, ps in (writes or {}).items()}
         seen[role] = watch.after(_run(role, w, pids))
@@ -75,7 +75,7 @@ def _two_runs(tmp_path: Path, write_orig, write_mig, mig_pids=None, mig_writes=N
 
 def _inproc(jobs):
     """ckpt_load's loading in this process (the unit tests' shortcut; the real loader runs in
-    a fresh Python: see the tests that use outputs.load_checkpoints)."""
+    a fresh Python: see the tests that use checkpoint_files.load_checkpoints)."""
     from dp2ddp.verify import ckpt_load
 
     return {role: {str(p): ckpt_load.load_one(torch, {"path": str(p), "flat": str(f) if f else None, "mode": m})
@@ -233,7 +233,7 @@ def _runs_with_envelope(tmp_path: Path, orig_state, mig_state, env_state):
                      lambda f: _save(mig_state, f / "out" / "netD.pth"), mig_writes={0: ["out/netD.pth"]})
     folder = tmp_path / "envelope"
     folder.mkdir()
-    watch = outputs.Watch(folder, [])
+    watch = run_files.Watch(folder, [])
     _save(env_state, folder / "out" / "netD.pth")
     e = watch.after(_run("envelope"))
     for run in (o, m, e):
@@ -312,7 +312,7 @@ def _png(w, h):
     ],
 )
 def test_grid_share(orig, mig, batches, share):
-    assert outputs.grid_share(orig, mig, batches, 2) == share
+    assert file_diffs.grid_share(orig, mig, batches, 2) == share
 
 
 def test_an_image_of_a_ranks_share_of_a_batch_is_a_warning(tmp_path):
@@ -382,8 +382,8 @@ def test_a_pickled_ddp_wrapper_fails_and_names_the_line_that_saved_it(tmp_path):
                                    "it loads only where a process group exists")
     assert "\x1b[" not in d["message"] and "process group" in d["message"].split("(", 2)[-1]
     assert "model.module" in d["advice"]
-    assert outputs.DDP_REF in outputs.pickle_refs(m.where["ckpt.pt"])
-    assert outputs.DDP_REF not in outputs.pickle_refs(o.where["ckpt.pt"])
+    assert checkpoint_files.DDP_REF in checkpoint_files.pickle_refs(m.where["ckpt.pt"])
+    assert checkpoint_files.DDP_REF not in checkpoint_files.pickle_refs(o.where["ckpt.pt"])
 
 
 def _safetensors(path: Path, tensors: dict) -> None:
@@ -534,9 +534,9 @@ def test_stopped_runs_and_writes_outside_are_noted(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     elsewhere = Path.home() / ".dp2ddp-test-not-written"
-    watch = outputs.Watch(folder, [])
+    watch = run_files.Watch(folder, [])
     o = watch.after(_run("original", {0: [str(elsewhere)]}, stopped=True))
-    m = outputs.Watch(folder, []).after(_run("migrated", {}, {0: 1, 1: 2}, stopped=True))
+    m = run_files.Watch(folder, []).after(_run("migrated", {}, {0: 1, 1: 2}, stopped=True))
     rep = _compare(o, m, steps=5)
     assert rep["summary"] == "neither run wrote a file (nothing to compare)"
     assert any("stopped after 5 steps" in n for n in rep["notes"])
@@ -668,7 +668,7 @@ def test_module_prefix_is_judged_by_the_projects_own_loaders():
     # resnext's shape: train.py saves net.state_dict() of a wrap taken with --ngpu > 1, and
     # test.py strips `module.` before load_state_dict: rewrite writes the bare keys (its key
     # policy), and verify judges the difference by the same loaders
-    from dp2ddp.model.checkpoints import EITHER, PLAIN, PREFIXED, LoadSite
+    from dp2ddp.model.checkpoint_keys import EITHER, PLAIN, PREFIXED, LoadSite
     from dp2ddp.verify.advice import module_prefix
 
     d = {"prefix": "module.", "how": "lost", "count": 2, "original_keys": ["module.a", "module.b"], "migrated_keys": ["a", "b"]}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.verify import analyze, partition
+from dp2ddp.verify import analyze, options, partition
 from dp2ddp.verify.runner import Rank, RunResult
 
 PROBE_DIR = Path(__file__).resolve().parents[1] / "dp2ddp" / "verify" / "probe"
@@ -175,7 +175,7 @@ def test_the_partition_fails_the_pair(site):
                        for i in range(4)]
             r.steps[0]["modules"] = ["ddp"] if role == "migrated" else ["dp"]
             r.end.update(hash="h", norm=1.0)
-    opts = analyze.Options(steps=4, warmup=1, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0, timeout=30,
+    opts = options.Options(steps=4, warmup=1, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0, timeout=30,
                            user_dirs=[], nproc=2, nnodes=1)
     rep = analyze.compare(orig, mig, opts)
     assert rep["losses_agree"] and rep["replicas_in_sync"]

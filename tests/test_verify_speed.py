@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dp2ddp.verify import analyze, runner, session, speed
+from dp2ddp.verify import analyze, options, runner, session, speed
 from dp2ddp.verify.runner import Rank, RunResult
 
 STEPS = 8
@@ -140,8 +140,8 @@ def test_runner_passes_the_thread_budget_to_every_process(tmp_path):
 # --------------------------------------------------------------------------- pairs
 
 
-def _opts(min_speedup: float = 1.0) -> analyze.Options:
-    return analyze.Options(steps=STEPS, warmup=1, rtol=1e-5, stochastic_rtol=1e-2, min_speedup=min_speedup,
+def _opts(min_speedup: float = 1.0) -> options.Options:
+    return options.Options(steps=STEPS, warmup=1, rtol=1e-5, stochastic_rtol=1e-2, min_speedup=min_speedup,
                            timeout=30, user_dirs=[], nproc=2, nnodes=1)
 
 

@@ -12,7 +12,7 @@ import pytest
 from dp2ddp.engine import Enclose, Guard, apply_edits
 from dp2ddp.migrate import migrate_source
 from dp2ddp.model.core import build
-from dp2ddp.model.steps import accumulations
+from dp2ddp.model.accumulation import accumulations
 from dp2ddp.templates import load
 
 

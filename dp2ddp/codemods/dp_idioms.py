@@ -3,7 +3,7 @@
 ``if n_gpu > 1: loss = loss.mean()`` averages the per-GPU losses DataParallel gathers;
 under DDP each process has one scalar loss and the gradients are averaged in the
 backward pass. The ``if`` goes — the same statements lint rule DDP010 reports
-(:func:`dp2ddp.model.wraps.dp_loss_means`, one definition for both).
+(:func:`dp2ddp.model.dp_idioms.dp_loss_means`, one definition for both).
 
 ``patch_replication_callback(model)``: a function of the project's own modules that
 asserts ``isinstance(model, DataParallel)`` can only fail under DDP; a statement that
@@ -18,7 +18,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Edit, Finding, Remove
-from dp2ddp.model.wraps import asserting_helper_statements, dp_helper_calls, dp_loss_means, is_elif
+from dp2ddp.model.dp_idioms import asserting_helper_statements, dp_helper_calls, dp_loss_means, is_elif
 
 
 def propose(ctx: Context) -> List[Finding]:

@@ -15,10 +15,10 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
+from dp2ddp.model.call_args import LOAD_PARAMS, argument
 from dp2ddp.model.collectives import assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOAD
-from dp2ddp.model.syntax import kwarg
 
 _RANK_DEVICE = 'lambda storage, loc: storage.cuda() if loc.startswith("cuda") else storage'
 
@@ -48,9 +48,9 @@ def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
     for call in m.calls(LOAD):
-        if kwarg(call, "map_location") is not None or len(call.args) > 1:
-            continue
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            continue
+        if argument(call, LOAD_PARAMS, "map_location") is not None:
             continue
         if feeds_load_state_dict(m, call):
             value, what = '"cpu"', "map_location=\"cpu\": the state is copied to the model's device by load_state_dict"

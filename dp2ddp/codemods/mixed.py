@@ -21,7 +21,8 @@ Where the path depends on something dp2ddp cannot set (a rank computed from the
 script's own arithmetic, an initialisation in another module) the file is refused with
 the reason (DDP104).
 
-This module holds the plan (:class:`MixedPlan`, made by :func:`detect_mode`) and the edits;
+This module holds the plan (:class:`MixedPlan`, made by :func:`detect_mode`) and the edits
+(those that need no plan are in :mod:`mixed_edits`);
 what it asks about the script is the model's: :mod:`dp2ddp.model.own_path` (the path it
 has), :mod:`dp2ddp.model.cuda_only` (what assumes CUDA), :mod:`dp2ddp.model.ranks` (its
 ``--local_rank``), :mod:`dp2ddp.model.launch` (its ``mp.spawn``).
@@ -34,13 +35,14 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
-from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, cuda_device_arguments, rank_devices, under_cuda_test
-from dp2ddp.model.launch import spawns as launch_spawns
-from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, DESTROY, INIT, LAUNCH_MODULES, SPAWN
+from dp2ddp.codemods.mixed_edits import (apex_ddp, cuda_call, cuda_device, ddp_devices, ensure_wrapped, guard_set_device, init_call,
+                                         master_env, paren)
+from dp2ddp.engine import Finding, InsertAfter, Replace
+from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, rank_devices
+from dp2ddp.model.launch import spawn_parameters, spawns as launch_spawns
+from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, master_env_stores, namespace_origin,
-                                   option_stores, rank_env_reads, spawn_flags, spellings, switch_tests, wrap_assignments)
+                                   option_stores, rank_env_reads, spawn_flags, spellings, switch_tests)
 from dp2ddp.model.ranks import env_read, local_rank_arguments
 from dp2ddp.model.syntax import kwarg
 
@@ -200,20 +202,20 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.note(node, "DDP121", "init_method is env:// under torchrun",
                                 [Replace(ctx.cst(node), ctx.expr('"env://" if "LOCAL_RANK" in {os}.environ else {v}', os=os_, v=node))]))
     for init in m.calls(INIT):
-        out.extend(_init_call(ctx, init, cuda))
+        out.extend(init_call(ctx, init, cuda))
     for call in m.calls(CUDA_SET_DEVICE):
-        f = _guard_set_device(ctx, call, cuda)
+        f = guard_set_device(ctx, call, cuda)
         if f is not None:
             out.append(f)
     ensured = set()
-    out.extend(_apex(ctx))
+    out.extend(apex_ddp(ctx))
     for call in m.calls(APEX_DDP):
-        out.extend(_ensure_wrapped(ctx, call, ensured))
+        out.extend(ensure_wrapped(ctx, call, ensured))
     for call in m.calls(DDP):
-        f = _ddp_devices(ctx, call, cuda)
+        f = ddp_devices(ctx, call, cuda)
         if f is not None:
             out.append(f)
-        out.extend(_ensure_wrapped(ctx, call, ensured))
+        out.extend(ensure_wrapped(ctx, call, ensured))
     for target, sp in ctx.need(MixedPlan).spawn_targets.items():
         f = _spawn(ctx, target, sp)
         if f is not None:
@@ -233,103 +235,15 @@ def propose(ctx: Context) -> List[Finding]:
     # innermost one (the first found)
     for node, branch in switch_tests(m, plan.predicates):
         if branch == "body":
-            new = ctx.expr('{t} or "LOCAL_RANK" in {os}.environ', t=_paren(m, node), os=os_)
+            new = ctx.expr('{t} or "LOCAL_RANK" in {os}.environ', t=paren(m, node), os=os_)
         else:
-            new = ctx.expr('{t} and "LOCAL_RANK" not in {os}.environ', t=_paren(m, node), os=os_)
+            new = ctx.expr('{t} and "LOCAL_RANK" not in {os}.environ', t=paren(m, node), os=os_)
         out.append(ctx.note(node, "DDP121", f"`{m.source(node)}` switches the distributed path on; under torchrun it is on", [Replace(ctx.cst(node), new)]))
-    out.extend(_cuda_call(ctx, call, cuda) for call in cuda_calls(m))
+    out.extend(cuda_call(ctx, call, cuda) for call in cuda_calls(m))
     out.extend(ctx.note(node, "DDP121", "the CUDA assertion holds only with CUDA (the distributed path runs on CPU too)",
-                        [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=_paren(m, node.test)))]) for node in cuda_asserts(m))
-    out.extend(_cuda_device(ctx, node, kind, cuda) for node, kind in rank_devices(m))
-    out.extend(_master_env(ctx, assign) for assign in master_env_stores(m) if ctx.bridge.alone_on_line(assign))
-    return out
-
-
-def _init_call(ctx: Context, init: ast.Call, cuda: str) -> List[Finding]:
-    m = ctx.m
-    out = []
-    backend = (init_arguments(m, init) or {}).get("backend")
-    if isinstance(backend, ast.Constant) and backend.value == "nccl":
-        out.append(ctx.note(backend, "DDP121", "backend nccl with CUDA, gloo on CPU", [Replace(ctx.cst(backend), ctx.expr('"nccl" if {c} else "gloo"', c=cuda))]))
-    stmt = m.statement_of(init)
-    if not m.calls(DESTROY) and isinstance(stmt, ast.Expr) and ctx.bridge.alone_on_line(stmt):
-        atexit = ctx.name("atexit")
-        dist = ctx.name("dist")
-        out.append(ctx.note(init, "DDP121", "the process group is destroyed at exit",
-                            [InsertAfter(ctx.bridge.statement(stmt), (ctx.stmt("{a}.register({d}.destroy_process_group)", a=atexit, d=dist),))]))
-    return out
-
-
-def _guard_set_device(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
-    m = ctx.m
-    stmt = m.statement_of(call)
-    if not (isinstance(stmt, ast.Expr) and stmt.value is call and ctx.bridge.alone_on_line(stmt)):
-        return None
-    if under_cuda_test(m, stmt):
-        return None
-    return ctx.note(call, "DDP121", "torch.cuda.set_device only with CUDA", [Guard((ctx.bridge.statement(stmt),), ctx.expr(cuda))])
-
-
-def _ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
-    m = ctx.m
-    edits = [Replace(ctx.cst(v), ctx.expr("{v} if {c} else None", v=_paren(m, v), c=cuda)) for v in cuda_device_arguments(m, call)]
-    if kwarg(call, "device_ids") is None and len(call.args) < 2 and not any(k.arg is None for k in call.keywords):
-        torch = ctx.name("torch")
-        from dp2ddp.codemods.rank_writers import _add_kwarg
-
-        value = f"[{torch}.cuda.current_device()] if {cuda} else None"
-        edits.append(Replace(ctx.cst(call), lambda u, v=value: _add_kwarg(u, "device_ids", v)))
-    if not edits:
-        return None
-    return ctx.note(call, "DDP121", "device_ids only with CUDA (CPU ranks pass None)", edits)
-
-
-def _apex(ctx: Context) -> List[Finding]:
-    """apex's DistributedDataParallel (NVIDIA's, from before torch had its own) becomes
-    torch's: the script's distributed path then needs no apex, and runs on CPU."""
-    m = ctx.m
-    out: List[Finding] = []
-    for call in m.calls(APEX_DDP):
-        if not call.args or any(isinstance(a, ast.Starred) for a in call.args):
-            continue
-        dropped = [k.arg for k in call.keywords if k.arg is not None]
-        new = ctx.expr(ctx.ddp_call(m.source(call.args[0])))
-        msg = "apex.parallel.DistributedDataParallel -> torch's DistributedDataParallel"
-        if dropped:
-            msg += f" (apex-only arguments dropped: {', '.join(dropped)})"
-        out.append(ctx.note(call, "DDP121", msg, [Replace(ctx.cst(call), new)]))
-    for imp in m.nodes(ast.ImportFrom):
-        if not any(f"{imp.module}.{a.name}" in APEX_DDP for a in imp.names):
-            continue
-        if len(imp.names) != 1 or not ctx.bridge.alone_on_line(imp):
-            continue
-        stmt: ast.stmt = imp
-        owner = m.parent(imp)
-        if isinstance(owner, ast.Try) and owner.body == [imp] and not owner.orelse and not owner.finalbody and ctx.bridge.alone_on_line(owner):
-            stmt = owner  # try: from apex... except ImportError: raise ...: the whole try goes
-        if m.parent(stmt) is m.tree:
-            continue  # a module-level import: left for RemoveImportIfUnused
-        from dp2ddp.engine import Remove
-
-        out.append(ctx.note(imp, "DDP121", "the apex import is no longer needed", [Remove(ctx.bridge.statement(stmt))]))
-    return out
-
-
-def _ensure_wrapped(ctx: Context, call: ast.Call, ensured: set) -> List[Finding]:
-    """After the ``if`` chain that wraps the model on some paths, wrap it where no path did
-    (where each assignment of the wrap stands: :func:`wrap_assignments`)."""
-    out = []
-    for assign, top in wrap_assignments(ctx.m, call):
-        target = ctx.m.source(assign.targets[0])
-        if top is None or not ctx.bridge.alone_on_line(top) or (id(top), target) in ensured:
-            continue
-        ensured.add((id(top), target))
-        new = ctx.stmt(
-            "if {dist}.is_initialized() and not isinstance({t}, {DDP}):  # dp2ddp: a path that did not wrap\n    {t} = {call}\n",
-            dist=ctx.name("dist"), t=target, DDP=ctx.name("DDP"), call=ctx.ddp_call(target),
-        )
-        out.append(ctx.note(top, "DDP121", f"{target} is wrapped in DistributedDataParallel on every path of the distributed run",
-                            [InsertAfter(ctx.bridge.statement(top), (new,))]))
+                        [Replace(ctx.cst(node.test), ctx.expr("not {c} or {t}", c=cuda, t=paren(m, node.test)))]) for node in cuda_asserts(m))
+    out.extend(cuda_device(ctx, node, kind, cuda) for node, kind in rank_devices(m))
+    out.extend(master_env(ctx, assign) for assign in master_env_stores(m) if ctx.bridge.alone_on_line(assign))
     return out
 
 
@@ -340,19 +254,17 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
         return None  # the spawning flag is switched off under torchrun
     stmt = m.parent(sp)
     os_ = ctx.name("os")
-    args = next(s.args for s in launch_spawns(m) if s.call is sp)
-    params = m.params(target)
+    spawn = next(s for s in launch_spawns(m) if s.call is sp)
     call_args = [f'int({os_}.environ["LOCAL_RANK"])']
-    if args is not None:
-        if not isinstance(args, ast.Tuple):
-            call_args.append("*" + m.source(args))
-        else:
-            for i, el in enumerate(args.elts):
-                pname = params[i + 1] if i + 1 < len(params) else None
-                if pname is not None and "world" in pname.lower():
-                    call_args.append(f'int({os_}.environ["WORLD_SIZE"])')
-                else:
-                    call_args.append(m.source(el))
+    passed = spawn_parameters(m, spawn, target)
+    if passed is not None:
+        for pname, el in passed:
+            if pname is not None and "world" in pname.lower():
+                call_args.append(f'int({os_}.environ["WORLD_SIZE"])')
+            else:
+                call_args.append(m.source(el))
+    elif spawn.args is not None:
+        call_args.append("*" + m.source(spawn.args))
     text = (
         f'if "LOCAL_RANK" in {os_}.environ:  # dp2ddp: torchrun started this process: run the worker here\n'
         f"    {target.name}({', '.join(call_args)})\n"  # type: ignore[attr-defined]
@@ -367,40 +279,6 @@ def _spawn(ctx: Context, target: ast.AST, sp: ast.Call) -> Optional[Finding]:
         return new.with_changes(orelse=orelse, leading_lines=u.leading_lines)
 
     return ctx.note(sp, "DDP121", f"under torchrun, {target.name}() runs in this process instead of mp.spawn", [Replace(node, wrap)])  # type: ignore[attr-defined]
-
-
-def _cuda_device(ctx: Context, node: ast.AST, kind: str, cuda: str) -> Finding:
-    """``torch.device("cuda", local_rank)`` or ``'cuda:%d' % local_rank`` in the distributed
-    path: the CPU when there is no CUDA (a gloo run on CPU)."""
-    m = ctx.m
-    cpu = f'{ctx.name("torch")}.device("cpu")' if kind == "device" else '"cpu"'
-    text = m.source(node) if isinstance(node, ast.Call) else f"({m.source(node)})"
-    return ctx.note(node, "DDP121", "the rank's CUDA device, or the CPU without CUDA",
-                    [Replace(ctx.cst(node), ctx.expr("{c} if {cuda} else {cpu}", c=text, cuda=cuda, cpu=cpu))])
-
-
-def _cuda_call(ctx: Context, call: ast.Call, cuda: str) -> Finding:
-    """``x.cuda()`` on the distributed path runs on CPU too: ``x.cuda() if CUDA else x``."""
-    parent = ctx.m.parent(call)
-    why = ".cuda() only with CUDA (the distributed path runs on CPU too)"
-    if isinstance(parent, ast.Expr) and ctx.bridge.alone_on_line(parent):
-        return ctx.note(call, "DDP121", why, [Guard((ctx.bridge.statement(parent),), ctx.expr(cuda))])
-    return ctx.note(call, "DDP121", why, [Replace(ctx.cst(call), ctx.expr("{c} if {cuda} else {r}", c=call, cuda=cuda, r=call.func.value))])  # type: ignore[attr-defined]
-
-
-def _master_env(ctx: Context, assign: ast.Assign) -> Finding:
-    """``os.environ["MASTER_PORT"] = "8000"`` -> ``os.environ.setdefault(...)``: torchrun's wins."""
-    t = assign.targets[0]
-    new = ctx.stmt("{e}.setdefault({k}, {v})", e=t.value, k=t.slice, v=assign.value)  # type: ignore[attr-defined]
-    return ctx.note(assign, "DDP121", f"{t.slice.value} keeps torchrun's value",  # type: ignore[attr-defined]
-                    [Replace(ctx.bridge.statement(assign), lambda u, n=new: n.with_changes(leading_lines=u.leading_lines))])
-
-
-def _paren(m: SemanticModel, node: ast.AST) -> str:
-    text = m.source(node)
-    if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.List, ast.Compare)):
-        return text
-    return f"({text})"
 
 
 __all__ = ["detect_mode", "propose"]

@@ -10,7 +10,7 @@ so only the backward pass an optimizer step follows all-reduces; the others accu
 locally, and DDP reduces the sum on the next synchronising pass: the same averaged
 gradient as before, one all-reduce per optimizer step. The loss scaling of the original
 (``loss = loss / accum``) stays as it is. The condition is the loop's own, read as it
-will be at the step (:func:`dp2ddp.model.steps.accumulations`); where it cannot be read
+will be at the step (:func:`dp2ddp.model.accumulation.accumulations`); where it cannot be read
 before the forward the file is refused (DDP141); where the gradients are read between
 micro-steps (``clip_grad_norm_`` outside the step's ``if``) every pass keeps all-reducing
 (DDP142).
@@ -25,8 +25,8 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Enclose, Finding
+from dp2ddp.model.accumulation import Accumulation, accumulations
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
-from dp2ddp.model.steps import Accumulation, accumulations
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wraps import dp_wraps
 

@@ -12,7 +12,7 @@
 * Folders are created on every rank, with ``exist_ok=True`` (idempotent, no race):
   ``os.mkdir(d)`` -> ``os.makedirs(d, exist_ok=True)``.
 * A file written on rank 0 that the script reads afterwards gets a ``dist.barrier()``
-  after the write, so that no rank reads it before it exists.
+  after the write, so that no rank reads it before it exists (:mod:`write_barriers`).
 
 Statements already under a rank test are left alone, and so is code that runs before
 the process group exists.
@@ -21,17 +21,18 @@ the process group exists.
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.rank_writers import is_writer_use
-from dp2ddp.engine import Finding, Guard, Hoist, InsertAfter, InsertBefore, Replace
+from dp2ddp.codemods.write_barriers import barriers, routed_write_sites
+from dp2ddp.engine import Finding, Guard, Hoist, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.names import DUMPS, LOAD, OPEN, PRINT
+from dp2ddp.model.names import DUMPS, PRINT
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.writers import open_mode, writer_of, writers, writes_mode
@@ -217,30 +218,8 @@ def propose(ctx: Context) -> List[Finding]:
                 out.extend(_guard(ctx, run, memo, guarded_writes))
             run = []
     out.extend(_mkdirs(ctx))
-    out.extend(_barriers(ctx, guarded_writes))
-    out.extend(_barriers(ctx, _routed_write_sites(ctx), routed=True))
-    return out
-
-
-def _routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
-    """The statements that call a function of the script writing a file that
-    :mod:`rank_writers` routes to rank 0 (``open(path, "w")``, os.devnull on the other
-    ranks): once the call returns on rank 0 the file is there, on the other ranks maybe not
-    yet (the word language model writes its corpus files, then reads them)."""
-    m = ctx.m
-    out: List[Tuple[ast.stmt, ast.stmt]] = []
-    if ctx.mode != "plain":
-        return out  # a mixed script may run without a process group: no barrier it did not write itself
-    for w in writers(m):
-        if w.kind != "open" or rank_guarded(m, w.call) or not ctx.in_setup_region(w.call):
-            continue
-        func = m.enclosing_function(w.call)
-        if func is None:
-            continue
-        for site in m.call_sites(func):
-            stmt = m.statement_of(site)
-            if stmt is not None and m.enclosing_function(stmt) is not func:
-                out.append((stmt, stmt))  # type: ignore[arg-type]
+    out.extend(barriers(ctx, guarded_writes))
+    out.extend(barriers(ctx, routed_write_sites(ctx), routed=True))
     return out
 
 
@@ -324,143 +303,3 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     if not edits:
         return []
     return [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
-
-
-# --------------------------------------------------------------------------- barriers
-
-READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yaml.load", "pandas.read_csv"}
-
-
-def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
-    """The paths ``stmt`` writes, as ``ast.dump`` texts."""
-    out = []
-    for node in ast.walk(stmt):
-        w = writer_of(m, node) if isinstance(node, ast.Call) else None
-        if w is not None and w.kind in ("save", "copy") and w.path is not None:
-            out.append(ast.dump(w.path))
-    return out
-
-
-def _call_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
-    """What a call of a file-writing function of the script in ``stmt`` writes under: its
-    arguments that name a path (a string, an attribute such as ``args.data``, a name bound
-    to a string), as ``ast.dump`` texts."""
-    out = []
-    for node in ast.walk(stmt):
-        if not isinstance(node, ast.Call):
-            continue
-        t = m.resolve_call(node)
-        if t is None or not _writes_files(m, t):
-            continue
-        for a in list(node.args) + [k.value for k in node.keywords]:
-            if _path_like(m, a):
-                out.append(ast.dump(a))
-    return out
-
-
-def _path_like(m: SemanticModel, expr: ast.AST) -> bool:
-    if isinstance(expr, ast.Constant):
-        return isinstance(expr.value, str)
-    if isinstance(expr, ast.Attribute):
-        return True
-    if isinstance(expr, ast.Name):
-        bindings = m.bindings_of(expr)
-        return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, (ast.Constant, ast.JoinedStr, ast.BinOp, ast.Call))
-                                      and not (isinstance(b.value, ast.Call) and not m.qualified_names(b.value.func) & _PATH_MAKERS)
-                                      for b in bindings)
-    return False
-
-
-_PATH_MAKERS = frozenset({"os.path.join", "pathlib.Path", "os.path.abspath", "os.path.expanduser", "str"})
-
-
-def _writes_files(m: SemanticModel, func) -> bool:
-    for call in m.reached_calls(func):
-        w = writer_of(m, call)
-        if w is not None and w.kind in ("save", "copy", "open"):
-            return True
-    return False
-
-
-def _read_paths(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
-    out = []
-    for call in m.nodes(ast.Call):
-        q = m.qualified_names(call.func)
-        arg = call.args[0] if call.args else None
-        if arg is None:
-            continue
-        if q & READS or (q & OPEN and not _writes(call)) or (isinstance(call.func, ast.Attribute) and call.func.attr == "from_pretrained"):
-            out.append((call, ast.dump(arg)))
-    return out
-
-
-def _writes(call: ast.Call) -> bool:
-    """``open(path, mode)`` that may write (a mode that is not a literal may)."""
-    mode = open_mode(call)
-    return mode is None or writes_mode(mode)
-
-
-def _reads_files(m: SemanticModel, func) -> bool:
-    """The function (or one it calls) reads a file: torch.load, open for reading, np.load ..."""
-    for call in m.reached_calls(func):
-        q = m.qualified_names(call.func)
-        if q & READS or (q & OPEN and not _writes(call)):
-            return True
-    return False
-
-
-def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> ast.stmt:
-    """Where every rank passes after ``stmt`` and before the reads: out of the ``if``
-    statements around it (their tests may differ between ranks: ``if not
-    os.path.exists(path)``) and the ``with`` blocks (``with open(path, "wb") as f:`` closes
-    the file at its end) that do not hold a read, not out of a loop."""
-    cur = stmt
-    while True:
-        parent = m.parent(cur)
-        if (
-            isinstance(parent, (ast.If, ast.With))
-            and m.block_of(parent) is not None
-            and not any(m.contains(parent, r) for r in reads)
-            and not (parent is m.main_guard)
-        ):
-            cur = parent
-            continue
-        return cur
-
-
-def _barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: bool = False) -> List[Finding]:
-    """``dist.barrier()`` after a rank-0 write of a file the script reads later (directly, or
-    through a function of the script that reads the path it is given). ``routed``: the
-    statements call a script function whose writes go to os.devnull on other ranks; its
-    path arguments (a string, ``args.data``: not a whole options namespace) must reach a
-    reading call after it in the same function."""
-    m = ctx.m
-    if not guarded:
-        return []
-    reads = _read_paths(m)
-    out = []
-    done: Set[int] = set()
-    for stmt, last in guarded:
-        paths = _call_paths(m, stmt) if routed else _written_paths(m, stmt)
-        for path in paths:
-            later = [] if routed else [c for c, p in reads if p == path and ((c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset) or m.enclosing_function(c) is not m.enclosing_function(stmt))]
-            for call in m.nodes(ast.Call):
-                if (call.lineno, call.col_offset) <= (stmt.lineno, stmt.col_offset):
-                    continue
-                if routed and m.enclosing_function(call) is not m.enclosing_function(stmt):
-                    continue
-                t = m.resolve_call(call)
-                if t is not None and any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _reads_files(m, t):
-                    later.append(call)
-            if not later:
-                continue
-            anchor = _barrier_anchor(m, last, later)
-            if id(anchor) in done or not ctx.bridge.alone_on_line(anchor):
-                continue
-            done.add(id(anchor))
-            barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
-            out.append(
-                ctx.note(stmt, "DDP132", f"dist.barrier() after the rank-0 write: line {later[0].lineno} reads the file on every rank",
-                         [InsertAfter(ctx.bridge.statement(anchor), (barrier,))])
-            )
-    return out

@@ -14,7 +14,8 @@ from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.uses import wrapper_uses
-from dp2ddp.model.wraps import Wrap, in_exiting_branch
+from dp2ddp.model.wrap_context import in_exiting_branch
+from dp2ddp.model.wraps import Wrap
 
 
 def eval_only(m: SemanticModel, w: Wrap) -> bool:

@@ -61,7 +61,8 @@ from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
 from dp2ddp.model.uses import wrapper_keys
-from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps, fresh_each_pass
+from dp2ddp.model.wrap_context import fresh_each_pass
+from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps
 
 MODULE_LIKE_ATTRS = {"parameters", "named_parameters", "to", "cuda", "train", "eval", "state_dict", "load_state_dict", "zero_grad"}
 
@@ -136,7 +137,7 @@ def propose(ctx: Context) -> List[Finding]:
         out.append(insert_hoisted(ctx, hoist, find_unused))
     if ctx.role == "entry":
         # the wrapper a helper module returns (`model = models.build(args)`) is a wrapper here too
-        from dp2ddp.model.wraps import project_wrapper_returns
+        from dp2ddp.model.wrap_context import project_wrapper_returns
 
         for call, guarded in project_wrapper_returns(m):
             keys = set(assigned_keys(m, call))

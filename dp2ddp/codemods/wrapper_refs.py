@@ -12,7 +12,7 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Fix, Replace
-from dp2ddp.model.checkpoints import PLAIN, key_policy
+from dp2ddp.model.checkpoint_keys import PLAIN, key_policy
 from dp2ddp.model.collectives import VarKey, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import LOOPS

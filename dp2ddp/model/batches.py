@@ -192,7 +192,7 @@ def _split_iterable(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
 
 
 def _binds(m: SemanticModel, node: ast.AST, text: str) -> bool:
-    from dp2ddp.model.steps import _assignment_targets, _flat_targets
+    from dp2ddp.model.accumulation import _assignment_targets, _flat_targets
 
     return any(ast.unparse(t) == text for t in (x for tt in _assignment_targets(node) for x in _flat_targets(tt)))
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
+from dp2ddp.model.call_args import SPAWN_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SPAWN
-from dp2ddp.model.syntax import kwarg
 
 
 @dataclass
@@ -30,8 +30,8 @@ def spawns(m: SemanticModel) -> List[Spawn]:
     if got is None:
         got = []
         for call in m.calls(SPAWN):
-            fn = call.args[0] if call.args else (kwarg(call, "fn").value if kwarg(call, "fn") else None)  # type: ignore[union-attr]
-            args = call.args[1] if len(call.args) > 1 else (kwarg(call, "args").value if kwarg(call, "args") else None)  # type: ignore[union-attr]
+            fn = argument(call, SPAWN_PARAMS, "fn")
+            args = argument(call, SPAWN_PARAMS, "args")
             target = m.module_functions.get(fn.id) if isinstance(fn, ast.Name) else None
             got.append(Spawn(call, fn, target, args))
         m.cache["launch:spawns"] = got
@@ -43,14 +43,22 @@ def spawns_of(m: SemanticModel, func: ast.AST) -> List[Spawn]:
     return [s for s in spawns(m) if s.target is func]
 
 
+def spawn_parameters(m: SemanticModel, spawn: Spawn, target: Optional[ast.AST] = None) -> Optional[List[Tuple[Optional[str], ast.AST]]]:
+    """The elements of a literal ``args`` tuple in order, each with the parameter of the
+    worker (``target``, else ``spawn.target``) it lands in: the element ``i`` is the
+    parameter ``i + 1`` (the first is the process index), ``None`` past the worker's
+    parameters. ``None`` where the tuple is not literal or the worker is unknown."""
+    target = target if target is not None else spawn.target
+    if target is None or not isinstance(spawn.args, ast.Tuple):
+        return None
+    params = m.params(target)
+    return [(params[i + 1] if i + 1 < len(params) else None, el) for i, el in enumerate(spawn.args.elts)]
+
+
 def spawn_argument(m: SemanticModel, spawn: Spawn, param: str) -> Optional[ast.AST]:
     """What ``spawn`` passes its worker for ``param`` (the first parameter is the process
     index, which no expression passes): an element of a literal ``args`` tuple."""
-    if spawn.target is None or not isinstance(spawn.args, ast.Tuple):
-        return None
-    params = m.params(spawn.target)
-    if param not in params:
-        return None
-    i = params.index(param) - 1
-    elts = spawn.args.elts
-    return elts[i] if 0 <= i < len(elts) and not isinstance(elts[i], ast.Starred) else None
+    for name, el in spawn_parameters(m, spawn) or ():
+        if name == param:
+            return None if isinstance(el, ast.Starred) else el
+    return None

@@ -19,6 +19,7 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional, Set
 
+from dp2ddp.model.call_args import DATALOADER_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.held_loaders import class_holds
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER, ITERABLE_DATASET, RANDOM_SAMPLER, SEQUENTIAL_SAMPLER
@@ -226,10 +227,8 @@ def loaders(m: SemanticModel) -> List[Loader]:
         for k in call.keywords:
             if k.arg is None:
                 extra |= kwargs_keys(m, k.value) or set()
-        dataset = positional[0] if positional and not isinstance(positional[0], ast.Starred) else None
-        if dataset is None and kwarg(call, "dataset") is not None:
-            dataset = kwarg(call, "dataset").value  # type: ignore[union-attr]
-        batch = positional[1] if len(positional) > 1 else (kwarg(call, "batch_size").value if kwarg(call, "batch_size") else None)  # type: ignore[union-attr]
+        dataset = argument(call, DATALOADER_PARAMS, "dataset")
+        batch = argument(call, DATALOADER_PARAMS, "batch_size")
         shuffle = kwarg(call, "shuffle")
         sampler = kwarg(call, "sampler")
         batch_sampler = kwarg(call, "batch_sampler")

@@ -230,7 +230,7 @@ def absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module
     root = root_name(module) if module is not None else None
     target_root = root_name(target)
     separate = root is not None and target_root is not None and root.id != target_root.id and root.id != "self"
-    from dp2ddp.model.wraps import asserting_helper_statements
+    from dp2ddp.model.dp_idioms import asserting_helper_statements
 
     dropped = asserting_helper_statements(m)
     for s in m.siblings_after(anchor):

@@ -13,9 +13,11 @@ and spellings that cannot be resolved.
 * :func:`dp_other_refs`: any other use (an alias, a subclass, an argument).
 * :func:`unresolved_dp`: code that names DataParallel in a way the model cannot
   resolve (star imports, ``getattr``, a class of another package named ``*DataParallel``).
-* :func:`dp_helper_calls`: the wrapper passed to a function of the project's own modules
-  that is written for DataParallel (``patch_replication_callback(model)`` asserting
-  ``isinstance(model, DataParallel)``).
+
+The idioms written for DataParallel around a wrap (``if n_gpu > 1: loss = loss.mean()``,
+project helpers that assert a DataParallel) are :mod:`dp2ddp.model.dp_idioms`'s; where a
+wrap stands (returned by a function, fresh each pass of a loop, in a branch that exits)
+:mod:`dp2ddp.model.wrap_context`'s.
 """
 
 from __future__ import annotations
@@ -25,16 +27,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from dp2ddp.model.collectives import assigned_keys, outer_chain, var_key
+from dp2ddp.model.call_args import DATA_PARALLEL_FUNCTIONAL_PARAMS, DATA_PARALLEL_PARAMS, argument
+from dp2ddp.model.collectives import outer_chain, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
-from dp2ddp.model.project_defs import project_calls
 from dp2ddp.model.sync_bn import callback_class, patcher_calls
-from dp2ddp.model.syntax import FUNCTIONS, is_main_test, kwarg
-
-_DP_ARGS = ("module", "device_ids", "output_device", "dim")
-_FUNCTIONAL_ARGS = ("module", "inputs", "device_ids", "output_device", "dim", "module_kwargs")
-
+from dp2ddp.model.syntax import FUNCTIONS, is_main_test
 
 @dataclass
 class Wrap:
@@ -56,16 +54,8 @@ class Wrap:
         return bool(self.conditions)
 
 
-def _arg(call: ast.Call, names, name: str) -> Optional[ast.AST]:
-    i = names.index(name)
-    if i < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args[: i + 1]):
-        return call.args[i]
-    k = kwarg(call, name)
-    return k.value if k is not None else None
-
-
 def _problem(call: ast.Call, functional: bool) -> Optional[str]:
-    names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
+    names = DATA_PARALLEL_FUNCTIONAL_PARAMS if functional else DATA_PARALLEL_PARAMS
     what = "data_parallel" if functional else "DataParallel"
     if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
         return f"*args/**kwargs in the {what} call"
@@ -74,15 +64,15 @@ def _problem(call: ast.Call, functional: bool) -> Optional[str]:
         return f"{what} argument {unknown[0]}= has no DistributedDataParallel equivalent"
     if len(call.args) > len(names):
         return f"too many {what} arguments"
-    dim = _arg(call, names, "dim")
+    dim = argument(call, names, "dim")
     # DataParallel(dim != 0): dp2ddp.model.batches decides whether its batches can be split on that dimension
     if functional and dim is not None and not (isinstance(dim, ast.Constant) and dim.value == 0):
         return f"{what}(dim={ast.unparse(dim)}) scatters along another dimension; DistributedDataParallel cannot express it"
-    if _arg(call, names, "module") is None:
+    if argument(call, names, "module") is None:
         return f"{what} call without a module"
-    if functional and _arg(call, names, "inputs") is None:
+    if functional and argument(call, names, "inputs") is None:
         return "data_parallel call without inputs"
-    if functional and _arg(call, names, "module_kwargs") is not None:
+    if functional and argument(call, names, "module_kwargs") is not None:
         return "data_parallel(module_kwargs=...) is not migrated"
     return None
 
@@ -117,7 +107,7 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made] + list(callbacks.values()), key=lambda c: (c.lineno, c.col_offset))
     for call in calls:
         functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP) and id(call) not in cls_of
-        names = _FUNCTIONAL_ARGS if functional else _DP_ARGS
+        names = DATA_PARALLEL_FUNCTIONAL_PARAMS if functional else DATA_PARALLEL_PARAMS
         outer = outer_chain(m, call) if not functional else call
         stmt = m.statement_of(call)
         target = None
@@ -128,12 +118,12 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
             target = parent.target
         if not isinstance(target, (ast.Name, ast.Attribute)):
             target = None
-        args = {n: _arg(call, names, n) for n in names if n != "module"}
+        args = {n: argument(call, names, n) for n in names if n != "module"}
         out.append(
             Wrap(
                 call=call,
                 functional=functional,
-                module=_arg(call, names, "module"),
+                module=argument(call, names, "module"),
                 problem=_problem(call, functional),
                 outer=outer,
                 stmt=stmt,  # type: ignore[arg-type]
@@ -297,219 +287,6 @@ def _defined_here(m: SemanticModel, qualified: str) -> bool:
     """A qualified name of something this module defines or assigns (``<locals>`` or a bare
     module-level name), as opposed to something imported."""
     return "<locals>" in qualified or "." not in qualified
-
-
-# --------------------------------------------------------------------------- idioms
-
-GPU_COUNT = re.compile(r"n_?gpus?$|num_?gpus?$|gpu_?count$|device_count$|world_size$", re.IGNORECASE)
-
-
-def _identifiers_in(expr: ast.AST):
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Name):
-            yield n.id
-        elif isinstance(n, ast.Attribute):
-            yield n.attr
-        elif isinstance(n, ast.keyword) and n.arg:
-            yield n.arg
-        elif isinstance(n, ast.arg):
-            yield n.arg
-
-
-def _same_target(a: ast.AST, b: ast.AST) -> bool:
-    """``a`` and ``b`` are the same expression, whatever their context (load/store)."""
-    return ast.dump(a).replace("ctx=Store()", "ctx=Load()") == ast.dump(b)
-
-
-def _self_mean(stmt: ast.stmt) -> bool:
-    """``x = x.mean()``: a value averaged over itself."""
-    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
-        return False
-    v = stmt.value
-    return (
-        isinstance(v, ast.Call)
-        and isinstance(v.func, ast.Attribute)
-        and v.func.attr == "mean"
-        and not v.args
-        and not v.keywords
-        and _same_target(stmt.targets[0], v.func.value)
-    )
-
-
-def dp_loss_means(m: SemanticModel) -> List[ast.If]:
-    """DataParallel's loss averaging: an ``if`` on the GPU count (``n_gpu``,
-    ``args.n_gpu``, ``torch.cuda.device_count()``, ``world_size``) whose body only
-    averages values over themselves (``if n_gpu > 1: loss = loss.mean()``). DataParallel
-    gathers one loss per GPU; under DDP the loss is already a scalar and the ``if`` is
-    dead code (with no ``else`` and not an ``elif``, it can simply go)."""
-    got = m.cache.get("wraps:loss-means")
-    if got is None:
-        got = [
-            node
-            for node in m.nodes(ast.If)
-            if node.body  # type: ignore[attr-defined]
-            and all(_self_mean(s) for s in node.body)  # type: ignore[attr-defined]
-            and any(GPU_COUNT.search(i) for i in _identifiers_in(node.test))  # type: ignore[attr-defined]
-        ]
-        m.cache["wraps:loss-means"] = got
-    return got  # type: ignore[return-value]
-
-
-def is_elif(m: SemanticModel, node: ast.If) -> bool:
-    """``node`` is the ``elif`` of an ``if`` (not an ``if`` alone in an ``else`` block)."""
-    parent = m.parent(node)
-    return (
-        isinstance(parent, ast.If)
-        and len(parent.orelse) == 1
-        and parent.orelse[0] is node
-        and m.line_text(node.lineno)[m.position(node)[1]:].startswith("elif")
-    )
-
-
-@dataclass
-class DpHelperCall:
-    call: ast.Call  # in this script, with the wrapper as an argument
-    name: str
-    where: str  # ``modeling/sync_batchnorm/replicate.py:50``: its first DataParallel reference
-    asserts: bool  # it asserts ``isinstance(<arg>, DataParallel)``: under DDP it can only fail
-
-
-def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
-    """Calls that pass the DataParallel wrapper to a function of a project module (a file
-    beside the script) whose body names DataParallel: written for DataParallel, it will
-    meet a DDP wrapper after the migration."""
-    from dp2ddp.model.collectives import var_key, wrapped_vars
-
-    got = m.cache.get("dp_helper_calls")
-    if got is not None:
-        return got  # type: ignore[return-value]
-    out: List[DpHelperCall] = []
-    keys = wrapped_vars(m, dp=True)
-    for call, (pm, func, rel) in project_calls(m):
-        if not isinstance(func, FUNCTIONS):
-            continue
-        args = list(call.args) + [k.value for k in call.keywords]
-        if not any(var_key(m, a) in keys for a in args if not isinstance(a, ast.Starred)):
-            continue
-        refs = [r for r in pm.refs(DP) if pm.contains(func, r)]
-        if not refs:
-            continue
-        asserts = any(
-            isinstance(n, ast.Assert) and isinstance(n.test, ast.Call) and pm.is_name(n.test.func, {"builtins.isinstance"})
-            and len(n.test.args) == 2 and pm.is_name(n.test.args[1], DP)
-            for n in ast.walk(func)
-        )
-        out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", asserts))  # type: ignore[attr-defined]
-    m.cache["dp_helper_calls"] = out
-    return out
-
-
-def asserting_helper_statements(m: SemanticModel) -> Dict[int, "DpHelperCall"]:
-    """``id(statement) -> call`` for statements that only call a project helper asserting a
-    DataParallel (``patch_replication_callback(model)``): dp_idioms removes them (DDP126),
-    so a hoisted wrap may move past them."""
-    out = {}
-    for h in dp_helper_calls(m):
-        stmt = m.parent(h.call)
-        if h.asserts and isinstance(stmt, ast.Expr) and stmt.value is h.call:
-            out[id(stmt)] = h
-    return out
-
-
-def returned_wraps(m: SemanticModel, func: ast.AST) -> List[Wrap]:
-    """The DataParallel wraps of ``func`` whose wrapper it returns (``return model`` after
-    ``model = DataParallel(model)``, or ``return DataParallel(model)``)."""
-    out = []
-    for w in dp_wraps(m):
-        if w.functional or w.function is not func:
-            continue
-        for r in ast.walk(func):
-            if not isinstance(r, ast.Return) or r.value is None or m.enclosing_function(r) is not func:
-                continue
-            values = r.value.elts if isinstance(r.value, ast.Tuple) else [r.value]
-            if any(v is w.outer or (w.target is not None and m.source(v) == m.source(w.target)) for v in values):
-                out.append(w)
-                break
-    return out
-
-
-def project_wrapper_returns(m: SemanticModel) -> List[ast.Call]:
-    """Calls of this script to a function of a project module that returns a DataParallel
-    wrapper (``model = models.build(args)``), with whether that wrap needed a condition:
-    ``[(call, guarded)]``."""
-    got = m.cache.get("wraps:project_returns")
-    if got is not None:
-        return got  # type: ignore[return-value]
-    out = []
-    for call, (pm, func, _rel) in project_calls(m):
-        if isinstance(func, ast.ClassDef):
-            continue
-        ws = returned_wraps(pm, func)
-        if ws:
-            out.append((call, any(w.conditions for w in ws)))
-    m.cache["wraps:project_returns"] = out
-    return out  # type: ignore[return-value]
-
-
-def fresh_each_pass(m: SemanticModel, w: Wrap) -> bool:
-    """A wrap inside a loop that wraps a model made in the same pass, before training it
-    (k-fold cross-validation, one model per seed or per task): each pass builds its own
-    DistributedDataParallel, which every rank constructs together (the loop runs alike on
-    every rank). Not fresh: a wrap in the loop that trains (its own statements call
-    ``.backward()``), or of a model that outlives the pass."""
-    from dp2ddp.model.syntax import LOOPS
-    from dp2ddp.model.steps import own_nodes
-
-    loop = next((a for a in m.ancestors(w.stmt) if isinstance(a, LOOPS + FUNCTIONS + (ast.ClassDef, ast.Module))), None)
-    if not isinstance(loop, LOOPS) or w.module is None or w.target is None:
-        return False
-    body_calls = [n for n in own_nodes(m, loop) if isinstance(n, ast.Call)
-                  and not any(isinstance(a, LOOPS) and a is not loop for a in _between(m, n, loop))]
-    if any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in body_calls):
-        return False  # the wrap runs in the training step itself
-    made = w.module
-    while isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) and made.func.attr in ("to", "cuda", "float", "half"):
-        made = made.func.value
-    if isinstance(made, ast.Call):
-        return True
-    if isinstance(made, ast.Name):
-        return any(
-            isinstance(n, ast.Assign) and n.lineno < w.stmt.lineno
-            and any(isinstance(t, ast.Name) and t.id == made.id for tgt in n.targets for t in ast.walk(tgt))
-            for n in own_nodes(m, loop)
-        )
-    return False
-
-
-def _between(m: SemanticModel, node: ast.AST, top: ast.AST):
-    for a in m.ancestors(node):
-        if a is top:
-            return
-        yield a
-
-
-def in_exiting_branch(m: SemanticModel, w: Wrap) -> bool:
-    """The wrap is in an ``if`` branch that ends the program (or its function) without
-    training: ``if args.test_only: ...; net = DataParallel(net); <evaluate>; sys.exit(0)``."""
-    from dp2ddp.model.ranks import is_exit
-    from dp2ddp.model.training import is_backward, trains
-
-    for a in m.ancestors(w.stmt):
-        if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda)):
-            return False
-        if not (isinstance(a, ast.If) and any(s is w.stmt or m.contains(s, w.stmt) for s in a.body)):
-            continue
-        last = a.body[-1]
-        ends = isinstance(last, (ast.Return, ast.Raise)) and (
-            not isinstance(last, ast.Raise) or "SystemExit" in m.source(last))
-        if isinstance(last, ast.Return) and m.enclosing_function(last) is None:
-            ends = False
-        if is_exit(last):
-            ends = True
-        if ends:
-            body_calls = [c for s in a.body for c in ast.walk(s) if isinstance(c, ast.Call)]
-            return not any(is_backward(c) for c in body_calls) and not any(trains(m, s) for s in a.body)
-    return False
 
 
 def uses_dataparallel(m: SemanticModel) -> bool:

@@ -25,6 +25,7 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional
 
+from dp2ddp.model.call_args import COPY_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import (
     COPY,
@@ -88,11 +89,11 @@ def writers(m: SemanticModel) -> List[Writer]:
         q = m.qualified_names(call.func)
         if not q and isinstance(call.func, ast.Attribute) and call.func.attr == "SummaryWriter":
             # __import__(module, fromlist=['SummaryWriter']).SummaryWriter(log_dir) (pytorch-template)
-            out.append(Writer("tensorboard", call, call.args[0] if call.args else None))
+            out.append(Writer("tensorboard", call, argument(call, SUMMARY_WRITER_PARAMS, "log_dir")))
             continue
         if isinstance(call.func, ast.Attribute) and call.func.attr in FRAME_WRITES and not q & (SAVE | FILE_WRITES):
             # ``data_frame.to_csv(path)``: a pandas frame written to a file by name
-            out.append(Writer("save", call, call.args[0] if call.args else (kwarg(call, "path_or_buf").value if kwarg(call, "path_or_buf") else None)))  # type: ignore[union-attr]
+            out.append(Writer("save", call, argument(call, TO_CSV_PARAMS, "path_or_buf")))
             continue
         if q & LOGGING_CONFIG:
             out.append(Writer("logconfig", call))
@@ -104,11 +105,11 @@ def writers(m: SemanticModel) -> List[Writer]:
             continue
         first = call.args[0] if call.args else None
         if q & SAVE:
-            out.append(Writer("save", call, call.args[1] if len(call.args) > 1 else (kwarg(call, "f").value if kwarg(call, "f") else None)))  # type: ignore[union-attr]
+            out.append(Writer("save", call, argument(call, SAVE_PARAMS, "f")))
         elif q & FILE_WRITES:
             out.append(Writer("save", call, first))
         elif q & COPY:
-            out.append(Writer("copy", call, call.args[1] if len(call.args) > 1 else None))
+            out.append(Writer("copy", call, argument(call, COPY_PARAMS, "dst")))
         elif q & MKDIR:
             ok = kwarg(call, "exist_ok")
             idem = ok is not None and _truthy(ok.value)
@@ -118,7 +119,7 @@ def writers(m: SemanticModel) -> List[Writer]:
             if mode is None or writes_mode(mode):
                 out.append(Writer("open", call, first))
         elif q & SUMMARY_WRITERS:
-            out.append(Writer("tensorboard", call, first or (kwarg(call, "log_dir").value if kwarg(call, "log_dir") else None)))  # type: ignore[union-attr]
+            out.append(Writer("tensorboard", call, argument(call, SUMMARY_WRITER_PARAMS, "log_dir")))
         elif q & WANDB_INIT:
             out.append(Writer("wandb", call))
         elif q & TQDM:

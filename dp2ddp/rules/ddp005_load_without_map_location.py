@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from dp2ddp.model.call_args import LOAD_PARAMS, argument
 from dp2ddp.model.collectives import is_ddp_code
 from dp2ddp.model.names import LOAD
-from dp2ddp.model.syntax import kwarg
-from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, has_double_star, positional, tails
+from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, has_double_star, tails
 
 
 def check(m):
     if not is_ddp_code(m):
         return
     for call in m.calls(LOAD):
-        if kwarg(call, "map_location") is None and not has_double_star(call) and len(positional(call)) < 2:
+        if argument(call, LOAD_PARAMS, "map_location") is None and not has_double_star(call):
             yield Hit(call)
 
 

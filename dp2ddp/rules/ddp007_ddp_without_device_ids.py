@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import ast
 
+from dp2ddp.model.call_args import DDP_PARAMS, argument
 from dp2ddp.model.names import DDP
-from dp2ddp.model.syntax import kwarg
-from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, has_double_star, literal, positional, tails
+from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, has_double_star, literal, tails
 
 
 def uses_cuda(m) -> bool:
@@ -34,7 +34,7 @@ def check(m):
     if not calls or not uses_cuda(m):
         return
     for call in calls:
-        if kwarg(call, "device_ids") is None and len(positional(call)) < 2 and not has_double_star(call):
+        if argument(call, DDP_PARAMS, "device_ids") is None and not has_double_star(call):
             yield Hit(call)
 
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 from dp2ddp.model.collectives import call_reaches, collective_sites, is_ddp_code
 from dp2ddp.model.names import BARRIER, COLLECTIVES, DDP
 from dp2ddp.model.ranks import rank_split_conditionals, runs_undistributed_only, splits_ranks
-from dp2ddp.model.wraps import is_elif
+from dp2ddp.model.dp_idioms import is_elif
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Text, Valid, literal, tails
 
 MESSAGE = "`{what}` inside a block only some ranks enter: the other ranks never join and the job hangs"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dp2ddp.findings import Fix
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.wraps import dp_loss_means, is_elif
+from dp2ddp.model.dp_idioms import dp_loss_means, is_elif
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Text, Valid
 
 

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator, List, Optional, Set
+from typing import Iterator, List, Set
 
 from dp2ddp.findings import Fix
+from dp2ddp.model.call_args import SAVE_PARAMS, argument
 from dp2ddp.model.collectives import VarKey, outer_chain, var_key, wrapped_vars
 from dp2ddp.model.loaders import follow
 from dp2ddp.model.names import DDP, DP, SAVE
-from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wraps import conditions
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, tails
-
-
-def _saved_object(call: ast.Call) -> Optional[ast.AST]:
-    """``torch.save(obj, f)``: ``obj``."""
-    if call.args and not isinstance(call.args[0], ast.Starred):
-        return call.args[0]
-    k = kwarg(call, "obj")
-    return k.value if k is not None else None
 
 
 def _items(m, obj: ast.AST) -> List[ast.AST]:
@@ -97,7 +89,7 @@ def _to_module(name: ast.AST):
 def check(m) -> Iterator[Hit]:
     seen: Set[int] = set()
     for call in m.calls(SAVE):
-        obj = _saved_object(call)
+        obj = argument(call, SAVE_PARAMS, "obj")
         if obj is None:
             continue
         for item in _items(m, obj):

@@ -76,7 +76,7 @@ def module_prefix(d: dict, keys_of: str, dp_in_original: bool, readers=()) -> Tu
     what such a difference means: the policy of rewrite's issue 18 (keys as the project's
     own loading code accepts them; where no loader is found, the original's keys) is to be
     pointed at from here: ``readers`` are the project's own loaders of the script's checkpoints
-    (:func:`dp2ddp.model.checkpoints.checkpoint_readers`, the ones ``rewrite`` chose the keys
+    (:func:`dp2ddp.model.checkpoint_keys.checkpoint_readers`, the ones ``rewrite`` chose the keys
     by). When every one of them loads the migration's keys (or accepts either), the difference
     is a warning naming them; a loader that wants the original's keys makes it a problem; with
     none found, the advice names both sides' keys, which model each loads into, and how to make

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import sys
@@ -131,7 +130,7 @@ def verify(
         return EXIT_USAGE
     overlays = scratch_mod.in_root(root, helpers)
     if len(overlays) < len(helpers):
-        outside = sorted(str(p) for p in helpers if not Path(os.path.normpath(p)).is_relative_to(root))
+        outside = sorted(str(p) for p in helpers if scratch_mod.relative_in(root, p) is None)
         click.echo(f"{original}: migrated project modules outside the project root {root}: {', '.join(outside)} "
                    "(--project-root DIR takes a folder above them)", err=True)
         return EXIT_USAGE
@@ -155,10 +154,10 @@ def verify(
             speed_notes.append("speed reported, not judged: on CPU a few cores cannot show DDP's gain "
                                "(--min-speedup X judges it)")
 
-    from dp2ddp.verify import analyze, report, runner, session, speed
+    from dp2ddp.verify import analyze, options, report, runner, session, speed
 
     original, migrated = original.resolve(), migrated.resolve()
-    opts = analyze.Options(
+    opts = options.Options(
         steps=steps,
         warmup=warmup,
         rtol=rtol,

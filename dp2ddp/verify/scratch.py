@@ -219,14 +219,20 @@ def prepare(script: Path, dest: Path, content: Optional[bytes] = None, mirror: O
     return Place(root=dest, script=target, cwd=run_dir)
 
 
+def relative_in(root: Path, path: Path) -> Optional[Path]:
+    """``path`` (absolute, normalised here) relative to ``root``; ``None`` outside it."""
+    norm = Path(os.path.normpath(path))
+    return norm.relative_to(root) if norm.is_relative_to(root) else None
+
+
 def in_root(root: Path, files: Dict[Path, bytes]) -> Dict[Path, bytes]:
     """``files`` (absolute paths) keyed by their path relative to ``root``; those outside it
     are left out (a run's copy holds only the project)."""
     out = {}
     for path, data in files.items():
-        norm = Path(os.path.normpath(path))
-        if norm.is_relative_to(root):
-            out[norm.relative_to(root)] = data
+        rel = relative_in(root, path)
+        if rel is not None:
+            out[rel] = data
     return out
 
 

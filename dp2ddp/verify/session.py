@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from dp2ddp.verify import analyze, outputs, runner, scratch as scratch_mod, speed
+from dp2ddp.verify import analyze, failures, options, outputs, run_files, runner, scratch as scratch_mod, speed
 
 AUTO_PAIRS = 3  # measured pairs by default ...
 AUTO_BUDGET_S = 120.0  # ... while the runs so far plus one more pair fit in this
@@ -51,7 +51,7 @@ class Setup:
     nnodes: int
     threads: Dict[str, Any]
     repeat: Optional[int]  # None: the default (AUTO_PAIRS within AUTO_BUDGET_S)
-    opts: analyze.Options
+    opts: options.Options
     root: Optional[Path] = None  # the user's project (default: the original's folder)
     cwd: Optional[Path] = None  # where the runs start, in the user's project (default: the script's folder)
     extend: int = 0  # the evidence: go on to the training loader's second epoch, up to this many steps
@@ -106,17 +106,17 @@ def run(setup: Setup, progress) -> Outcome:
         places = {role: _place(setup, role, pair.folder / role, mirror, root) for role in roles}
         if first_script is None:
             first_script = places["migrated"].script
-        seen: Dict[str, outputs.RunOutputs] = {}
+        seen: Dict[str, run_files.RunOutputs] = {}
         took: Dict[str, float] = {}
         for role in roles:
-            if role == "envelope" and any(r.hung or r.exit_code not in (0, None) and not analyze.exit_race(r)
+            if role == "envelope" and any(r.hung or r.exit_code not in (0, None) and not failures.exit_race(r)
                                           for r in pair.runs.values()):
                 shutil.rmtree(pair.folder / role, ignore_errors=True)
                 continue  # a failed run has no losses to judge: no envelope needed
             place = places[role]
             args = scratch_mod.remap(setup.args, root, place.root)
             syspath = [str(place.cwd), str(place.script.parent), str(place.root)]
-            watch = outputs.Watch(place.root, args, cwd=place.cwd, syspath=syspath) if k == 1 else None
+            watch = run_files.Watch(place.root, args, cwd=place.cwd, syspath=syspath) if k == 1 else None
             probe_role = "original" if role == "envelope" else role
             env = dict(speed.thread_env(setup.threads[probe_role]))
             env.update(_guard_env(setup, place, pair.folder, role, root))
@@ -269,7 +269,7 @@ def sampler_plans(run: runner.RunResult) -> List[Dict[str, Any]]:
     return list(plans.values())
 
 
-def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> Dict[str, Any]:
+def _outputs(seen: Dict[str, run_files.RunOutputs], pair: Pair, setup: Setup) -> Dict[str, Any]:
     """The first pair's outputs compared; a comparison that fails on an unexpected file
     costs its section, not the verification."""
     failed = sorted({c["role"] for c in pair.report.get("crashes", [])} | ({pair.report["hang"]["role"]} if "hang" in pair.report else set()))
@@ -285,7 +285,7 @@ def _outputs(seen: Dict[str, outputs.RunOutputs], pair: Pair, setup: Setup) -> D
     split = env is not None and any((r.end or {}).get("envelope") == "chunks" for r in env.ranks.values())
     stochastic = (pair.report.get("tolerance") or {}).get("why") or []
     batches = sorted({int(s.get("samples") or 0) for r in pair.runs["original"].ranks.values() for s in r.steps} - {0})
-    from dp2ddp.model.checkpoints import checkpoint_readers
+    from dp2ddp.model.checkpoint_keys import checkpoint_readers
 
     try:
         return outputs.compare(seen["original"], seen["migrated"], setup.nproc * setup.nnodes, dp, steps, envelope=envelope,

@@ -2,7 +2,7 @@
 
 ``EXAMPLES[code]`` is a script on which the migration (``dp2ddp rewrite``, and ``dp2ddp
 check --fix`` through DDP001) reports ``code``; a code whose ``MigrationCode.example`` in
-``dp2ddp/codemods/codes.py`` draws it needs no entry here. ``NOT_EMITTED`` lists the codes
+``dp2ddp/migration_codes/`` draws it needs no entry here. ``NOT_EMITTED`` lists the codes
 no script draws yet, with why (their tests are expected failures until that changes).
 """
 

@@ -1,0 +1,111 @@
+"""Migration codes of what one rank does for all: saves, prints and writers on rank 0,
+devices per rank, checkpoints and their keys."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from dp2ddp.migration_codes.code import IMPORTS, STEP, MigrationCode, script
+
+CODES: Tuple[MigrationCode, ...] = (
+    MigrationCode(
+        "DDP109", "fixed-device-left", "warning",
+        "a fixed device (`\"cuda:1\"`, `.cuda(2)`, `CUDA_VISIBLE_DEVICES`) that dp2ddp leaves as it is",
+        "Under DDP each rank uses its own GPU (`LOCAL_RANK`); a fixed index puts every rank on the same GPU.",
+        "Use `\"cuda\"` (the current device after the set-up's `set_device`) or `torch.cuda.current_device()`.",
+        "No fix.",
+    ),
+    MigrationCode(
+        "DDP110", "writer-left-on-every-rank", "error",
+        "a writer that dp2ddp cannot restrict to rank 0; the file is left unchanged",
+        "Every rank would write its own copy of a log or an event file, or the same file at once; a project helper "
+        "that removes or renames and recreates a folder on every rank deletes or moves away what rank 0 wrote (found "
+        "through the project modules such a helper calls in turn). A migration that writes N copies "
+        "is refused rather than written (`--accept DDP110` writes it anyway).",
+        "Restrict it to rank 0 (`if dist.get_rank() == 0:`), or split the writing out of a helper that also keeps "
+        "state, then migrate. (What dp2ddp can restrict it does: writers in the script, project helpers that only "
+        "write — called on rank 0 —, and helpers that create a folder without `exist_ok` — run on rank 0 first, "
+        "the other ranks after a barrier.)",
+        "No fix.",
+    ),
+    MigrationCode(
+        "DDP113", "print-split", "info",
+        "a `print` whose arguments do work (a call of the script, a forward) is split: the work on every rank, the print on rank 0",
+        "Only rank 0 prints, but what the arguments compute may be a collective (a DDP forward, an evaluation that "
+        "all-reduces) that every rank must join.",
+        "The calls run on every rank into locals; the `print` of those locals runs on rank 0.",
+        "Safe: evaluation order is kept.",
+        IMPORTS + "\ndef evaluate(model):\n    return model(torch.randn(8, 4)).sum().item()\n\n\nmodel = nn.DataParallel(nn.Linear(4, 1))\n" + STEP + "print(f\"eval loss = {evaluate(model):.4f}\")\n",
+    ),
+    MigrationCode(
+        "DDP137", "whole-model-saved-bare", "info",
+        "a wrapped model saved whole (`torch.save(model)`, `{\"net\": net}`) is saved as its bare module",
+        "A pickled `DistributedDataParallel` object only loads where its class and a process group exist: the project's "
+        "evaluation script could no longer read the file.",
+        "`torch.save(model, p)` -> `torch.save(model.module, p)`; a wrapper inside the saved dict, list or tuple (also one "
+        "built earlier, `state = {\"net\": net}`) -> `net.module`. The file holds the model as on one device.",
+        "Safe where the file's readers use the model (`model = torch.load(p); model(x)`); a reader that takes `.module` of "
+        "the loaded object needs `.module` dropped.",
+        script("model = nn.DataParallel(model)\ntorch.save(model, \"model.pth\")\n"),
+    ),
+    MigrationCode(
+        "DDP138", "wrapper-replaced-by-checkpoint", "error",
+        "the wrapped model is replaced by an object loaded from a checkpoint; the file is left unchanged",
+        "The migration saves the bare model (DDP137), so `net = checkpoint[\"net\"]` after the wrap would put a plain "
+        "module where the DistributedDataParallel wrapper was: gradients would no longer be averaged across ranks.",
+        "Save and load the `state_dict()` instead (`net.load_state_dict(checkpoint[\"net\"])`), then migrate.",
+        "No fix.",
+        script("model = nn.DataParallel(model)\nmodel = torch.load(\"model.pth\")\n"),
+    ),
+    MigrationCode(
+        "DDP150", "checkpoint-keys", "info",
+        "the `state_dict` keys the migration writes for a wrapped model, and why",
+        "A DataParallel wrapper writes `module.`-prefixed keys; one device wrote plain keys. The project's own loaders "
+        "read one or the other, and `verify` judges the migration's checkpoints by the same policy.",
+        "As the project's loaders outside the script read them (an evaluation script that loads into the bare model: "
+        "plain keys, through `.module`; one that loads into a wrapper: `module.`); with none found, as the original "
+        "wrote them (an unconditional DataParallel wrap: `module.`; one that needed several GPUs: plain). Saves and the "
+        "script's own loads of that model go through `.module` together, or not at all.",
+        "Safe.",
+        script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\ntorch.save(model.state_dict(), \"m.pt\")\n"),
+    ),
+    MigrationCode(
+        "DDP132", "save-on-rank-zero", "info",
+        "checkpoint and file writes run on rank 0 only",
+        "Every rank would write the same file at the same time.",
+        "`torch.save`, `np.save`, copies and other whole-file writes go under `if dist.get_rank() == 0:`; a file that "
+        "other ranks read afterwards gets a `dist.barrier()`; folders are created with `exist_ok=True` on every rank.",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP133", "print-on-rank-zero", "info",
+        "progress printing runs on rank 0 only",
+        "N ranks would print every line N times.",
+        "`print(...)` goes under `if dist.get_rank() == 0:` (`--print-all-ranks` keeps it on every rank).",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP134", "rank-device", "info",
+        "explicit CUDA device 0 becomes the rank's device",
+        "DataParallel gathers on GPU 0; under DDP each rank owns the GPU `set_device` selected.",
+        "`\"cuda:0\"` -> `\"cuda\"`, `.cuda(0)` -> `.cuda()`, a literal `torch.cuda.set_device(0)` is dropped.",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP135", "writer-on-rank-zero", "info",
+        "TensorBoard, wandb, tqdm, log and result files act on rank 0 only",
+        "Each rank would create its own event file, run, bar or log file, or write the same file at once.",
+        "A `SummaryWriter` is created on rank 0 (`None` elsewhere) and every use of it is guarded; `wandb.init` gets "
+        "`mode=\"disabled\"` on other ranks; tqdm gets `disable=` on other ranks; log and result files opened for "
+        "writing go to `os.devnull` on other ranks.",
+        "Safe: calls on other ranks do nothing and do not raise.",
+    ),
+    MigrationCode(
+        "DDP136", "map-location", "info",
+        "`torch.load` gets a `map_location`",
+        "Without it every rank loads the checkpoint onto the GPU it was saved from (GPU 0).",
+        "A checkpoint that feeds `load_state_dict` is loaded to `\"cpu\"` (the state is copied to the model's device); "
+        "anything else is mapped onto the rank's device.",
+        "Safe.",
+    ),
+)

@@ -1,0 +1,178 @@
+"""Migration codes of the training step: gradient accumulation, losses whose scale or batch
+changes under DDP, per-sample noise, a forward before training."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from dp2ddp.migration_codes.code import IMPORTS, MigrationCode, script
+
+CODES: Tuple[MigrationCode, ...] = (
+    MigrationCode(
+        "DDP162", "per-sample-noise", "info",
+        "noise a training step draws per item of the batch: each rank keeps its rows of the global batch's draw",
+        "A GAN's `noise = torch.randn(b_size, nz, 1, 1)` in the training loop drew one row per item of the global "
+        "batch under DataParallel. Under DDP each rank's `b_size` is its share and the ranks' random streams are "
+        "seeded alike, so every rank would draw the same rows: the global batch would hold world-size copies of them "
+        "and train on less noise than the original.",
+        "The draw's first size dimension (the size of a value the step makes: `x.size(0)`, `x.shape[0]`, `len(x)`, or "
+        "a name bound to one in the loop) is multiplied by the world size and the result cut in world-size parts, "
+        "`.chunk(dist.get_world_size())[dist.get_rank()]`: every rank draws the original's rows from the same "
+        "stream and keeps those that go with the samples `shard_loader` gives it (its contiguous slice of each "
+        "global batch). A draw shaped like a batch tensor (`torch.randn_like(img)`, `torch.randn(img.size())`, "
+        "`torch.FloatTensor(img.size()).normal_(0, s)`) is made world-size times on every rank, which keeps draw "
+        "number `rank`: `[torch.randn_like(img) for _ in range(dist.get_world_size())][dist.get_rank()]`.",
+        "Safe: the streams stay alike on every rank (random choices that steer control flow still agree); each "
+        "rank draws world-size times as many numbers, which is cheap beside a forward pass. Draws inside the model's "
+        "`forward` are left alone (they ran on every replica under DataParallel too).",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
+        "    n = x.size(0)\n    z = torch.randn(n, 4)\n    model(x + z).sum().backward()\n    opt.step()\n",
+        "    # dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)\n"
+        "    z = torch.randn(n * dist.get_world_size(), 4).chunk(dist.get_world_size())[dist.get_rank()]\n",
+    ),
+    MigrationCode(
+        "DDP163", "valid-count-mean", "info",
+        "a loss averaged over the valid targets (`ignore_index`) of the batch: each rank's mean is weighted by its share of them",
+        "`nn.CrossEntropyLoss(ignore_index=pad)` computed on DataParallel's gathered outputs averaged over the valid "
+        "targets of the whole batch (padding tokens, ignored pixels left out). Under DDP each rank averages over its "
+        "own share's valid targets, whose count differs from rank to rank, and the gradients are averaged over the "
+        "ranks: the shares would weigh alike, not by their valid targets, and the step would differ from the original's.",
+        "The loss passes through `valid_mean(loss, target, ignore_index)` (written once into the script): this "
+        "rank's mean times `count * world_size / total_count`, the counts of valid targets all-reduced once a step. "
+        "The gradient is the original's exactly; the loss averaged over the ranks is the original's (each rank's own "
+        "printed value is its weighted share).",
+        "Safe: one all-reduce of a number per step, reached by every rank. Losses computed inside the model's "
+        "`forward` (each DataParallel replica averaged its own share already), under `torch.no_grad()`, with a class "
+        "`weight=` or another reduction are left alone.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 3))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "criterion = nn.CrossEntropyLoss(ignore_index=0)\nx, y = torch.randn(8, 4), torch.randint(0, 3, (8,))\n"
+        "loss = criterion(model(x), y)\nloss.backward()\nopt.step()\n",
+        "loss = valid_mean(criterion(model(x), y), y, 0)\n",
+    ),
+    MigrationCode(
+        "DDP118", "sum-reduction-scale", "warning",
+        "a `reduction=\"sum\"` loss: under DDP each step is 1/world_size of DataParallel's",
+        "DataParallel sums over the whole batch; under DDP each process sums its share and the gradients are averaged "
+        "across processes.",
+        "Multiply the loss (or the learning rate) by `dist.get_world_size()` to keep DataParallel's steps, or use the "
+        "mean. Lint rule DDP015 reports the same places.",
+        "No fix: whether the sum is wanted is the script's decision.",
+        script("criterion = nn.MSELoss(reduction=\"sum\")\nmodel = nn.DataParallel(model)\n"),
+    ),
+    MigrationCode(
+        "DDP139", "forward-before-training", "error",
+        "the wrapped model runs on a training batch between the wrap and training in a way dp2ddp cannot give the "
+        "global batch; the file is left unchanged",
+        "Layers that initialise from their first batch (ActNorm, data-dependent initialisation) do it in such a forward. "
+        "DataParallel ran it on the whole batch; under DDP each rank runs it on its own share after the wrapper "
+        "broadcast rank 0's parameters, so the replicas start apart and never meet. Where the forward runs under "
+        "`torch.no_grad()` (or through `model.module`) on tensor expressions, its inputs are gathered instead (DDP155); "
+        "through the wrapper with gradients on, no backward would follow it and DDP's reduction would stay pending.",
+        "Run that forward on the bare model under `torch.no_grad()` (or before the wrap), then migrate.",
+        "No fix.",
+        IMPORTS + "from torch.utils.data import DataLoader, TensorDataset\n\n"
+        "loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, shuffle=True)\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nmodel(next(iter(loader))[0])\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor (x,) in loader:\n    model(x).sum().backward()\n    opt.step()\n",
+    ),
+    MigrationCode(
+        "DDP154", "in-batch-loss-gathered", "info",
+        "a loss that compares the samples of a batch with each other gets every rank's share of the batch",
+        "A contrastive loss (SupCon, NT-Xent, InfoNCE with in-batch negatives) compares every sample of the batch with "
+        "every other. Under DataParallel it ran on the gathered outputs; under DDP each process would compute it on "
+        "its own share (fewer negatives: another loss, another model).",
+        "Each input of the loss call (names the training step assigns) goes through `GatherBatch.apply(...)`, a small "
+        "autograd function written once into the script: forward, `all_gather` of every rank's share in rank order "
+        "(the original's global batch, since each rank holds a contiguous slice of it); backward, the gradients of "
+        "every rank's (identical) loss summed and this rank's share kept, so that DDP's average of the parameters' "
+        "gradients is the original's gradient.",
+        "Safe where every rank's share has the same size (the sharded loaders pad the last batch to make it so); the "
+        "loss runs over the global batch on every rank (world-size times its cost). An input that is not a value of "
+        "the training step (a queue of negatives, a parameter) is not gathered: the file is refused (DDP153).",
+        IMPORTS + "def contrastive_loss(z):\n    logits = z @ z.T\n"
+        "    return nn.functional.cross_entropy(logits, torch.arange(len(z)))\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for (x,) in torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8):\n"
+        "    features = model(x)\n    loss = contrastive_loss(features)\n    loss.backward()\n    opt.step()\n",
+        "    loss = contrastive_loss(GatherBatch.apply(features))\n",
+    ),
+    MigrationCode(
+        "DDP155", "init-forward-gathered", "info",
+        "a forward on the first training batch before training (data-dependent initialisation) sees the global batch",
+        "Layers that initialise themselves from the first batch they see (ActNorm in flow models, data-dependent "
+        "init, LSUV) do it in a forward before training, or under a first-pass test through `model.module` (glow). "
+        "DataParallel ran it on the whole batch; under DDP each rank would run it on its own share after the wrapper "
+        "broadcast rank 0's parameters: the replicas would start apart and stay apart.",
+        "Each input of that forward made from a batch goes through `GatherBatch.apply(...)` (written once into the "
+        "script, see DDP154): every rank runs the initialisation on the global batch, the data the original used, "
+        "and the replicas start alike.",
+        "Safe: the forward is the same computation on the same data on every rank; it costs world-size times one "
+        "forward, once. A forward through the wrapper with gradients on, or with inputs that are not tensor "
+        "expressions, is refused instead (DDP139).",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(32, 4), batch_size=8)\nfor i, x in enumerate(loader):\n"
+        "    if i == 0:\n        with torch.no_grad():\n            model.module(x * 2)\n        continue\n"
+        "    model(x).sum().backward()\n    opt.step()\n",
+        "            model.module(GatherBatch.apply(x * 2))\n",
+    ),
+    MigrationCode(
+        "DDP153", "in-batch-loss", "error",
+        "a loss the training reaches compares the samples of a batch with each other (`features @ features.T`) and gathers nothing from the other ranks",
+        "Under DataParallel a contrastive loss (SupCon, NT-Xent, InfoNCE) runs on the gathered outputs: every sample "
+        "meets every other. Under DDP each process computes it on its own share, so each sample meets a fraction of "
+        "the negatives: another loss, and a migration that trains a different model while exiting 0.",
+        "Gather every rank's features before the loss (an all_gather that keeps the gradients, as SimCLR's "
+        "GatherLayer), then migrate.",
+        "No fix.",
+        "import torch\nimport torch.nn as nn\n\n\ndef contrastive_loss(z):\n    sim = torch.matmul(z, z.T)\n"
+        "    return -torch.log_softmax(sim, dim=1).diagonal().mean()\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(2):\n    opt.zero_grad()\n    loss = contrastive_loss(model(torch.randn(8, 4)))\n"
+        "    loss.backward()\n    opt.step()\n",
+    ),
+    # ---- the migrated run does no more work than a hand migration (issue 20): DDP140-DDP149
+    MigrationCode(
+        "DDP140", "accumulation-no-sync", "info",
+        "gradient accumulation: the passes that do not step the optimizer run under `model.no_sync()`",
+        "Where `optimizer.step()` follows only every k-th backward pass, DDP would still all-reduce the gradients in "
+        "every backward pass: k all-reduces per step where one is needed.",
+        "The statements from the forward to the backward of each pass go under `with contextlib.nullcontext() if "
+        "<step condition> else model.no_sync():`; the condition is the loop's own, read before the forward (a counter "
+        "incremented in between, `step += 1`, is read as `step + 1`). The loss scaling (`loss = loss / accum`) stays.",
+        "Safe: DDP all-reduces the locally accumulated sum in the pass that syncs, the same averaged gradient as "
+        "before; anything that reads the gradients between micro-steps keeps every pass in sync instead (DDP142).",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n    loss = model(torch.randn(8, 4)).sum() / 4\n    loss.backward()\n"
+        "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n",
+        "for i in range(8):\n\n    # dp2ddp: all-reduce the gradients only in the backward pass an optimizer step follows\n"
+        "    with contextlib.nullcontext() if (i + 1) % 4 == 0 else model.no_sync():\n"
+        "        loss = model(torch.randn(8, 4)).sum() / 4\n        loss.backward()\n",
+    ),
+    MigrationCode(
+        "DDP141", "accumulation-step-unreadable", "error",
+        "the optimizer steps after only some backward passes, on a condition dp2ddp cannot read before the forward",
+        "DDP must know before a pass's forward whether its backward all-reduces (`no_sync()`); a step condition that "
+        "reads what the pass computes (`if step_now(loss):`), a call of the script, or a name set after the forward "
+        "cannot be known there, and guessing would step on unsynchronised gradients.",
+        "Compute the condition from values known before the forward (the loop index, a counter), or restructure the "
+        "loop, and run `dp2ddp rewrite` again.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n    loss = model(torch.randn(8, 4)).sum()\n    loss.backward()\n"
+        "    done = i + 1\n    if done % 4 == 0:\n        opt.step()\n",
+    ),
+    MigrationCode(
+        "DDP142", "accumulation-kept-in-sync", "warning",
+        "an accumulation loop whose every backward pass keeps all-reducing",
+        "Gradients read between micro-steps (`clip_grad_norm_` outside the step's `if`, `p.grad`) must be the "
+        "averaged ones the original saw; or dp2ddp cannot tell which wrapped model's forward the pass runs.",
+        "Nothing changes: each backward pass all-reduces, as DDP does by default (correct, not faster). To "
+        "accumulate without all-reducing, clip under the step's `if` and run the forward of one wrapped model per pass.",
+        "Safe: the migration is the plain DDP one.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i in range(8):\n    loss = model(torch.randn(8, 4)).sum() / 4\n    loss.backward()\n"
+        "    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n"
+        "    if (i + 1) % 4 == 0:\n        opt.step()\n        opt.zero_grad()\n",
+    ),
+)

@@ -1,0 +1,187 @@
+"""Migration codes of the wrap and of the file as a whole: DataParallel made
+DistributedDataParallel (or refused), the process group, a script's own distributed path,
+uses of the wrapped model."""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+from dp2ddp.migration_codes.code import IMPORTS, STEP, MigrationCode, script
+
+CODES: Tuple[MigrationCode, ...] = (
+    MigrationCode(
+        "DDP100", "wrap-migrated", "info",
+        "a `DataParallel` wrap becomes a `DistributedDataParallel` wrap",
+        "DDP runs one process per device; the wrapper must exist before the first forward of training on every rank.",
+        "`DataParallel(m, device_ids=..., output_device=...)` becomes `DistributedDataParallel(m, device_ids=[current "
+        "device] if CUDA else None)`; the module is placed on its device first (`DP(m).cuda()` -> `DDP(m.cuda())`, a "
+        "following `m.to(device)` is absorbed).",
+        "Safe: the wrap stays where it was or moves just below the placement of the same module.",
+        script("model = nn.DataParallel(model).cuda()\n"),
+        "model = DistributedDataParallel(model.cuda(), device_ids=[torch.cuda.current_device()] if torch.cuda.is_available() else None)\n",
+    ),
+    MigrationCode(
+        "DDP101", "wrap-not-migratable", "error",
+        "a `DataParallel` use that dp2ddp cannot migrate; the file is left unchanged",
+        "Some uses have no DDP equivalent (`dim != 0`, unknown arguments) or cannot be followed (a subclass, an alias, "
+        "DataParallel passed as a value). A half-migrated script is worse than the original.",
+        "Migrate the named line by hand, or restructure it into a plain `model = DataParallel(model)` wrap and run "
+        "`dp2ddp rewrite` again.",
+        "No fix: the file is left byte-for-byte as it was.",
+        script("model = nn.DataParallel(model, dim=1)\n"),
+    ),
+    MigrationCode(
+        "DDP102", "partial-wrap-widened", "info",
+        "a partial wrap (`model.features = DP(model.features)`) becomes one wrap of the whole model",
+        "DDP must average the gradients of every trained parameter; wrapping a part would leave the rest to drift apart.",
+        "The sub-module assignment is dropped and the whole model is wrapped once after its placement.",
+        "Safe for training; the model's attribute structure (`model.features`) stays as it was.",
+        IMPORTS + "model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))\nmodel.features = model[0]\nmodel.features = torch.nn.DataParallel(model.features)\nmodel.to(\"cpu\")\n" + STEP,
+    ),
+    MigrationCode(
+        "DDP103", "guarded-wrap-hoisted", "info",
+        "a wrap under a condition (`if torch.cuda.device_count() > 1:`) moves out of it",
+        "Under DDP every rank must wrap, also with one GPU or on CPU, or the ranks train apart.",
+        "The wrap is placed after the `if`; uses of the wrapped name that the original made on the bare module (its own "
+        "methods and attributes, `state_dict` keys) go through `.module`, so the script behaves as it did on one device.",
+        "Safe: on one device the original had no wrapper, so checkpoints keep keys without the `module.` prefix.",
+        script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\n"),
+    ),
+    MigrationCode(
+        "DDP104", "distributed-path-incomplete", "error",
+        "the script already has a distributed path that dp2ddp cannot complete; the file is left unchanged",
+        "A script with its own `init_process_group`/`mp.spawn`/`--local_rank` path beside a DataParallel fallback is "
+        "migrated by completing that path for torchrun; where it depends on something dp2ddp cannot rewrite, the "
+        "message names it.",
+        "Complete the named part by hand (usually: read RANK/WORLD_SIZE/LOCAL_RANK from the environment), then remove "
+        "the DataParallel fallback.",
+        "No fix: the file is left byte-for-byte as it was.",
+    ),
+    MigrationCode(
+        "DDP107", "data-parallel-unresolved", "warning",
+        "code names DataParallel in a way dp2ddp cannot resolve (a star import, `getattr`, a class of another package)",
+        "dp2ddp migrates what it can prove is `torch.nn.DataParallel`; it never reports \"nothing to migrate\" for a "
+        "file that may still use it.",
+        "Import DataParallel explicitly (`from torch.nn import DataParallel`, `import torch.nn as nn`) and run again, "
+        "or migrate the named line by hand.",
+        "No fix.",
+        "from modeling import *\n\nmodel = torch.nn.DataParallel(model)\n",
+    ),
+    MigrationCode(
+        "DDP111", "wrapper-use-unresolved", "warning",
+        "a use of the wrapped model that dp2ddp cannot route through `.module`",
+        "Under DDP the name holds the wrapper: attributes and methods of the model itself are on `.module`.",
+        "Use `model.module.<attr>` (or keep the bare model under its own name) where the named line reads the model.",
+        "No fix.",
+    ),
+    MigrationCode(
+        "DDP112", "unfreeze-after-wrap", "error",
+        "parameters frozen when the model is wrapped are unfrozen later; the file is left unchanged",
+        "DDP only synchronises parameters that require grad when the wrapper is built: parameters unfrozen later train "
+        "apart on every rank, silently.",
+        "Build the DDP wrapper after the last change of `requires_grad`, or wrap again after unfreezing.",
+        "No fix: the file is left byte-for-byte as it was.",
+    ),
+    MigrationCode(
+        "DDP115", "inference-only", "error",
+        "a script without a training step: nothing to migrate; the file is left unchanged",
+        "DDP synchronises gradients; a script that never calls `.backward()` or `optimizer.step()` gains nothing from "
+        "it, and DataParallel there only splits batches over the GPUs of one process.",
+        "Keep DataParallel, or run one process per GPU on a shard of the data by hand.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nwith torch.no_grad():\n    preds = model(torch.randn(8, 4))\n",
+    ),
+    MigrationCode(
+        "DDP116", "library-module", "error",
+        "a library module: the process group belongs to the script that runs; the file is left unchanged",
+        "A module with no entry point (no `__main__` guard, no module-level code that runs) is imported by scripts; "
+        "setting up a process group at import would surprise every caller.",
+        "Migrate the entry script; here, build `DistributedDataParallel` only when `torch.distributed.is_initialized()`.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "\ndef build(model):\n    return nn.DataParallel(model).cuda()\n",
+    ),
+    MigrationCode(
+        "DDP117", "parameters-replaced-after-wrap", "error",
+        "a method that replaces parameters (`resize_token_embeddings`) runs after the wrap; the file is left unchanged",
+        "DataParallel replicates the module on every forward and sees new parameters; DistributedDataParallel "
+        "registers its parameters when it is built, so parameters that replace them later are never synchronised.",
+        "Call the method before the model is wrapped.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "\ndef train(model, tokenizer):\n    model = nn.DataParallel(model)\n    model.module.resize_token_embeddings(len(tokenizer))\n    model(torch.randn(8, 4)).sum().backward()\n\n\nif __name__ == \"__main__\":\n    train(load_model(), load_tokenizer())\n",
+    ),
+    MigrationCode(
+        "DDP120", "process-group-set-up", "info",
+        "the process group is set up from torchrun's environment and destroyed at exit",
+        "DDP needs a process group; the script must still run as plain `python` (a world of one).",
+        "Reads `LOCAL_RANK`, selects the GPU, picks `nccl` with CUDA and `gloo` otherwise, falls back to an in-process "
+        "store without torchrun; `destroy_process_group` runs when the entry point returns or at exit.",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP121", "distributed-path-completed", "info",
+        "the script's own distributed path now runs under torchrun",
+        "Scripts with `--local_rank`, `mp.spawn` or a `RANK == -1` fallback already know DDP; they need the rank and "
+        "world size from torchrun's environment and a CPU (gloo) path.",
+        "`--local_rank` defaults to `LOCAL_RANK`, spawned workers are called directly under torchrun, `nccl` becomes "
+        "`nccl` with CUDA and `gloo` otherwise, `set_device` and `device_ids` only with CUDA.",
+        "Safe: without torchrun the script runs as before.",
+    ),
+    MigrationCode(
+        "DDP122", "dp-wrap-removed", "info",
+        "a DataParallel wrap that DDP does not need is removed",
+        "An evaluation-only re-wrap (`if n_gpu > 1 and not isinstance(model, DataParallel)`) or the DataParallel "
+        "fallback of a script that has its own DDP path: under DDP each rank evaluates with its own module.",
+        "The wrap (and an `if` left empty by it) is removed.",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP123", "functional-data-parallel", "info",
+        "`nn.parallel.data_parallel(module, inputs, ...)` becomes a plain call, and the model that owns it is wrapped in DDP",
+        "The functional form splits each batch over GPUs inside `forward`; under DDP each process runs its own batch.",
+        "`data_parallel(self.main, x, ids)` becomes `self.main(x)`; every instance of the owning model class is "
+        "wrapped in `DistributedDataParallel` where it is created.",
+        "Safe: on one device the original had no wrapper, so checkpoints keep keys without the `module.` prefix.",
+    ),
+    MigrationCode(
+        "DDP124", "module-access", "info",
+        "uses of the model's own attributes and methods go through `.module`",
+        "The DDP wrapper has the `nn.Module` API but not the model's own attributes (`model.num_classes`, "
+        "`model.predict(x)`).",
+        "`model.predict(x)` -> `model.module.predict(x)`; `state_dict`/`load_state_dict` too after a guarded wrap.",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP125", "find-unused-parameters", "info",
+        "`find_unused_parameters=True`: the script changes `requires_grad` after the wrap",
+        "DDP waits for a gradient of every parameter it was built with; a parameter frozen later never gets one and "
+        "the next iteration fails with \"Expected to have finished reduction in the prior iteration\".",
+        "The wrap gets `find_unused_parameters=True` (a graph traversal per iteration, a small cost).",
+        "Safe.",
+    ),
+    MigrationCode(
+        "DDP126", "dp-helper-call-removed", "info",
+        "a call that hands the wrapper to a project function asserting `isinstance(model, DataParallel)` is removed",
+        "Such a helper (`patch_replication_callback(model)` of the SyncBatchNorm ports) patches DataParallel's "
+        "per-forward replication; DDP replicates once and is not a DataParallel, so the assertion would fail.",
+        "The statement goes; a project function that names DataParallel without asserting it is left with a DDP111 "
+        "warning.",
+        "Safe: the helper could only raise under DDP.",
+    ),
+    MigrationCode(
+        "DDP127", "flag-guarded-wrap-kept", "info",
+        "a wrap under a flag of its function's caller (`if parallel:`) stays under it, as DDP",
+        "A factory such as `make_model(..., parallel=False)` wraps only when asked; when the script wraps the model "
+        "unconditionally elsewhere (its training function), moving the factory's wrap out of its `if` would wrap twice.",
+        "`DataParallel(m)` becomes `DistributedDataParallel(m, ...)` in place; the `if` stays. Only when another "
+        "unconditional wrap exists; a lone flag-guarded wrap moves out of its `if` (DDP103).",
+        "Safe: every rank passes the same flag, so either all ranks construct the wrapper or none does.",
+    ),
+    MigrationCode(
+        "DDP151", "data-parallel-in-project-module", "error",
+        "the script has no DataParallel of its own, but a project module it calls wraps the model in DataParallel",
+        "Migrating the script alone would leave the helper's DataParallel in place, and migrating the helper alone "
+        "would leave nobody to set up the process group: \"nothing to migrate\" would be a silent miss.",
+        "Migrate them together: `dp2ddp rewrite train.py --with-helpers` (with `--diff`, `--in-place` or `-o DIR`).",
+        "No fix.",
+    ),
+)

@@ -1,0 +1,132 @@
+"""Values that are the same on every rank: :func:`same_on_every_rank`.
+
+A condition built only from such values takes the same branch on every rank, so the code
+under it runs the same number of times everywhere (what a collective, or a sharded
+evaluation loop, needs): constants, the script's options (``args`` from ``parse_args()``),
+counters of loops over ``range``/``enumerate``, and the parameters every caller passes
+such values for; never anything that mentions the rank (:func:`dp2ddp.model.ranks.mentions_rank`).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.ranks import mentions_rank
+from dp2ddp.model.syntax import FUNCTIONS, terminal
+
+
+# builtins whose value is the same wherever its arguments are
+_SAME_BUILTINS = frozenset({"len", "int", "float", "abs", "min", "max", "round", "bool", "str", "range", "isinstance",
+                            "hasattr", "getattr", "sum", "any", "all"})
+
+
+def same_on_every_rank(m: SemanticModel, expr: ast.AST, depth: int = 0) -> bool:
+    """``expr`` has the same value on every rank: built from constants, the script's
+    options (``args`` from ``parse_args()``), loop counters over ``range``/``enumerate``,
+    and the parameters its callers pass such values for; nothing that mentions the rank."""
+    memo = m.cache.setdefault("eval_loops:same", {})
+    key = id(expr)
+    if key in memo:  # type: ignore[operator]
+        return memo[key]  # type: ignore[index]
+    memo[key] = False  # type: ignore[index]  # (while being judged: a cycle proves nothing)
+    got = depth <= 6 and not mentions_rank(m, expr) and _same(m, expr, depth)
+    memo[key] = got  # type: ignore[index]
+    return got
+
+
+def _same(m: SemanticModel, e: ast.AST, depth: int) -> bool:
+    same = lambda x: x is None or same_on_every_rank(m, x, depth + 1)  # noqa: E731
+    if isinstance(e, ast.Constant):
+        return True
+    if isinstance(e, ast.Name):
+        return _same_name(m, e, depth)
+    if isinstance(e, ast.Attribute):
+        return same(e.value)
+    if isinstance(e, ast.Subscript):
+        return same(e.value) and same(e.slice)
+    if isinstance(e, ast.Slice):
+        return same(e.lower) and same(e.upper) and same(e.step)
+    if isinstance(e, (ast.Tuple, ast.List)):
+        return all(same(x) for x in e.elts)
+    if isinstance(e, ast.BinOp):
+        return same(e.left) and same(e.right)
+    if isinstance(e, ast.UnaryOp):
+        return same(e.operand)
+    if isinstance(e, ast.BoolOp):
+        return all(same(v) for v in e.values)
+    if isinstance(e, ast.Compare):
+        return same(e.left) and all(same(c) for c in e.comparators)
+    if isinstance(e, ast.IfExp):
+        return same(e.test) and same(e.body) and same(e.orelse)
+    if isinstance(e, ast.Call):
+        q = m.qualified_names(e.func)
+        if q and all(x.startswith("builtins.") and x.split(".", 1)[1] in _SAME_BUILTINS for x in q):
+            return all(same(a) for a in e.args) and all(same(k.value) for k in e.keywords)
+    return False
+
+
+def _same_name(m: SemanticModel, n: ast.Name, depth: int) -> bool:
+    if n.id == "__name__":
+        return True
+    _, bindings = m.lookup(n.id, m.scope_of(n))
+    if not bindings:
+        return False
+    same = lambda x: same_on_every_rank(m, x, depth + 1)  # noqa: E731
+    for b in bindings:
+        if b.kind in ("import", "def", "class"):
+            continue
+        if b.kind == "assign" and b.value is not None:
+            v = b.value
+            if isinstance(v, ast.Call) and terminal(v.func) == "parse_args":
+                continue  # the script's options: the same command line on every rank
+            if same(v):
+                continue
+            return False
+        if b.kind == "augassign" and isinstance(b.node, ast.AugAssign) and same(b.node.value):
+            continue
+        if b.kind == "for" and b.target is not None:
+            loop = m.statement_of(b.target)
+            if isinstance(loop, ast.For) and _counter(m, loop, b.target):
+                continue
+            return False
+        if b.kind == "param" and isinstance(b.scope.node, FUNCTIONS):
+            func = b.scope.node
+            sites = m.call_sites(func)
+            if not sites:
+                return False
+            default = _default(func, n.id)
+            for call in sites:
+                arg = m.argument_for(func, call, n.id)
+                if arg is None and (default is None or not same(default)):
+                    return False
+                if arg is not None and not same(arg):
+                    return False
+            continue
+        return False
+    return True
+
+
+def _counter(m: SemanticModel, loop: ast.For, target: ast.Name) -> bool:
+    """``target`` counts the loop's iterations: ``for epoch in range(...)`` or the index of
+    ``enumerate(...)`` (the same at each iteration on every rank, where every rank runs the
+    loop the same number of times, as DDP training needs)."""
+    it = loop.iter
+    if target is loop.target and isinstance(it, ast.Call) and terminal(it.func) in ("range", "trange"):
+        return all(same_on_every_rank(m, a) for a in it.args)
+    t = loop.target
+    return (isinstance(it, ast.Call) and terminal(it.func) == "enumerate" and isinstance(t, ast.Tuple)
+            and bool(t.elts) and t.elts[0] is target)
+
+
+def _default(func: ast.AST, name: str) -> Optional[ast.AST]:
+    a = func.args  # type: ignore[attr-defined]
+    positional = a.posonlyargs + a.args
+    for p, d in zip(positional[len(positional) - len(a.defaults):], a.defaults):
+        if p.arg == name:
+            return d
+    for p, d in zip(a.kwonlyargs, a.kw_defaults):
+        if p.arg == name:
+            return d
+    return None
