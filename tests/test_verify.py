@@ -145,7 +145,7 @@ def test_noise_each_rank_draws_as_the_original_did_is_judged_exactly(tmp_path):
 def test_stalled_rank_is_reported_as_a_hang(tmp_path):
     timeout = 5
     code, rep, out, _ = verify(tmp_path, fixture("stall.py"), "--steps", "20", "--timeout", str(timeout), "--min-speedup", "0",
-                               "--no-envelope")
+                               "--no-envelope", real=True)  # the hang, the stacks and the kill as users get them
     assert code == 1, out
     hang = rep["hang"]
     assert hang["role"] == "migrated" and hang["after_step"] == 2
