@@ -261,7 +261,7 @@ def worker_envs(env: Dict[str, str], nproc: int, errdir: str) -> List[Dict[str, 
 
 
 def launch(argv: Sequence[str], cwd, env: Dict[str, str], nproc: Optional[int], timeout: float,
-           fail_fast: bool = True) -> Optional[subprocess.CompletedProcess]:
+           fail_fast: bool = True, on: Optional["Zygote"] = None) -> Optional[subprocess.CompletedProcess]:
     """``python ARGV`` (``nproc`` None) or ``torchrun --standalone --nproc_per_node=NPROC ARGV``
     as forks of the zygotes, from ``cwd`` with ``env``; stdout and stderr of every process in
     one capture, as torchrun gives them. ``None``: not launched (see the module docstring),
@@ -272,7 +272,7 @@ def launch(argv: Sequence[str], cwd, env: Dict[str, str], nproc: Optional[int], 
     env = dict(env)
     if nproc is not None and "OMP_NUM_THREADS" not in env and nproc > 1:
         env["OMP_NUM_THREADS"] = "1"  # what torchrun does
-    why = _why_not(argv, cwd, env)
+    why = _why_not(argv, cwd, env, on)
     if why is not None:
         FALLBACKS.append(f"{' '.join(argv)}: {why}")
         warnings.warn(f"launched for real, not forked from a zygote: {' '.join(argv)}: {why}")
@@ -302,9 +302,9 @@ def launch(argv: Sequence[str], cwd, env: Dict[str, str], nproc: Optional[int], 
     timed_out = False
     try:
         try:
-            zygotes = [zygote(i) for i in range(min(len(envs), 2))]
+            zygotes = [on] if on is not None else [zygote(i) for i in range(min(len(envs), 2))]
             for rank, e in enumerate(envs):
-                children.append(zygotes[rank % 2].start(argv, cwd, e, write_fd))
+                children.append(zygotes[rank % len(zygotes)].start(argv, cwd, e, write_fd))
         finally:
             os.close(write_fd)
         deadline = time.monotonic() + timeout
@@ -367,15 +367,36 @@ def verify_zygote() -> Zygote:
 
 def verify_env(env: Dict[str, str]) -> Dict[str, str]:
     """``env`` for a ``dp2ddp verify`` whose runs fork from the verify zygote (unchanged with
-    DP2DDP_TEST_REAL_LAUNCH=1). A run the launcher cannot fork faithfully runs for real."""
+    DP2DDP_TEST_REAL_LAUNCH=1). A run the launcher cannot fork faithfully runs for real.
+
+    With the zygote's PYTHONHASHSEED and thread counts (VERIFY_ENV), so that verify itself
+    can fork from it too (:func:`run_verify`): verify gives its runs these values anyway
+    (its --seed, and cores // processes threads on two cores), so only its report's word
+    for where the thread count came from changes ("OMP_NUM_THREADS from the environment")."""
     if not enabled():
         return dict(env)
     import shlex
 
     z = verify_zygote()
     # -I -S: none of the run's PYTHONPATH, no sitecustomize (verify's probe would measure the launcher)
-    return dict(env, DP2DDP_VERIFY_LAUNCHER=f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(LAUNCHER))}",
+    return dict(env, **VERIFY_ENV, DP2DDP_VERIFY_LAUNCHER=f"{shlex.quote(sys.executable)} -I -S {shlex.quote(str(LAUNCHER))}",
                 **{VERIFY_ZYGOTE_VAR: z.descriptor})
+
+
+DP2DDP_MAIN = Path(__file__).resolve().parent / "_dp2ddp_main.py"
+
+
+def run_verify(args: Sequence[str], cwd, env: Dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """``python -m dp2ddp verify ARGS`` from ``cwd`` with ``env``, forked from the verify zygote
+    where ``env`` allows it (:func:`verify_env`; pays no interpreter start-up and no ``import
+    torch``), else the real command. Its stdout and stderr: ``stdout`` and ``stderr`` of the
+    real command; one capture in ``stdout`` (``stderr`` empty) of a fork."""
+    cmd = [sys.executable, "-m", "dp2ddp", "verify", *args]
+    if enabled() and VERIFY_ZYGOTE_VAR in env:
+        done = launch([str(DP2DDP_MAIN), "verify", *args], cwd, env, None, timeout, on=verify_zygote())
+        if done is not None:
+            return subprocess.CompletedProcess(cmd, done.returncode, done.stdout, "")
+    return subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def verify_fallbacks() -> List[str]:

@@ -51,9 +51,9 @@ def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None, r
     One pair of runs (`--repeat 1`) unless ARGS choose: most tests check the comparison,
     not the speed, and the default's three or four pairs would triple their time.
 
-    verify's runs fork from a zygote (tests/_verify_launch.py) unless ``real``: the tests about
-    how verify launches, watches and ends processes (hangs, stacks, Ctrl-C, torchrun's agent)
-    pass ``real=True``."""
+    verify and its runs fork from a zygote (tests/_zygote.py ``run_verify``,
+    tests/_verify_launch.py) unless ``real``: the tests about how verify launches, watches and
+    ends processes (hangs, stacks, Ctrl-C, torchrun's agent) pass ``real=True``."""
     report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
     env, value = marker_env()
     if not real:
@@ -66,7 +66,10 @@ def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None, r
     def attempt() -> subprocess.CompletedProcess:
         nonlocal took
         t0 = time.monotonic()
-        p = subprocess.run(cmd, cwd=str(cwd or tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+        if real:
+            p = subprocess.run(cmd, cwd=str(cwd or tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+        else:  # verify itself forked from the verify zygote too, where its environment allows
+            p = _zygote.run_verify(cmd[4:], cwd or tmp_path, env, timeout)
         took = time.monotonic() - t0
         assert survivors(value) == [], "processes started by verify survived it"
         assert _zygote.forks_alive() == [], "runs of verify (forks of the verify zygote) survived it"
