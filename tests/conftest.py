@@ -17,7 +17,7 @@ COST = {
     "tests/test_verify.py": 35,  # some real: the hang, the two-node runs, Ctrl-C
     "tests/test_verify_migrations.py": 30,
     "tests/test_verify_unit.py": 30,
-    "tests/test_corpus_originals.py": 30,
+    "tests/test_corpus_originals.py": 5,  # forked from a zygote
     "tests/test_verify_outputs.py": 25,
     "tests/test_verify_guard.py": 25,
     "tests/test_shard_eval.py": 20,
