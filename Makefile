@@ -28,9 +28,9 @@ demo: $(STAMP)
 	@echo "demo: migrated script $(DEMO)/train_ddp.py, report $(DEMO)/verify.json, plot $(DEMO)/verify.png"
 
 # The whole test suite (what CI runs: .ci/run). Costliest tests first (tests/conftest.py);
-# the generated scripts' runs fork from Pythons that imported
-# torch once (tests/_scripts.py says what that covers); DP2DDP_TEST_REAL_LAUNCH=1 launches
-# every one for real.
+# the generated scripts' runs, and dp2ddp verify with its runs, fork from Pythons that imported
+# torch once (tests/_scripts.py, tests/_verify_launch.py say what that covers);
+# DP2DDP_TEST_REAL_LAUNCH=1 launches every one for real.
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 

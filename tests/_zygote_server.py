@@ -7,10 +7,12 @@ unix socket ``SOCKET``, writes one line to stdout (``ready`` and the top-level n
 modules it holds, JSON), and then serves requests until its stdin closes (the pytest worker
 that started it is gone): it then kills every child's process group and exits.
 
-A request is one length-prefixed JSON message ``{"argv", "cwd", "env"}`` sent with one file
-descriptor (where the run's stdout and stderr go). The server forks; it answers the pid at
+A request is one length-prefixed JSON message ``{"argv", "cwd", "env"}`` (and ``"isolated"``
+for ``python -I``) sent with one file
+descriptor (where the run's stdout and stderr go), or two (stdout, stderr). The server forks; it answers the pid at
 once and, when the child has been reaped, its exit code as ``subprocess`` gives it (``-N``
-for a signal), one JSON line each.
+for a signal), one JSON line each. A client that closes its connection before that (it was
+killed) takes its run with it: the child's process group is killed.
 
 The child does what ``python SCRIPT ARGS`` would have done from a fresh interpreter, as far
 as a forked one can (tests/_scripts.py lists what it does not cover):
@@ -97,7 +99,7 @@ def _exit_code(exc: BaseException) -> int:
     return 1
 
 
-def _child(request: dict, out_fd: int) -> None:
+def _child(request: dict, out_fd: int, err_fd: int) -> None:
     """Runs in the forked child; never returns."""
     code = 1
     try:
@@ -109,8 +111,9 @@ def _child(request: dict, out_fd: int) -> None:
         os.dup2(devnull, 0)
         os.close(devnull)
         os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        os.close(out_fd)
+        os.dup2(err_fd, 2)
+        for fd in {out_fd, err_fd}:
+            os.close(fd)
 
         import io
 
@@ -126,8 +129,11 @@ def _child(request: dict, out_fd: int) -> None:
         os.chdir(request["cwd"])
         argv = list(request["argv"])
         script = os.path.abspath(argv[0])
-        pythonpath = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        sys.path[:] = [os.path.dirname(os.path.realpath(script))] + pythonpath + BASE_PATH
+        if request.get("isolated"):  # python -I: neither the script's folder nor PYTHONPATH
+            sys.path[:] = BASE_PATH
+        else:
+            pythonpath = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            sys.path[:] = [os.path.dirname(os.path.realpath(script))] + pythonpath + BASE_PATH
         sys.argv[:] = argv
         importlib.invalidate_caches()
 
@@ -223,6 +229,7 @@ def main() -> None:
     sys.stdout.flush()
 
     children = {}  # pid -> connection
+    abandoned = set()  # pids whose client went away (killed, waiting to be reaped)
 
     def reap() -> None:
         while children:
@@ -233,15 +240,32 @@ def main() -> None:
             if pid == 0:
                 return
             conn = children.pop(pid, None)
+            abandoned.discard(pid)
             if conn is not None:
                 _send(conn, {"exit": os.waitstatus_to_exitcode(status)})
                 conn.close()
 
     while True:
         try:
-            ready, _, _ = select.select([listener, wake_r, sys.stdin], [], [], 5.0)
+            watched = [conn for pid, conn in children.items() if pid not in abandoned]
+            ready, _, _ = select.select([listener, wake_r, sys.stdin, *watched], [], [], 5.0)
         except InterruptedError:
             continue
+        for pid, conn in list(children.items()):
+            # the client sends nothing after its request: readable means it has gone (a
+            # launcher killed before it could end its runs): the run goes with it
+            if conn in ready and pid not in abandoned:
+                try:
+                    gone = not conn.recv(1, socket.MSG_PEEK)
+                except OSError:
+                    gone = True
+                if gone:
+                    abandoned.add(pid)
+                    for kill in (os.killpg, os.kill):
+                        try:
+                            kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
         if wake_r in ready:
             try:
                 while os.read(wake_r, 4096):
@@ -259,10 +283,10 @@ def main() -> None:
                 _send(conn, {"error": str(exc)})
                 conn.close()
                 continue
-            if len(fds) != 1:
+            if len(fds) not in (1, 2):
                 for fd in fds:
                     os.close(fd)
-                _send(conn, {"error": "expected one descriptor"})
+                _send(conn, {"error": "expected one or two descriptors"})
                 conn.close()
                 continue
             pid = os.fork()
@@ -273,8 +297,9 @@ def main() -> None:
                     other.close()
                 os.close(wake_r)
                 os.close(wake_w)
-                _child(request, fds[0])
-            os.close(fds[0])
+                _child(request, fds[0], fds[-1])
+            for fd in fds:
+                os.close(fd)
             children[pid] = conn
             _send(conn, {"pid": pid})
     for pid in list(children):

@@ -7,19 +7,19 @@ import pytest
 # file's weight is about the seconds of CPU one of its `torchrun`/`slow` tests takes; tests
 # without those markers keep weight 0. Only the order changes, never what runs.
 COST = {
-    "tests/test_precommit.py": 100,  # builds a hook environment (pip) on each worker that runs one
-    "tests/test_corpus.py": 90,  # dp2ddp verify of real training scripts
-    "tests/test_verify_outputs.py": 60,
-    "tests/test_verify_migrations.py": 60,
-    "tests/test_verify.py": 60,
-    "tests/test_verify_guard.py": 60,
-    "tests/test_elastic.py": 60,
-    "tests/test_template.py": 50,
+    "tests/test_rewrite_property.py": 300,  # one test: 300 generated scripts, each migrated twice
+    "tests/test_precommit.py": 100,  # one xdist group: builds a hook environment (pip) once
+    "tests/test_elastic.py": 60,  # real torchrun launches (a restart)
+    "tests/test_template.py": 50,  # real torchrun launches
+    "tests/test_zygote.py": 40,  # real launches beside forked ones
     "tests/test_behaviour.py": 40,
-    "tests/test_zygote.py": 40,
-    "tests/test_rewrite_property.py": 40,
+    "tests/test_corpus.py": 35,  # dp2ddp verify of real training scripts (verify and its runs forked)
+    "tests/test_verify.py": 35,  # some real: the hang, the two-node runs, Ctrl-C
+    "tests/test_verify_migrations.py": 30,
     "tests/test_verify_unit.py": 30,
-    "tests/test_corpus_originals.py": 30,
+    "tests/test_corpus_originals.py": 5,  # forked from a zygote
+    "tests/test_verify_outputs.py": 25,
+    "tests/test_verify_guard.py": 25,
     "tests/test_shard_eval.py": 20,
     "tests/test_work.py": 20,
     "tests/test_project.py": 20,

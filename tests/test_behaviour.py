@@ -24,6 +24,7 @@ from typing import Dict, List
 import pytest
 
 from dp2ddp.migrate import migrate_source
+from tests import _zygote
 from tests._scripts import retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,11 +187,12 @@ def test_positional_inline_dataset_is_sharded(tmp_path: Path) -> None:
     report = tmp_path / "verify.json"
     env = _env()
     env.pop("DP2DDP_BEHAVIOUR_PROBE")
-    r = subprocess.run(
-        [sys.executable, "-m", "dp2ddp", "verify", "positional_inline_dataset.py", "--steps", "0", "--min-speedup", "0",
-         "--repeat", "1", "--json", str(report)],
-        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    r = _zygote.run_verify(  # verify and its runs forked from a zygote (real with DP2DDP_TEST_REAL_LAUNCH=1)
+        ["positional_inline_dataset.py", "--steps", "0", "--min-speedup", "0", "--repeat", "1", "--json", str(report)],
+        work, _zygote.verify_env(env), timeout=600,
     )
+    assert _zygote.forks_alive() == [], "runs of verify outlived it"
+    _zygote.verify_fallbacks()
     data = json.loads(report.read_text())
     assert data["verdict"] == "pass", (r.stdout[-3000:], data.get("problems"))
     assert data["losses_agree"] and data["replicas_in_sync"]

@@ -16,12 +16,11 @@ The runs happen in a scratch copy of the corpus folder with ``fixtures/corpus/_s
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,8 @@ try:
 except ImportError:  # Python < 3.11
     import tomli as tomllib
 
-from dp2ddp.migrate import migrate_source
+from dp2ddp.migrate import migrate_source as _migrate_source
+from tests import _zygote
 from tests._scripts import guarded, retry_exit_abort, run_script
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,6 +41,13 @@ SCRIPTS = MANIFEST["scripts"]
 SUPPORT = [str(CORPUS / p) for p in MANIFEST["corpus"]["pythonpath"]]
 MIGRATE = sorted(k for k, v in SCRIPTS.items() if v.get("expect") == "migrate")
 REFUSE = sorted(k for k, v in SCRIPTS.items() if v.get("expect") == "refuse")
+
+
+@functools.lru_cache(maxsize=4)
+def migrate_source(source: bytes, path: str):
+    """The rewrite of ``source`` (what the test reads of it several times: computed once per
+    content and path; the result is only read)."""
+    return _migrate_source(source, path)
 
 
 def _scratch(tmp_path: Path) -> Path:
@@ -74,12 +81,15 @@ def _migrated(name: str, work: Path) -> Path:
 
 def _verify(work: Path, tmp_path: Path, spec: dict, out: Path, nproc: int, tag: str) -> dict:
     report = tmp_path / f"verify-{tag}.json"
-    r = subprocess.run(
-        [sys.executable, "-m", "dp2ddp", "verify", str(work / spec["file"]), "--migrated", str(out), "--nproc", str(nproc),
-         "--steps", "0", "--min-speedup", "0", "--repeat", "1", "--json", str(report), "--workdir", str(tmp_path / f"vw-{tag}"),
-         "--", *spec.get("args", [])],
-        capture_output=True, text=True, cwd=work, env=_env(), timeout=600,
+    # dp2ddp verify and its runs forked from a zygote (tests/_zygote.py run_verify); DP2DDP_TEST_REAL_LAUNCH=1: real
+    r = _zygote.run_verify(
+        [str(work / spec["file"]), "--migrated", str(out), "--nproc", str(nproc), "--steps", "0", "--min-speedup", "0",
+         "--repeat", "1", "--json", str(report), "--workdir", str(tmp_path / f"vw-{tag}"), "--", *spec.get("args", [])],
+        work, _zygote.verify_env(_env()), timeout=600,
     )
+    assert _zygote.forks_alive() == [], "runs of verify outlived it"
+    _zygote.verify_fallbacks()
+
     assert report.exists(), r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(report.read_text())
 

@@ -6,7 +6,8 @@ checks the originals: each runs under plain ``python`` in a scratch copy of the 
 folder with ``fixtures/corpus/_support`` (stand-ins for tqdm/tensorboardX/wandb) on
 ``PYTHONPATH``, exits 0, and, when the manifest says ``trains = true``, takes at least one
 optimizer step. Steps are counted by a global ``torch.optim`` step hook that a tiny driver
-installs before running the script with ``runpy`` (no ``sitecustomize`` involved).
+installs before running the script with ``runpy`` (no ``sitecustomize`` involved), forked
+from a zygote like the other scripts the tests run (tests/_scripts.py).
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests._scripts import run_script
 
 try:
     import tomllib
@@ -107,14 +108,17 @@ NOT_VERIFIED = sorted(k for k, v in SCRIPTS.items() if v["expect"] != "migrate" 
 def test_original_runs(name, tmp_path):
     entry = SCRIPTS[name]
     work = _copy_corpus(tmp_path / "corpus")
-    cmd = [sys.executable, "-c", DRIVER, entry["file"], *entry["args"]]
+    driver = tmp_path / "driver" / "corpus_driver.py"  # it puts the script's folder first on sys.path itself
+    driver.parent.mkdir()
+    driver.write_text(DRIVER)
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=work, env=_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    # forked from a zygote (tests/_scripts.py; the real python with DP2DDP_TEST_REAL_LAUNCH=1):
+    # stdout and stderr in one capture
+    proc = run_script([str(driver), entry["file"], *entry["args"]], work, env=_env(), timeout=TIMEOUT)
     elapsed = time.monotonic() - start
-    output = proc.stdout + proc.stderr
+    output = proc.stdout + (proc.stderr or "")
     assert proc.returncode == 0, f"{name} exited {proc.returncode} after {elapsed:.1f}s:\n{output[-4000:]}"
-    found = re.findall(r"\[corpus\] optimizer steps: (\d+)", proc.stderr)
+    found = re.findall(r"\[corpus\] optimizer steps: (\d+)", output)
     assert found, f"{name}: the step counter did not report:\n{output[-2000:]}"
     steps = int(found[-1])
     if entry["trains"]:

@@ -19,6 +19,9 @@ PRE_COMMIT = shutil.which("pre-commit", path=str(BIN)) or shutil.which("pre-comm
 
 pytestmark = [
     pytest.mark.slow,
+    # one worker runs them all: the module's hook environment (a pip install, ~100 s of CPU) is
+    # then built once, not once on each worker that gets one of these tests
+    pytest.mark.xdist_group("precommit"),
     pytest.mark.skipif(PRE_COMMIT is None or shutil.which("git") is None, reason="needs pre-commit and git"),
 ]
 

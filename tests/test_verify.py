@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -145,7 +146,7 @@ def test_noise_each_rank_draws_as_the_original_did_is_judged_exactly(tmp_path):
 def test_stalled_rank_is_reported_as_a_hang(tmp_path):
     timeout = 5
     code, rep, out, _ = verify(tmp_path, fixture("stall.py"), "--steps", "20", "--timeout", str(timeout), "--min-speedup", "0",
-                               "--no-envelope")
+                               "--no-envelope", real=True)  # the hang, the stacks and the kill as users get them
     assert code == 1, out
     hang = rep["hang"]
     assert hang["role"] == "migrated" and hang["after_step"] == 2
@@ -190,7 +191,16 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     env, value = marker_env()
     work = tmp_path / "scratch"
     cmd = [sys.executable, "-m", "dp2ddp", "verify", fixture("stall.py"), "--steps", "0", "--timeout", "300", "--workdir", str(work)]
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C at a terminal: verify must start with SIGINT at its default disposition. A process
+    # started with SIGINT ignored (a job a non-interactive shell put in the background, and
+    # everything it starts: make, pytest, its workers) passes that on, and Python then leaves
+    # SIGINT ignored in verify too: the interrupt below would never arrive. A handled signal
+    # is reset to the default in a new program, so verify gets the default from this one.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     try:
         deadline = time.monotonic() + 120
         probe = work / "pair1" / "probe" / "migrated-rank0.jsonl"
@@ -203,10 +213,17 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
             pytest.fail("the migrated run never started")
         assert len(survivors(value)) >= 4  # verify, the torchrun agent, two ranks
         p.send_signal(signal.SIGINT)
-        out, _ = p.communicate(timeout=30)
+        # what verify does then takes about a second of CPU (ending the runs, then its own exit
+        # with torch loaded): on two loaded cores that is many seconds
+        out, _ = p.communicate(timeout=120)
     finally:
         if p.poll() is None:
             p.kill()
+            for pid in survivors(value):  # what a failed test would otherwise leave running
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
     assert p.returncode == 130, out
     assert "Interrupted" in out
     time.sleep(0.2)

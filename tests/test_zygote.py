@@ -9,6 +9,7 @@ launches: ports, run ids, pids, seeds).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,40 @@ def test_a_forked_launch_reports_failures_as_the_real_command_does(tmp_path: Pat
         for real in (True, False):
             _, r = _launch(tmp_path, f"exit-{nproc}-{real}", nproc, real, PROBE_EXIT="3")
             assert r.returncode == want, (nproc, real, r.stdout[-2000:])
+
+
+# what a verify report says that depends on how fast its runs went
+_TIMING = ("speedup", "speed", "throughput", "runs", "pairs")
+
+
+def _untimed(rep: dict, out_dir: Path) -> dict:
+    rep = {k: v for k, v in rep.items() if k not in _TIMING}
+    for side in ("original", "migrated"):
+        rep[side] = {k: v for k, v in rep[side].items() if k not in ("wall_s", "samples_per_s")}
+    for f in rep["outputs"]["files"]:
+        if f["kind"] == "events":  # named by the time and the pid of the process that wrote them
+            f["names"] = [re.sub(r"\.\d+\.(\w+)\.\d+\.", r".<time>.\1.<pid>.", n) for n in f["names"]]
+    return json.loads(json.dumps(rep).replace(str(out_dir), "<out>"))
+
+
+def test_a_forked_verify_reports_what_a_real_verify_does(tmp_path: Path) -> None:
+    """dp2ddp verify forked with its runs (tests/_zygote.py run_verify, tests/_verify_launch.py:
+    how the other verify tests run it) and for real: the same report but for the timings.
+    Every kind of process a verify starts takes part: the original, torchrun's two ranks, the
+    envelope, the checkpoint loaders (the writer fixture saves checkpoints, a log, TensorBoard
+    events and results)."""
+    from tests.verify_helpers import fixture, verify
+
+    reports = {}
+    for real in (True, False):
+        tag = "real" if real else "forked"
+        work, out_dir = tmp_path / tag, tmp_path / f"results-{tag}"
+        work.mkdir()
+        code, rep, out, _ = verify(work, fixture("writer.py"), "--migrated", fixture("writer_ddp.py"), "--steps", "0",
+                                   "--min-speedup", "0", "--threads", "1", "--workdir", str(tmp_path / "scratch"),
+                                   "--", "--out-dir", str(out_dir), real=real)
+        assert code == 0 and rep is not None, out
+        assert {f["kind"] for f in rep["outputs"]["files"]} >= {"checkpoint", "events", "text", "json"}, out
+        reports[tag] = _untimed(rep, out_dir)
+    real, forked = reports["real"], reports["forked"]
+    assert forked == real, {k: (forked.get(k), real.get(k)) for k in set(forked) | set(real) if forked.get(k) != real.get(k)}

@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+from tests import _zygote
 from tests._scripts import retry_exit_abort
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,14 +44,20 @@ def survivors(value: str) -> list:
     return out
 
 
-def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None) -> tuple:
+def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None, real: bool = False) -> tuple:
     """Run `dp2ddp verify ARGS --json ...` (from ``cwd``, default ``tmp_path``; the report goes
     to ``tmp_path``); return (exit code, report or None, stdout+stderr, seconds).
 
     One pair of runs (`--repeat 1`) unless ARGS choose: most tests check the comparison,
-    not the speed, and the default's three or four pairs would triple their time."""
+    not the speed, and the default's three or four pairs would triple their time.
+
+    verify and its runs fork from a zygote (tests/_zygote.py ``run_verify``,
+    tests/_verify_launch.py) unless ``real``: the tests about how verify launches, watches and
+    ends processes (hangs, stacks, Ctrl-C, torchrun's agent) pass ``real=True``."""
     report = tmp_path / f"report-{uuid.uuid4().hex[:6]}.json"
     env, value = marker_env()
+    if not real:
+        env = _zygote.verify_env(env)
     mine = list(args[: args.index("--")] if "--" in args else args)
     repeat = [] if any(a == "--repeat" or a.startswith("--repeat=") for a in mine) else ["--repeat", "1"]
     cmd = [sys.executable, "-m", "dp2ddp", "verify", "--json", str(report), *repeat, *args]
@@ -59,9 +66,14 @@ def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None) -
     def attempt() -> subprocess.CompletedProcess:
         nonlocal took
         t0 = time.monotonic()
-        p = subprocess.run(cmd, cwd=str(cwd or tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+        if real:
+            p = subprocess.run(cmd, cwd=str(cwd or tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+        else:  # verify itself forked from the verify zygote too, where its environment allows
+            p = _zygote.run_verify(cmd[4:], cwd or tmp_path, env, timeout)
         took = time.monotonic() - t0
         assert survivors(value) == [], "processes started by verify survived it"
+        assert _zygote.forks_alive() == [], "runs of verify (forks of the verify zygote) survived it"
+        _zygote.verify_fallbacks()
         return subprocess.CompletedProcess(cmd, p.returncode, p.stdout + p.stderr, "")
 
     # torch 2.13/gloo exit race (see tests/_scripts.py): retried loudly, only on its message

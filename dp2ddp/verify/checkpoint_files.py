@@ -11,6 +11,7 @@ import json
 import os
 import pickletools
 import re
+import shlex
 import struct
 import subprocess
 import sys
@@ -119,6 +120,9 @@ def load_checkpoints(jobs: Dict[str, Tuple[RunOutputs, List[Tuple[Path, Optional
     results: Dict[str, Dict[str, Dict[str, Any]]] = {}
     tmp = tempfile.mkdtemp(prefix="dp2ddp-ckpt-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY") and k != "PYTHONPATH"}
+    from dp2ddp.verify.runner import LAUNCHER_VAR
+
+    launcher = shlex.split(os.environ.get(LAUNCHER_VAR, ""))  # dp2ddp's tests: see runner.py
     try:
         for role, (run, files) in jobs.items():
             if not files:
@@ -129,7 +133,7 @@ def load_checkpoints(jobs: Dict[str, Tuple[RunOutputs, List[Tuple[Path, Optional
                 "files": [{"path": str(p), "flat": str(f) if f else None, "mode": m} for p, f, m in files],
             }))
             procs[role] = subprocess.Popen(
-                [sys.executable, "-I", str(LOADER), str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                [*launcher, sys.executable, "-I", str(LOADER), str(spec)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL, env=env, text=True, cwd=str(run.cwd) if run.cwd else None)
         for role, p in procs.items():
             try:

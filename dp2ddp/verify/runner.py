@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,6 +18,11 @@ from typing import Callable, Dict, List, Optional
 from dp2ddp.verify import procs
 
 PROBE_DIR = str(Path(__file__).resolve().parent / "probe")
+# A command that starts each run in place of python / torchrun: it gets the run's command as
+# its arguments and must do what that command does (exit code, signals, every process ended
+# with it). For dp2ddp's own test suite (tests/_verify_launch.py); unset, verify runs the
+# commands themselves.
+LAUNCHER_VAR = "DP2DDP_VERIFY_LAUNCHER"
 
 
 @dataclass
@@ -146,6 +152,7 @@ def _env(spec: RunSpec) -> Dict[str, str]:
         }
     )
     env.pop("DP2DDP_VERIFY_ACTIVE", None)
+    env.pop(LAUNCHER_VAR, None)  # not for a verify the scripts might start themselves
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK"):
         env.pop(var, None)  # a verify started inside a torchrun job must not leak its rank
     return env
@@ -229,6 +236,7 @@ def run(spec: RunSpec, progress: Optional[Progress] = None) -> RunResult:
     spec.out.mkdir(parents=True, exist_ok=True)
     env = _env(spec)
     cmds = _commands(spec)
+    launcher = shlex.split(os.environ.get(LAUNCHER_VAR, ""))
     logs: List[Path] = []
     popen: List[subprocess.Popen] = []
     reader = _Reader(spec.out, spec.role)
@@ -244,7 +252,7 @@ def run(spec: RunSpec, progress: Optional[Progress] = None) -> RunResult:
             with open(log, "wb") as fh:
                 popen.append(
                     subprocess.Popen(
-                        cmd,
+                        [*launcher, *cmd],
                         cwd=str(spec.cwd),
                         env=env,
                         stdin=subprocess.DEVNULL,

@@ -223,7 +223,17 @@ def activate(role):
     atexit.register(_settle)  # atexit runs last-in first-out: this one after _finish
     atexit.register(_report_writes)  # after the script's own atexit handlers and _finish
     atexit.register(_finish, "exit")
-    sys.meta_path.insert(0, _PostImport({"torch": _on_torch, "numpy": _on_numpy}))
+    hooks = {"numpy": _on_numpy, "torch": _on_torch}  # numpy first: torch imports it
+    for name in [n for n in hooks if n in sys.modules]:
+        # imported before the probe started (a .pth file, or a process forked from a Python
+        # that had imported it, as dp2ddp's tests launch runs): hooked now, as it would have been
+        callback = hooks.pop(name)
+        try:
+            callback(sys.modules[name])
+        except Exception as e:
+            sys.stderr.write("dp2ddp verify: probe could not hook %s: %r\n" % (name, e))
+    if hooks:
+        sys.meta_path.insert(0, _PostImport(hooks))
 
 
 # --------------------------------------------------------------------------- sites
