@@ -292,16 +292,11 @@ class Context:
 
     def migrated_with(self, path: str) -> bool:
         """The project module at ``path`` is migrated in the same plan as this entry script
-        (``rewrite --with-helpers``: it has a DataParallel of its own): what it writes and
-        the folders it makes are its own migration's to place on rank 0."""
+        (``rewrite --with-helpers``: :attr:`dp2ddp.migrate.Options.plan_modules`): what it
+        writes, the folders it makes and the loaders it trains on are its own migration's."""
         import os
 
-        from dp2ddp.project import uses_dp
-
-        if self.role != "entry" or not path:
-            return False
-        plan = getattr(self.options, "plan_modules", frozenset())
-        return os.path.realpath(path) in plan if plan else uses_dp(path)
+        return self.role == "entry" and bool(path) and os.path.realpath(path) in getattr(self.options, "plan_modules", ())
 
     def in_setup_region(self, node: ast.AST) -> bool:
         """Code at ``node`` runs after the process group is initialised."""

@@ -75,8 +75,7 @@ def _per_batch_mean(m: SemanticModel, call: ast.Call, functional: bool) -> bool:
     stmt = m.parent(call)
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
         return False
-    name = stmt.targets[0].id
-    uses = [c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == name]
+    uses = _class_uses(m, call)
     return bool(uses) and all(_divided_by_batch(m, c) for c in uses)
 
 

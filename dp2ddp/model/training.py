@@ -328,21 +328,16 @@ def foreign_training(m: SemanticModel) -> List[Foreign]:
     got = m.cache.get("training:foreign")
     if got is not None:
         return got  # type: ignore[return-value]
-    out: List[Foreign] = []
-    for call, (pm, node, rel) in project_calls(m):
-        found = None
+    def first(call, pm, node, rel) -> Optional[Foreign]:
         for mod, fn, path in reach_across(pm, node, rel):
             for value, loop in fed_values(mod):
-                if not mod.contains(fn, loop) or mod.enclosing_function(loop) is not fn:
+                if mod.enclosing_function(loop) is not fn:
                     continue
-                made = next((o for o, _ in origins(mod, value)
-                             if isinstance(o, ast.Call) and terminal(o.func) not in NOT_DATA), None)
-                if made is not None:
-                    found = Foreign(call, mod.path, f"{path}:{loop.lineno}", mod.source(value), f"{path}:{made.lineno}")
-                    break
-            if found is not None:
-                break
-        if found is not None:
-            out.append(found)
+                for made, _ in origins(mod, value):
+                    if isinstance(made, ast.Call) and terminal(made.func) not in NOT_DATA:
+                        return Foreign(call, mod.path, f"{path}:{loop.lineno}", mod.source(value), f"{path}:{made.lineno}")
+        return None
+
+    out = [f for call, (pm, node, rel) in project_calls(m) if (f := first(call, pm, node, rel)) is not None]
     m.cache["training:foreign"] = out
     return out

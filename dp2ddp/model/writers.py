@@ -206,13 +206,13 @@ def _renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
 def trains_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """The line where ``func`` (of module ``pm``) trains: its first training loop, or else
     its first ``.backward()`` call; ``None`` where it does not."""
+    from dp2ddp.model.steps import backward_calls
     from dp2ddp.model.training import training_loops
 
     loop = next((lp for lp in training_loops(pm) if pm.contains(func, lp)), None)
     if loop is not None:
         return loop.lineno
-    back = next((n for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                 and n.func.attr == "backward"), None)
+    back = next((c for c in backward_calls(pm) if pm.contains(func, c)), None)
     return back.lineno if back is not None else None
 
 
@@ -221,7 +221,6 @@ def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
     state (no ``self.x = ...``, no ``global``), and reaches no collective. Running it on
     rank 0 alone then changes nothing the other ranks read."""
     from dp2ddp.model.collectives import reaching_functions
-    from dp2ddp.model.training import training_loops
 
     if func in reaching_functions(pm) or func in reaching_functions(pm, dp=True):
         return False
@@ -325,15 +324,13 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
     ``append``, ``close``): where it writes (``utils/logger.py:45``), else ``None``. A
     subclass (a Dataset that caches, a Module) is not one, nor a class that trains (a
     Trainer whose methods also save checkpoints: every rank must run it)."""
-    from dp2ddp.model.training import training_loops
-
     found = class_of_call(m, call)
     if found is None:
         return None
     cm, cls, where = found
     if any(isinstance(b, ast.Name) and b.id not in ("object",) or isinstance(b, ast.Attribute) for b in cls.bases):
         return None  # a subclass (a Dataset, a Module) is not a file logger
-    if any(cm.contains(cls, loop) for loop in training_loops(cm)):
+    if trains_in(cm, cls) is not None:
         return None
     written = None
     for w in writers(cm):

@@ -9,6 +9,9 @@ from dp2ddp.model.losses import valid_count_means
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid
 
 
+_COUNTS = frozenset({"torch.distributed.all_reduce", "torch.distributed.all_gather"})
+
+
 def _weighted(m, call: ast.Call) -> bool:
     """The loss is handed to a function of the module that all-reduces (``valid_mean(loss,
     target, ignore_index)``, as `rewrite` writes it, or a hand-written equivalent)."""
@@ -16,8 +19,7 @@ def _weighted(m, call: ast.Call) -> bool:
     if not (isinstance(parent, ast.Call) and call in parent.args):
         return False
     func = m.resolve_call(parent)
-    return func is not None and any(isinstance(n, ast.Attribute) and n.attr in ("all_reduce", "all_gather")
-                                    for n in ast.walk(func))
+    return func is not None and any(m.qualified_names(c.func) & _COUNTS for c in m.calls_in(func))
 
 
 def check(m):
