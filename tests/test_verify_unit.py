@@ -381,3 +381,46 @@ def test_progress_names_the_envelope_run_not_the_original_its_probe_reports_as()
         "verify: pair 1: envelope step 3/8",
         "verify: pair 1: envelope run: 8 steps in 1.5 s, exit code 0",
     ]
+
+
+def test_items_seed_only_the_streams_their_dataset_draws_from():
+    """The probe learns which random streams a dataset's items draw from (its first items,
+    watched) and seeds only those afterwards: an item is the same whether it was fetched
+    watched with every stream seeded or later with only its own; a dataset that draws
+    nothing costs no seeding; the process's own streams are left as they were."""
+    import random
+    import types
+
+    import numpy as np
+    import torch
+
+    probe = _probe_module()
+    probe._S = types.SimpleNamespace(seed=7)
+
+    class Jittered:
+        def __getitem__(self, i):
+            return i, float(np.random.rand()), random.random()
+
+    class InMemory:
+        def __getitem__(self, i):
+            return i
+
+    learnt = probe._Streams()
+    late = dict((i, rest) for i, *rest in learnt.fetch(Jittered(), range(40), 0, torch))
+    assert learnt.used == {"numpy", "random"}
+    early = dict((i, rest) for i, *rest in probe._Streams().fetch(Jittered(), [39, 30, 3], 0, torch))
+    assert all(early[i] == late[i] for i in (39, 30, 3))
+    assert early[39] != late[38]
+
+    def draws():
+        return random.random(), float(np.random.rand()), torch.rand(1).item()
+
+    for ds, streams in ((Jittered(), learnt), (InMemory(), probe._Streams())):
+        random.seed(1), np.random.seed(1), torch.manual_seed(1)
+        alone = draws()
+        random.seed(1), np.random.seed(1), torch.manual_seed(1)
+        streams.fetch(ds, range(300), 1, torch)
+        assert draws() == alone
+    plain = probe._Streams()
+    plain.fetch(InMemory(), range(300), 0, torch)
+    assert plain.used == set()

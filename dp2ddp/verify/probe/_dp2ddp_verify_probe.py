@@ -1056,35 +1056,92 @@ def _align_loader(loader, torch):
         object.__setattr__(loader, "batch_sampler", _Aligned(batches, plan, torch))
 
 
+ITEMS_WATCHED = 16  # the first items of each dataset: every stream seeded, and watched for draws
+REWATCH = 256  # afterwards one item in this many is watched again
+
+
+class _Streams:
+    """The random streams (torch's CPU generator, ``random``, NumPy) one dataset's items
+    draw from, learnt by watching: its first items, and one in ``REWATCH`` afterwards, are
+    fetched with every stream seeded and each stream's state compared after the item with
+    its state just after the seed. Other items seed only the streams seen drawn from.
+    Seeding a stream costs microseconds an item (NumPy's save and restore, ~0.1 ms, once a
+    batch): on a dataset that draws nothing (tensors in memory) that is most of a short step,
+    and it buys nothing there."""
+
+    def __init__(self):
+        self.used = set()
+        self.items = 0
+
+    def fetch(self, dataset, indices, npass, torch):
+        np = sys.modules.get("numpy")
+        gen = torch.default_generator
+        saved = {}
+        items = []
+        try:
+            for idx in indices:
+                self.items += 1
+                watch = self.items <= ITEMS_WATCHED or self.items % REWATCH == 0
+                streams = ("torch", "random", "numpy") if watch else self.used
+                if not streams:
+                    items.append(dataset[idx])
+                    continue
+                seed = zlib.crc32(("%d|%s|%d|%r" % (_S.seed, type(dataset).__name__, npass, idx)).encode())
+                fresh = {}
+                for name in streams:
+                    if name == "torch":
+                        if name not in saved:
+                            saved[name] = gen.get_state()
+                        gen.manual_seed(seed)
+                        if watch:
+                            fresh[name] = gen.get_state()
+                    elif name == "random":
+                        if name not in saved:
+                            saved[name] = random.getstate()
+                        random.seed(seed)
+                        if watch:
+                            fresh[name] = random.getstate()
+                    elif np is not None:
+                        if name not in saved:
+                            saved[name] = np.random.get_state()
+                        np.random.seed(seed)
+                        if watch:
+                            fresh[name] = np.random.get_state()
+                items.append(dataset[idx])
+                if watch:
+                    if not torch.equal(gen.get_state(), fresh["torch"]):
+                        self.used.add("torch")
+                    if random.getstate() != fresh["random"]:
+                        self.used.add("random")
+                    if np is not None:
+                        now, then = np.random.get_state(), fresh["numpy"]
+                        if now[2:] != then[2:] or not np.array_equal(now[1], then[1]):
+                            self.used.add("numpy")
+        finally:
+            for name, state in saved.items():
+                if name == "torch":
+                    gen.set_state(state)
+                elif name == "random":
+                    random.setstate(state)
+                else:
+                    np.random.set_state(state)
+        return items
+
+
 def _patch_item_seeds(torch):
-    """Each item of a map-style dataset is made with the random streams (torch, ``random``,
-    NumPy) seeded from (seed, dataset, pass, index), and the streams are left as they were.
-    A random crop or flip of item 5 is then the same whichever process fetches it: the
-    original's one process, the rank that owns it in the migration, or a worker of either.
-    Without this, the original draws the augmentations of a whole batch from one stream
-    while each rank draws its share from its own copy of it: the losses could only agree
-    statistically, and a difference the migration made would hide among them. Datasets
-    that fetch whole batches (``__getitems__``) are left as they are."""
+    """Each item of a map-style dataset is made with the random streams (torch's CPU
+    generator, ``random``, NumPy) seeded from (seed, dataset, pass, index), and the streams
+    are left as they were before the batch. A random crop or flip of item 5 is then the same
+    whichever process fetches it: the original's one process, the rank that owns it in the
+    migration, or a worker of either. Without this, the original draws the augmentations of
+    a whole batch from one stream while each rank draws its share from its own copy of it:
+    the losses could only agree statistically, and a difference the migration made would
+    hide among them. Only the streams a dataset is seen to draw from are seeded
+    (``_Streams``). Datasets that fetch whole batches (``__getitems__``) are left as they are."""
     from torch.utils.data._utils import fetch
 
     real_fetch = fetch._MapDatasetFetcher.fetch
-
-    def item(dataset, idx, npass):
-        key = "%d|%s|%d|%r" % (_S.seed, type(dataset).__name__, npass, idx)
-        seed = zlib.crc32(key.encode())
-        np = sys.modules.get("numpy")
-        states = random.getstate(), np.random.get_state() if np is not None else None
-        try:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                random.seed(seed)
-                if np is not None:
-                    np.random.seed(seed)
-                return dataset[idx]
-        finally:
-            random.setstate(states[0])
-            if np is not None:
-                np.random.set_state(states[1])
+    streams = {}  # id(dataset) -> _Streams
 
     @functools.wraps(real_fetch)
     def fetch_items(self, possibly_batched_index):
@@ -1092,11 +1149,12 @@ def _patch_item_seeds(torch):
         if _S is None or (self.auto_collation and getattr(ds, "__getitems__", None)):
             return real_fetch(self, possibly_batched_index)
         npass = _S.item_passes.get(id(ds), 0)
+        seen = streams.get(id(ds))
+        if seen is None:
+            seen = streams[id(ds)] = _Streams()
         if self.auto_collation:
-            data = [item(ds, i, npass) for i in possibly_batched_index]
-        else:
-            data = item(ds, possibly_batched_index, npass)
-        return self.collate_fn(data)
+            return self.collate_fn(seen.fetch(ds, possibly_batched_index, npass, torch))
+        return self.collate_fn(seen.fetch(ds, (possibly_batched_index,), npass, torch)[0])
 
     fetch._MapDatasetFetcher.fetch = fetch_items
 
