@@ -32,6 +32,7 @@ REWRITE_DIRS = {
     "map_location": Options(),
     "wrapper_uses": Options(),
     "valid_mean": Options(),
+    "loss_scale": Options(),
     "keep_batch_size": Options(keep_batch_size=True),
     "print_all_ranks": Options(print_all_ranks=True),
     "no_sync": Options(),

@@ -120,3 +120,19 @@ def test_a_loss_over_the_valid_tokens_of_a_padded_batch_trains_as_the_original(t
     code, rep, text, _ = verify(tmp_path, str(script), "--steps", "0")
     assert code == 0, text
     assert rep["losses_agree"] and rep["replicas_in_sync"] and rep["max_rel_loss_diff"] < 1e-5, text
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("case", ["pure_sum", "weighted_sums"])
+def test_a_summed_loss_trains_as_the_original(tmp_path, case) -> None:
+    """``reduction="sum"`` (or ``size_average=False``): each rank sums its share and DDP
+    averages the gradients; whole_sum multiplies by the world size, so the step is the
+    original's and the losses agree against the envelope (unscaled, each step would be half
+    the original's)."""
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_bytes((Path(__file__).resolve().parent.parent / "fixtures" / "loss_scale" / f"{case}.in.py").read_bytes())
+    code, rep, text, _ = verify(tmp_path, str(script), "--steps", "0")
+    assert code == 0, text
+    assert rep["losses_agree"] and rep["replicas_in_sync"] and rep["max_rel_loss_diff"] < 1e-5, text

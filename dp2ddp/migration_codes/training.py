@@ -51,14 +51,38 @@ CODES: Tuple[MigrationCode, ...] = (
         "loss = valid_mean(criterion(model(x), y), y, 0)\n",
     ),
     MigrationCode(
-        "DDP118", "sum-reduction-scale", "warning",
-        "a `reduction=\"sum\"` loss: under DDP each step is 1/world_size of DataParallel's",
+        "DDP118", "sum-reduction-scale", "error",
+        "a summed loss (`reduction=\"sum\"`, `size_average=False`) that dp2ddp cannot keep at DataParallel's scale; "
+        "the file is left unchanged",
         "DataParallel sums over the whole batch; under DDP each process sums its share and the gradients are averaged "
-        "across processes.",
-        "Multiply the loss (or the learning rate) by `dist.get_world_size()` to keep DataParallel's steps, or use the "
-        "mean. Lint rule DDP015 reports the same places.",
-        "No fix: whether the sum is wanted is the script's decision.",
-        script("criterion = nn.MSELoss(reduction=\"sum\")\nmodel = nn.DataParallel(model)\n"),
+        "across processes, so each step would be 1/world_size of the original's. dp2ddp scales a summed loss by the "
+        "world size (DDP164) only where every backward it reaches differentiates a sum of summed losses; here another "
+        "term is added (scaling the whole loss would scale a mean too), the same call computes a loss the "
+        "configuration may pick as a mean, or dp2ddp cannot follow the loss to a backward. The message names which.",
+        "Multiply the summed loss by `dist.get_world_size()` where it is computed (or divide it by its batch's size "
+        "to make it a mean), then migrate. `--accept DDP118` writes the migration anyway (it then trains at "
+        "1/world_size of the step). Lint rule DDP015 reports the same places.",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "criterion = nn.MSELoss(reduction=\"sum\")\nx, y = torch.randn(8, 4), torch.randn(8, 1)\nout = model(x)\n"
+        "loss = criterion(out, y) + out.abs().mean()\nloss.backward()\nopt.step()\n",
+    ),
+    MigrationCode(
+        "DDP164", "whole-sum", "info",
+        "a summed loss (`reduction=\"sum\"`) is multiplied by the world size, so each step is DataParallel's",
+        "DataParallel summed the loss over the whole batch. Under DDP each rank sums its share and the gradients are "
+        "averaged over the ranks: without a scale each step would be 1/world_size of the original's.",
+        "Every backward the loss reaches differentiates a sum of summed losses (times factors the same on every "
+        "rank): each passes through `whole_sum(loss)` (written once into the script), the loss times "
+        "`dist.get_world_size()`. The gradient is the original's exactly; the loss averaged over the ranks is the "
+        "original's (each rank's own printed value is its share times the world size).",
+        "Safe: no communication. Sums divided by their batch's size (means), summed losses under `torch.no_grad()` "
+        "or read only as numbers, and an attack's input gradients (`torch.autograd.grad`, an optimizer over plain "
+        "tensors) are left alone.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "criterion = nn.MSELoss(reduction=\"sum\")\nx, y = torch.randn(8, 4), torch.randn(8, 1)\n"
+        "loss = criterion(model(x), y)\nloss.backward()\nopt.step()\n",
+        "loss = whole_sum(criterion(model(x), y))\n",
     ),
     MigrationCode(
         "DDP139", "forward-before-training", "error",

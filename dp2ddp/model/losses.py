@@ -12,34 +12,264 @@ is the original's mean, and nothing is reported.
 from __future__ import annotations
 
 import ast
-from typing import List, NamedTuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import first_dim_of, kwarg
 
 
 def sum_reductions(m: SemanticModel) -> List[ast.keyword]:
-    """The ``reduction="sum"`` arguments of ``torch.nn`` losses that may train: a loss
-    class (made once, used anywhere), or a functional loss outside ``torch.no_grad()``
-    that is not in code apart from the module's ``backward`` calls (an evaluation's summed
-    loss changes no gradient)."""
-    got = m.cache.get("losses:sum")
-    if got is None:
-        got = []
-        for call in m.nodes(ast.Call):
-            arg = kwarg(call, "reduction")
-            if arg is not None and isinstance(arg.value, ast.Constant) and arg.value.value == "sum":
-                names = m.qualified_names(call.func)
-                if not any(q.startswith("torch.nn.") for q in names):
+    """The ``reduction="sum"`` (or ``size_average=False``) arguments of the summed losses
+    that train here and are not yet kept at DataParallel's scale (:func:`summed_losses`)."""
+    seen: Dict[int, ast.keyword] = {}
+    for s in summed_losses(m):
+        seen.setdefault(id(s.arg), s.arg)
+    return list(seen.values())
+
+
+class SumLoss(NamedTuple):
+    """A use of a summed ``torch.nn`` loss in training. ``scalable``: every backward it
+    reaches differentiates a sum of summed losses (times factors the same on every rank),
+    so multiplying each by the world size gives DataParallel's step exactly (DDP averages
+    the ranks' gradients of their shares' sums); else ``reason`` says what stands in the
+    way: another term of the loss, or no backward dp2ddp can follow it to."""
+
+    arg: ast.keyword  # reduction="sum" / size_average=False
+    made: ast.Call  # the loss class's construction, or the functional call
+    use: ast.Call  # the call that computes it
+    scalable: bool
+    reason: str
+
+
+def _summing(call: ast.Call) -> Optional[ast.keyword]:
+    arg = kwarg(call, "reduction")
+    if arg is not None and isinstance(arg.value, ast.Constant) and arg.value.value == "sum":
+        return arg
+    legacy = kwarg(call, "size_average")  # deprecated spelling of the same sum
+    if (legacy is not None and isinstance(legacy.value, ast.Constant) and legacy.value.value is False
+            and kwarg(call, "reduce") is None):
+        return legacy
+    return None
+
+
+def summed_losses(m: SemanticModel) -> List[SumLoss]:
+    """Every use in training of a ``torch.nn`` loss that sums over the samples it sees: a
+    loss class (followed to the calls of the name it is bound to) or a functional loss;
+    not the ones divided by their batch's size (means), computed under ``torch.no_grad()``
+    or in code that reaches no backward, read only as a number (``.item()``), passed
+    through a function of this module that multiplies by the world size (already scaled),
+    or reaching only a backward whose loop steps no optimizer of model parameters (an
+    attack's input gradient: each sample's gradient is the same whoever sums it)."""
+    got = m.cache.get("losses:summed")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[SumLoss] = []
+    reached = _backward_terms(m)
+    for made in m.nodes(ast.Call):
+        arg = _summing(made)
+        if arg is None:
+            continue
+        names = m.qualified_names(made.func)
+        if not any(q.startswith("torch.nn.") for q in names):
+            continue
+        functional = any(q.startswith("torch.nn.functional.") for q in names)
+        every = [made] if functional else _class_uses(m, made)
+        uses = [u for u in every if not _divided_by_batch(m, u)]
+        if every and not uses:
+            continue  # every use a mean
+        if not uses:  # a loss made and not seen used: it may train anywhere
+            out.append(SumLoss(arg, made, made, False, "dp2ddp sees no call of it to follow to a backward"))
+            continue
+        other = None if functional else _shared(m, made)
+        for use in uses:
+            if _no_grad(m, use) or not _trains_here(m, use) or _read_as_number(m, use) or _scaled(m, use):
+                continue
+            if other is not None:
+                out.append(SumLoss(arg, made, use, False, f"the same call also computes the loss bound at line "
+                                   f"{other.lineno} (`{' '.join(m.source(other).split())[:60]}`), which may not be a sum"))
+                continue
+            verdict = reached.get(id(use))
+            if verdict is None:
+                if _input_gradient_only(m, use):
                     continue
-                functional = any(q.startswith("torch.nn.functional.") for q in names)
-                if functional and (_no_grad(m, call) or not _trains_here(m, call)):
-                    continue
-                if _per_batch_mean(m, call, functional):
-                    continue
-                got.append(arg)
-        m.cache["losses:sum"] = got
-    return got  # type: ignore[return-value]
+                out.append(SumLoss(arg, made, use, False, "dp2ddp cannot follow it to a backward"))
+            elif verdict[0] == "frozen":
+                continue
+            else:
+                out.append(SumLoss(arg, made, use, verdict[0] == "sum", verdict[1]))
+    m.cache["losses:summed"] = out
+    return out
+
+
+def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
+    """id(summed loss call) -> ("sum", "") where every backward reaching it differentiates
+    only summed losses, ("mixed", the other term) where one adds something else, or
+    ("frozen", "") where it reaches only backward passes that train no model parameter."""
+    from dp2ddp.model.steps import backward_calls
+
+    summed = set()
+    for made in m.nodes(ast.Call):
+        if _summing(made) is not None and any(q.startswith("torch.nn.") for q in m.qualified_names(made.func)):
+            functional = any(q.startswith("torch.nn.functional.") for q in m.qualified_names(made.func))
+            summed.update(id(u) for u in ([made] if functional else _class_uses(m, made)))
+    out: Dict[int, Tuple[str, str]] = {}
+    for call in backward_calls(m):
+        operand = _differentiated(m, call)
+        if operand is None:
+            continue
+        leaves: List[ast.AST] = []
+        _terms(m, operand, leaves, set(), 0)
+        ours = [x for x in leaves if id(x) in summed]
+        if not ours:
+            continue
+        if not _trains_parameters(m, call):
+            for x in ours:
+                out.setdefault(id(x), ("frozen", ""))
+            continue
+        others = [x for x in leaves if id(x) not in summed]
+        verdict = ("sum", "") if not others else (
+            "mixed", f"the loss differentiated at line {call.lineno} also adds `{' '.join(m.source(others[0]).split())[:60]}` "
+            f"(line {others[0].lineno}), which dp2ddp cannot show is a sum over the samples")
+        for x in ours:
+            if out.get(id(x), ("sum", ""))[0] in ("sum", "frozen"):
+                out[id(x)] = verdict
+    return out
+
+
+def _differentiated(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    """The loss a backward call differentiates: ``x`` of ``x.backward()``,
+    ``scaler.scale(x).backward()``, ``torch.autograd.backward(x)``."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "backward":
+        recv = f.value
+        if (isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute) and recv.func.attr == "scale"
+                and len(recv.args) == 1 and not recv.keywords):
+            return recv.args[0]
+        return recv
+    return call.args[0] if call.args else None
+
+
+def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], depth: int) -> None:
+    """The terms a loss expression adds up (through ``+``/``-``, factors the same on every
+    rank, local names' assignments and the returns of this module's functions); anything
+    else is a term of its own."""
+    if depth > 8 or id(e) in seen:
+        out.append(e)
+        return
+    seen.add(id(e))
+    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub)):
+        _terms(m, e.left, out, seen, depth + 1)
+        _terms(m, e.right, out, seen, depth + 1)
+    elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult) and _rank_constant(m, e.left):
+        _terms(m, e.right, out, seen, depth + 1)
+    elif isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Mult, ast.Div)) and _rank_constant(m, e.right):
+        _terms(m, e.left, out, seen, depth + 1)
+    elif isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
+        _terms(m, e.operand, out, seen, depth + 1)
+    elif isinstance(e, ast.Name):
+        _, bindings = m.lookup(e.id, m.scope_of(e))
+        if not bindings or any(b.kind not in ("assign", "augassign") for b in bindings):
+            out.append(e)
+            return
+        for b in bindings:
+            value = b.value if b.kind == "assign" else getattr(b.node, "value", None)
+            if value is None or (b.kind == "augassign" and not isinstance(b.node.op, (ast.Add, ast.Sub))):
+                out.append(e)
+                return
+            if isinstance(value, ast.Constant) and value.value == 0:
+                continue  # ``loss = 0`` before ``loss += ...``
+            _terms(m, value, out, seen, depth + 1)
+    elif isinstance(e, ast.Call) and m.resolve_call(e) is not None and not _summing(e):
+        from dp2ddp.model.steps import own_nodes
+
+        func = m.resolve_call(e)
+        returns = [n.value for n in own_nodes(m, func) if isinstance(n, ast.Return) and n.value is not None
+                   and m.enclosing_function(n) is func]
+        if not returns:
+            out.append(e)
+        for r in returns:
+            _terms(m, r, out, seen, depth + 1)
+    else:
+        out.append(e)
+
+
+def _rank_constant(m: SemanticModel, e: ast.AST) -> bool:
+    """A factor the same on every rank: numbers, and arithmetic over names and attributes
+    that no call in the same function computes (``self.T ** 2``, ``args.alpha``)."""
+    func = m.enclosing_function(e)
+    for n in ast.walk(e):
+        if isinstance(n, ast.Call):
+            return False
+        if isinstance(n, ast.Name) and func is not None:
+            _, bindings = m.lookup(n.id, m.scope_of(n))
+            if any(b.kind in ("assign", "augassign") and m.enclosing_function(b.node) is func
+                   and not (b.value is not None and isinstance(b.value, ast.Constant)) for b in bindings):
+                return False
+    return True
+
+
+def _trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
+    """A backward whose loop steps an optimizer of model parameters (not only optimizers
+    over a list of plain tensors: an attack's perturbation)."""
+    from dp2ddp.model.steps import _binding_values, innermost_loop, optimizer_steps
+
+    loop = innermost_loop(m, call)
+    steps = optimizer_steps(m, loop) if loop is not None else []
+    if not steps:
+        return True
+    for step in steps:
+        receiver = step.args[0] if step.args else step.func.value
+        values = _binding_values(m, receiver) or []
+        if not values or not all(_over_plain_tensors(v) for v in values):
+            return True
+    return False
+
+
+def _over_plain_tensors(value: ast.AST) -> bool:
+    if not (isinstance(value, ast.Call) and value.args and isinstance(value.args[0], (ast.List, ast.Tuple))):
+        return False
+    return all(isinstance(x, ast.Name) for x in value.args[0].elts)
+
+
+def _read_as_number(m: SemanticModel, use: ast.Call) -> bool:
+    parent = m.parent(use)
+    return isinstance(parent, ast.Attribute) and parent.attr in ("item", "detach", "data", "tolist")
+
+
+def _scaled(m: SemanticModel, use: ast.Call) -> bool:
+    """Passed straight to a function of this module that multiplies by the world size
+    (the migration's ``whole_sum``)."""
+    from dp2ddp.model.names import GET_WORLD_SIZE
+
+    parent = m.parent(use)
+    if not (isinstance(parent, ast.Call) and use in parent.args):
+        return False
+    func = m.resolve_call(parent)
+    return func is not None and any(m.call_is(n, GET_WORLD_SIZE) for n in ast.walk(func))
+
+
+def _input_gradient_only(m: SemanticModel, use: ast.Call) -> bool:
+    """A summed loss bound to a name that is read only by ``torch.autograd.grad``: the
+    gradient of an input (an attack's), each sample's its own whoever sums it."""
+    node, parent = use, m.parent(use)
+    while isinstance(parent, (ast.BinOp, ast.UnaryOp)):
+        node, parent = parent, m.parent(parent)
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name):
+        name = parent.targets[0].id
+    elif isinstance(parent, ast.AugAssign) and isinstance(parent.target, ast.Name):
+        name = parent.target.id
+    else:
+        return False
+    func = m.enclosing_function(use) or m.tree
+    reads = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
+    for n in reads:
+        node = m.parent(n)
+        while node is not None and not isinstance(node, ast.stmt) and not (
+                isinstance(node, ast.Call) and m.is_name(node.func, {"torch.autograd.grad"})):
+            node = m.parent(node)
+        if not isinstance(node, ast.Call):
+            return False
+    return bool(reads)
 
 
 def _no_grad(m: SemanticModel, node: ast.AST) -> bool:
@@ -66,30 +296,38 @@ def _trains_here(m: SemanticModel, node: ast.AST) -> bool:
     return False
 
 
-def _per_batch_mean(m: SemanticModel, call: ast.Call, functional: bool) -> bool:
-    """Every use of the summed loss is divided by the size of a batch: the functional call
-    itself, or each call of the name a loss class is bound to (``criterion = nn.MSELoss(
-    reduction="sum")`` ... ``criterion(out, y) / (img.size()[0] * 2)``)."""
-    if functional:
-        return _divided_by_batch(m, call)
-    stmt = m.parent(call)
-    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
-        return False
-    uses = _class_uses(m, call)
-    return bool(uses) and all(_divided_by_batch(m, c) for c in uses)
-
-
 def _divided_by_batch(m: SemanticModel, node: ast.AST) -> bool:
-    parent = m.parent(node)
-    if not (isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Div) and parent.left is node):
-        return False
-    todo = [parent.right]
+    """``node / x.size(0)``, ``node * T ** 2 / len(x)``, ``(1.0 / batch_size) * node`` with
+    ``batch_size = len(x)``: a sum made a mean over its batch."""
+    while True:
+        parent = m.parent(node)
+        if not isinstance(parent, ast.BinOp):
+            return False
+        if isinstance(parent.op, ast.Div) and parent.left is node:
+            if _batch_size(m, parent.right):
+                return True
+        elif isinstance(parent.op, ast.Mult):
+            other = parent.right if parent.left is node else parent.left
+            if isinstance(other, ast.BinOp) and isinstance(other.op, ast.Div) and _batch_size(m, other.right):
+                return True
+        else:
+            return False
+        node = parent
+
+
+def _batch_size(m: SemanticModel, e: ast.AST) -> bool:
+    todo = [e]
     while todo:
         e = todo.pop()
         if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult):
             todo += [e.left, e.right]
         elif first_dim_of(e) is not None:
             return True
+        elif isinstance(e, ast.Name):
+            _, bindings = m.lookup(e.id, m.scope_of(e))
+            if len(bindings) == 1 and bindings[0].kind == "assign" and bindings[0].value is not None:
+                if first_dim_of(bindings[0].value) is not None:
+                    return True
     return False
 
 
@@ -150,16 +388,49 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
 def _class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
     """The calls of a loss object: ``criterion(out, y)`` after ``criterion = nn.X(...)`` (a
     name or ``self.attr`` bound once), or ``nn.X(...)(out, y)``."""
-    parent = m.parent(made)
-    if isinstance(parent, ast.Call) and parent.func is made:
-        return [parent]
-    if not (isinstance(parent, ast.Assign) and parent.value is made and len(parent.targets) == 1):
-        return []
-    target = parent.targets[0]
-    if not isinstance(target, (ast.Name, ast.Attribute)):
+    target = _bound_to(m, made)
+    if isinstance(target, ast.Call):
+        return [target]
+    if target is None:
         return []
     text = m.source(target)
     return [c for c in m.nodes(ast.Call) if isinstance(c.func, (ast.Name, ast.Attribute)) and m.source(c.func) == text]
+
+
+def _bound_to(m: SemanticModel, made: ast.Call) -> Optional[ast.AST]:
+    """The name or attribute a loss object is bound to (through ``.to(device)``/``.cuda()``),
+    or the call of ``nn.X(...)(out, y)``."""
+    node: ast.AST = made
+    parent = m.parent(node)
+    while (isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda", "cpu")
+           and isinstance(m.parent(parent), ast.Call) and m.parent(parent).func is parent):
+        node = m.parent(parent)
+        parent = m.parent(node)
+    if isinstance(parent, ast.Call) and parent.func is node:
+        return parent
+    if not (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1):
+        return None
+    target = parent.targets[0]
+    return target if isinstance(target, (ast.Name, ast.Attribute)) else None
+
+
+def _shared(m: SemanticModel, made: ast.Call) -> Optional[ast.AST]:
+    """Another value bound to the same name or attribute as the loss object (a loss picked
+    by the configuration: ``self.lossfn = nn.L1Loss()`` on one branch, a summed one on
+    another): its first assignment."""
+    target = _bound_to(m, made)
+    if not isinstance(target, (ast.Name, ast.Attribute)):
+        return None
+    text = m.source(target)
+    for a in m.nodes(ast.Assign):
+        if len(a.targets) == 1 and m.source(a.targets[0]) == text and not any(n is made for n in ast.walk(a.value)):
+            value = a.value
+            while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                   and value.func.attr in ("to", "cuda", "cpu")):
+                value = value.func.value
+            if m.source(value) != text:  # not ``criterion = criterion.cuda()``
+                return a
+    return None
 
 
 def _in_forward(m: SemanticModel, node: ast.AST) -> bool:

@@ -30,7 +30,7 @@ RULE = Rule(
         "switch to `reduction=\"mean\"` and retune the learning rate deliberately."
     ),
     fix_safety="",
-    gate=(DDP_CODE, ("reduction",), literal("sum")),
+    gate=(DDP_CODE, ("reduction", "size_average"), literal("sum") + ("False",)),
     check=check,
     examples=(
         Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n", 4, 33, end=(4, 48)),
@@ -42,6 +42,21 @@ RULE = Rule(
         Valid(  # a sum divided by its batch's size is a mean: the ranks' shares are equal
             "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.MSELoss(reduction=\"sum\")\n"
             "loss = criterion(out, noise) / (img.size()[0] * 2)\n"
+        ),
+        Invalid(
+            "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.MSELoss(size_average=False)\n", 4, 24,
+            end=(4, 42),
+        ),
+        Valid(  # scaled by the world size (what `dp2ddp rewrite` writes)
+            "import torch.distributed as dist\nimport torch.nn as nn\n\n\ndef whole_sum(loss):\n"
+            "    return loss * dist.get_world_size()\n\n\ncriterion = nn.MSELoss(reduction=\"sum\")\n"
+            "whole_sum(criterion(out, y)).backward()\n"
+        ),
+        Valid(  # an attack's input gradient: each sample's is its own, whoever sums it
+            "import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n\n\n"
+            "def attack(model, x, y):\n    loss = F.cross_entropy(model(x), y, reduction=\"sum\")\n"
+            "    return torch.autograd.grad(loss, [x])[0]\n\n\ndef step(model, x, y):\n"
+            "    F.cross_entropy(model(attack(model, x, y)), y).backward()\n"
         ),
         Valid(
             "import torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n\n\n"
