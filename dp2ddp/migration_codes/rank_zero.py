@@ -64,7 +64,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "read one or the other, and `verify` judges the migration's checkpoints by the same policy.",
         "As the project's loaders outside the script read them (an evaluation script that loads into the bare model: "
         "plain keys, through `.module`; one that loads into a wrapper: `module.`); with none found, as the original "
-        "wrote them (an unconditional DataParallel wrap: `module.`; one that needed several GPUs: plain). Saves and the "
+        "wrote them (an unconditional DataParallel wrap: `module.`; one that ran only with CUDA or several GPUs: plain). Saves and the "
         "script's own loads of that model go through `.module` together, or not at all.",
         "Safe.",
         script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\ntorch.save(model.state_dict(), \"m.pt\")\n"),

@@ -319,7 +319,7 @@ def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False) -> KeyPol
     if wants:
         return KeyPolicy(original, "as the original wrote them (the project's loaders disagree: "
                          + ", ".join(f"{s.path}:{s.line} wants {s.wants}" for s in sites[:3]) + ")", sites)
-    how = ("on one device (its DataParallel wrap needed several GPUs)" if guarded
+    how = ("where its DataParallel wrap did not run (it ran only with CUDA or with several GPUs)" if guarded
            else "with its DataParallel switched on (the run being migrated)" if flagged
            else "(its DataParallel wrap was unconditional)")
     return KeyPolicy(original, f"as the original wrote them {how}; no loader of them found in the project", sites)
