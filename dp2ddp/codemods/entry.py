@@ -17,48 +17,10 @@ from typing import List
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.entry_points import has_entry_point
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
-from dp2ddp.model.syntax import FUNCTIONS, is_docstring
 from dp2ddp.model.uses import wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
-
-
-def has_entry_point(m: SemanticModel) -> bool:
-    """The module runs something when executed: a main guard, or module-level statements
-    other than imports, definitions, assignments of plain values and docstrings."""
-    if m.main_guard is not None:
-        return True
-    for stmt in m.tree.body:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.ClassDef) + FUNCTIONS) or is_docstring(stmt):
-            continue
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and not any(isinstance(n, ast.Call) for n in ast.walk(stmt)):
-            continue
-        if isinstance(stmt, (ast.If, ast.Try)) and all(
-            isinstance(n, (ast.Import, ast.ImportFrom, ast.Pass, ast.Assign, ast.Expr, ast.Raise)) or not isinstance(n, ast.stmt)
-            for s in ([stmt] if False else stmt.body) for n in ast.walk(s)
-        ) and not any(isinstance(n, ast.Call) and not _harmless(n) for n in ast.walk(stmt)):
-            continue
-        if isinstance(stmt, ast.Assign) and all(_harmless(c) for c in ast.walk(stmt.value) if isinstance(c, ast.Call)):
-            continue
-        return True
-    return False
-
-
-_HARMLESS = {"logging.getLogger", "os.path.join", "os.path.dirname", "os.path.abspath", "os.environ.get", "os.getenv",
-             "collections.namedtuple", "typing.TypeVar", "re.compile", "sys.path.append", "sys.path.insert",
-             "warnings.filterwarnings", "torch.device", "torch.cuda.is_available"}
-
-
-def _harmless(call: ast.Call) -> bool:
-    f = call.func
-    parts = []
-    while isinstance(f, ast.Attribute):
-        parts.append(f.attr)
-        f = f.value
-    if isinstance(f, ast.Name):
-        parts.append(f.id)
-    name = ".".join(reversed(parts))
-    return name in _HARMLESS or name.endswith(("getLogger", "namedtuple", "compile", "path.join", "path.dirname", "path.abspath"))
 
 
 def trains(m: SemanticModel) -> bool:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ast
 
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.names import CUDA_DEVICE_SELECT
+from dp2ddp.model.entry_points import has_entry_point
+from dp2ddp.model.names import CUDA_DEVICE_SELECT, DDP, INIT
 from dp2ddp.model.ranks import mentions_local_rank
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, attribute_name_position, literal, positional
@@ -30,6 +31,8 @@ def _device_literal_site(m, node: ast.Constant) -> bool:
 def check(m):
     if not is_ddp_code(m) or m.calls(CUDA_DEVICE_SELECT) or mentions_local_rank(m):
         return
+    if m.calls(DDP) and not m.calls(INIT) and not has_entry_point(m):
+        return  # a project's helper that wraps a model: the script that starts the process group picks the device
     for call in m.calls_spelled("cuda"):
         f = call.func
         if isinstance(f, ast.Attribute) and not positional(call) and kwarg(call, "device") is None:
@@ -49,7 +52,9 @@ RULE = Rule(
     message=MESSAGE,
     what=(
         "In DDP code that never calls `torch.cuda.set_device` and never reads the local rank, checks for "
-        "`.cuda()` without a device and for the device strings `\"cuda\"` / `\"cuda:0\"`."
+        "`.cuda()` without a device and for the device strings `\"cuda\"` / `\"cuda:0\"`. A library module that "
+        "builds the DDP wrapper (no `init_process_group`, nothing that runs when executed: a project's helper) is "
+        "left to the script that starts the process group, which picks the device for every module it imports."
     ),
     why=(
         "`.cuda()` and `\"cuda\"` mean the *current* device, which is GPU 0 unless the process selected "
@@ -75,6 +80,10 @@ RULE = Rule(
             "dist.init_process_group(\"nccl\")\nmodel = model.to(f\"cuda:{local_rank}\")\n"
         ),
         Valid("import torch\n\nmodel = model.cuda()  # not DDP code\n"),
+        Valid(  # a helper module: the script that imports it selects the device
+            "from torch.nn.parallel import DistributedDataParallel as DDP\n\n\ndef build(net):\n"
+            "    return DDP(net.cuda())\n"
+        ),
         Valid("import torch.distributed as dist\n\nif tensor.device.type == \"cuda\":\n    pass\n"),
     ),
 )
