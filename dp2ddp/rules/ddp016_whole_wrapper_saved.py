@@ -6,24 +6,12 @@ import ast
 from typing import Iterator, List, Set
 
 from dp2ddp.findings import Fix
-from dp2ddp.model.call_args import SAVE_PARAMS, argument
+from dp2ddp.model.checkpoints import saved_parts
 from dp2ddp.model.collectives import VarKey, outer_chain, var_key, wrapped_vars
-from dp2ddp.model.loaders import follow
 from dp2ddp.model.names import DDP, DP, SAVE
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wraps import conditions
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, cached, tails
-
-
-def _items(m, obj: ast.AST) -> List[ast.AST]:
-    """What ``obj`` saves: itself, or the items of a dict, list or tuple written in the
-    call or assigned once to the name it saves (``state = {"net": net, ...}``)."""
-    value = follow(m, obj)
-    if isinstance(value, ast.Dict):
-        return [v for k, v in zip(value.keys, value.values) if k is not None]  # not **spread
-    if isinstance(value, (ast.List, ast.Tuple)):
-        return [e for e in value.elts if not isinstance(e, ast.Starred)]
-    return [obj]
 
 
 def _wrapper_keys(m, ddp: bool) -> Set[VarKey]:
@@ -89,10 +77,7 @@ def _to_module(name: ast.AST):
 def check(m) -> Iterator[Hit]:
     seen: Set[int] = set()
     for call in m.calls(SAVE):
-        obj = argument(call, SAVE_PARAMS, "obj")
-        if obj is None:
-            continue
-        for item in _items(m, obj):
+        for item in saved_parts(m, call):
             if id(item) in seen or not isinstance(item, (ast.Name, ast.Attribute)):
                 continue
             key = var_key(m, item)

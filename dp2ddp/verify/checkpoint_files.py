@@ -167,9 +167,12 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
-def _first_line(s: str) -> str:
+def first_line(s: str, limit: int = 0) -> str:
+    """The first non-blank line of a message, without terminal colour codes (``limit``:
+    at most that many characters)."""
     lines = [x for x in strip_ansi(s).strip().splitlines() if x.strip()]
-    return (lines[0] if lines else "").strip()[:160]
+    line = (lines[0] if lines else "").strip()
+    return line[:limit] if limit else line
 
 
 def key_path(path: Tuple) -> str:

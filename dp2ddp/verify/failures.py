@@ -41,7 +41,7 @@ def describe_failure(run: RunResult, opts: Options, problems: List[str], details
     if exit_race(run):
         details.setdefault("exit_race", []).append(run.role)
         return
-    from dp2ddp.verify.checkpoint_files import strip_ansi
+    from dp2ddp.verify.checkpoint_files import first_line, strip_ansi
 
     for r in run.ranks.values():  # torch colours some of its errors: no escape codes in a report
         if r.error:
@@ -53,12 +53,12 @@ def describe_failure(run: RunResult, opts: Options, problems: List[str], details
     if first is not None:
         rank, err = first
         who = f"rank {rank}" if distributed else "the script"
-        problems.append(f"{label} run crashed (exit code {run.exit_code}): {who} raised {err['type']}: {_first_line(err['message'])}")
+        problems.append(f"{label} run crashed (exit code {run.exit_code}): {who} raised {err['type']}: {first_line(err['message'])}")
         crash.update(rank=rank, type=err["type"], message=err["message"], traceback=err["traceback"])
         text = err["traceback"]
         others = [e for e in errors if e is not err]
         if others:
-            crash["other_ranks"] = [f"{e['type']}: {_first_line(e['message'])}" for e in others]
+            crash["other_ranks"] = [f"{e['type']}: {first_line(e['message'])}" for e in others]
     else:
         fatal = next(((rank, r.fatal) for rank, r in sorted(run.ranks.items()) if r.fatal.strip()), None)
         tail = strip_ansi(run.log_tail(30))
@@ -96,8 +96,3 @@ def exit_race(run: RunResult) -> bool:
     if any(r.end is None or r.error for r in run.ranks.values()):
         return False
     return EXIT_RACE_SIGN in run.log_tail(400) + "".join(r.fatal for r in run.ranks.values())
-
-
-def _first_line(s: str) -> str:
-    s = s.strip().splitlines()
-    return s[0] if s else ""
