@@ -123,7 +123,7 @@ def test_a_loss_over_the_valid_tokens_of_a_padded_batch_trains_as_the_original(t
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("case", ["pure_sum", "weighted_sums"])
+@pytest.mark.parametrize("case", ["pure_sum", "weighted_sums", "charbonnier_total"])
 def test_a_summed_loss_trains_as_the_original(tmp_path, case) -> None:
     """``reduction="sum"`` (or ``size_average=False``): each rank sums its share and DDP
     averages the gradients; whole_sum multiplies by the world size, so the step is the

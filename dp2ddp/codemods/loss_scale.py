@@ -20,7 +20,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.losses import summed_losses
+from dp2ddp.model.losses import summed_losses, what_sums
 
 
 def propose(ctx: Context) -> List[Finding]:
@@ -35,7 +35,7 @@ def propose(ctx: Context) -> List[Finding]:
         out = []
         for s in refused:
             what = " ".join(m.source(s.use).split())[:60]
-            out.append(ctx.block(s.use, "DDP118", f"`{what}` sums over the samples ({m.source(s.arg)}): under DDP each "
+            out.append(ctx.block(s.use, "DDP118", f"`{what}` sums over the samples ({what_sums(m, s.arg)}): under DDP each "
                                  f"rank sums its share and the gradients are averaged, so the step would be 1/world_size "
                                  f"of DataParallel's, and dp2ddp cannot scale it back: {s.reason}; scale it by "
                                  "dist.get_world_size() where it is computed (or make it a mean), then migrate"))
@@ -45,7 +45,7 @@ def propose(ctx: Context) -> List[Finding]:
     out = []
     for s in found:
         edit = Replace(ctx.cst(s.use), lambda u: ctx.expr(f"{name}({{loss}})", loss=u))
-        out.append(ctx.note(s.use, "DDP164", f"the loss sums over the samples ({m.source(s.arg)}): under DDP each rank "
+        out.append(ctx.note(s.use, "DDP164", f"the loss sums over the samples ({what_sums(m, s.arg)}): under DDP each rank "
                             f"sums its share and the gradients are averaged; {name} multiplies it by the world size, so "
                             "the step is DataParallel's", [edit]))
     return out

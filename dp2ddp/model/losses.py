@@ -18,15 +18,6 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import first_dim_of, kwarg
 
 
-def sum_reductions(m: SemanticModel) -> List[ast.keyword]:
-    """The ``reduction="sum"`` (or ``size_average=False``) arguments of the summed losses
-    that train here and are not yet kept at DataParallel's scale (:func:`summed_losses`)."""
-    seen: Dict[int, ast.keyword] = {}
-    for s in summed_losses(m):
-        seen.setdefault(id(s.arg), s.arg)
-    return list(seen.values())
-
-
 class SumLoss(NamedTuple):
     """A use of a summed ``torch.nn`` loss in training. ``scalable``: every backward it
     reaches differentiates a sum of summed losses (times factors the same on every rank),
@@ -34,7 +25,7 @@ class SumLoss(NamedTuple):
     the ranks' gradients of their shares' sums); else ``reason`` says what stands in the
     way: another term of the loss, or no backward dp2ddp can follow it to."""
 
-    arg: ast.keyword  # reduction="sum" / size_average=False
+    arg: ast.AST  # reduction="sum" / size_average=False, or the project's loss class that returns a total
     made: ast.Call  # the loss class's construction, or the functional call
     use: ast.Call  # the call that computes it
     scalable: bool
@@ -52,6 +43,148 @@ def _summing(call: ast.Call) -> Optional[ast.keyword]:
     return None
 
 
+def what_sums(m: SemanticModel, arg: ast.AST) -> str:
+    """How a :class:`SumLoss` sums, for a message: its argument, or its class's total."""
+    if isinstance(arg, ast.ClassDef):
+        forward = m.methods(arg).get("forward")
+        return f"{arg.name}.forward returns a total, line {getattr(forward, 'lineno', arg.lineno)}"
+    return m.source(arg)
+
+
+def _made_sums(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool]]:
+    """(where a summing loss is made, what makes it sum, functional): ``torch.nn`` losses
+    with ``reduction="sum"``/``size_average=False``, and instances of this module's loss
+    classes whose ``forward`` returns the total of an elementwise expression of its inputs
+    (``torch.sum(torch.sqrt(diff * diff + self.eps))``, the Charbonnier loss of
+    super-resolution code)."""
+    got = m.cache.get("losses:made")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    totals = _total_classes(m)
+    out: List[Tuple[ast.Call, ast.AST, bool]] = []
+    for made in m.nodes(ast.Call):
+        arg = _summing(made)
+        names = m.qualified_names(made.func)
+        if arg is not None and any(q.startswith("torch.nn.") for q in names):
+            out.append((made, arg, any(q.startswith("torch.nn.functional.") for q in names)))
+        elif isinstance(made.func, ast.Name) and made.func.id in totals:
+            cls = totals[made.func.id]
+            _, bindings = m.lookup(made.func.id, m.scope_of(made))
+            if [b.node for b in bindings] == [cls]:
+                out.append((made, cls, False))
+    m.cache["losses:made"] = out
+    return out
+
+
+_ELEMENTWISE = frozenset({"sqrt", "abs", "exp", "log", "pow", "square", "log1p", "sigmoid", "add", "sub", "mul", "div"})
+
+
+def _total_classes(m: SemanticModel) -> Dict[str, ast.ClassDef]:
+    from dp2ddp.model.kinds import is_module_class
+
+    out = {}
+    for cls in m.nodes(ast.ClassDef):
+        if not is_module_class(m, cls) or m.enclosing_function(cls) is not None:
+            continue
+        forward = m.methods(cls).get("forward")
+        if forward is None:
+            continue
+        params = {a.arg for a in forward.args.args[1:]}
+        returns = [n.value for n in ast.walk(forward) if isinstance(n, ast.Return) and n.value is not None]
+        if returns and params and all(_total_of(m, r, params) for r in returns):
+            out[cls.name] = cls
+    return out
+
+
+def _total_of(m: SemanticModel, e: ast.AST, params: Set[str]) -> bool:
+    """``torch.sum(x)`` or ``x.sum()`` (every element) of an elementwise expression of
+    ``params`` (and constants, ``self.`` attributes)."""
+    e = _local_value(m, e)
+    if isinstance(e, ast.Call) and not e.keywords:
+        if m.is_name(e.func, {"torch.sum"}) and len(e.args) == 1:
+            inner = e.args[0]
+        elif isinstance(e.func, ast.Attribute) and e.func.attr == "sum" and not e.args:
+            inner = e.func.value
+        else:
+            return False
+        return _elementwise(m, inner, params)
+    return False
+
+
+def _local_value(m: SemanticModel, e: ast.AST) -> ast.AST:
+    """What a local name of a ``forward`` holds, where it is assigned once (``diff = x - y``)."""
+    for _ in range(8):
+        if not isinstance(e, ast.Name):
+            return e
+        _, bindings = m.lookup(e.id, m.scope_of(e))
+        if len(bindings) != 1 or bindings[0].kind != "assign" or bindings[0].value is None:
+            return e
+        e = bindings[0].value
+    return e
+
+
+def _elementwise(m: SemanticModel, e: ast.AST, params: Set[str], depth: int = 0) -> bool:
+    """An expression of ``params`` (at least one of them) element by element."""
+    return _elementwise_of(m, e, params, depth) and any(
+        isinstance(n, ast.Name) and n.id in params for n in ast.walk(_expanded(m, e)))
+
+
+def _expanded(m: SemanticModel, e: ast.AST) -> ast.AST:
+    """``e`` with its local names replaced by what they hold (for reading which parameters it uses)."""
+    out = ast.Module(body=[], type_ignores=[])
+    todo, seen = [e], []
+    while todo and len(seen) < 64:
+        x = todo.pop()
+        seen.append(x)
+        for n in ast.walk(x):
+            if isinstance(n, ast.Name):
+                v = _local_value(m, n)
+                if v is not n:
+                    todo.append(v)
+    out.body = [ast.Expr(value=x) for x in seen]
+    return out
+
+
+def _elementwise_of(m: SemanticModel, e: ast.AST, params: Set[str], depth: int = 0) -> bool:
+    if depth > 16:
+        return False
+    e = _local_value(m, e) if not (isinstance(e, ast.Name) and e.id in params) else e
+    d = depth + 1
+    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
+        return _elementwise_of(m, e.left, params, d) and _elementwise_of(m, e.right, params, d)
+    if isinstance(e, ast.UnaryOp):
+        return _elementwise_of(m, e.operand, params, d)
+    if isinstance(e, ast.Constant):
+        return isinstance(e.value, (int, float))
+    if isinstance(e, ast.Name):
+        return e.id in params
+    if isinstance(e, ast.Attribute):
+        return isinstance(e.value, ast.Name) and e.value.id == "self"
+    if isinstance(e, ast.Call) and not e.keywords:
+        f = e.func
+        if isinstance(f, ast.Attribute) and f.attr in _ELEMENTWISE and not m.qualified_names(f):
+            return _elementwise_of(m, f.value, params, d) and all(_elementwise_of(m, a, params, d) for a in e.args)
+        if any(q.startswith("torch.") and q.rsplit(".", 1)[-1] in _ELEMENTWISE for q in m.qualified_names(f)):
+            return all(_elementwise_of(m, a, params, d) for a in e.args)
+    return False
+
+
+def _fed_by_the_model(m: SemanticModel, use: ast.Call) -> bool:
+    """An argument of the loss call is the wrapped model's output (the call itself, or a
+    name bound to it in the same function): a total over the batch's samples."""
+    from dp2ddp.model.collectives import is_wrapped_forward
+
+    for a in use.args:
+        if isinstance(a, ast.Call) and is_wrapped_forward(m, a, dp=True):
+            return True
+        if isinstance(a, ast.Name):
+            _, bindings = m.lookup(a.id, m.scope_of(a))
+            if bindings and all(b.kind == "assign" and isinstance(b.value, ast.Call)
+                                and is_wrapped_forward(m, b.value, dp=True) for b in bindings):
+                return True
+    return False
+
+
 def summed_losses(m: SemanticModel) -> List[SumLoss]:
     """Every use in training of a ``torch.nn`` loss that sums over the samples it sees: a
     loss class (followed to the calls of the name it is bound to) or a functional loss;
@@ -65,15 +198,12 @@ def summed_losses(m: SemanticModel) -> List[SumLoss]:
         return got  # type: ignore[return-value]
     out: List[SumLoss] = []
     reached = _backward_terms(m)
-    for made in m.nodes(ast.Call):
-        arg = _summing(made)
-        if arg is None:
-            continue
-        names = m.qualified_names(made.func)
-        if not any(q.startswith("torch.nn.") for q in names):
-            continue
-        functional = any(q.startswith("torch.nn.functional.") for q in names)
+    for made, arg, functional in _made_sums(m):
         every = [made] if functional else _class_uses(m, made)
+        if isinstance(arg, ast.ClassDef):
+            every = [u for u in every if _fed_by_the_model(m, u)]
+            if not every:
+                continue  # a total of something else than the model's output: not followed
         uses = [u for u in every if not _divided_by_batch(m, u)]
         if every and not uses:
             continue  # every use a mean
@@ -108,10 +238,8 @@ def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
     from dp2ddp.model.steps import backward_calls
 
     summed = set()
-    for made in m.nodes(ast.Call):
-        if _summing(made) is not None and any(q.startswith("torch.nn.") for q in m.qualified_names(made.func)):
-            functional = any(q.startswith("torch.nn.functional.") for q in m.qualified_names(made.func))
-            summed.update(id(u) for u in ([made] if functional else _class_uses(m, made)))
+    for made, _, functional in _made_sums(m):
+        summed.update(id(u) for u in ([made] if functional else _class_uses(m, made)))
     out: Dict[int, Tuple[str, str]] = {}
     for call in backward_calls(m):
         operand = _differentiated(m, call)

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import ast
+
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.losses import sum_reductions
+from dp2ddp.model.losses import summed_losses, what_sums
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal
 
 
 def check(m):
     if not is_ddp_code(m):
         return
-    for arg in sum_reductions(m):
-        yield Hit(arg)
+    seen = set()
+    for s in summed_losses(m):
+        node = s.use if isinstance(s.arg, ast.ClassDef) else s.arg
+        if id(node) not in seen:
+            seen.add(id(node))
+            yield Hit(node) if node is s.arg else Hit(node, message=TOTAL.format(what=what_sums(m, s.arg)))
+
+
+TOTAL = "a loss that sums over the batch ({what}) under DDP: gradients are averaged across ranks, so their scale changes by 1/world_size"
 
 
 RULE = Rule(
@@ -30,7 +39,7 @@ RULE = Rule(
         "switch to `reduction=\"mean\"` and retune the learning rate deliberately."
     ),
     fix_safety="",
-    gate=(DDP_CODE, ("reduction", "size_average"), literal("sum") + ("False",)),
+    gate=(DDP_CODE, ("reduction", "size_average", "sum")),
     check=check,
     examples=(
         Invalid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")\n", 4, 33, end=(4, 48)),
