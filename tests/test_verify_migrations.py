@@ -136,3 +136,23 @@ def test_a_summed_loss_trains_as_the_original(tmp_path, case) -> None:
     code, rep, text, _ = verify(tmp_path, str(script), "--steps", "0")
     assert code == 0, text
     assert rep["losses_agree"] and rep["replicas_in_sync"] and rep["max_rel_loss_diff"] < 1e-5, text
+
+
+@pytest.mark.torchrun
+def test_a_summed_loss_left_unscaled_fails_at_its_line(tmp_path) -> None:
+    """The careless migration of the same script (no whole_sum): each step is half the
+    original's, and verify says so, with the summed loss's line in the migrated script."""
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent.parent / "fixtures" / "loss_scale"
+    script = tmp_path / "train.py"
+    script.write_bytes((here / "pure_sum.in.py").read_bytes())
+    good = (here / "pure_sum.out.py").read_text()
+    careless = good.replace("loss = whole_sum(criterion(net(lr_img), hr_img))", "loss = criterion(net(lr_img), hr_img)")
+    assert careless != good
+    (tmp_path / "careless_ddp.py").write_text(careless)
+    line = next(i for i, x in enumerate(careless.splitlines(), 1) if "loss = criterion(net(lr_img), hr_img)" in x)
+    code, rep, text, _ = verify(tmp_path, str(script), "--migrated", str(tmp_path / "careless_ddp.py"), "--steps", "0",
+                                "--min-speedup", "0")
+    assert code == 1 and rep["verdict"] == "fail", text
+    assert any("is 1/2 of the original's" in p and f"careless_ddp.py:{line}" in p for p in rep["problems"]), rep["problems"]

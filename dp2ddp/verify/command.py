@@ -167,6 +167,7 @@ def verify(
         user_dirs=[str(scratch)],
         nproc=nproc,
         nnodes=nnodes,
+        migrated=str(migrated),
     )
     budget = speed.thread_budget(threads, nproc * nnodes)
     setup = session.Setup(

@@ -142,7 +142,7 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
             problems.append(
                 f"losses disagree from step {first[0]}" + (f" of {name}" if len(so) > 1 or o != primary else "")
                 + f": original {a:.7g}, migrated {b:.7g} (relative difference {relative(a, b):.3g} > {allowed:.3g} allowed: "
-                + ("the noise envelope's" if se else "the tolerance") + ")"
+                + ("the noise envelope's" if se else "the tolerance") + ")" + _unscaled_sum(a, b, opts)
             )
         lr_bad = next((i for i in range(k) if lo[i][1] is not None and lm[i][1] is not None and
                        relative(lo[i][1], lm[i][1]) > 1e-6), None)
@@ -190,6 +190,30 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
                  "method": method, "factor": ENVELOPE_FACTOR if se else None, "worst_ratio": worst["ratio"] if se else None,
                  "worst_step": worst["step"]}
     return {"agree": agree, "rule": rule, "tolerance": tolerance, "optimizers": report_opts}
+
+
+def _unscaled_sum(a: float, b: float, opts: Options) -> str:
+    """Where the migrated loss is the original's divided by the world size: a loss summed
+    over each rank's share (``reduction="sum"``) whose gradients DDP averages; the summed
+    losses of the migrated script that are not scaled back, by line."""
+    world = opts.nproc * opts.nnodes
+    if world < 2 or not a or not math.isfinite(b) or abs(b * world / a - 1) > 1e-3:
+        return ""
+    where = ""
+    if opts.migrated:
+        try:
+            from dp2ddp.model.core import build
+            from dp2ddp.model.losses import summed_losses
+
+            with open(opts.migrated, "rb") as f:
+                m = build(f.read(), opts.migrated)
+            name = opts.migrated.replace("\\", "/").rsplit("/", 1)[-1]
+            lines = sorted({s.use.lineno for s in summed_losses(m)})
+            where = f" ({', '.join(f'{name}:{n}' for n in lines[:3])})" if lines else ""
+        except (OSError, SyntaxError, ValueError):
+            pass
+    return (f"; the migrated loss is 1/{world} of the original's: a loss summed over each rank's share{where} and not "
+            "multiplied back by the world size (DDP averages the ranks' gradients; `dp2ddp rewrite` scales it with whole_sum)")
 
 
 def _opt_name(o: int, info: Dict[str, Any], mig_info: Optional[Dict[str, Any]], mig: RunResult) -> str:

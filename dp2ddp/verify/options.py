@@ -4,7 +4,7 @@ speed-up wanted, the hang timeout, the user's folders, processes and nodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 
 @dataclass
@@ -18,3 +18,4 @@ class Options:
     user_dirs: List[str]
     nproc: int
     nnodes: int
+    migrated: Optional[str] = None  # the migrated script, read for what a failure points at
