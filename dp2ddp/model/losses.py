@@ -274,7 +274,8 @@ def _differentiated(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
                 and len(recv.args) == 1 and not recv.keywords):
             return recv.args[0]
         return recv
-    return call.args[0] if call.args else None
+    tensors = kwarg(call, "tensors")  # torch.autograd.backward(tensors, grad_tensors, ...)
+    return call.args[0] if call.args else tensors.value if tensors is not None else None
 
 
 def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], depth: int) -> None:
