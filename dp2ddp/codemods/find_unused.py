@@ -7,7 +7,8 @@ frozen when the wrapper is built is refused (DDP112)."""
 from __future__ import annotations
 
 import ast
-from typing import List
+import os
+from typing import List, Optional
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
@@ -24,6 +25,12 @@ def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bo
     m = ctx.m
     if not wraps:
         return False
+    branch = _branch_only_submodule(m)
+    if branch is not None:
+        out.append(ctx.note(wraps[0].call, "DDP125", f"{branch}: on the other path its parameters get no gradient; "
+                            "DistributedDataParallel(..., find_unused_parameters=True), or the next iteration fails "
+                            "with \"Expected to have finished reduction in the prior iteration\""))
+        return True
     changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
     if not changes:
         return False
@@ -61,6 +68,29 @@ def owners_need_find_unused(ctx: Context, out: List[Finding]) -> bool:
         return False
     out.append(_find_unused_note(ctx, changes[0]))
     return True
+
+
+def _branch_only_submodule(m: SemanticModel) -> Optional[str]:
+    """A module class of the script or of the project modules it imports whose ``forward``
+    calls a sub-module on one branch only (:func:`dp2ddp.model.conditional_modules.conditional_submodules`):
+    where, for the note. Every class counts, whether or not the wrapped model holds it: at
+    worst DDP looks for unused parameters it does not have (slower, never wrong)."""
+    from dp2ddp.model.conditional_modules import conditional_submodules
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.project import project_modules
+
+    models = [(m, os.path.basename(m.path))]
+    if m.path not in ("<string>", "<stdin>", "-") and os.path.exists(m.path):
+        for real, (rel, _) in sorted(project_modules(m.path, m.tree).items()):
+            pm = file_model(real)
+            if pm is not None:
+                models.append((pm, rel))
+    for pm, rel in models:
+        found = conditional_submodules(pm)
+        if found:
+            cls, call, attr = found[0]
+            return f"{cls.name}.forward calls self.{attr} on one branch only ({rel}:{call.lineno})"
+    return None
 
 
 def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: int = 0) -> bool:
