@@ -156,3 +156,21 @@ def test_a_summed_loss_left_unscaled_fails_at_its_line(tmp_path) -> None:
                                 "--min-speedup", "0")
     assert code == 1 and rep["verdict"] == "fail", text
     assert any("is 1/2 of the original's" in p and f"careless_ddp.py:{line}" in p for p in rep["problems"]), rep["problems"]
+
+
+@pytest.mark.torchrun
+def test_a_wrapper_called_through_its_forward_method_is_seen(tmp_path) -> None:
+    """``model.forward(x)`` on the wrapper (SimSiam's style) runs no module hook for the
+    wrapper itself: verify still sees the DDP forward, and passes the migration."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+        "torch.manual_seed(0)\nmodel = nn.DataParallel(nn.Linear(4, 2))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)\n"
+        "for epoch in range(2):\n    for x, y in loader:\n        opt.zero_grad()\n"
+        "        nn.functional.cross_entropy(model.forward(x), y).backward()\n        opt.step()\n"
+    )
+    code, rep, text, _ = verify(tmp_path, str(script), "--steps", "0", "--min-speedup", "0")
+    assert code == 0, text
+    assert not any("DistributedDataParallel module" in p for p in rep["problems"]), rep["problems"]

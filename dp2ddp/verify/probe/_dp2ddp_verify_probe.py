@@ -715,6 +715,21 @@ def _on_torch(torch):
     # Only during the first step (removed by _on_step): a global hook costs on every module call.
     _S.forward_hook = register_module_forward_pre_hook(forward_pre_hook)
 
+    # A script may call ``model.forward(x)`` on the wrapper itself (SimSiam does): no hook
+    # runs for the wrapper then, only for what it calls. Its forward says it ran.
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    for cls, kind in ((DataParallel, "dp"), (DistributedDataParallel, "ddp")):
+        real_forward = cls.forward
+
+        def forward(self, *args, _real=real_forward, _kind=kind, **kwargs):
+            if _S.on:
+                _S.modules.add(_kind)
+            return _real(self, *args, **kwargs)
+
+        functools.update_wrapper(forward, real_forward)
+        cls.forward = forward
+
 
 def _loss_value(t):
     """What the step keeps of a back-propagated loss: a CPU loss becomes a float at once
