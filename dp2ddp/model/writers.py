@@ -334,7 +334,7 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
         return None
     written = None
     for w in writers(cm):
-        if w.kind in ("open", "save", "logfile") and cm.contains(cls, w.call):
+        if w.kind in ("open", "save", "logfile", "tensorboard") and cm.contains(cls, w.call):
             written = written or w.call.lineno
     if written is None:
         return None
