@@ -180,10 +180,23 @@ def _kept_state(mod: SemanticModel, fn: ast.AST, path: str) -> Optional[str]:
                         return f"it changes the module-level `{mod.source(s)}` ({path}:{n.lineno}), which the other ranks would not"
         value = n.value if isinstance(n, (ast.Return, ast.Assign)) else None
         if value is not None and (isinstance(n, ast.Return) or any(_on_self(t) for t in n.targets)):  # type: ignore[attr-defined]
-            if isinstance(value, ast.Lambda) or (isinstance(value, ast.Call) and mod.qualified_names(value.func) & UNPICKLABLE):
-                return (f"its result keeps {mod.source(value)[:40]} ({path}:{n.lineno}), which cannot be sent to the "
-                        "other ranks (pickle refuses it)")
+            what = "a lambda" if isinstance(value, ast.Lambda) else _unpicklable(mod, value)
+            if what is not None:
+                held = "returns it" if isinstance(n, ast.Return) else f"keeps it in `{mod.source(n.targets[0])}`"  # type: ignore[attr-defined]
+                return (f"it makes {what} and {held} ({path}:{n.lineno}), which cannot be sent to the other ranks "
+                        "(pickle refuses it)")
     return None
+
+
+def _unpicklable(mod: SemanticModel, value: ast.AST) -> Optional[str]:
+    if not isinstance(value, ast.Call):
+        return None
+    q = mod.qualified_names(value.func) & UNPICKLABLE
+    if not q:
+        return None
+    if q & frozenset(OPEN):
+        return "an open file"
+    return f"a {sorted(q)[0].rsplit('.', 1)[-1]}"
 
 
 def _on_self(t: ast.AST) -> bool:
