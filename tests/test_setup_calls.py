@@ -16,8 +16,6 @@ from dp2ddp.cli import main
 from dp2ddp.templates import load
 from tests._scripts import retry_exit_abort, run_script, run_torchrun
 
-pytestmark = pytest.mark.torchrun
-
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "fixtures" / "rank_writers"
 
@@ -30,6 +28,14 @@ def _place(tmp_path: Path, case: str) -> Path:
     return tmp_path
 
 
+@pytest.mark.parametrize("case", ["setup_call_clock_folder_seeds", "setup_call_config_class", "run_folder_from_listing_on_rank_zero"])
+def test_the_migrations_pass_check(case: str, capsys) -> None:
+    """`dp2ddp check` finds nothing in the migrations (the broadcast is reached by every rank:
+    no DDP009)."""
+    assert main(["check", str(CASES / f"{case}.out.py")]) == 0, capsys.readouterr().out
+
+
+@pytest.mark.torchrun
 @pytest.mark.parametrize("case,root,files", [
     ("setup_call_clock_folder_seeds", "runs", {"args.json", "model.pt"}),
     ("setup_call_config_class", "saved", {"config.json", "info.log", "model.pt"}),
@@ -50,6 +56,7 @@ def test_a_setup_call_runs_on_rank_zero_and_every_rank_uses_its_folder(tmp_path:
     assert rep["losses_agree"] and rep["replicas_in_sync"], text
 
 
+@pytest.mark.torchrun
 def test_an_archived_run_folder_two_modules_below_is_archived_once(tmp_path: Path) -> None:
     """``option.parse()`` -> ``util.mkdir_and_rename()`` moves an earlier run's folder away and
     makes a new one: migrated (rank 0 runs it), the second run under torchrun archives the
@@ -67,6 +74,7 @@ def test_an_archived_run_folder_two_modules_below_is_archived_once(tmp_path: Pat
     assert (d / "experiments" / "run" / "model.pt").exists() and (d / "experiments" / made[1] / "model.pt").exists()
 
 
+@pytest.mark.torchrun
 def test_a_result_that_cannot_be_pickled_stops_every_rank_with_the_reason(tmp_path: Path) -> None:
     """The generated code, with a set-up whose result holds a lambda: rank 0 ran it, no rank
     hangs in the broadcast, every rank raises the TypeError that says what to do."""
