@@ -32,7 +32,7 @@ from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import wrapper_keys
-from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers, writing_class
+from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, training_class_saves, writers, writing_class
 from dp2ddp.model.writers_setup import setup_calls
 
 
@@ -228,6 +228,12 @@ def propose(ctx: Context) -> List[Finding]:
     for race in companion_folder_races(m):
         if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
             out.append(_rank_zero_first(ctx, race))
+    for t in training_class_saves(m):
+        if not rank_guarded(m, t.call) and not ctx.migrated_with(t.module):
+            out.append(ctx.block(t.call, "DDP110", f"{t.name} trains ({t.trains}) and saves a file with no rank test "
+                                 f"({t.where}), in a module this migration does not edit: every rank must train, so every "
+                                 "rank would write the same file at once; put that save under `if dist.get_rank() == 0:` "
+                                 "(or split it out of the training class), then migrate"))
     for w in companion_writes(m):
         if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
             out.append(_companion_write(ctx, w))
