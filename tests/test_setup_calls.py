@@ -21,10 +21,13 @@ CASES = ROOT / "fixtures" / "rank_writers"
 
 
 def _place(tmp_path: Path, case: str) -> Path:
-    """The original as train.py and its migration as train_ddp.py, with runsetup.py beside."""
+    """The original as train.py and its migration as train_ddp.py, with the folder's project
+    modules (runsetup.py, runsaver.py ...) beside."""
     shutil.copyfile(CASES / f"{case}.in.py", tmp_path / "train.py")
     shutil.copyfile(CASES / f"{case}.out.py", tmp_path / "train_ddp.py")
-    shutil.copyfile(CASES / "runsetup.py", tmp_path / "runsetup.py")
+    for mod in CASES.glob("*.py"):
+        if not mod.name.endswith((".in.py", ".out.py")):
+            shutil.copyfile(mod, tmp_path / mod.name)
     return tmp_path
 
 
@@ -39,6 +42,7 @@ def test_the_migrations_pass_check(case: str, capsys) -> None:
 @pytest.mark.parametrize("case,root,files", [
     ("setup_call_clock_folder_seeds", "runs", {"args.json", "model.pt"}),
     ("setup_call_config_class", "saved", {"config.json", "info.log", "model.pt"}),
+    ("run_folder_from_listing_on_rank_zero", "runs", {"last.pt"}),
 ])
 def test_a_setup_call_runs_on_rank_zero_and_every_rank_uses_its_folder(tmp_path: Path, case: str, root: str, files: set) -> None:
     """Under torchrun (2 ranks) one run folder is made, and it holds what rank 0 wrote (the
@@ -60,7 +64,10 @@ def test_a_setup_call_runs_on_rank_zero_and_every_rank_uses_its_folder(tmp_path:
 def test_an_archived_run_folder_two_modules_below_is_archived_once(tmp_path: Path) -> None:
     """``option.parse()`` -> ``util.mkdir_and_rename()`` moves an earlier run's folder away and
     makes a new one: migrated (rank 0 runs it), the second run under torchrun archives the
-    first run's folder once and both ranks save into the new one."""
+    first run's folder once and both ranks save into the new one; it also runs as plain
+    python and passes verify."""
+    from tests.verify_helpers import verify
+
     d = tmp_path / "proj"
     shutil.copytree(ROOT / "fixtures" / "project" / "archive_on_start", d)
     assert main(["rewrite", str(d / "train.py")]) == 0
@@ -72,6 +79,10 @@ def test_an_archived_run_folder_two_modules_below_is_archived_once(tmp_path: Pat
     made = sorted(p.name for p in (d / "experiments").iterdir())
     assert len(made) == 2 and made[0] == "run" and made[1].startswith("run_archived_"), made
     assert (d / "experiments" / "run" / "model.pt").exists() and (d / "experiments" / made[1] / "model.pt").exists()
+    r = run_script([str(d / "train_ddp.py")], d)  # plain python: a world of one
+    assert r.returncode == 0, r.stdout[-3000:]
+    code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(d / "train_ddp.py"), "--steps", "0", cwd=d)
+    assert code == 0 and rep["losses_agree"] and rep["replicas_in_sync"], text
 
 
 @pytest.mark.torchrun
