@@ -259,9 +259,13 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok and without checking that it is "
                          f"missing ({race.where}): every rank after the first would raise FileExistsError, in whatever order "
                          "they run; create it with exist_ok=True (or on rank 0 only), then migrate")
-    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt):
+    if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, in a "
                          "statement dp2ddp cannot order between the ranks: create it on rank 0 first, then migrate")
+    if not _same_passes(m, stmt):
+        return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, under a "
+                         "loop or a test that dp2ddp cannot show takes the same passes on every rank (so barriers around it "
+                         "would not pair up): create it on rank 0 first, then migrate")
     dist = ctx.name("dist")
     line = ctx.bridge.statement(stmt)
     before = ctx.stmt(f"if {ctx.not_rank0()}:\n    {dist}.barrier()  # rank 0 creates {race.name}'s folders first\n")
@@ -313,8 +317,10 @@ def _alike(m: SemanticModel, e: ast.AST, targets: Set[str]) -> bool:
         return go(e.value)
     if isinstance(e, ast.Subscript):
         return go(e.value) and go(e.slice)
-    if isinstance(e, (ast.Tuple, ast.List)):
+    if isinstance(e, (ast.Tuple, ast.List, ast.Set)):
         return all(go(x) for x in e.elts)
+    if isinstance(e, ast.Dict):
+        return all(k is not None and go(k) for k in e.keys) and all(go(v) for v in e.values)
     if isinstance(e, ast.Compare):
         return go(e.left) and all(go(c) for c in e.comparators)
     if isinstance(e, ast.BoolOp):
