@@ -31,7 +31,7 @@ def _place(tmp_path: Path, case: str) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("case", ["setup_call_clock_folder_seeds", "setup_call_config_class", "run_folder_from_listing_on_rank_zero"])
+@pytest.mark.parametrize("case", ["setup_call_clock_folder_seeds", "setup_call_config_class"])
 def test_the_migrations_pass_check(case: str, capsys) -> None:
     """`dp2ddp check` finds nothing in the migrations (the broadcast is reached by every rank:
     no DDP009)."""
@@ -42,7 +42,6 @@ def test_the_migrations_pass_check(case: str, capsys) -> None:
 @pytest.mark.parametrize("case,root,files", [
     ("setup_call_clock_folder_seeds", "runs", {"args.json", "model.pt"}),
     ("setup_call_config_class", "saved", {"config.json", "info.log", "model.pt"}),
-    ("run_folder_from_listing_on_rank_zero", "runs", {"last.pt"}),
 ])
 def test_a_setup_call_runs_on_rank_zero_and_every_rank_uses_its_folder(tmp_path: Path, case: str, root: str, files: set) -> None:
     """Under torchrun (2 ranks) one run folder is made, and it holds what rank 0 wrote (the

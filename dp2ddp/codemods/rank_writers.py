@@ -22,8 +22,8 @@ from typing import List, Optional, Set
 
 import libcst as cst
 
-from dp2ddp.codemods import rank_zero_setup
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.rank_zero_setup import propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
@@ -223,7 +223,7 @@ def propose(ctx: Context) -> List[Finding]:
     setups = set()
     for sc in setup_calls(m):
         if not rank_guarded(m, sc.call) and not ctx.migrated_with(sc.module):
-            out.append(rank_zero_setup.propose(ctx, sc))
+            out.append(setup_on_rank_zero(ctx, sc))
             setups.add(id(sc.call))
     for race in companion_folder_races(m):
         if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
