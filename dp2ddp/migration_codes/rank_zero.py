@@ -33,9 +33,8 @@ CODES: Tuple[MigrationCode, ...] = (
         "DDP114", "setup-on-rank-zero", "info",
         "a project call that makes the run's folder (`args = get_args()`, `ConfigParser.from_args(...)`) runs on rank 0; "
         "every rank gets its result",
-        "A folder named by the clock, picked from what exists, made without `exist_ok`, or made after moving an earlier "
-        "run's away cannot be made by every rank: each would make its own, crash with `FileExistsError`, or move "
-        "another's away. Rank 0 makes it once and every rank must use that one.",
+        "A folder named by the clock, made without `exist_ok`, or made after moving an earlier run's away cannot be "
+        "made by every rank: each would make its own, crash with `FileExistsError`, or move another's away. Rank 0 makes it once and every rank must use that one.",
         "`x = setup(a)` -> `x = run_on_rank_zero(setup, a)`: rank 0 runs the call, the others receive its result "
         "(pickled through the process group) and what it changed in the process that training reads (random seeds and "
         "states, cudnn flags, `torch.use_deterministic_algorithms`, environment variables); an error or exit on rank 0 "
