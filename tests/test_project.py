@@ -68,19 +68,6 @@ def test_project_copy_migrated_runs_and_its_evaluation_script_still_loads(projec
         assert (again / rel).read_bytes() == (out / rel).read_bytes(), rel
 
 
-def test_a_folder_archived_by_a_helper_of_a_helper_is_refused_and_nothing_written(tmp_path: Path, capsys) -> None:
-    """``option.parse()`` renames an earlier run's folder and makes a new one in
-    ``utils/util.py``, two modules below the script: under DDP rank 1 would move rank 0's
-    new folder away. Refused with the call, both lines and why; nothing written."""
-    d = tmp_path / "proj"
-    shutil.copytree(ROOT / "fixtures" / "project" / "archive_on_start", d)
-    before = {p: p.read_bytes() for p in d.rglob("*.py")}
-    assert main(["rewrite", str(d / "train.py")]) == 1
-    err = capsys.readouterr().err
-    assert "train.py:13:11: DDP110 parse removes or moves folders and creates them (utils/util.py:7, utils/util.py:8)" in err
-    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before and not (d / "train_ddp.py").exists()
-
-
 def test_the_migrated_project_modules_beside_a_migration_become_its_runs_overlays(project: Path, tmp_path: Path) -> None:
     """verify of a project migration (``rewrite --with-helpers -o DIR``): the modules of DIR
     that differ from the project's are what the migrated runs import, placed into real

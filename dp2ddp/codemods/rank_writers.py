@@ -23,6 +23,7 @@ from typing import List, Optional, Set
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.rank_zero_setup import propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
@@ -31,7 +32,8 @@ from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import wrapper_keys
-from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, writers, writing_class
+from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, training_class_saves, writers, writing_class
+from dp2ddp.model.writers_setup import setup_calls
 
 
 PROVIDES = (GuardedWriters,)
@@ -218,11 +220,22 @@ def propose(ctx: Context) -> List[Finding]:
         f = _restrict(ctx, w, bad.get(id(w)), early)
         if f is not None:
             out.append(f)
+    setups = set()
+    for sc in setup_calls(m):
+        if not rank_guarded(m, sc.call) and not ctx.migrated_with(sc.module):
+            out.append(setup_on_rank_zero(ctx, sc))
+            setups.add(id(sc.call))
     for race in companion_folder_races(m):
-        if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module):
+        if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
             out.append(_rank_zero_first(ctx, race))
+    for t in training_class_saves(m):
+        if not rank_guarded(m, t.call) and not ctx.migrated_with(t.module):
+            out.append(ctx.block(t.call, "DDP110", f"{t.name} trains ({t.trains}) and saves a file with no rank test "
+                                 f"({t.where}), in a module this migration does not edit: every rank must train, so every "
+                                 "rank would write the same file at once; put that save under `if dist.get_rank() == 0:` "
+                                 "(or split it out of the training class), then migrate"))
     for w in companion_writes(m):
-        if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module):
+        if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
             out.append(_companion_write(ctx, w))
     return out
 
@@ -246,15 +259,89 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok and without checking that it is "
                          f"missing ({race.where}): every rank after the first would raise FileExistsError, in whatever order "
                          "they run; create it with exist_ok=True (or on rank 0 only), then migrate")
-    if stmt is None or not ctx.bridge.alone_on_line(stmt) or any(isinstance(a, (ast.For, ast.While, ast.AsyncFor)) for a in m.ancestors(stmt)):
+    if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, in a "
                          "statement dp2ddp cannot order between the ranks: create it on rank 0 first, then migrate")
+    if not _same_passes(m, stmt):
+        return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, under a "
+                         "loop or a test that dp2ddp cannot show takes the same passes on every rank (so barriers around it "
+                         "would not pair up): create it on rank 0 first, then migrate")
     dist = ctx.name("dist")
     line = ctx.bridge.statement(stmt)
     before = ctx.stmt(f"if {ctx.not_rank0()}:\n    {dist}.barrier()  # rank 0 creates {race.name}'s folders first\n")
     after = ctx.stmt(f"if {ctx.rank0()}:\n    {dist}.barrier()\n")
     return ctx.note(race.call, "DDP132", f"{race.name} runs on rank 0 first, then on the other ranks ({race.where} creates a "
                     "folder without exist_ok: no race)", [InsertBefore(line, (before,)), InsertAfter(line, (after,))])
+
+
+_ALIKE_CALLS = frozenset({"sorted", "list", "tuple", "enumerate", "len", "reversed", "range", "zip"})
+_ALIKE_METHODS = frozenset({"items", "keys", "values", "get"})
+
+
+def _same_passes(m: SemanticModel, stmt: ast.stmt) -> bool:
+    """Every rank runs ``stmt`` the same number of times: each loop around it (in its
+    function) iterates a value that is the same on every rank, and each ``if`` around it
+    tests one (``for phase, o in sorted(opt["datasets"].items()): if phase == "train":``,
+    ``opt`` from a set-up call every rank gets from rank 0). A barrier before and after it
+    then pairs up across the ranks on every pass."""
+    func = m.enclosing_function(stmt)
+    targets: Set[str] = set()
+    around = []
+    for a in m.ancestors(stmt):
+        if a is func:
+            break
+        around.append(a)
+    for a in reversed(around):  # outermost first: a loop's targets are alike inside it
+        if isinstance(a, (ast.While, ast.AsyncFor)):
+            return False
+        if isinstance(a, ast.For):
+            if a.orelse or not _alike(m, a.iter, targets):
+                return False
+            targets |= {n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)}
+        elif isinstance(a, ast.If) and not _alike(m, a.test, targets):
+            return False
+        elif isinstance(a, (ast.Try, ast.With)):
+            return False
+    return True
+
+
+def _alike(m: SemanticModel, e: ast.AST, targets: Set[str]) -> bool:
+    from dp2ddp.model.rank_alike import same_on_every_rank
+
+    go = lambda x: _alike(m, x, targets)  # noqa: E731
+    if isinstance(e, ast.Constant):
+        return True
+    if isinstance(e, ast.Name):
+        return e.id in targets or _from_setup(m, e) or same_on_every_rank(m, e)
+    if isinstance(e, ast.Attribute):
+        return go(e.value)
+    if isinstance(e, ast.Subscript):
+        return go(e.value) and go(e.slice)
+    if isinstance(e, (ast.Tuple, ast.List, ast.Set)):
+        return all(go(x) for x in e.elts)
+    if isinstance(e, ast.Dict):
+        return all(k is not None and go(k) for k in e.keys) and all(go(v) for v in e.values)
+    if isinstance(e, ast.Compare):
+        return go(e.left) and all(go(c) for c in e.comparators)
+    if isinstance(e, ast.BoolOp):
+        return all(go(v) for v in e.values)
+    if isinstance(e, ast.UnaryOp):
+        return go(e.operand)
+    if isinstance(e, ast.Call) and not e.keywords:
+        f = e.func
+        if isinstance(f, ast.Name) and f.id in _ALIKE_CALLS and m.is_name(f, {f"builtins.{f.id}"}):
+            return all(go(a) for a in e.args)
+        if isinstance(f, ast.Attribute) and f.attr in _ALIKE_METHODS:
+            return go(f.value) and all(go(a) for a in e.args)
+    return False
+
+
+def _from_setup(m: SemanticModel, name: ast.Name) -> bool:
+    """Every binding of ``name`` is the result of a set-up call that rank 0 runs for every
+    rank (:mod:`rank_zero_setup`): the same object on every rank."""
+    ok = {id(s.call) for s in setup_calls(m) if s.refusal is None}
+    bindings = m.bindings_of(name)
+    return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, ast.Call) and id(b.value) in ok for b in bindings)
 
 
 def _companion_write(ctx: Context, w) -> Finding:

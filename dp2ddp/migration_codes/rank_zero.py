@@ -24,9 +24,25 @@ CODES: Tuple[MigrationCode, ...] = (
         "is refused rather than written (`--accept DDP110` writes it anyway).",
         "Restrict it to rank 0 (`if dist.get_rank() == 0:`), or split the writing out of a helper that also keeps "
         "state, then migrate. (What dp2ddp can restrict it does: writers in the script, project helpers that only "
-        "write — called on rank 0 —, and helpers that create a folder without `exist_ok` — run on rank 0 first, "
-        "the other ranks after a barrier.)",
+        "write — called on rank 0 —, helpers that create a folder without `exist_ok` — run on rank 0 first, "
+        "the other ranks after a barrier —, and set-up calls that make the run's folder — run on rank 0, their result "
+        "sent to every rank, DDP114.)",
         "No fix.",
+    ),
+    MigrationCode(
+        "DDP114", "setup-on-rank-zero", "info",
+        "a project call that makes the run's folder (`args = get_args()`, `ConfigParser.from_args(...)`) runs on rank 0; "
+        "every rank gets its result",
+        "A folder named by the clock, made without `exist_ok`, or made after moving an earlier run's away cannot be "
+        "made by every rank: each would make its own, crash with `FileExistsError`, or move another's away. Rank 0 makes it once and every rank must use that one.",
+        "`x = setup(a)` -> `x = run_on_rank_zero(setup, a)`: rank 0 runs the call, the others receive its result "
+        "(pickled through the process group) and what it changed in the process that training reads (random seeds and "
+        "states, cudnn flags, `torch.use_deterministic_algorithms`, environment variables); an error or exit on rank 0 "
+        "ends every rank, and a result that cannot be pickled stops every rank with that message. A call that keeps "
+        "other state (a module global, `sys.path`, the working directory), trains, or changes an argument the script "
+        "reads later is refused (DDP110). Why this is sound: docs/design-setup-calls.md.",
+        "Safe where the result is a configuration (plain values, paths, dicts); the other ranks' copy is not the same "
+        "object as anything else rank 0 holds. Logging set up by the call is rank 0's alone.",
     ),
     MigrationCode(
         "DDP113", "print-split", "info",

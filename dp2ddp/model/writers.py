@@ -334,8 +334,63 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
         return None
     written = None
     for w in writers(cm):
-        if w.kind in ("open", "save", "logfile") and cm.contains(cls, w.call):
+        if w.kind in ("open", "save", "logfile", "tensorboard") and cm.contains(cls, w.call):
             written = written or w.call.lineno
     if written is None:
         return None
     return f"{where or 'this script'}:{written}"
+
+
+def _class_family(m: SemanticModel, cm: SemanticModel, cls: ast.ClassDef, where: str, depth: int = 0):
+    """``cls`` (of module ``cm``, at ``where``) and its bases that are classes of the project,
+    followed into the modules they are imported from (``class Trainer(BaseTrainer)`` with
+    ``from base import BaseTrainer``): ``(module model, class, path)`` each."""
+    import os
+
+    from dp2ddp.model.project_defs import project_def
+
+    out = [(cm, cls, where)]
+    if depth > 3:
+        return out
+    for b in cls.bases:
+        if not isinstance(b, (ast.Name, ast.Attribute)):
+            continue
+        local = next((s for s in cm.tree.body if isinstance(s, ast.ClassDef) and isinstance(b, ast.Name) and s.name == b.id), None)
+        if local is not None:
+            out += _class_family(m, cm, local, where, depth + 1)
+            continue
+        found = project_def(cm, b)
+        if found is not None and isinstance(found[1], ast.ClassDef):
+            rel = os.path.normpath(os.path.join(os.path.dirname(where), found[2])) if where else found[2]
+            out += _class_family(m, found[0], found[1], rel, depth + 1)
+    return out
+
+
+def training_class_saves(m: SemanticModel) -> List[CompanionRace]:
+    """Objects of a project class that trains (a ``Trainer`` whose methods, its bases' in
+    other modules included, run backward passes) and also saves files (``torch.save`` of a
+    checkpoint in ``_save_checkpoint``) with no rank test: every rank must run the training,
+    so every rank would write the same file, and the rewrite does not edit that module.
+    ``where``: the save; ``trains``: where it trains."""
+    from dp2ddp.model.ranks import rank_guarded
+
+    got = m.cache.get("training_class_saves")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[CompanionRace] = []
+    for call in m.nodes(ast.Call):
+        found = class_of_call(m, call)
+        if found is None or not found[2]:
+            continue  # not a class of a project module (the script's own are migrated with it)
+        family = _class_family(m, *found)
+        trains = next((f"{p}:{line}" for cm, cls, p in family for line in [trains_in(cm, cls)] if line is not None), None)
+        if trains is None:
+            continue
+        save = next((w for cm, cls, p in family for w in writers(cm)
+                     if w.kind in ("save", "copy") and cm.contains(cls, w.call) and not rank_guarded(cm, w.call)), None)
+        if save is None:
+            continue
+        cm, cls, p = next((cm, cls, p) for cm, cls, p in family if cm.contains(cls, save.call))
+        out.append(CompanionRace(call, found[1].name, f"{p}:{save.call.lineno}", module=cm.path, trains=trains))
+    m.cache["training_class_saves"] = out
+    return out

@@ -142,6 +142,7 @@ EXAMPLES.update(
         "DDP109": _script("model = nn.DataParallel(nn.Linear(8, 1).to(\"cuda:1\"))\n"),
         # a project helper that removes and recreates its folder on every rank (PROJECT_MODULES)
         "DDP110": _HEAD + "from saver import Saver\n" + _script("model = nn.DataParallel(nn.Linear(8, 1))\nsaver = Saver(\"runs\")\n")[len(_HEAD):],
+        "DDP114": _HEAD + "from saver import Saver\n" + _script("model = nn.DataParallel(nn.Linear(8, 1))\nsaver = Saver(\"runs\")\n")[len(_HEAD):],
         "DDP112": _script(
             "model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 1))\nfor p in model[0].parameters():\n    p.requires_grad = False\n"
             "model = nn.DataParallel(model)\n",
@@ -205,7 +206,14 @@ OPTIONS: dict = {"DDP160": {"shard_eval": True}, "DDP161": {"shard_eval": True}}
 # codes drawn only with a project module beside the script (file name -> text), written
 # next to the example before it is migrated
 PROJECT_MODULES: dict = {
-    "DDP110": {
+    "DDP110": {  # it also keeps the folder in a module global: rank 0 cannot run it alone
+        "saver.py": (
+            "import os\nimport shutil\n\nLAST = None\n\n\nclass Saver:\n    def __init__(self, folder):\n"
+            "        global LAST\n        if os.path.exists(folder):\n            shutil.rmtree(folder)\n        os.makedirs(folder)\n"
+            "        LAST = folder\n"
+        ),
+    },
+    "DDP114": {
         "saver.py": (
             "import os\nimport shutil\n\n\nclass Saver:\n    def __init__(self, folder):\n"
             "        if os.path.exists(folder):\n            shutil.rmtree(folder)\n        os.makedirs(folder)\n"
