@@ -24,6 +24,7 @@ COST = {
     "tests/test_work.py": 20,
     "tests/test_project.py": 20,
     "tests/test_rewrite_fixtures.py": 10,
+    "tests/test_verify_partition.py": 10,  # the probe in a fresh Python
 }
 
 
