@@ -36,7 +36,8 @@ test: $(STAMP)
 
 # The unit layer: everything in-process. Left out (they run in `make test`): the tests that
 # launch torchrun (marker `torchrun`) and the `slow` ones (Python processes that import
-# torch, the pre-commit hook environment, the 300-case property test).
+# torch, the pre-commit hook environment, the 300-case property test). docs/development.md
+# says what each layer covers.
 test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not torchrun and not slow" $(PYTEST_ARGS)
 

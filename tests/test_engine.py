@@ -39,3 +39,31 @@ def test_a_replacement_made_from_the_original_node_over_an_edited_child_fails_in
     out = apply_edits(module, [Replace(call, _add_kwarg),
                                Replace(outer, lambda u: cst.parse_expression("guard(0)").with_changes(args=u.args))]).code
     assert "guard(load(path, map_location = cpu), 2)" in out
+
+
+# RemoveImportIfUnused runs LibCST's RemoveImportsVisitor over the module with the top-level
+# compound statements that cannot bear on the names stubbed out (dp2ddp/engine.py:
+# _remove_imports): each case below hides its only use inside such a statement.
+@pytest.mark.parametrize("use, kept", [
+    ("def f():\n    return 1\n", False),  # used nowhere: dropped, every body stubbed
+    ("def f():\n    return DP(1)\n", True),  # used only inside a function body
+    ("class C:\n    def f(self) -> 'DP':\n        pass\n", True),  # in a string annotation
+    ("for i in range(2):\n    y = [DP]\n", True),  # in a loop body
+    ("def f():\n    return DDP(1)\n", False),  # a longer name that contains it is not a use
+    ("if x:\n    from torch.nn import DataParallel as DP\n", False),  # a nested import, unused too
+    ("if x:\n    from torch.nn import DataParallel as DP\n    DP(1)\n", True),
+])
+def test_an_import_is_removed_only_where_nothing_uses_it(use: str, kept: bool) -> None:
+    from libcst.codemod import CodemodContext
+    from libcst.codemod.visitors import RemoveImportsVisitor
+
+    from dp2ddp.engine import RemoveImportIfUnused
+
+    source = "from torch.nn import DataParallel as DP\nimport os\n\n" + use + "\ndef g():\n    return os\n"
+    out = apply_edits(cst.parse_module(source), [RemoveImportIfUnused("torch.nn", "DataParallel", "DP")]).code
+    assert out.startswith("from torch.nn import DataParallel as DP\n") is kept, out
+    assert out.endswith("def g():\n    return os\n")
+    # what the visitor gives over the whole module, nothing stubbed
+    context = CodemodContext()
+    RemoveImportsVisitor.remove_unused_import(context, "torch.nn", "DataParallel", "DP")
+    assert out == RemoveImportsVisitor(context).transform_module(cst.parse_module(source)).code

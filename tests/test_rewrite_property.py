@@ -1,4 +1,4 @@
-"""Property test over generated DataParallel scripts (hypothesis, 300 variants).
+"""Property test over generated DataParallel scripts (hypothesis, 300 variants in 3 parts).
 
 For every variant: the output compiles, rewriting it again changes nothing, every line
 outside the statements the migration edits (marked ``# keep-N`` here) comes out
@@ -117,10 +117,17 @@ def _keep_lines(text: str):
     return [ln for ln in text.splitlines() if "# keep-" in ln]
 
 
+# 300 generated scripts in all, drawn as PARTS tests of CASES each, so that the two
+# workers of `pytest -n 2` share them (one 300-case test was the suite's longest, alone on
+# one worker at the end). Each part draws its own random cases, as the one test did.
+PARTS, CASES = 3, 100
+
+
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scripts())
-def test_generated_scripts_compile_are_idempotent_and_untouched_lines_survive(text: str) -> None:
+@pytest.mark.parametrize("part", range(PARTS))
+@settings(max_examples=CASES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=scripts())
+def test_generated_scripts_compile_are_idempotent_and_untouched_lines_survive(part: int, text: str) -> None:
     data = text.encode()
     compile(data, "<in>", "exec")
     result = migrate_bytes(data, "gen.py")

@@ -338,6 +338,7 @@ class _Evil:
         return (Path.touch, (Path(self.marker),))
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_checkpoints_that_need_a_full_unpickler_are_unpickled_only_in_a_fresh_process_in_the_run(tmp_path):
     """A checkpoint that does not load with torch.load's defaults (weights_only) is loaded the
     way the original's own code must load it (weights_only=False), in a fresh Python started
@@ -356,6 +357,7 @@ def test_checkpoints_that_need_a_full_unpickler_are_unpickled_only_in_a_fresh_pr
     assert rep["equal"] is True, rep["differences"]
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_a_pickled_ddp_wrapper_fails_and_names_the_line_that_saved_it(tmp_path):
     """The real loader (a fresh Python, no process group): the original pickles the bare
     model, the migration the DDP wrapper, which does not load there."""

@@ -230,6 +230,7 @@ def _probe_run(tmp_path, role, mode, plans=()):
     return json.loads(p.stdout.strip().splitlines()[-1])["served"], recs
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_the_probe_records_what_each_pass_served_and_the_original_follows_sharded_batches(tmp_path):
     """A DistributedSampler's shard (rank 1 of 2, padded): the pass records decode to the
     indices served, with the padding counted. Then the original's side of a ShardedBatches
@@ -280,6 +281,7 @@ for fold in range(3):  # a new optimizer per fold; the previous one is freed (it
 """
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_every_optimizer_gets_its_own_index_even_when_its_id_is_reused(tmp_path):
     script = tmp_path / "folds.py"
     script.write_text(FOLDS)
@@ -320,6 +322,7 @@ def _with_prints(rec, prints):
     return dict(rec, prints=base64.b64encode(zlib.compress(raw)).decode())
 
 
+@pytest.mark.slow  # a fresh Python that imports torch
 def test_a_streams_samples_are_told_apart_by_content_and_its_partition_judged(tmp_path):
     """A loader over an IterableDataset hands out ``[None] * 4`` per step: no sample is
     named, so the probe fingerprints each sample's bytes (the same bytes, the same print in
