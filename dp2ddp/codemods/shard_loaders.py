@@ -62,6 +62,7 @@ def propose(ctx: Context) -> List[Finding]:
     helper = ShardHelper()
     ctx.provide(helper)
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
+    rebinds: List[Tuple[ast.stmt, List[str]]] = []  # (statement, the names to shard after it)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
         if distributed_sampler(m, loader.sampler_value):
@@ -91,6 +92,23 @@ def propose(ctx: Context) -> List[Finding]:
         if why is not None:
             out.append(ctx.block(loader.call, "DDP105", f"{label} {why}"))
             continue
+        if loader.comp is not None and set(loader.train_keys) != set(loader.keys):
+            # {x: DataLoader(...) for x in ["train", "val"]}: only the training keys' loaders
+            if loader.holder is None or not isinstance(m.parent(loader.comp), ast.Assign):
+                out.append(ctx.block(loader.call, "DDP105", (
+                    f"this DataLoader is made for each key of a dict comprehension and trains for "
+                    f"{_keys_text(loader.train_keys)} only, but the dict is not assigned to a name: dp2ddp cannot shard "
+                    "those keys alone; assign the dict to a name, or build the training loader on its own")))
+                continue
+            holder = m.source(loader.holder)
+            items = [f"{holder}[{k!r}]" for k in loader.train_keys]
+            rebinds.append((m.statement_of(loader.comp), items))  # type: ignore[arg-type]
+            for k in loader.keys:
+                if k not in loader.train_keys:
+                    out.append(ctx.note(loader.call, "DDP108", f"{holder}[{k!r}] stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
+            if not loader.iterable_dataset:
+                helper.loaders.append(loader)
+            continue
         wrapped.append((loader.call, label))
         if not loader.iterable_dataset:
             helper.loaders.append(loader)  # a stream has no shuffle for set_epoch to follow
@@ -102,7 +120,6 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         if training:
             wrapped.append((call, label))
-    rebinds: List[Tuple[ast.stmt, List[str]]] = []
     for r in returned_loaders(m):
         if r.lost is not None:
             out.append(ctx.block(r.call, "DDP105", r.lost))
@@ -112,6 +129,7 @@ def propose(ctx: Context) -> List[Finding]:
         if r.inline:
             wrapped.append((r.call, f"{m.source(r.call.func)}()"))  # ``Trainer(shard_loader(data.loader()), cfg)``
     known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)} | {(id(c), ()) for c in own}
+    known |= {(id(ld.comp), (k,)) for ld in loaders(m) if ld.comp is not None for k in ld.keys}
     for r in returned_loaders(m):
         known |= {(id(r.call), p) for p in _returned_paths(m, r.call)}
     lost, named = _untraced_feeds(ctx, known)
@@ -144,6 +162,10 @@ def propose(ctx: Context) -> List[Finding]:
     return out
 
 
+def _keys_text(keys) -> str:
+    return ", ".join(repr(k) for k in keys)
+
+
 def _returned_paths(m, call: ast.Call) -> List[tuple]:
     from dp2ddp.model.project_defs import project_def
     from dp2ddp.model.loader_makers import _returned
@@ -170,7 +192,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
       would train on all of it."""
     from dp2ddp.model.batches import hand_loops
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import fed_values, handed_values
+    from dp2ddp.model.training import fed_origins, fed_values, handed_values
 
     m = ctx.m
     unknown: List[Tuple[ast.AST, ast.AST, ast.AST]] = []  # (origin, value, loop)
@@ -181,7 +203,8 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
     for value, loop in fed_values(m) + handed_values(m):  # loop: a training loop, or the call handing it to one
         if any(c is value or m.contains(c, value) for c in cut):
             continue
-        for node, path in origins(m, value):
+        found = fed_origins(m, value, loop) if not isinstance(loop, ast.Call) else origins(m, value)
+        for node, path in found:
             if (id(node), path) in known or (id(node), ()) in known or id(node) in seen:
                 continue
             if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.JoinedStr)):
