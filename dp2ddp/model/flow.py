@@ -579,12 +579,21 @@ def binding_loop(m: SemanticModel, name: ast.Name) -> Optional[KeyLoop]:
     """The key loop that binds ``name`` (its key or, of ``.items()``, its value), when that
     loop is the name's only binding."""
     _, bindings = m.lookup(name.id, m.scope_of(name))
-    if len(bindings) != 1 or bindings[0].kind != "for" or bindings[0].target is None:
+    loops = []
+    for b in bindings:
+        node: Optional[ast.AST] = b.target
+        while node is not None and not isinstance(node, (ast.For, ast.AsyncFor)):
+            node = m.parent(node)
+        loops.append(node if b.kind == "for" else None)
+    # the innermost loop around ``name`` that binds it, and nothing else binds it in there
+    around = [lp for lp in loops if lp is not None and any(s is name or m.contains(s, name) for s in lp.body)]  # type: ignore[attr-defined]
+    if not around:
         return None
-    node: Optional[ast.AST] = bindings[0].target
-    while node is not None and not isinstance(node, (ast.For, ast.AsyncFor)):
-        node = m.parent(node)
-    return key_loop(m, node) if node is not None else None
+    loop = max(around, key=lambda lp: len(list(m.ancestors(lp))))
+    if any(lp is not loop and (lp is None and m.contains(loop, b.node) or lp is not None and m.contains(loop, lp))
+           for b, lp in zip(bindings, loops)):
+        return None
+    return key_loop(m, loop)
 
 
 def key_values(m: SemanticModel, key: ast.AST) -> Optional[Tuple[object, ...]]:
