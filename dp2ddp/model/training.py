@@ -482,3 +482,110 @@ def fed_origins(m: SemanticModel, value: ast.AST, loop: ast.AST) -> List[Tuple[a
         return origins(m, value)
     container, kl = got
     return item_origins(m, container, trained_keys(m, kl))
+
+
+# ---------------------------------------------------------------------- loops over settings
+# ``for width_mult in sorted(FLAGS.width_mult_list, reverse=True): model.apply(...);
+# loss = ...; loss.backward()`` inside the batch loop (slimmable networks): a training loop
+# over a list of numbers, not over data. Every rank runs every item, as the one process of
+# the original did; the model may be set up differently for each (a BatchNorm per width),
+# so a pass may leave parameters unused that the next one uses.
+
+
+class SettingsLoop(NamedTuple):
+    loop: ast.AST  # ``for width_mult in widths: ...`` (a training loop)
+    value: ast.AST  # what it iterates
+    same: bool  # its items are the same on every rank (built from constants, options, imports)
+    unsure: Optional[ast.AST]  # where not: the value dp2ddp cannot show the same (``random.uniform(...)``)
+    within: Optional[ast.AST]  # the training loop around it, when it runs several backward passes per step of that loop
+
+
+def settings_loops(m: SemanticModel) -> List[SettingsLoop]:
+    """Training loops over values that are not data: not a loader, a range or a counter, but
+    a list of settings (numbers, names) built from constants, the script's options and
+    imported configuration, with nothing else put in it — also where one of those cannot be
+    shown the same on every rank (``unsure``: a random draw appended), which a migration must
+    refuse. A loop over the keys of a dict of loaders (a phase loop) is not one of them."""
+    got = m.cache.get("training:settings")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.flow import container_mutations, key_loop, origins
+    from dp2ddp.model.handles import expr_handle
+    from dp2ddp.model.loaders import loaders
+    from dp2ddp.model.rank_alike import same_on_every_rank
+
+    keyed = {id(kl.loop) for v, lp in fed_values(m) if (g := keyed_feed(m, v, lp)) is not None for kl in [g[1]]}
+    made = {id(ld.call) for ld in loaders(m)}
+    out: List[SettingsLoop] = []
+    for loop in training_loops(m):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or id(loop) in keyed:
+            continue
+        values = list(iterated(loop.iter))
+        if len(values) != 1 or (isinstance(values[0], ast.Call) and terminal(values[0].func) in NOT_DATA):
+            continue
+        value = values[0]
+        kl = key_loop(m, loop)
+        if kl is not None and kl.container is not None:
+            continue  # the keys or items of a dict
+        found = origins(m, value)
+        if any(id(n) in made or isinstance(n, (ast.DictComp,)) for n, _ in found):
+            continue  # loaders
+        unsure = None
+        pieces = [value] + [n for n, p in found if not p]
+        for piece in pieces:
+            h = expr_handle(m, piece) if isinstance(piece, (ast.Name, ast.Attribute)) else None
+            added = container_mutations(m).get(h, []) if h is not None else []
+            for x in [piece] + list(added):
+                if x is piece and isinstance(piece, ast.Name) and added:
+                    continue  # a list built by appends: judged by what is appended
+                if not _same_settings(m, x, same_on_every_rank):
+                    unsure = x
+                    break
+            if unsure is not None:
+                break
+        if unsure is None and not _settings_shaped(m, found):
+            continue
+        out.append(SettingsLoop(loop, value, unsure is None, unsure, _passes_within(m, loop)))
+    m.cache["training:settings"] = out
+    return out
+
+
+def _same_settings(m: SemanticModel, x: ast.AST, same, depth: int = 0) -> bool:
+    """``x`` is the same on every rank; a list built from such lists (``[a, b] + rest``)."""
+    if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Add):
+        return _same_settings(m, x.left, same, depth) and _same_settings(m, x.right, same, depth)
+    if isinstance(x, ast.Name) and depth < 3:
+        from dp2ddp.model.flow import origins
+
+        found = origins(m, x)
+        if found and all(not p and n is not x for n, p in found):
+            return all(_same_settings(m, n, same, depth + 1) for n, _ in found)
+    return same(m, x)
+
+
+def _settings_shaped(m: SemanticModel, found) -> bool:
+    """What a loop iterates looks like settings, not batches: a literal of constants, an
+    attribute of an options or configuration object, a name holding either."""
+    for n, p in found:
+        if p:
+            return False
+        if isinstance(n, (ast.List, ast.Tuple, ast.Set)) and all(isinstance(x, ast.Constant) for x in n.elts):
+            continue
+        if isinstance(n, ast.Attribute):
+            continue
+        return False
+    return bool(found)
+
+
+def _passes_within(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
+    """The training loop around ``loop`` whose optimizer step follows it: ``loop`` runs
+    several forward and backward passes per step."""
+    if _reaches_update(m, loop):
+        return None
+    for outer in m.enclosing_loops(loop):
+        if outer is loop:
+            continue
+        if outer in training_loops(m):
+            return outer
+        break
+    return None
