@@ -543,7 +543,7 @@ def settings_loops(m: SemanticModel) -> List[SettingsLoop]:
                     break
             if unsure is not None:
                 break
-        if unsure is None and not _settings_shaped(m, found):
+        if not _settings_shaped(m, found):
             continue
         out.append(SettingsLoop(loop, value, unsure is None, unsure, _passes_within(m, loop)))
     m.cache["training:settings"] = out
@@ -564,17 +564,23 @@ def _same_settings(m: SemanticModel, x: ast.AST, same, depth: int = 0) -> bool:
 
 
 def _settings_shaped(m: SemanticModel, found) -> bool:
-    """What a loop iterates looks like settings, not batches: a literal of constants, an
-    attribute of an options or configuration object, a name holding either."""
+    """What a loop iterates looks like settings, not batches: a list literal, an attribute of
+    an options or configuration object, a sum of such lists (``[lo, hi] + drawn``)."""
     for n, p in found:
         if p:
             return False
-        if isinstance(n, (ast.List, ast.Tuple, ast.Set)) and all(isinstance(x, ast.Constant) for x in n.elts):
-            continue
-        if isinstance(n, ast.Attribute):
-            continue
-        return False
+        if not _shaped(n):
+            return False
     return bool(found)
+
+
+def _shaped(n: ast.AST) -> bool:
+    """A list literal (of anything but calls), an attribute, or a sum of such lists and names."""
+    if isinstance(n, (ast.List, ast.Tuple, ast.Set)):
+        return not any(isinstance(x, ast.Call) or isinstance(x, ast.Starred) for x in n.elts)
+    if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+        return all(isinstance(x, ast.Name) or _shaped(x) for x in (n.left, n.right))
+    return isinstance(n, ast.Attribute)
 
 
 def _passes_within(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
