@@ -580,6 +580,8 @@ def _shaped(n: ast.AST) -> bool:
         return not any(isinstance(x, ast.Call) or isinstance(x, ast.Starred) for x in n.elts)
     if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
         return all(isinstance(x, ast.Name) or _shaped(x) for x in (n.left, n.right))
+    if isinstance(n, ast.Call) and terminal(n.func) in ("list", "tuple", "sorted") and len(n.args) == 1:
+        return isinstance(n.args[0], (ast.Name, ast.Attribute))  # ``list(WIDTHS)``
     return isinstance(n, ast.Attribute)
 
 
