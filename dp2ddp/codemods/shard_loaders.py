@@ -208,7 +208,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
         s = settings.get(id(loop))
         if s is not None and s.same:
             continue  # a list of settings, not data: every rank runs every item, as the original did
-        if s is not None and s.unsure is not None and id(loop) not in seen:
+        if s is not None and s.unsure is not None and s.within is not None and id(loop) not in seen:
             seen.add(id(loop))
             out.append(ctx.block(value, "DDP105", _unsure_settings(m, s)))
             continue
