@@ -511,11 +511,10 @@ def settings_loops(m: SemanticModel) -> List[SettingsLoop]:
         return got  # type: ignore[return-value]
     from dp2ddp.model.flow import container_mutations, key_loop, origins
     from dp2ddp.model.handles import expr_handle
-    from dp2ddp.model.loaders import loaders
+    from dp2ddp.model.names import DATALOADER
     from dp2ddp.model.rank_alike import same_on_every_rank
 
     keyed = {id(kl.loop) for v, lp in fed_values(m) if (g := keyed_feed(m, v, lp)) is not None for kl in [g[1]]}
-    made = {id(ld.call) for ld in loaders(m)}
     out: List[SettingsLoop] = []
     for loop in training_loops(m):
         if not isinstance(loop, (ast.For, ast.AsyncFor)) or id(loop) in keyed:
@@ -528,7 +527,7 @@ def settings_loops(m: SemanticModel) -> List[SettingsLoop]:
         if kl is not None and kl.container is not None:
             continue  # the keys or items of a dict
         found = origins(m, value)
-        if any(id(n) in made or isinstance(n, (ast.DictComp,)) for n, _ in found):
+        if any((isinstance(n, ast.Call) and m.call_is(n, DATALOADER)) or isinstance(n, ast.DictComp) for n, _ in found):
             continue  # loaders
         unsure = None
         pieces = [value] + [n for n, p in found if not p]
