@@ -400,3 +400,25 @@ def test_in_batch_loss_gathers_every_ranks_share_and_trains_as_the_original(tmp_
         for rank in ("0", "1"):
             assert abs(float(tr.checks[f"loss{step}"][rank]) - want) <= 1e-4 * max(1.0, abs(want)), (step, rank)
         assert abs(float(py.values(f"loss{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))
+
+
+def test_loaders_by_phase_shard_the_training_key_and_keep_the_others_whole(tmp_path: Path) -> None:
+    """A dict of loaders by phase (a comprehension, a literal walked by ``.items()``): under
+    torchrun the two ranks serve disjoint halves of the training key's epoch, together the
+    whole set, a new order every epoch; the evaluation key is served whole on every rank."""
+    runs = _runs("phase_loaders", tmp_path)
+    orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
+    for form in ("comp", "literal"):
+        for epoch in (0, 1):
+            key = f"{form}-train-epoch{epoch}"
+            whole = sorted(int(i) for i in orig.checks[key]["-"].split(","))
+            shares = [[int(i) for i in tr.checks[key][r].split(",")] for r in ("0", "1")]
+            assert not set(shares[0]) & set(shares[1]), (key, shares)
+            assert sorted(shares[0] + shares[1]) == whole, (key, shares, whole)
+            assert sorted(int(i) for i in py.checks[key]["-"].split(",")) == whole, key
+            val = f"{form}-val-epoch{epoch}"
+            every = sorted(int(i) for i in orig.checks[val]["-"].split(","))
+            for r in ("0", "1"):
+                assert sorted(int(i) for i in tr.checks[val][r].split(",")) == every, (val, r)
+        assert tr.checks[f"{form}-train-epoch0"]["0"] != tr.checks[f"{form}-train-epoch1"]["0"], f"{form}: epoch 1 replays epoch 0"
+    assert tr.checks["steps-per-epoch"] == {"0": orig.checks["steps-per-epoch"]["-"], "1": orig.checks["steps-per-epoch"]["-"]}

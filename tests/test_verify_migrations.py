@@ -174,3 +174,18 @@ def test_a_wrapper_called_through_its_forward_method_is_seen(tmp_path) -> None:
     code, rep, text, _ = verify(tmp_path, str(script), "--steps", "0", "--min-speedup", "0")
     assert code == 0, text
     assert not any("DistributedDataParallel module" in p for p in rep["problems"]), rep["problems"]
+@pytest.mark.parametrize("case", ["loaders_by_phase_comprehension", "settings_loop_widths"])
+def test_loaders_by_phase_and_passes_over_widths_verify_as_the_original(tmp_path, case):
+    """The migrations rewrite writes for a dict of loaders per phase (the training key
+    sharded, the evaluation key whole) and for several backward passes per step over a list
+    of widths (a BatchNorm per width: find_unused_parameters=True) train as the original:
+    the losses agree, the replicas stay in sync, the training loader's shards are the
+    original's epoch."""
+    from tests.verify_helpers import ROOT
+
+    folder = ROOT / "fixtures" / "shard_loaders"
+    code, rep, out, _ = verify(tmp_path, str(folder / f"{case}.in.py"), "--migrated", str(folder / f"{case}.out.py"), "--steps", "0")
+    assert code == 0, out
+    assert rep["losses_agree"] and rep["replicas_in_sync"], out
+    (loader,) = rep["data"]["loaders"]
+    assert [(e["union"], e["extra_servings"], e["lost"], e["added"]) for e in loader["epochs"]] == [(64, 0, 0, 0)] * 2, loader

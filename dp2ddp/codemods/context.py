@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, TypeVar, Union
 
 import libcst as cst
 
@@ -59,6 +59,7 @@ class Context:
         self.extra_edits: List[Edit] = []
         self._facts: Dict[type, object] = {}
         self._names: Dict[str, str] = {}
+        self._added: Set[str] = set()  # names whose import this migration adds (at the top)
         self._fresh: set = set()
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
         self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
@@ -136,12 +137,16 @@ class Context:
         self._fresh.add(name)
         return name
 
-    def name(self, key: str) -> str:
-        """The local name under which inserted code refers to ``key``; adds the import."""
-        if key in self._names:
-            return self._names[key]
+    def name(self, key: str, by: Optional[int] = None) -> str:
+        """The local name under which inserted code refers to ``key``; adds the import.
+        With ``by`` (a line of the module), code that runs at import right after that line
+        uses it: a script's own import of ``key`` further down (after a statement such as
+        ``matplotlib.use("agg")``) is not bound yet there, so the import is added."""
+        known = self._names.get(key)
+        if known is not None and (by is None or known in self._added or self._existing_binding(_QUALIFIED[key], by) == known):
+            return known
         module, obj, default = _IMPORTS[key]
-        local = self._existing_binding(_QUALIFIED[key])
+        local = self._existing_binding(_QUALIFIED[key], by)
         if local is None:
             local = default
             if local in self.m.all_identifiers | self._fresh:
@@ -149,14 +154,18 @@ class Context:
                 local = self.fresh_name(base)
             asname = None if local == (obj or module) else local
             self.extra_edits.append(AddImport(module, obj, asname))
+            self._added.add(local)
         self._names[key] = local
         return local
 
-    def _existing_binding(self, qualified: set) -> Optional[str]:
-        """A module-level import of one of ``qualified`` whose name nothing else binds."""
+    def _existing_binding(self, qualified: set, by: Optional[int] = None) -> Optional[str]:
+        """A module-level import of one of ``qualified`` whose name nothing else binds (with
+        ``by``: made on that line or before)."""
         scope = self.m.scopes[self.m.tree]
         for name, bindings in scope.bindings.items():
             if all(b.kind == "import" and b.qualified in qualified for b in bindings):
+                if by is not None and any(getattr(b.node, "lineno", 0) > by for b in bindings):
+                    continue
                 if not any(name in s.bindings for s in self.m.scopes.values() if s is not scope):
                     return name
         return None

@@ -20,17 +20,44 @@ from dp2ddp.model.wraps import Wrap
 
 
 def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
-    """Whether the wraps need ``find_unused_parameters=True``; refuses an unfreeze of
-    parameters frozen when the wrapper is built."""
-    m = ctx.m
+    """Whether the wraps need ``find_unused_parameters=True``: ``requires_grad`` changes
+    after the wrap, or training passes over a list of settings (a model set up per item);
+    refuses an unfreeze of parameters frozen when the wrapper is built."""
     if not wraps:
         return False
-    branch = _branch_only_submodule(m)
+    found = len(out)
+    if _requires_grad_needs(ctx, wraps, out):
+        return True
+    if len(out) > found:
+        return False  # refused (DDP112)
+    branch = _branch_only_submodule(ctx.m)
     if branch is not None:
         out.append(ctx.note(wraps[0].call, "DDP125", f"{branch}: on the other path its parameters get no gradient; "
                             "DistributedDataParallel(..., find_unused_parameters=True), or the next iteration fails "
                             "with \"Expected to have finished reduction in the prior iteration\""))
         return True
+    return _settings_need(ctx, out)
+
+
+def _settings_need(ctx: Context, out: List[Finding]) -> bool:
+    """A training loop over a list of settings (``for width in widths:`` around a forward
+    and backward pass, :func:`dp2ddp.model.training.settings_loops`) may set the model up
+    differently for each item, so a pass may leave parameters unused that another uses."""
+    from dp2ddp.model.training import settings_loops
+
+    loops = [s for s in settings_loops(ctx.m) if s.same]
+    if not loops:
+        return False
+    s = loops[0]
+    out.append(ctx.note(s.loop, "DDP125", (
+        f"the training passes of the loop over `{' '.join(ctx.m.source(s.value).split())}` may each leave parameters unused (a model set up "
+        "per item): DistributedDataParallel(..., find_unused_parameters=True), or the next pass fails with "
+        "\"Expected to have finished reduction in the prior iteration\"")))
+    return True
+
+
+def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
+    m = ctx.m
     changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
     if not changes:
         return False

@@ -25,16 +25,17 @@ def propose(ctx: Context) -> List[Finding]:
         return []  # a helper module of a project: its entry script sets the group up
     m = ctx.m
     kind, where, _ = ctx.setup_site
+    by = _runs_after(m, kind, where)  # the script's imports on later lines are not bound there yet
     values = dict(
-        os=ctx.name("os"),
-        torch=ctx.name("torch"),
-        dist=ctx.name("dist"),
+        os=ctx.name("os", by),
+        torch=ctx.name("torch", by),
+        dist=ctx.name("dist", by),
         local_rank=ctx.fresh_name("local_rank"),
         dist_kwargs=ctx.fresh_name("dist_kwargs"),
     )
     setup = ctx.render("setup_process_group.py.tmpl", **values)
     edits = []
-    teardown = ctx.render("teardown_atexit.py.tmpl", atexit=ctx.name("atexit"), dist=values["dist"])
+    teardown = ctx.render("teardown_atexit.py.tmpl", atexit=ctx.name("atexit", by), dist=values["dist"])
     if kind == "guard":
         first = where.body[0]  # type: ignore[union-attr]
         edits.append(InsertBefore(ctx.bridge.statement(first), tuple(setup + teardown)))
@@ -54,6 +55,18 @@ def propose(ctx: Context) -> List[Finding]:
             anchor = end
         message = "initialise the process group after the imports; atexit destroys it"
     return [ctx.note(anchor, "DDP120", message, edits)]
+
+
+def _runs_after(m, kind: str, where) -> int:
+    """The last line whose imports are bound where the set-up runs: before the main guard,
+    after the import section at the top, or before the first statement."""
+    if kind == "guard":
+        return where.lineno - 1
+    end = m.top_import_end
+    if end is not None:
+        return end.end_lineno
+    first = next((s for s in m.tree.body if not is_docstring(s)), None)
+    return first.lineno - 1 if first is not None else 0
 
 
 def _spaced(stmts: List[cst.BaseStatement]) -> List[cst.BaseStatement]:

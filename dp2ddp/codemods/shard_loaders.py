@@ -62,6 +62,7 @@ def propose(ctx: Context) -> List[Finding]:
     helper = ShardHelper()
     ctx.provide(helper)
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
+    rebinds: List[Tuple[ast.stmt, List[str]]] = []  # (statement, the names to shard after it)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
         if distributed_sampler(m, loader.sampler_value):
@@ -91,6 +92,23 @@ def propose(ctx: Context) -> List[Finding]:
         if why is not None:
             out.append(ctx.block(loader.call, "DDP105", f"{label} {why}"))
             continue
+        if loader.comp is not None and set(loader.train_keys) != set(loader.keys):
+            # {x: DataLoader(...) for x in ["train", "val"]}: only the training keys' loaders
+            if loader.holder is None or not isinstance(m.parent(loader.comp), ast.Assign):
+                out.append(ctx.block(loader.call, "DDP105", (
+                    f"this DataLoader is made for each key of a dict comprehension and trains for "
+                    f"{_keys_text(loader.train_keys)} only, but the dict is not assigned to a name: dp2ddp cannot shard "
+                    "those keys alone; assign the dict to a name, or build the training loader on its own")))
+                continue
+            holder = m.source(loader.holder)
+            items = [f"{holder}[{k!r}]" for k in loader.train_keys]
+            rebinds.append((m.statement_of(loader.comp), items))  # type: ignore[arg-type]
+            for k in loader.keys:
+                if k not in loader.train_keys:
+                    out.append(ctx.note(loader.call, "DDP108", f"{holder}[{k!r}] stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
+            if not loader.iterable_dataset:
+                helper.loaders.append(loader)
+            continue
         wrapped.append((loader.call, label))
         if not loader.iterable_dataset:
             helper.loaders.append(loader)  # a stream has no shuffle for set_epoch to follow
@@ -102,7 +120,6 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         if training:
             wrapped.append((call, label))
-    rebinds: List[Tuple[ast.stmt, List[str]]] = []
     for r in returned_loaders(m):
         if r.lost is not None:
             out.append(ctx.block(r.call, "DDP105", r.lost))
@@ -112,6 +129,7 @@ def propose(ctx: Context) -> List[Finding]:
         if r.inline:
             wrapped.append((r.call, f"{m.source(r.call.func)}()"))  # ``Trainer(shard_loader(data.loader()), cfg)``
     known = {(id(n), ()) for n, _ in wrapped} | {(id(ld.call), ()) for ld in loaders(m)} | {(id(c), ()) for c in own}
+    known |= {(id(ld.comp), (k,)) for ld in loaders(m) if ld.comp is not None for k in ld.keys}
     for r in returned_loaders(m):
         known |= {(id(r.call), p) for p in _returned_paths(m, r.call)}
     lost, named = _untraced_feeds(ctx, known)
@@ -144,6 +162,10 @@ def propose(ctx: Context) -> List[Finding]:
     return out
 
 
+def _keys_text(keys) -> str:
+    return ", ".join(repr(k) for k in keys)
+
+
 def _returned_paths(m, call: ast.Call) -> List[tuple]:
     from dp2ddp.model.project_defs import project_def
     from dp2ddp.model.loader_makers import _returned
@@ -170,7 +192,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
       would train on all of it."""
     from dp2ddp.model.batches import hand_loops
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import fed_values, handed_values
+    from dp2ddp.model.training import fed_origins, fed_values, handed_values, settings_loops
 
     m = ctx.m
     unknown: List[Tuple[ast.AST, ast.AST, ast.AST]] = []  # (origin, value, loop)
@@ -178,10 +200,20 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
     # batches a loop cuts from its own tensors (``zip(x.split(bs), y.split(bs))``) are
     # shared by rank by hand_batches: not a loader to trace
     cut = [c.node for hl in hand_loops(m) for c in hl.cuts if c.kind == "iterable"]
+    settings = {id(s.loop): s for s in settings_loops(m)}
+    out: List[Finding] = []
     for value, loop in fed_values(m) + handed_values(m):  # loop: a training loop, or the call handing it to one
         if any(c is value or m.contains(c, value) for c in cut):
             continue
-        for node, path in origins(m, value):
+        s = settings.get(id(loop))
+        if s is not None and s.same:
+            continue  # a list of settings, not data: every rank runs every item, as the original did
+        if s is not None and s.unsure is not None and s.within is not None and id(loop) not in seen:
+            seen.add(id(loop))
+            out.append(ctx.block(value, "DDP105", _unsure_settings(m, s)))
+            continue
+        found = fed_origins(m, value, loop) if not isinstance(loop, ast.Call) else origins(m, value)
+        for node, path in found:
             if (id(node), path) in known or (id(node), ()) in known or id(node) in seen:
                 continue
             if isinstance(node, (ast.Constant, ast.List, ast.Tuple, ast.Set, ast.Dict, ast.JoinedStr)):
@@ -193,7 +225,6 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
             seen.add(id(node))
             unknown.append((node, value, loop))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
-    out: List[Finding] = []
     feeds = {id(n) for n, _, _ in unknown} | {k[0] for k in known}
     for node, _value, _loop in unknown:
         if _wraps(m, node, feeds):
@@ -220,10 +251,41 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
         what = what if len(what) <= 60 else what[:57] + "..."
         where = (f"the training loop at line {line}" if not isinstance(loop, ast.Call) else
                  f"`{m.source(loop.func)}(...)` (line {line}, whose training loop is in another module)")
+        imported = _imported_by_name(m, node)
+        if imported is not None:
+            out.append(ctx.block(value, "DDP105", (
+                f"{where} iterates `{m.source(value)}`, which on one path is what `{what}` (line {m.position(node)[0]}) returns: "
+                f"a function of a module imported by name at run time (`{m.source(imported)}`, line {m.position(imported)[0]}) "
+                "that dp2ddp cannot read, so it cannot shard what it returns (every rank would train on all of it); "
+                "build that loader with a DataLoader in the script, or shard it in that module by hand")))
+            continue
         out.append(ctx.block(value, "DDP105", f"{where} iterates `{m.source(value)}`, made by `{what}` "
                              f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
                              "on all of it; shard it by hand or build it with a DataLoader"))
     return out, rebinds
+
+
+def _imported_by_name(m, node: ast.AST) -> Optional[ast.Call]:
+    """``lib.data_loader(...)`` where ``lib = importlib.import_module(name)``: that call."""
+    from dp2ddp.model.flow import origins
+
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    for made, _ in origins(m, node.func.value):
+        if isinstance(made, ast.Call) and m.qualified_names(made.func) & {"importlib.import_module", "builtins.__import__"}:
+            return made
+    return None
+
+
+def _unsure_settings(m, s) -> str:
+    """DDP105 for a loop over settings whose items may differ between the ranks."""
+    line = m.position(s.loop)[0]
+    inside = (f", inside the training step of the loop at line {m.position(s.within)[0]} (a backward pass per item before one "
+              "optimizer step)" if s.within is not None else "")
+    return (f"the training loop at line {line} iterates `{' '.join(m.source(s.value).split())}`, a list of settings, not data{inside}; but "
+            f"dp2ddp cannot show its items are the same on every rank (`{m.source(s.unsure)}`, line {m.position(s.unsure)[0]}): "
+            "ranks that train different items would have DDP average unrelated gradients; make the items from the script's "
+            "options or constants, or draw them alike on every rank and migrate by hand")
 
 
 def _foreign_training(ctx: Context) -> List[Finding]:

@@ -59,7 +59,7 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import count_test, device_test
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda
-from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name
+from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wrap_context import fresh_each_pass
 from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps
@@ -253,6 +253,29 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     late = placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]
+    inside = _used_inside_after(m, w, wrap_target) if w.conditions else None
+    cond = w.conditions[-1] if w.conditions else None
+    if (inside is not None and anchor is cond and early is None and partial_root is None and len(w.conditions) == 1
+            and cond.body[0] is w.stmt and len(cond.body) > 1 and m.source(w.outer) != inner_text
+            and w.target is not None and inner_text == m.source(w.target)
+            and not any(m.source(n) == m.source(wrap_target) for n in ast.walk(cond.test))):
+        # ``if n_gpu > 1: model = DP(model); ... model.module.x ... else: ... model.x``: the
+        # wrap goes above the ``if``, where the module is placed, so both branches use the wrapper
+        hoist = Hoist(cond, wrap_target)
+        hoist.above = True
+        hoist.guarded = True
+        hoist.cls = _cls(w)
+        hoist.sync_bn = w.sync_bn
+        hoists[("above", id(cond), m.source(wrap_target))] = hoist
+        edits = unwrap_in_place(ctx, w, inner_text, hoist)
+        test = m.source(cond.test)
+        return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved above `if {test}:` so that every rank wraps, "
+                         "also on CPU (both branches use the wrapper after it)", edits)]
+    if inside is not None:
+        return [ctx.block(inside, "DDP101", (
+            f"DataParallel under `if {m.source(w.conditions[0].test)}:` would move below that `if` so that every rank wraps, "
+            f"but `{m.source(inside)}` (line {m.position(inside)[0]}) uses the model inside it after the wrap, where it would "
+            "still be the bare module (`.module` there fails); move those uses below the `if`, or migrate this by hand"))]
     hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
@@ -292,6 +315,31 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
     moved = ctx.stmt("if {test}:\n    {t} = {call}\n", test=test, t=m.source(target), call=ddp)
     edits = [Remove(ctx.bridge.statement(cond)), InsertAfter(ctx.bridge.statement(anchor), (moved,))]
     return [ctx.note(w.call, "DDP127", msg + "; moved below the placement of the module on its device", edits)]
+
+
+_PLACEMENT = frozenset({"cuda", "to", "cpu", "half", "float", "double", "bfloat16", "train", "eval"})
+
+
+def _used_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[ast.AST]:
+    """A use of the model inside the outermost ``if`` of the wrap, after the wrap, that a
+    wrap moved below the ``if`` breaks: ``model.module`` (the wrapper's, but the model there
+    is the bare module now), or an attribute of the model in the other branch (routed
+    through ``.module`` as a use of the wrapper, yet it runs before the wrap)."""
+    cond = w.conditions[-1]
+    text = m.source(target)
+    end = (w.stmt.end_lineno, w.stmt.end_col_offset)  # type: ignore[attr-defined]
+    other = {id(s) for s in cond.orelse}  # type: ignore[attr-defined]
+    for stmt in cond.body + cond.orelse:  # type: ignore[attr-defined]
+        if any(isinstance(c, ast.Call) and "DataParallel" in (terminal(c.func) or "") for c in ast.walk(stmt)):
+            continue  # another wrap (the other branch's own DataParallel)
+        for n in ast.walk(stmt):
+            if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and m.source(n.value) == text):
+                continue
+            if (n.lineno, n.col_offset) <= end or n.attr in _PLACEMENT:
+                continue
+            if n.attr == "module" or id(stmt) in other:
+                return n
+    return None
 
 
 def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: bool):

@@ -152,8 +152,10 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP125", "find-unused-parameters", "info",
-        "`find_unused_parameters=True`: the script changes `requires_grad` after the wrap",
-        "DDP waits for a gradient of every parameter it was built with; a parameter frozen later never gets one and "
+        "`find_unused_parameters=True`: the script changes `requires_grad` after the wrap, or trains passes over a list of settings",
+        "DDP waits for a gradient of every parameter it was built with; a parameter frozen later never gets one, nor "
+        "does one a pass leaves unused (a training loop over a list of settings, `for width in widths:`, may set the "
+        "model up differently for each item: a BatchNorm per width), and "
         "the next iteration fails with \"Expected to have finished reduction in the prior iteration\".",
         "The wrap gets `find_unused_parameters=True` (a graph traversal per iteration, a small cost).",
         "Safe.",

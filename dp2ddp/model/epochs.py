@@ -22,7 +22,7 @@ import builtins
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.handles import Handle, expr_handle, handle_of
+from dp2ddp.model.handles import Handle, expr_handle, handle_of, item_handle
 from dp2ddp.model.loaders import Loader
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, terminal
 
@@ -54,10 +54,18 @@ def loader_handles(m: SemanticModel, loader: Loader) -> Dict[Handle, str]:
         if h is not None:
             out[h] = m.source(loader.target)
     elif isinstance(loader.target, ast.Subscript):
-        # loaders = {"train": DataLoader(...)}; loaders["train"]: the subscript text
-        h = handle_of(m, loader.target.value) if isinstance(loader.target.value, (ast.Name, ast.Attribute)) else None
+        # loaders["train"] = DataLoader(...): the subscript text
+        h = expr_handle(m, loader.target)
         if h is not None:
-            out[(h[0], m.source(loader.target))] = m.source(loader.target)
+            out[h] = m.source(loader.target)
+    elif isinstance(loader.holder, (ast.Name, ast.Attribute)):
+        # loaders = {"train": DataLoader(...)} / {x: DataLoader(...) for x in KEYS}: the
+        # items of its training keys
+        h = handle_of(m, loader.holder)
+        if h is not None:
+            for key in loader.train_keys:
+                hk = item_handle(m, h, loader.holder, key)
+                out[hk] = hk[1]
     func = loader.function
     if func is not None:
         returned: List[Optional[int]] = []
@@ -101,14 +109,42 @@ def loader_handles(m: SemanticModel, loader: Loader) -> Dict[Handle, str]:
 
 
 def _enclosing_loop(m: SemanticModel, node: ast.AST) -> Optional[ast.AST]:
+    """The loop around ``node`` that runs once per epoch: not a loop over the keys of a dict
+    or a literal of constants (``for phase in ["train", "val"]``), which runs within one."""
+    from dp2ddp.model.flow import key_loop
+
     child = node
     for a in m.ancestors(node):
         if isinstance(a, FUNCTIONS + (ast.ClassDef, ast.Lambda)):
             return None
-        if isinstance(a, LOOPS) and any(child is s for s in a.body):
+        if isinstance(a, LOOPS) and any(child is s for s in a.body) and key_loop(m, a) is None:
             return a
         child = a
     return None
+
+
+def _site_handles(m: SemanticModel, expr: ast.AST) -> List[Handle]:
+    """The handles an iterated expression names: its own, and where it is one item of a
+    dict chosen by a key loop (``loaders[phase]``; ``loader`` of ``for phase, loader in
+    loaders.items()``) the handle of that item under each key."""
+    from dp2ddp.model.flow import binding_loop
+
+    out = []
+    h = expr_handle(m, expr)
+    if h is not None:
+        out.append(h)
+    container, kl = None, None
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Name):
+        kl = binding_loop(m, expr.slice)
+        container = expr.value if kl is not None and kl.key == expr.slice.id else None
+    elif isinstance(expr, ast.Name):
+        kl = binding_loop(m, expr)
+        container = kl.container if kl is not None and kl.value == expr.id else None
+    if container is not None and kl is not None and isinstance(container, (ast.Name, ast.Attribute)):
+        hc = handle_of(m, container)
+        if hc is not None:
+            out.extend(item_handle(m, hc, container, k) for k in kl.keys)
+    return out
 
 
 def _through_aliases(m: SemanticModel, expr: ast.AST) -> ast.AST:
@@ -147,11 +183,12 @@ def iteration_sites(m: SemanticModel, handles: Dict[Handle, str]) -> List[Tuple[
     sites = []
     for loop in m.nodes(ast.For) + m.nodes(ast.AsyncFor):
         it = _through_aliases(m, unwrap_iter(loop.iter))
+        named = [h for h in _site_handles(m, it) if h in handles]
+        if named:
+            sites.extend((loop, handles[h]) for h in named)
+            continue
         h = expr_handle(m, it)
         if h is None:
-            continue
-        if h in handles:
-            sites.append((loop, handles[h]))
             continue
         func = m.enclosing_function(loop)
         if func is None or not isinstance(it, ast.Name) or it.id not in m.params(func):

@@ -26,7 +26,7 @@ Results are computed once per expression and cached in the model.
 from __future__ import annotations
 
 import ast
-from typing import Dict, FrozenSet, List, Optional, Set, Tuple
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import FUNCTIONS, terminal
@@ -95,9 +95,15 @@ class _Flow:
             return out or {(e, ())}
         if isinstance(e, ast.Subscript):
             key = e.slice.value if isinstance(e.slice, ast.Constant) else None
+            keys = key_values(m, e.slice) if key is None else None
+            if keys is not None:
+                # ``loaders[phase]`` under ``for phase in ["train", "val"]``: the item of each key
+                return set(self.keyed(e.value, keys, d)) or {(e, ())}
             out = set()
             for node, path in self.value(e.value, d):
-                if isinstance(node, ast.Dict) and not path and key is not None:
+                if isinstance(node, ast.DictComp) and not path and key is not None:
+                    out |= self._comp_item(node, key, d)
+                elif isinstance(node, ast.Dict) and not path and key is not None:
                     out |= self._dict_item(node, key, d)
                 elif isinstance(node, (ast.List, ast.Tuple)) and not path and isinstance(key, int) and -len(node.elts) <= key < len(node.elts):
                     out |= self.value(node.elts[key], d)
@@ -127,6 +133,38 @@ class _Flow:
                 if out:
                     return out
         return {(e, ())}
+
+    def keyed(self, container: ast.AST, keys: Tuple[object, ...], d: int) -> Set[Origin]:
+        """The items of ``container`` (a dict) under each of ``keys``: a dict literal's values,
+        a keyed comprehension's element per key (``(comp, (key,))``), the values put in with
+        that key (``d["k"] = v``); an origin of unknown make carries the key as its path."""
+        out: Set[Origin] = set()
+        for node, path in self.value(container, d):
+            for key in keys:
+                if path:
+                    out.add((node, path + (key,)))
+                elif isinstance(node, ast.Dict):
+                    out |= self._dict_item(node, key, d)
+                elif isinstance(node, ast.DictComp):
+                    out |= self._comp_item(node, key, d)
+                elif isinstance(node, ast.Call) and not self._looks_into(node):
+                    out.add((node, (key,)))
+                else:
+                    out |= self._items(node, path, d)
+        if isinstance(container, (ast.Name, ast.Attribute)):
+            stored = keyed_stores(self.m, container)
+            for key in keys:
+                for v in stored.get(key, []) + stored.get(None, []):
+                    out |= self.value(v, d)
+        return out
+
+    def _comp_item(self, comp: ast.DictComp, key: object, d: int) -> Set[Origin]:
+        """Item ``key`` of ``{x: make(x) for x in KEYS}``: ``(comp, (key,))`` — one value of
+        the element per key; the element itself where the keys are unknown."""
+        keys = comp_keys(self.m, comp)
+        if keys is None:
+            return set(self.value(comp.value, d))
+        return {(comp, (key,))} if key in keys else set()
 
     def _looks_into(self, call: ast.Call) -> bool:
         t = self.m.resolve_call(call)
@@ -261,6 +299,8 @@ class _Flow:
             return set(self._dict_values_of(node, d))
         if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
             return set(self.value(node.elt, d))
+        if isinstance(node, ast.DictComp):
+            return self._comp_values(node, d)
         if isinstance(node, ast.Call):
             name = terminal(node.func)
             if name in ALL_ARGS or name in WRAPPERS:
@@ -273,11 +313,19 @@ class _Flow:
         for node, path in self.value(e, d):
             if isinstance(node, ast.Dict) and not path:
                 out |= self._dict_values_of(node, d)
+            elif isinstance(node, ast.DictComp) and not path:
+                out |= self._comp_values(node, d)
             elif not isinstance(node, ast.Dict):
                 out.add((node, path + ("*",)))
         for v in self._mutations(e):
             out |= self.value(v, d)
         return frozenset(out)
+
+    def _comp_values(self, comp: ast.DictComp, d: int) -> Set[Origin]:
+        keys = comp_keys(self.m, comp)
+        if keys is None:
+            return set(self.value(comp.value, d))
+        return {(comp, (k,)) for k in keys}
 
     def _dict_values_of(self, node: ast.Dict, d: int) -> Set[Origin]:
         out: Set[Origin] = set()
@@ -402,3 +450,186 @@ def container_mutations(m: SemanticModel) -> Dict[object, List[ast.AST]]:
                     out.setdefault(h, []).append(node.value)
     m.cache["flow:mutations"] = out
     return out
+
+
+# ---------------------------------------------------------------------- keyed containers
+# ``loaders = {x: DataLoader(sets[x], ...) for x in ["train", "val"]}`` and
+# ``loaders = {"train": DataLoader(...), "val": DataLoader(...)}``, walked by phase
+# (``for phase in ["train", "val"]: ... loaders[phase]``, ``for phase, loader in
+# loaders.items()``): one value per key, each followed on its own.
+
+
+class KeyLoop(NamedTuple):
+    """A loop over the keys of a dict, or over a literal of constants: ``for phase in
+    ["train", "val"]``, ``for k in d`` / ``d.keys()``, ``for k, v in d.items()``."""
+
+    loop: ast.AST
+    key: str  # the name bound to each key
+    keys: Tuple[object, ...]  # the values it takes, in order
+    container: Optional[ast.AST]  # the dict walked (``d``), where there is one
+    value: Optional[str]  # ``v`` of ``for k, v in d.items()``
+
+
+def _constants(node: ast.AST) -> Optional[Tuple[object, ...]]:
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)) and node.elts and all(isinstance(x, ast.Constant) for x in node.elts):
+        return tuple(x.value for x in node.elts)  # type: ignore[attr-defined]
+    return None
+
+
+def constant_items(m: SemanticModel, expr: ast.AST) -> Optional[Tuple[object, ...]]:
+    """``["train", "val"]``, or a name whose every value is such a literal."""
+    got = _constants(expr)
+    if got is not None:
+        return got
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
+        return None
+    found = origins(m, expr)
+    lits = [_constants(n) if not p else None for n, p in found]
+    if not lits or any(x is None for x in lits) or _container_changed(m, expr):
+        return None
+    return tuple(dict.fromkeys(k for x in lits for k in x))  # type: ignore[union-attr]
+
+
+def _container_changed(m: SemanticModel, expr: ast.AST) -> bool:
+    from dp2ddp.model.handles import expr_handle
+
+    h = expr_handle(m, expr)
+    return h is not None and bool(container_mutations(m).get(h))
+
+
+def comp_keys(m: SemanticModel, comp: ast.DictComp) -> Optional[Tuple[object, ...]]:
+    """The keys of ``{x: make(x) for x in KEYS}`` (one generator, no condition, the key the
+    loop's name, KEYS a literal of constants or a name holding one), else ``None``."""
+    if len(comp.generators) != 1:
+        return None
+    gen = comp.generators[0]
+    if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name):
+        return None
+    if not (isinstance(comp.key, ast.Name) and comp.key.id == gen.target.id):
+        return None
+    return constant_items(m, gen.iter)
+
+
+def dict_keys(m: SemanticModel, expr: ast.AST) -> Optional[Tuple[object, ...]]:
+    """Every key the dict ``expr`` may hold, when all are constants: its literals' and
+    keyed comprehensions' keys and the constant keys stored into it by name
+    (``d["DG"] = ...``); ``None`` where one is unknown."""
+    keys: List[object] = []
+    found = origins(m, expr)
+    if not found:
+        return None
+    for node, path in found:
+        if path:
+            return None
+        if isinstance(node, ast.Dict):
+            if any(not isinstance(k, ast.Constant) for k in node.keys):
+                return None
+            keys.extend(k.value for k in node.keys)  # type: ignore[union-attr]
+        elif isinstance(node, ast.DictComp):
+            got = comp_keys(m, node)
+            if got is None:
+                return None
+            keys.extend(got)
+        else:
+            return None
+    if isinstance(expr, (ast.Name, ast.Attribute)):
+        stored = keyed_stores(m, expr)
+        if None in stored:
+            return None
+        keys.extend(stored)
+    return tuple(dict.fromkeys(keys))
+
+
+def key_loop(m: SemanticModel, loop: ast.AST) -> Optional[KeyLoop]:
+    """``loop`` as a :class:`KeyLoop`, or ``None``."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return None
+    memo = m.cache.setdefault("flow:keyloop", {})
+    if id(loop) in memo:  # type: ignore[operator]
+        return memo[id(loop)]  # type: ignore[index]
+    memo[id(loop)] = None  # type: ignore[index]
+    got = _key_loop(m, loop)
+    memo[id(loop)] = got  # type: ignore[index]
+    return got
+
+
+def _key_loop(m: SemanticModel, loop: ast.AST) -> Optional[KeyLoop]:
+    target, it = loop.target, loop.iter  # type: ignore[attr-defined]
+    method = it.func.attr if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and not it.args else None
+    if isinstance(target, ast.Name):
+        if method == "keys":
+            keys = dict_keys(m, it.func.value)  # type: ignore[union-attr]
+            return KeyLoop(loop, target.id, keys, it.func.value, None) if keys else None  # type: ignore[union-attr]
+        keys = constant_items(m, it)
+        if keys is not None:
+            return KeyLoop(loop, target.id, keys, None, None)
+        if isinstance(it, (ast.Name, ast.Attribute)):
+            keys = dict_keys(m, it)
+            return KeyLoop(loop, target.id, keys, it, None) if keys else None
+        return None
+    if (isinstance(target, ast.Tuple) and len(target.elts) == 2 and all(isinstance(x, ast.Name) for x in target.elts)
+            and method == "items"):
+        keys = dict_keys(m, it.func.value)  # type: ignore[union-attr]
+        if keys:
+            return KeyLoop(loop, target.elts[0].id, keys, it.func.value, target.elts[1].id)  # type: ignore[union-attr, attr-defined]
+    return None
+
+
+def binding_loop(m: SemanticModel, name: ast.Name) -> Optional[KeyLoop]:
+    """The key loop that binds ``name`` (its key or, of ``.items()``, its value), when that
+    loop is the name's only binding."""
+    _, bindings = m.lookup(name.id, m.scope_of(name))
+    loops = []
+    for b in bindings:
+        node: Optional[ast.AST] = b.target
+        while node is not None and not isinstance(node, (ast.For, ast.AsyncFor)):
+            node = m.parent(node)
+        loops.append(node if b.kind == "for" else None)
+    # the innermost loop around ``name`` that binds it, and nothing else binds it in there
+    around = [lp for lp in loops if lp is not None and any(s is name or m.contains(s, name) for s in lp.body)]  # type: ignore[attr-defined]
+    if not around:
+        return None
+    loop = max(around, key=lambda lp: len(list(m.ancestors(lp))))
+    if any(lp is not loop and (lp is None and m.contains(loop, b.node) or lp is not None and m.contains(loop, lp))
+           for b, lp in zip(bindings, loops)):
+        return None
+    return key_loop(m, loop)
+
+
+def key_values(m: SemanticModel, key: ast.AST) -> Optional[Tuple[object, ...]]:
+    """The constant values a subscript's key takes: a constant, or the name a key loop
+    binds to each key."""
+    if isinstance(key, ast.Constant):
+        return (key.value,)
+    if isinstance(key, ast.Name):
+        kl = binding_loop(m, key)
+        if kl is not None and kl.key == key.id:
+            return kl.keys
+    return None
+
+
+def item_origins(m: SemanticModel, container: ast.AST, keys: Tuple[object, ...]) -> List[Origin]:
+    """The origins of ``container[key]`` for each of ``keys``."""
+    return list(_Flow.of(m).keyed(container, keys, 0))
+
+
+def keyed_stores(m: SemanticModel, container: ast.AST) -> Dict[object, List[ast.AST]]:
+    """``key -> values`` stored into the named dict ``container`` by ``d[key] = value``
+    (``None`` for a key that is not a constant)."""
+    from dp2ddp.model.handles import expr_handle
+
+    h = expr_handle(m, container)
+    if h is None:
+        return {}
+    index = m.cache.get("flow:keyed")
+    if index is None:
+        index = {}
+        for node in m.nodes(ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)):
+                    th = expr_handle(m, t.value)
+                    if th is not None:
+                        k = t.slice.value if isinstance(t.slice, ast.Constant) else None
+                        index.setdefault(th, {}).setdefault(k, []).append(node.value)  # type: ignore[union-attr]
+        m.cache["flow:keyed"] = index
+    return index.get(h, {})  # type: ignore[union-attr]

@@ -31,8 +31,15 @@ def _subscript_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:
     if isinstance(expr, ast.Subscript) and isinstance(expr.value, (ast.Name, ast.Attribute)):
         h = handle_of(m, expr.value)
         if h is not None:
+            if isinstance(expr.slice, ast.Constant):
+                return item_handle(m, h, expr.value, expr.slice.value)
             return (h[0], m.source(expr))
     return None
+
+
+def item_handle(m: SemanticModel, h: Handle, container: ast.AST, key: object) -> Handle:
+    """The handle of ``container[key]`` (a constant key, however it is quoted)."""
+    return (h[0], f"{m.source(container)}[{key!r}]")
 
 
 def expr_handle(m: SemanticModel, expr: ast.AST) -> Optional[Handle]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 from dp2ddp.model.call_args import DATALOADER_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
@@ -47,6 +47,12 @@ class Loader:
     kwargs: Optional[ast.AST] = None  # the **dict of the call, when its keys are known
     kwargs_keys: frozenset = frozenset()
     held: bool = False  # held by a class that iterates it: sharded per object (HeldLoader)
+    # one loader per key: the element of ``name = {x: DataLoader(...) for x in KEYS}``
+    # (``comp``), or one value of a dict literal (``name = {"train": DataLoader(...)}``)
+    comp: Optional[ast.DictComp] = None
+    keys: Tuple[object, ...] = ()  # the comprehension's keys, or the literal's one key
+    train_keys: Tuple[object, ...] = ()  # those whose loader trains
+    holder: Optional[ast.AST] = None  # the name the dict is assigned to (``name``)
 
 
 def _assign_target(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
@@ -57,6 +63,31 @@ def _assign_target(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     if isinstance(parent, ast.AnnAssign) and parent.value is call:
         return parent.target
     return None
+
+
+def _keyed(m: SemanticModel, call: ast.Call):
+    """``(comp, keys, holder)`` for the DataLoader element of a keyed dict comprehension
+    (``{x: DataLoader(sets[x], ...) for x in ["train", "val"]}``), ``(None, (key,),
+    holder)`` for a value of a dict literal under a constant key; ``holder`` is the name
+    the dict is assigned to, if any. ``None`` otherwise."""
+    from dp2ddp.model.flow import comp_keys
+
+    parent = m.parent(call)
+    keys: Tuple[object, ...]
+    if isinstance(parent, ast.DictComp) and parent.value is call:
+        got = comp_keys(m, parent)
+        if got is None:
+            return None
+        comp, keys = parent, got
+    elif isinstance(parent, ast.Dict) and any(v is call for v in parent.values):
+        k = parent.keys[[id(v) for v in parent.values].index(id(call))]
+        if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
+            return None
+        comp, keys = None, (k.value,)
+    else:
+        return None
+    holder = _assign_target(m, parent)  # type: ignore[arg-type]
+    return comp, keys, holder if isinstance(holder, (ast.Name, ast.Attribute)) else None
 
 
 def _label(target: Optional[ast.AST], func: Optional[ast.AST], m: SemanticModel) -> str:
@@ -259,6 +290,11 @@ def loaders(m: SemanticModel) -> List[Loader]:
                     f"{name} uses a custom sampler: shard it per rank by hand "
                     "(e.g. DistributedSampler or a per-rank subset); every rank now sees all data"
                 )
+        keyed = _keyed(m, call)
+        comp, keys, holder = keyed if keyed is not None else (None, (), None)
+        if keyed is not None and comp is None:
+            # {"train": DataLoader(...), "val": DataLoader(...)}: the key names it
+            label = f"{m.source(holder)}[{keys[0]!r}]" if holder is not None else str(keys[0])
         training = is_training(m, call, label, shuffle, sampler_value)
         if not training and "shuffle" in extra and shuffle is None and sampler is None:
             lowered = label.lower()
@@ -266,11 +302,20 @@ def loaders(m: SemanticModel) -> List[Loader]:
         star_dict = next((k.value for k in call.keywords if k.arg is None), None)
         held = _held(m, call)
         out.append(Loader(call, dataset, batch, shuffle, sampler, sampler_value, batch_sampler, kwarg(call, "num_workers"),
-                          target, func, label, problem, training and not held, iterable, star_dict, frozenset(extra), held))
+                          target, func, label, problem, training and not held, iterable, star_dict, frozenset(extra), held,
+                          comp, keys, keys if training and comp is None else (), holder))
     m.cache["loaders"] = out
     for ld in out:
+        if ld.comp is not None:
+            # one loader per key: a key trains where a training loop feeds on its item, or
+            # where the key names training (``"train"`` with a shuffle), as a name would
+            ld.train_keys = tuple(k for k in ld.keys if feeds_training(m, ld.comp, (k,)) or
+                                  is_training(m, ld.call, str(k), ld.shuffle, ld.sampler_value))
+            ld.training = bool(ld.train_keys) and not ld.held
+            continue
         if not ld.training and not ld.held and feeds_training(m, ld.call):
             ld.training = True  # whatever its name says, a training loop iterates it
+            ld.train_keys = ld.keys
     return out
 
 

@@ -19,6 +19,7 @@ from dp2ddp.model.syntax import FUNCTIONS, terminal
 
 # builtins whose value is the same wherever its arguments are
 _SAME_BUILTINS = frozenset({"len", "int", "float", "abs", "min", "max", "round", "bool", "str", "range", "isinstance",
+                            "sorted", "list", "tuple", "reversed",
                             "hasattr", "getattr", "sum", "any", "all"})
 
 

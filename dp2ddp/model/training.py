@@ -248,15 +248,15 @@ def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
     got = m.cache.get("training:origins")
     if got is not None:
         return got  # type: ignore[return-value]
-    fed: List[ast.AST] = [v for v, _ in fed_values(m)] + [v for v, _ in handed_values(m)]
     out: Set[Tuple[int, tuple]] = set()
-    todo = list(fed)
+    todo: List[Tuple[ast.AST, Optional[ast.AST]]] = list(fed_values(m)) + [(v, None) for v, _ in handed_values(m)]
     while todo:
-        for node, path in origins(m, todo.pop()):
+        value, loop = todo.pop()
+        for node, path in (fed_origins(m, value, loop) if loop is not None else origins(m, value)):
             if (id(node), path) in out:
                 continue
             out.add((id(node), path))
-            todo.extend(yielded_values(m, node))
+            todo.extend((v, None) for v in yielded_values(m, node))
     m.cache["training:origins"] = out
     return out
 
@@ -341,3 +341,258 @@ def foreign_training(m: SemanticModel) -> List[Foreign]:
     out = [f for call, (pm, node, rel) in project_calls(m) if (f := first(call, pm, node, rel)) is not None]
     m.cache["training:foreign"] = out
     return out
+
+
+# ---------------------------------------------------------------------- loaders by phase
+# ``for phase in ["train", "val"]: ... for batch in loaders[phase]: ... if phase == "train":
+# loss.backward()``: one loop trains on some keys of a dict of loaders and evaluates on the
+# others. The keys it trains on are those under which a backward pass can run.
+
+
+def keyed_feed(m: SemanticModel, value: ast.AST, loop: ast.AST):
+    """``(container, key loop)`` where ``value`` (fed to training ``loop``) is one item of a
+    dict chosen by a key loop: ``loaders[phase]``, ``loader`` of ``for phase, loader in
+    loaders.items()``, or the ``loaders.items()`` / ``loaders.values()`` the key loop
+    walks itself; else ``None``."""
+    from dp2ddp.model.flow import binding_loop, key_loop
+
+    if isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Name):
+        kl = binding_loop(m, value.slice)
+        if kl is not None and kl.key == value.slice.id:
+            return value.value, kl
+    if isinstance(value, ast.Name):
+        kl = binding_loop(m, value)
+        if kl is not None and kl.value == value.id and kl.container is not None:
+            return kl.container, kl
+    kl = key_loop(m, loop)
+    if kl is not None and kl.container is not None and getattr(loop, "iter", None) is value:
+        return kl.container, kl
+    return None
+
+
+def _key_test(m: SemanticModel, test: ast.AST, name: str, key: object, depth: int = 0) -> Optional[bool]:
+    """``test`` evaluated with ``name`` bound to ``key``: ``True``/``False``, or ``None``
+    where it depends on anything else."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        got = _key_test(m, test.operand, name, key, depth)
+        return None if got is None else not got
+    if isinstance(test, ast.BoolOp):
+        parts = [_key_test(m, v, name, key, depth) for v in test.values]
+        if isinstance(test.op, ast.And):
+            return False if False in parts else True if all(p is True for p in parts) else None
+        return True if True in parts else False if all(p is False for p in parts) else None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        if isinstance(right, ast.Name) and right.id == name and isinstance(left, ast.Constant):
+            left, right = right, left
+        if not (isinstance(left, ast.Name) and left.id == name):
+            return None
+        if isinstance(right, ast.Constant):
+            if isinstance(op, (ast.Eq, ast.Is)):
+                return key == right.value
+            if isinstance(op, (ast.NotEq, ast.IsNot)):
+                return key != right.value
+        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.List, ast.Tuple, ast.Set)) and all(
+            isinstance(x, ast.Constant) for x in right.elts
+        ):
+            inside = key in [x.value for x in right.elts]  # type: ignore[attr-defined]
+            return inside if isinstance(op, ast.In) else not inside
+        return None
+    if isinstance(test, ast.Name) and depth < 2:
+        # ``train = phase == "train"`` then ``if train:``
+        _, bindings = m.lookup(test.id, m.scope_of(test))
+        if len(bindings) == 1 and bindings[0].kind == "assign" and bindings[0].value is not None:
+            return _key_test(m, bindings[0].value, name, key, depth + 1)
+    return None
+
+
+def _training_calls(m: SemanticModel, node: ast.AST) -> List[ast.Call]:
+    """The calls in ``node`` that run a backward pass: ``.backward()``, or a function of the
+    script or the project that reaches one."""
+    out = []
+    for n in ast.walk(node):
+        if not isinstance(n, ast.Call):
+            continue
+        if is_backward(n):
+            out.append(n)
+            continue
+        t = m.resolve_call(n)
+        if (t is not None and trains(m, t)) or (t is None and _project_trains(m, n)):
+            out.append(n)
+    return out
+
+
+def _update_calls(m: SemanticModel, node: ast.AST) -> List[ast.Call]:
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            t = m.resolve_call(n)
+            if _is_update(n) or (t is not None and _reaches_update(m, t)):
+                out.append(n)
+    return out
+
+
+def trained_keys(m: SemanticModel, kl) -> Tuple[object, ...]:
+    """The keys of key loop ``kl`` under which its body trains: a backward pass and an
+    optimizer step can run (no ``if`` around them, between the key loop and the call, is
+    false for that key). A backward pass alone (an attack on the inputs, evaluated on every
+    phase) does not train; where the loop holds no step at all (it follows the loop), the
+    backward passes decide."""
+    backward = _reachable_keys(m, kl, _training_calls(m, kl.loop))
+    updates = _update_calls(m, kl.loop)
+    if not updates:
+        return backward
+    both = tuple(k for k in _reachable_keys(m, kl, updates) if k in backward)
+    return both or backward
+
+
+def _reachable_keys(m: SemanticModel, kl, calls: List[ast.Call]) -> Tuple[object, ...]:
+    """The keys of ``kl`` under which one of ``calls`` can run."""
+    out = []
+    for key in kl.keys:
+        for call in calls:
+            reachable = True
+            child: ast.AST = call
+            for a in m.ancestors(call):
+                if a is kl.loop:
+                    break
+                if isinstance(a, (ast.If, ast.IfExp)):
+                    got = _key_test(m, a.test, kl.key, key)
+                    in_body = any(child is s for s in a.body) if isinstance(a, ast.If) else child is a.body
+                    in_else = any(child is s for s in a.orelse) if isinstance(a, ast.If) else child is a.orelse
+                    if (in_body and got is False) or (in_else and got is True):
+                        reachable = False
+                        break
+                child = a
+            if reachable:
+                out.append(key)
+                break
+    return tuple(out)
+
+
+def fed_origins(m: SemanticModel, value: ast.AST, loop: ast.AST) -> List[Tuple[ast.AST, tuple]]:
+    """:func:`dp2ddp.model.flow.origins` of ``value`` as training ``loop`` feeds on it: an item
+    of a dict chosen by a key loop (:func:`keyed_feed`) is followed only for the keys that
+    train (:func:`trained_keys`): ``loaders["val"]`` of a phase loop that steps only when
+    ``phase == "train"`` is evaluation, whole on every rank."""
+    from dp2ddp.model.flow import item_origins, origins
+
+    got = keyed_feed(m, value, loop)
+    if got is None:
+        return origins(m, value)
+    container, kl = got
+    return item_origins(m, container, trained_keys(m, kl))
+
+
+# ---------------------------------------------------------------------- loops over settings
+# ``for width_mult in sorted(FLAGS.width_mult_list, reverse=True): model.apply(...);
+# loss = ...; loss.backward()`` inside the batch loop (slimmable networks): a training loop
+# over a list of numbers, not over data. Every rank runs every item, as the one process of
+# the original did; the model may be set up differently for each (a BatchNorm per width),
+# so a pass may leave parameters unused that the next one uses.
+
+
+class SettingsLoop(NamedTuple):
+    loop: ast.AST  # ``for width_mult in widths: ...`` (a training loop)
+    value: ast.AST  # what it iterates
+    same: bool  # its items are the same on every rank (built from constants, options, imports)
+    unsure: Optional[ast.AST]  # where not: the value dp2ddp cannot show the same (``random.uniform(...)``)
+    within: Optional[ast.AST]  # the training loop around it, when it runs several backward passes per step of that loop
+
+
+def settings_loops(m: SemanticModel) -> List[SettingsLoop]:
+    """Training loops over values that are not data: not a loader, a range or a counter, but
+    a list of settings (numbers, names) built from constants, the script's options and
+    imported configuration, with nothing else put in it — also where one of those cannot be
+    shown the same on every rank (``unsure``: a random draw appended), which a migration must
+    refuse. A loop over the keys of a dict of loaders (a phase loop) is not one of them."""
+    got = m.cache.get("training:settings")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.flow import container_mutations, key_loop, origins
+    from dp2ddp.model.handles import expr_handle
+    from dp2ddp.model.names import DATALOADER
+    from dp2ddp.model.rank_alike import same_on_every_rank
+
+    keyed = {id(kl.loop) for v, lp in fed_values(m) if (g := keyed_feed(m, v, lp)) is not None for kl in [g[1]]}
+    out: List[SettingsLoop] = []
+    for loop in training_loops(m):
+        if not isinstance(loop, (ast.For, ast.AsyncFor)) or id(loop) in keyed:
+            continue
+        values = list(iterated(loop.iter))
+        if len(values) != 1 or (isinstance(values[0], ast.Call) and terminal(values[0].func) in NOT_DATA):
+            continue
+        value = values[0]
+        kl = key_loop(m, loop)
+        if kl is not None and kl.container is not None:
+            continue  # the keys or items of a dict
+        found = origins(m, value)
+        if any((isinstance(n, ast.Call) and m.call_is(n, DATALOADER)) or isinstance(n, ast.DictComp) for n, _ in found):
+            continue  # loaders
+        unsure = None
+        pieces = [value] + [n for n, p in found if not p]
+        for piece in pieces:
+            h = expr_handle(m, piece) if isinstance(piece, (ast.Name, ast.Attribute)) else None
+            added = container_mutations(m).get(h, []) if h is not None else []
+            for x in [piece] + list(added):
+                if x is piece and isinstance(piece, ast.Name) and added:
+                    continue  # a list built by appends: judged by what is appended
+                if not _same_settings(m, x, same_on_every_rank):
+                    unsure = x
+                    break
+            if unsure is not None:
+                break
+        if not _settings_shaped(m, found):
+            continue
+        out.append(SettingsLoop(loop, value, unsure is None, unsure, _passes_within(m, loop)))
+    m.cache["training:settings"] = out
+    return out
+
+
+def _same_settings(m: SemanticModel, x: ast.AST, same, depth: int = 0) -> bool:
+    """``x`` is the same on every rank; a list built from such lists (``[a, b] + rest``)."""
+    if isinstance(x, ast.BinOp) and isinstance(x.op, ast.Add):
+        return _same_settings(m, x.left, same, depth) and _same_settings(m, x.right, same, depth)
+    if isinstance(x, ast.Name) and depth < 3:
+        from dp2ddp.model.flow import origins
+
+        found = origins(m, x)
+        if found and all(not p and n is not x for n, p in found):
+            return all(_same_settings(m, n, same, depth + 1) for n, _ in found)
+    return same(m, x)
+
+
+def _settings_shaped(m: SemanticModel, found) -> bool:
+    """What a loop iterates looks like settings, not batches: a list literal, an attribute of
+    an options or configuration object, a sum of such lists (``[lo, hi] + drawn``)."""
+    for n, p in found:
+        if p:
+            return False
+        if not _shaped(n):
+            return False
+    return bool(found)
+
+
+def _shaped(n: ast.AST) -> bool:
+    """A list literal (of anything but calls), an attribute, or a sum of such lists and names."""
+    if isinstance(n, (ast.List, ast.Tuple, ast.Set)):
+        return not any(isinstance(x, ast.Call) or isinstance(x, ast.Starred) for x in n.elts)
+    if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add):
+        return all(isinstance(x, ast.Name) or _shaped(x) for x in (n.left, n.right))
+    if isinstance(n, ast.Call) and terminal(n.func) in ("list", "tuple", "sorted") and len(n.args) == 1:
+        return isinstance(n.args[0], (ast.Name, ast.Attribute))  # ``list(WIDTHS)``
+    return isinstance(n, ast.Attribute)
+
+
+def _passes_within(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
+    """The training loop around ``loop`` whose optimizer step follows it: ``loop`` runs
+    several forward and backward passes per step."""
+    if _reaches_update(m, loop):
+        return None
+    for outer in m.enclosing_loops(loop):
+        if outer is loop:
+            continue
+        if outer in training_loops(m):
+            return outer
+        break
+    return None
