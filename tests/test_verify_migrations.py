@@ -174,6 +174,8 @@ def test_a_wrapper_called_through_its_forward_method_is_seen(tmp_path) -> None:
     code, rep, text, _ = verify(tmp_path, str(script), "--steps", "0", "--min-speedup", "0")
     assert code == 0, text
     assert not any("DistributedDataParallel module" in p for p in rep["problems"]), rep["problems"]
+
+
 @pytest.mark.parametrize("case", ["loaders_by_phase_comprehension", "settings_loop_widths"])
 def test_loaders_by_phase_and_passes_over_widths_verify_as_the_original(tmp_path, case):
     """The migrations rewrite writes for a dict of loaders per phase (the training key
