@@ -223,7 +223,7 @@ def summed_losses(m: SemanticModel) -> List[SumLoss]:
                 if _input_gradient_only(m, use):
                     continue
                 out.append(SumLoss(arg, made, use, False, "dp2ddp cannot follow it to a backward"))
-            elif verdict[0] == "frozen":
+            elif verdict[0] in ("frozen", "mean"):
                 continue
             else:
                 out.append(SumLoss(arg, made, use, verdict[0] == "sum", verdict[1]))
@@ -246,7 +246,10 @@ def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
         if operand is None:
             continue
         leaves: List[ast.AST] = []
-        _terms(m, operand, leaves, set(), 0)
+        means: Set[int] = set()
+        _terms(m, operand, leaves, set(), 0, means)
+        for x in means & summed:
+            out.setdefault(x, ("mean", ""))
         ours = [x for x in leaves if id(x) in summed]
         if not ours:
             continue
@@ -278,25 +281,47 @@ def _differentiated(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     return call.args[0] if call.args else tensors.value if tensors is not None else None
 
 
-def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], depth: int) -> None:
+_SAME_VALUE = frozenset({"to", "cuda", "cpu", "float", "double", "half"})
+
+
+def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], depth: int,
+           means: Optional[Set[int]] = None) -> None:
     """The terms a loss expression adds up (through ``+``/``-``, factors the same on every
-    rank, local names' assignments and the returns of this module's functions); anything
-    else is a term of its own."""
+    rank, ``.to(device)``, local names' assignments — the one just before where a name
+    updates itself, ``loss = loss / x.size(0)`` — and the returns of this module's
+    functions); anything else is a term of its own. A term divided by its batch's size is
+    a mean: the terms inside it go to ``means``."""
     if depth > 8 or id(e) in seen:
         out.append(e)
         return
     seen.add(id(e))
-    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub)):
-        _terms(m, e.left, out, seen, depth + 1)
-        _terms(m, e.right, out, seen, depth + 1)
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and _batch_size(m, e.right):
+        inner: List[ast.AST] = []
+        _terms(m, e.left, inner, seen, depth + 1, means)
+        if means is not None:
+            means.update(id(x) for x in inner)
+        out.append(e)
+    elif (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_VALUE
+          and m.resolve_call(e) is None):
+        _terms(m, e.func.value, out, seen, depth + 1, means)
+    elif isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub)):
+        _terms(m, e.left, out, seen, depth + 1, means)
+        _terms(m, e.right, out, seen, depth + 1, means)
     elif isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult) and _rank_constant(m, e.left):
-        _terms(m, e.right, out, seen, depth + 1)
+        _terms(m, e.right, out, seen, depth + 1, means)
     elif isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Mult, ast.Div)) and _rank_constant(m, e.right):
-        _terms(m, e.left, out, seen, depth + 1)
+        _terms(m, e.left, out, seen, depth + 1, means)
     elif isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
-        _terms(m, e.operand, out, seen, depth + 1)
+        _terms(m, e.operand, out, seen, depth + 1, means)
     elif isinstance(e, ast.Name):
         _, bindings = m.lookup(e.id, m.scope_of(e))
+        before = [b for b in bindings if getattr(b.node, "lineno", 0) < getattr(e, "lineno", 0)
+                  and m.enclosing_function(b.node) is m.enclosing_function(e)]
+        last = max(before, key=lambda b: b.node.lineno, default=None)
+        if (last is not None and last.kind == "assign" and last.value is not None
+                and any(isinstance(n, ast.Name) and n.id == e.id for n in ast.walk(last.value))):
+            _terms(m, last.value, out, seen, depth + 1, means)  # ``loss = loss / n``: what it was, updated
+            return
         if not bindings or any(b.kind not in ("assign", "augassign") for b in bindings):
             out.append(e)
             return
@@ -307,7 +332,7 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
                 return
             if isinstance(value, ast.Constant) and value.value == 0:
                 continue  # ``loss = 0`` before ``loss += ...``
-            _terms(m, value, out, seen, depth + 1)
+            _terms(m, value, out, seen, depth + 1, means)
     elif isinstance(e, ast.Call) and m.resolve_call(e) is not None and not _summing(e):
         from dp2ddp.model.steps import own_nodes
 
@@ -317,7 +342,7 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
         if not returns:
             out.append(e)
         for r in returns:
-            _terms(m, r, out, seen, depth + 1)
+            _terms(m, r, out, seen, depth + 1, means)
     else:
         out.append(e)
 
