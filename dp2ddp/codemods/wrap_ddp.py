@@ -254,23 +254,6 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if late is not None:
         return [late]
     inside = _used_inside_after(m, w, wrap_target) if w.conditions else None
-    cond = w.conditions[-1] if w.conditions else None
-    if (inside is not None and anchor is cond and early is None and partial_root is None and len(w.conditions) == 1
-            and cond.body[0] is w.stmt and len(cond.body) > 1 and m.source(w.outer) != inner_text
-            and w.target is not None and inner_text == m.source(w.target)
-            and not any(m.source(n) == m.source(wrap_target) for n in ast.walk(cond.test))):
-        # ``if n_gpu > 1: model = DP(model); ... model.module.x ... else: ... model.x``: the
-        # wrap goes above the ``if``, where the module is placed, so both branches use the wrapper
-        hoist = Hoist(cond, wrap_target)
-        hoist.above = True
-        hoist.guarded = True
-        hoist.cls = _cls(w)
-        hoist.sync_bn = w.sync_bn
-        hoists[("above", id(cond), m.source(wrap_target))] = hoist
-        edits = unwrap_in_place(ctx, w, inner_text, hoist)
-        test = m.source(cond.test)
-        return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved above `if {test}:` so that every rank wraps, "
-                         "also on CPU (both branches use the wrapper after it)", edits)]
     if inside is not None:
         return [ctx.block(inside, "DDP101", (
             f"DataParallel under `if {m.source(w.conditions[0].test)}:` would move below that `if` so that every rank wraps, "

@@ -12,7 +12,7 @@ from typing import List, Optional
 import libcst as cst
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Remove, Replace
+from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.placement import late_placements
 from dp2ddp.model.wraps import Wrap
@@ -31,7 +31,6 @@ class Hoist:
         self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
         self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
         self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
-        self.above = False  # written above ``anchor`` (an ``if`` whose branches use the wrapper after the wrap)
 
 
 def hoist_at(hoists, anchor: ast.stmt, target: ast.AST) -> Hoist:
@@ -80,8 +79,7 @@ def insert_hoisted(ctx: Context, hoist: Hoist, find_unused: bool) -> Finding:
         stmt = stmt.with_changes(leading_lines=hoist.leading)
     if hoist.comment is not None:
         stmt = stmt.with_changes(trailing_whitespace=hoist.comment)
-    insert = InsertBefore if hoist.above else InsertAfter
-    return ctx.note(hoist.anchor, "DDP100", f"wrap {t} in DistributedDataParallel here", [insert(ctx.bridge.statement(hoist.anchor), (stmt,))])
+    return ctx.note(hoist.anchor, "DDP100", f"wrap {t} in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(hoist.anchor), (stmt,))])
 
 
 def cuda_first(ctx: Context, module_text: str) -> str:
