@@ -123,49 +123,38 @@ def _local_value(m: SemanticModel, e: ast.AST) -> ast.AST:
     return e
 
 
-def _elementwise(m: SemanticModel, e: ast.AST, params: Set[str], depth: int = 0) -> bool:
+def _elementwise(m: SemanticModel, e: ast.AST, params: Set[str]) -> bool:
     """An expression of ``params`` (at least one of them) element by element."""
-    return _elementwise_of(m, e, params, depth) and any(
-        isinstance(n, ast.Name) and n.id in params for n in ast.walk(_expanded(m, e)))
+    met: Set[str] = set()
+    return _elementwise_of(m, e, params, met) and bool(met)
 
 
-def _expanded(m: SemanticModel, e: ast.AST) -> ast.AST:
-    """``e`` with its local names replaced by what they hold (for reading which parameters it uses)."""
-    out = ast.Module(body=[], type_ignores=[])
-    todo, seen = [e], []
-    while todo and len(seen) < 64:
-        x = todo.pop()
-        seen.append(x)
-        for n in ast.walk(x):
-            if isinstance(n, ast.Name):
-                v = _local_value(m, n)
-                if v is not n:
-                    todo.append(v)
-    out.body = [ast.Expr(value=x) for x in seen]
-    return out
-
-
-def _elementwise_of(m: SemanticModel, e: ast.AST, params: Set[str], depth: int = 0) -> bool:
+def _elementwise_of(m: SemanticModel, e: ast.AST, params: Set[str], met: Set[str], depth: int = 0) -> bool:
+    """``e`` is elementwise over ``params``, constants and ``self.`` attributes (local names
+    followed to what they hold); the parameters it reads go to ``met``."""
     if depth > 16:
         return False
     e = _local_value(m, e) if not (isinstance(e, ast.Name) and e.id in params) else e
     d = depth + 1
     if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
-        return _elementwise_of(m, e.left, params, d) and _elementwise_of(m, e.right, params, d)
+        return _elementwise_of(m, e.left, params, met, d) and _elementwise_of(m, e.right, params, met, d)
     if isinstance(e, ast.UnaryOp):
-        return _elementwise_of(m, e.operand, params, d)
+        return _elementwise_of(m, e.operand, params, met, d)
     if isinstance(e, ast.Constant):
         return isinstance(e.value, (int, float))
     if isinstance(e, ast.Name):
-        return e.id in params
+        if e.id in params:
+            met.add(e.id)
+            return True
+        return False
     if isinstance(e, ast.Attribute):
         return isinstance(e.value, ast.Name) and e.value.id == "self"
     if isinstance(e, ast.Call) and not e.keywords:
         f = e.func
         if isinstance(f, ast.Attribute) and f.attr in _ELEMENTWISE and not m.qualified_names(f):
-            return _elementwise_of(m, f.value, params, d) and all(_elementwise_of(m, a, params, d) for a in e.args)
+            return _elementwise_of(m, f.value, params, met, d) and all(_elementwise_of(m, a, params, met, d) for a in e.args)
         if any(q.startswith("torch.") and q.rsplit(".", 1)[-1] in _ELEMENTWISE for q in m.qualified_names(f)):
-            return all(_elementwise_of(m, a, params, d) for a in e.args)
+            return all(_elementwise_of(m, a, params, met, d) for a in e.args)
     return False
 
 

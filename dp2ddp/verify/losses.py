@@ -6,6 +6,7 @@ original again, its batches in chunks) times :data:`ENVELOPE_FACTOR` where it ra
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from dp2ddp.verify import partition
@@ -207,7 +208,7 @@ def _unscaled_sum(a: float, b: float, opts: Options) -> str:
 
             with open(opts.migrated, "rb") as f:
                 m = build(f.read(), opts.migrated)
-            name = opts.migrated.replace("\\", "/").rsplit("/", 1)[-1]
+            name = os.path.basename(opts.migrated)
             lines = sorted({s.use.lineno for s in summed_losses(m)})
             where = f" ({', '.join(f'{name}:{n}' for n in lines[:3])})" if lines else ""
         except (OSError, SyntaxError, ValueError):
