@@ -168,12 +168,12 @@ def _keys_text(keys) -> str:
 
 def _returned_paths(m, call: ast.Call) -> List[tuple]:
     from dp2ddp.model.project_defs import project_def
-    from dp2ddp.model.loader_makers import _returned
+    from dp2ddp.model.loader_makers import returned_loaders
 
     found = project_def(m, call.func)
     if found is None:
         return []
-    got = _returned(found[0], found[1]) or {}
+    got = returned_loaders(found[0], found[1]) or {}
     return [() if k is None else (k,) for k in got]
 
 

@@ -8,7 +8,7 @@ import ast
 from functools import cached_property
 from typing import Dict, Iterator, List, Optional, Set
 
-from dp2ddp.model.syntax import FUNCTIONS, _first, _order_key, children
+from dp2ddp.model.syntax import FUNCTIONS, first_item, order_key, children
 
 
 class Calls:
@@ -137,7 +137,7 @@ class Calls:
                 if isinstance(cls, ast.ClassDef):
                     spellings.add(cls.name)
             index = self._calls_by_tail
-            found = sorted((item for s in spellings for item in index.get(s, ())), key=_first)  # type: ignore[arg-type]
+            found = sorted((item for s in spellings for item in index.get(s, ())), key=first_item)  # type: ignore[arg-type]
             got = memo[func] = [c for _i, c in found if self.resolve_call(c) is func]  # type: ignore[index]
         return got  # type: ignore[return-value]
 
@@ -153,7 +153,7 @@ class Calls:
                 if isinstance(c, FUNCTIONS + (ast.ClassDef, ast.Lambda)):
                     continue
                 todo.append(c)
-        out.sort(key=_order_key)
+        out.sort(key=order_key)
         return out
 
     def reach(self, func: ast.AST) -> Set[ast.AST]:

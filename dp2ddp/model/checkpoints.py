@@ -33,9 +33,9 @@ def saved_object(call: ast.Call) -> ast.AST:
 
 def saved_parts(m: SemanticModel, call: ast.Call) -> List[ast.AST]:
     """Expressions whose values ``torch.save`` writes (see the module docstring)."""
-    from dp2ddp.model.flow import _Flow
+    from dp2ddp.model.flow import ValueFlow
 
-    flow = _Flow.of(m)
+    flow = ValueFlow.of(m)
     obj = saved_object(call)
     out: List[ast.AST] = []
     seen: Set[int] = set()

@@ -43,17 +43,17 @@ MAX_DEPTH = 12
 
 def origins(m: SemanticModel, expr: ast.AST) -> List[Origin]:
     """The expressions that may have made ``expr``'s value (see the module docstring)."""
-    return list(_Flow.of(m).value(expr, 0))
+    return list(ValueFlow.of(m).value(expr, 0))
 
 
-class _Flow:
+class ValueFlow:
     def __init__(self, m: SemanticModel) -> None:
         self.m = m
         self.memo: Dict[Tuple[str, int], FrozenSet[Origin]] = {}
         self.active: Set[Tuple[str, int]] = set()
 
     @classmethod
-    def of(cls, m: SemanticModel) -> "_Flow":
+    def of(cls, m: SemanticModel) -> "ValueFlow":
         got = m.cache.get("flow")
         if got is None:
             got = m.cache["flow"] = cls(m)
@@ -610,7 +610,7 @@ def key_values(m: SemanticModel, key: ast.AST) -> Optional[Tuple[object, ...]]:
 
 def item_origins(m: SemanticModel, container: ast.AST, keys: Tuple[object, ...]) -> List[Origin]:
     """The origins of ``container[key]`` for each of ``keys``."""
-    return list(_Flow.of(m).keyed(container, keys, 0))
+    return list(ValueFlow.of(m).keyed(container, keys, 0))
 
 
 def keyed_stores(m: SemanticModel, container: ast.AST) -> Dict[object, List[ast.AST]]:

@@ -354,7 +354,7 @@ def _rank_constant(m: SemanticModel, e: ast.AST) -> bool:
 def _trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
     """A backward whose loop steps an optimizer of model parameters (not only optimizers
     over a list of plain tensors: an attack's perturbation)."""
-    from dp2ddp.model.steps import _binding_values, innermost_loop, optimizer_steps
+    from dp2ddp.model.steps import binding_values, innermost_loop, optimizer_steps
 
     loop = innermost_loop(m, call)
     steps = optimizer_steps(m, loop) if loop is not None else []
@@ -362,7 +362,7 @@ def _trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
         return True
     for step in steps:
         receiver = step.args[0] if step.args else step.func.value
-        values = _binding_values(m, receiver) or []
+        values = binding_values(m, receiver) or []
         if not values or not all(_over_plain_tensors(v) for v in values):
             return True
     return False
@@ -530,7 +530,16 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
 
 def _class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
     """The calls of a loss object: ``criterion(out, y)`` after ``criterion = nn.X(...)`` (a
-    name or ``self.attr`` bound once), or ``nn.X(...)(out, y)``."""
+    name or ``self.attr`` bound once), or ``nn.X(...)(out, y)``. Read once per loss and
+    module (the summed and the valid-mean losses both ask)."""
+    known: Dict[int, List[ast.Call]] = m.cache.setdefault("losses:uses", {})  # type: ignore[assignment]
+    got = known.get(id(made))
+    if got is None:
+        got = known[id(made)] = _find_class_uses(m, made)
+    return got
+
+
+def _find_class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
     target = _bound_to(m, made)
     if isinstance(target, ast.Call):
         return [target]

@@ -14,7 +14,7 @@ _EXPORTS: Dict[str, Optional[Dict[str, str]]] = {}
 NOT_PROJECT = frozenset({"torch", "os", "sys", "numpy", "torchvision", "logging", "pathlib", "shutil", "json", "builtins"})
 
 
-def _module_exports(base: str, module: str, level: int) -> Optional[Dict[str, str]]:
+def module_exports(base: str, module: str, level: int) -> Optional[Dict[str, str]]:
     """The names a star import of ``module`` binds, with their qualified names, read from
     its file found beside the importing script (or up to three folders above it for
     absolute names): its imports, its own top-level definitions (``utils.Batches``) and what

@@ -11,9 +11,9 @@ import builtins
 from functools import cached_property
 from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-from dp2ddp.model.module_files import _module_exports
+from dp2ddp.model.module_files import module_exports
 from dp2ddp.model.scopes import Binding, Scope
-from dp2ddp.model.syntax import _first, _order_key
+from dp2ddp.model.syntax import first_item, order_key
 
 BUILTINS: FrozenSet[str] = frozenset(dir(builtins))
 
@@ -116,7 +116,7 @@ class QualifiedNames:
         index = self._calls_by_tail
         found = [item for tail in tails for item in index.get(tail, ())]
         found += [item for a in aliases - tails for item in index.get(a, ()) if isinstance(item[1].func, ast.Name)]
-        found.sort(key=_first)  # source order (the order of nodes(ast.Call))
+        found.sort(key=first_item)  # source order (the order of nodes(ast.Call))
         return [c for _i, c in found if self.is_name(c.func, names)]
 
     def calls_spelled(self, name: str) -> List[ast.Call]:
@@ -159,7 +159,7 @@ class QualifiedNames:
         candidates = [n for n in self.nodes(ast.Attribute) if n.attr in tails and isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
         aliases = tails | self._aliases_of(names)
         candidates += [n for n in self.nodes(ast.Name) if n.id in aliases and isinstance(n.ctx, ast.Load)]  # type: ignore[attr-defined]
-        candidates.sort(key=_order_key)
+        candidates.sort(key=order_key)
         for n in candidates:
             if self.is_name(n, names):
                 parent = self.parents.get(n)
@@ -178,7 +178,7 @@ class QualifiedNames:
 
         base = os.path.dirname(os.path.abspath(self.path))
         for imp in reversed(self.star_imports):
-            exports = _module_exports(base, imp.module or "", imp.level)
+            exports = module_exports(base, imp.module or "", imp.level)
             if exports is not None and name in exports:
                 return exports[name]
         return None

@@ -70,7 +70,7 @@ def backward_calls(m: SemanticModel) -> List[ast.Call]:
 # ----------------------------------------------------------------------- optimizer steps
 
 
-def _binding_values(m: SemanticModel, node: ast.AST) -> Optional[List[ast.AST]]:
+def binding_values(m: SemanticModel, node: ast.AST) -> Optional[List[ast.AST]]:
     """The values every binding of the variable ``node`` names assigns (None: not all are
     plain assignments, or the variable is not followed)."""
     if isinstance(node, ast.Name):
@@ -108,7 +108,7 @@ def receiver_kind(m: SemanticModel, receiver: ast.AST) -> Optional[str]:
     """What ``receiver.step()`` steps: ``"optimizer"``, ``"scheduler"`` or None (unknown).
     Known by the constructor it was bound to, or, for an optimizer, by being zeroed
     (``receiver.zero_grad()``) or passed to ``scaler.step(receiver)``."""
-    values = _binding_values(m, receiver)
+    values = binding_values(m, receiver)
     if values:
         kinds = {_kind_of_value(m, v) for v in values}
         if len(kinds) == 1 and None not in kinds:

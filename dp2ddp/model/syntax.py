@@ -16,7 +16,7 @@ LOOPS = (ast.For, ast.AsyncFor, ast.While)
 BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers")
 
 _POSITION = operator.attrgetter("lineno", "col_offset")
-_first = operator.itemgetter(0)
+first_item = operator.itemgetter(0)
 
 
 def _sort(nodes: List[ast.AST]) -> None:
@@ -24,7 +24,7 @@ def _sort(nodes: List[ast.AST]) -> None:
     try:
         nodes.sort(key=_POSITION)
     except AttributeError:  # nodes without a position (comprehension, arguments ...)
-        nodes.sort(key=_order_key)
+        nodes.sort(key=order_key)
 
 
 def children(node: ast.AST) -> List[ast.AST]:
@@ -39,7 +39,7 @@ def children(node: ast.AST) -> List[ast.AST]:
     return out
 
 
-def _order_key(node: ast.AST) -> Tuple[int, int]:
+def order_key(node: ast.AST) -> Tuple[int, int]:
     return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
 
 

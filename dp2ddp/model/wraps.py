@@ -211,7 +211,7 @@ def _class_referenced_apart(m: SemanticModel, cls: ast.ClassDef) -> bool:
 _TYPE_CHECKS = frozenset({"builtins.isinstance", "builtins.issubclass"})
 
 
-def _type_position(m: SemanticModel, ref: ast.AST) -> bool:
+def type_position(m: SemanticModel, ref: ast.AST) -> bool:
     """``isinstance(x, DP)``, ``isinstance(x, (DP, ...))``, ``type(x) is DP``,
     ``type(x) in (DP, DDP)``, ``issubclass``."""
     cur, parent = ref, m.parent(ref)
@@ -225,7 +225,7 @@ def _type_position(m: SemanticModel, ref: ast.AST) -> bool:
 
 
 def dp_type_refs(m: SemanticModel) -> List[ast.AST]:
-    return [r for r in m.refs(DP) if _type_position(m, r)]
+    return [r for r in m.refs(DP) if type_position(m, r)]
 
 
 def dp_other_refs(m: SemanticModel) -> List[ast.AST]:
@@ -239,7 +239,7 @@ def dp_other_refs(m: SemanticModel) -> List[ast.AST]:
             continue
         if id(r) in bases:
             continue
-        if _type_position(m, r):
+        if type_position(m, r):
             continue
         out.append(r)
     return out

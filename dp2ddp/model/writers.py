@@ -172,7 +172,7 @@ class CompanionRace:
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
 
 
-def _lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+def lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """A folder listed (``glob``, ``listdir``, ``Path.iterdir``): names picked from what
     already exists differ between ranks that run one after the other."""
     for call in ast.walk(func):
@@ -184,7 +184,7 @@ def _lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
 REMOVES = frozenset({"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.removedirs"})
 
 
-def _removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+def removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     for call in ast.walk(func):
         if isinstance(call, ast.Call) and (pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES))):
             return call.lineno
@@ -194,7 +194,7 @@ def _removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
 RENAMES = frozenset({"os.rename", "os.replace", "shutil.move"})
 
 
-def _renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+def renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """A file or folder moved away (``mkdir_and_rename``: the old run's folder renamed to an
     archive): a rank that runs it after another moves the other's new folder."""
     for call in ast.walk(func):
@@ -243,7 +243,7 @@ def _trains_where(pm: SemanticModel, func: ast.AST, rel: str) -> Optional[str]:
     return f"{rel}:{line}" if line is not None else None
 
 
-def _checked_mkdir(pm: SemanticModel, call: ast.AST, body: ast.AST) -> bool:
+def checked_mkdir(pm: SemanticModel, call: ast.AST, body: ast.AST) -> bool:
     """The mkdir runs only when the folder is missing (under ``if not os.path.exists(d):`` /
     ``isdir``) or its ``FileExistsError`` is caught: a rank that runs it after another is safe."""
     for a in pm.ancestors(call):
@@ -275,11 +275,11 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
         for mod, owner, path in reach_across(pm, node, rel):
             w = next((w for w in writers(mod) if w.kind == "mkdir" and not w.idempotent and mod.contains(owner, w.call)), None)
             if w is not None:
-                gone = _removes_in(mod, owner) or _renames_in(mod, owner)
-                listed = _lists_in(mod, owner)
+                gone = removes_in(mod, owner) or renames_in(mod, owner)
+                listed = lists_in(mod, owner)
                 races.append(CompanionRace(call, node.name, f"{path}:{w.call.lineno}", f"{path}:{gone}" if gone else None,
                                            lists=f"{path}:{listed}" if listed else None,
-                                           checked=_checked_mkdir(mod, w.call, owner), module=pm.path))
+                                           checked=checked_mkdir(mod, w.call, owner), module=pm.path))
         if races:
             out.append(max(races, key=lambda r: (r.deletes is not None, r.lists is not None, not r.checked)))
     m.cache["companion_races"] = out
@@ -304,7 +304,7 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
             continue
         owner = pm.parent(func)
         name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
-        gone = _removes_in(pm, func)
+        gone = removes_in(pm, func)
         out.append(CompanionRace(call, name, f"{rel}:{line}", f"{rel}:{gone}" if gone else None, writes_only(pm, func),
                                  module=pm.path, trains=_trains_where(pm, func, rel)))
     m.cache["companion_writes"] = out

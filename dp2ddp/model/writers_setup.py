@@ -34,7 +34,7 @@ from typing import List, Optional, Tuple
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOGGING_FILE, OPEN, SUMMARY_WRITERS
 from dp2ddp.model.project_defs import project_calls, reach_across
-from dp2ddp.model.writers import _checked_mkdir, _lists_in, _removes_in, _renames_in, trains_in, writers
+from dp2ddp.model.writers import checked_mkdir, lists_in, removes_in, renames_in, trains_in, writers
 
 CLOCK = frozenset({
     "datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow", "datetime.date.today",
@@ -100,8 +100,8 @@ def _why_rank_zero(reach) -> Optional[str]:
             if w.kind != "mkdir" or not mod.contains(fn, w.call):
                 continue
             at = f"{path}:{w.call.lineno}"
-            gone = _removes_in(mod, fn) or _renames_in(mod, fn)
-            listed = _lists_in(mod, fn)
+            gone = removes_in(mod, fn) or renames_in(mod, fn)
+            listed = lists_in(mod, fn)
             clock = _clock_in(mod, fn, path)
             if gone:
                 found.append((4, f"moves or removes a folder and makes one ({path}:{gone}, {at}): every rank would move "
@@ -110,7 +110,7 @@ def _why_rank_zero(reach) -> Optional[str]:
                 return None  # kept refused (companion_folder_races): see docs/design-setup-calls.md
             elif clock is not None:
                 found.append((2, f"names the folder it makes by the clock ({clock}, {at}): every rank would make its own"))
-            elif not w.idempotent and not _checked_mkdir(mod, w.call, fn):
+            elif not w.idempotent and not checked_mkdir(mod, w.call, fn):
                 found.append((1, f"makes a folder without exist_ok ({at}): every rank after the first would raise "
                                  "FileExistsError"))
     return max(found)[1] if found else None

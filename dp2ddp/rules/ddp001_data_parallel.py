@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dp2ddp.findings import Fix
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
-from dp2ddp.model.wraps import _type_position
+from dp2ddp.model.wraps import type_position
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
 
 MIGRATION = "ddp001:migration"  # model.cache key: the migration DDP001's fix planned
@@ -33,7 +33,7 @@ def _fix(m) -> Fix:
 
 
 def check(m):
-    refs = [r for r in m.refs(DP | DP_FUNCTIONAL) if not _type_position(m, r)]
+    refs = [r for r in m.refs(DP | DP_FUNCTIONAL) if not type_position(m, r)]
     if refs:
         fix = _fix(m)  # one fix, shared by every finding of the file
         for ref in refs:
