@@ -40,7 +40,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.held_loaders import held_loader
-from dp2ddp.model.loader_makers import returned_loaders, subclass_calls
+from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
@@ -168,12 +168,11 @@ def _keys_text(keys) -> str:
 
 def _returned_paths(m, call: ast.Call) -> List[tuple]:
     from dp2ddp.model.project_defs import project_def
-    from dp2ddp.model.loader_makers import returned_loaders
 
     found = project_def(m, call.func)
     if found is None:
         return []
-    got = returned_loaders(found[0], found[1]) or {}
+    got = loaders_returned_by(found[0], found[1]) or {}
     return [() if k is None else (k,) for k in got]
 
 

@@ -1,6 +1,6 @@
 """A loss averaged over the valid targets (``ignore_index``) keeps the original's weighting.
 
-See :class:`dp2ddp.model.losses.ValidMean`: DataParallel's loss, computed on the gathered
+See :class:`dp2ddp.model.valid_means.ValidMean`: DataParallel's loss, computed on the gathered
 outputs, was the mean over the valid targets of the whole batch (padding tokens, ignored
 pixels left out); under DDP each rank's mean covers its share, whose count of valid
 targets differs from the other ranks', and the average of the ranks' gradients weights the
@@ -17,7 +17,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.losses import valid_count_means
+from dp2ddp.model.valid_means import valid_count_means
 
 
 def propose(ctx: Context) -> List[Finding]:

@@ -4,7 +4,7 @@
   class of this module or of a project module), with its label and whether it trains.
 * :func:`returned_loaders`: calls of a project function that returns DataLoaders
   (``train_loader, test_loader = data.get(args)``), with the names here that hold its
-  training loaders; ``returned_loaders``: which loaders such a function returns, by position or key.
+  training loaders; :func:`loaders_returned_by`: which loaders such a function returns, by position or key.
 
 The ``DataLoader(...)`` calls themselves are :func:`dp2ddp.model.loaders.loaders`; an object
 that holds one and iterates it is :mod:`dp2ddp.model.held_loaders`.
@@ -86,7 +86,7 @@ def subclass_calls(m: SemanticModel) -> List[Tuple[ast.Call, str, bool]]:
     return out
 
 
-def returned_loaders(pm: SemanticModel, func: ast.AST) -> Optional[Dict[object, Loader]]:
+def loaders_returned_by(pm: SemanticModel, func: ast.AST) -> Optional[Dict[object, Loader]]:
     """The loaders ``func`` (a function of ``pm``) returns: index in the returned tuple (or
     ``None`` for the value itself, or a dict key) -> the loader; ``None`` when it returns
     none."""
@@ -161,7 +161,7 @@ def returned_loaders(m: SemanticModel) -> List[Returned]:
     for call, (pm, func, rel) in project_calls(m):
         if isinstance(func, ast.ClassDef):
             continue
-        returned = returned_loaders(pm, func)
+        returned = loaders_returned_by(pm, func)
         if not returned:
             continue
         where = f"{rel}:{func.lineno}"

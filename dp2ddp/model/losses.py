@@ -15,7 +15,9 @@ import ast
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.loss_calls import class_uses, shared_binding, trains_here
 from dp2ddp.model.syntax import first_dim_of, kwarg
+from dp2ddp.model.training import under_no_grad
 
 
 class SumLoss(NamedTuple):
@@ -188,7 +190,7 @@ def summed_losses(m: SemanticModel) -> List[SumLoss]:
     out: List[SumLoss] = []
     reached = _backward_terms(m)
     for made, arg, functional in _made_sums(m):
-        every = [made] if functional else _class_uses(m, made)
+        every = [made] if functional else class_uses(m, made)
         if isinstance(arg, ast.ClassDef):
             every = [u for u in every if _fed_by_the_model(m, u)]
             if not every:
@@ -199,9 +201,9 @@ def summed_losses(m: SemanticModel) -> List[SumLoss]:
         if not uses:  # a loss made and not seen used: it may train anywhere
             out.append(SumLoss(arg, made, made, False, "dp2ddp sees no call of it to follow to a backward"))
             continue
-        other = None if functional else _shared(m, made)
+        other = None if functional else shared_binding(m, made)
         for use in uses:
-            if _no_grad(m, use) or not _trains_here(m, use) or _read_as_number(m, use) or _scaled(m, use):
+            if under_no_grad(m, use) or not trains_here(m, use) or _read_as_number(m, use) or _scaled(m, use):
                 continue
             if other is not None:
                 out.append(SumLoss(arg, made, use, False, f"the same call also computes the loss bound at line "
@@ -228,7 +230,7 @@ def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
 
     summed = set()
     for made, _, functional in _made_sums(m):
-        summed.update(id(u) for u in ([made] if functional else _class_uses(m, made)))
+        summed.update(id(u) for u in ([made] if functional else class_uses(m, made)))
     out: Dict[int, Tuple[str, str]] = {}
     for call in backward_calls(m):
         operand = _differentiated(m, call)
@@ -415,30 +417,6 @@ def _input_gradient_only(m: SemanticModel, use: ast.Call) -> bool:
     return bool(reads)
 
 
-def _no_grad(m: SemanticModel, node: ast.AST) -> bool:
-    from dp2ddp.model.training import under_no_grad
-
-    return under_no_grad(m, node)
-
-
-def _trains_here(m: SemanticModel, node: ast.AST) -> bool:
-    """The function around ``node`` (or module-level code) reaches a ``.backward()`` — itself,
-    through what it calls, or in a caller (a loss helper called from the training step).
-    A module that calls ``backward`` nowhere (a module of losses, a snippet) may train
-    anywhere: it counts as training."""
-    if not any(isinstance(c.func, ast.Attribute) for c in m.calls_spelled("backward")):
-        return True
-    func = m.enclosing_function(node)
-    scopes = [func] if func is not None else [m.tree]
-    if func is not None:
-        scopes += [m.enclosing_function(c) or m.tree for c in m.call_sites(func)]
-    for scope in scopes:
-        calls = m.calls_in(scope) if scope is m.tree else m.reached_calls(scope)
-        if any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in calls):
-            return True
-    return False
-
-
 def _divided_by_batch(m: SemanticModel, node: ast.AST) -> bool:
     """``node / x.size(0)``, ``node * T ** 2 / len(x)``, ``(1.0 / batch_size) * node`` with
     ``batch_size = len(x)``: a sum made a mean over its batch."""
@@ -472,137 +450,3 @@ def _batch_size(m: SemanticModel, e: ast.AST) -> bool:
                 if first_dim_of(bindings[0].value) is not None:
                     return True
     return False
-
-
-# torch.nn losses whose mean is over the targets that are not ``ignore_index``
-_IGNORING = frozenset({"CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss"})
-
-
-class ValidMean(NamedTuple):
-    """A loss averaged over the valid targets of the batch it sees (``ignore_index``): a
-    count that differs from share to share. DataParallel gathered the outputs and averaged
-    over the whole batch's valid targets; under DDP each rank averages over its own, and the
-    gradients are averaged over the ranks: a mean of means, the shares weighted alike."""
-
-    call: ast.Call  # the loss computed in the training step (a use of the class, or the functional call)
-    target: ast.AST  # its target argument
-    ignore: ast.AST  # the ignore_index expression
-    made: ast.Call  # where the loss is made (the class's construction, or the functional call)
-
-
-def valid_count_means(m: SemanticModel) -> List[ValidMean]:
-    """Losses with an explicit ``ignore_index`` and the default mean reduction, computed in
-    the training step of this module on what the model returned: not inside a module's
-    ``forward`` (under DataParallel each replica computed those on its own share already),
-    not under ``torch.no_grad()``, and without class ``weight=`` (a weighted mean divides by
-    the targets' weights: not handled, nothing found). A loss class is followed to the calls
-    of the name or attribute it is bound to."""
-    got = m.cache.get("losses:valid")
-    if got is not None:
-        return got  # type: ignore[return-value]
-    out: List[ValidMean] = []
-    for made in m.nodes(ast.Call):
-        names = m.qualified_names(made.func)
-        if not any(q.startswith("torch.nn.") and q.rsplit(".", 1)[-1] in _IGNORING for q in names):
-            continue
-        ignore = kwarg(made, "ignore_index")
-        reduction = kwarg(made, "reduction")
-        if ignore is None or kwarg(made, "weight") is not None or kwarg(made, "size_average") is not None:
-            continue
-        if reduction is not None and not (isinstance(reduction.value, ast.Constant) and reduction.value.value == "mean"):
-            continue
-        functional = any(q.startswith("torch.nn.functional.") for q in names)
-        uses = [made] if functional else _class_uses(m, made)
-        for use in uses:
-            if _in_forward(m, use) or _no_grad(m, use) or not _trains_here(m, use):
-                continue
-            target = kwarg(use, "target")
-            value = target.value if target is not None else use.args[1] if len(use.args) > 1 else None
-            if value is None or isinstance(value, ast.Starred) or any(isinstance(a, ast.Starred) for a in use.args):
-                continue
-            if not (_constant(ignore.value) or m.enclosing_function(use) is m.enclosing_function(made)
-                    or _same_binding(m, ignore.value, made, use)):
-                continue  # ``ignore_index=self.ignore`` read where the loss is made, not where it is used
-            out.append(ValidMean(use, value, ignore.value, made))
-    m.cache["losses:valid"] = out
-    return out
-
-
-def _class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
-    """The calls of a loss object: ``criterion(out, y)`` after ``criterion = nn.X(...)`` (a
-    name or ``self.attr`` bound once), or ``nn.X(...)(out, y)``. Read once per loss and
-    module (the summed and the valid-mean losses both ask)."""
-    known: Dict[int, List[ast.Call]] = m.cache.setdefault("losses:uses", {})  # type: ignore[assignment]
-    got = known.get(id(made))
-    if got is None:
-        got = known[id(made)] = _find_class_uses(m, made)
-    return got
-
-
-def _find_class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
-    target = _bound_to(m, made)
-    if isinstance(target, ast.Call):
-        return [target]
-    if target is None:
-        return []
-    text = m.source(target)
-    return [c for c in m.nodes(ast.Call) if isinstance(c.func, (ast.Name, ast.Attribute)) and m.source(c.func) == text]
-
-
-def _bound_to(m: SemanticModel, made: ast.Call) -> Optional[ast.AST]:
-    """The name or attribute a loss object is bound to (through ``.to(device)``/``.cuda()``),
-    or the call of ``nn.X(...)(out, y)``."""
-    node: ast.AST = made
-    parent = m.parent(node)
-    while (isinstance(parent, ast.Attribute) and parent.attr in ("to", "cuda", "cpu")
-           and isinstance(m.parent(parent), ast.Call) and m.parent(parent).func is parent):
-        node = m.parent(parent)
-        parent = m.parent(node)
-    if isinstance(parent, ast.Call) and parent.func is node:
-        return parent
-    if not (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1):
-        return None
-    target = parent.targets[0]
-    return target if isinstance(target, (ast.Name, ast.Attribute)) else None
-
-
-def _shared(m: SemanticModel, made: ast.Call) -> Optional[ast.AST]:
-    """Another value bound to the same name or attribute as the loss object (a loss picked
-    by the configuration: ``self.lossfn = nn.L1Loss()`` on one branch, a summed one on
-    another): its first assignment."""
-    target = _bound_to(m, made)
-    if not isinstance(target, (ast.Name, ast.Attribute)):
-        return None
-    text = m.source(target)
-    for a in m.nodes(ast.Assign):
-        if len(a.targets) == 1 and m.source(a.targets[0]) == text and not any(n is made for n in ast.walk(a.value)):
-            value = a.value
-            while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
-                   and value.func.attr in ("to", "cuda", "cpu")):
-                value = value.func.value
-            if m.source(value) != text:  # not ``criterion = criterion.cuda()``
-                return a
-    return None
-
-
-def _in_forward(m: SemanticModel, node: ast.AST) -> bool:
-    from dp2ddp.model.kinds import is_module_class
-
-    func = m.enclosing_function(node)
-    return func is not None and getattr(func, "name", "") == "forward" and is_module_class(m, m.enclosing_class(func))
-
-
-def _constant(e: ast.AST) -> bool:
-    if isinstance(e, ast.UnaryOp) and isinstance(e.op, (ast.USub, ast.UAdd)):
-        e = e.operand
-    return isinstance(e, ast.Constant) and isinstance(e.value, int)
-
-
-def _same_binding(m: SemanticModel, e: ast.AST, made: ast.AST, use: ast.AST) -> bool:
-    """``ignore_index=PAD``: a name that means the same binding where the loss is used (a
-    module-level constant) as where it is made."""
-    if not isinstance(e, ast.Name):
-        return False
-    _, here = m.lookup(e.id, m.scope_of(made))
-    _, there = m.lookup(e.id, m.scope_of(use))
-    return bool(here) and [id(b) for b in here] == [id(b) for b in there]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 
 from dp2ddp.model.collectives import is_ddp_code
-from dp2ddp.model.losses import valid_count_means
+from dp2ddp.model.valid_means import valid_count_means
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid
 
 
