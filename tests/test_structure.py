@@ -87,6 +87,30 @@ def circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
     return found
 
 
+def private_imports(name: str, path: Path, known: Dict[str, Path]) -> List[str]:
+    """``from dp2ddp.x import _name`` in module ``name``, ``x`` another module of dp2ddp: a
+    private name used outside its module (what two modules share is public, in one home)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "") in known and node.module != name:
+            out += [f"{path.name}:{node.lineno}: {a.name} from {node.module}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_imports_another_modules_private_name():
+    known = modules()
+    found = [line for name, path in known.items() for line in private_imports(name, path, known)]
+    assert not found, "private names imported from another module (make them public where they live):\n" + "\n".join(found)
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    path = tmp_path / "b.py"
+    path.write_text("def f():\n    from dp2ddp.model.core import _hidden, public, __version__\n")
+    assert private_imports("b", path, {"dp2ddp.model.core": path}) == ["b.py:2: _hidden from dp2ddp.model.core"]
+    assert private_imports("dp2ddp.model.core", path, {"dp2ddp.model.core": path}) == []  # its own name
+
+
 def test_the_graph_sees_imports_at_any_depth():
     graph = import_graph()
     # a module-level import, and one inside a function (check.engine imports check.fix lazily)

@@ -342,3 +342,11 @@ def append_arg(call: cst.Call, arg: cst.Arg) -> cst.Call:
     return call.with_changes(args=args)
 
 
+def add_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
+    """``call`` with ``name=value`` appended (``value`` an expression's text)."""
+    arg = cst.Arg(
+        keyword=cst.Name(name),
+        value=cst.parse_expression(value),
+        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
+    )
+    return append_arg(call, arg)

@@ -56,7 +56,7 @@ def propose(ctx: Context) -> List[Finding]:
             value, what = '"cpu"', "map_location=\"cpu\": the state is copied to the model's device by load_state_dict"
         else:
             value, what = _RANK_DEVICE, "map_location onto this rank's device (CUDA tensors) instead of GPU 0"
-        from dp2ddp.codemods.rank_writers import _add_kwarg
+        from dp2ddp.codemods.context import add_kwarg
 
-        out.append(ctx.note(call, "DDP136", f"torch.load gets {what}", [Replace(ctx.cst(call), lambda u, v=value: _add_kwarg(u, "map_location", v))]))
+        out.append(ctx.note(call, "DDP136", f"torch.load gets {what}", [Replace(ctx.cst(call), lambda u, v=value: add_kwarg(u, "map_location", v))]))
     return out

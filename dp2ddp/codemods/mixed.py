@@ -175,10 +175,10 @@ def propose(ctx: Context) -> List[Finding]:
             new = ctx.expr('int({os}.environ.get("LOCAL_RANK", {d}))', os=os_, d=default.value)
             out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK", [Replace(ctx.cst(default.value), new)]))
         else:
-            from dp2ddp.codemods.rank_writers import _add_kwarg
+            from dp2ddp.codemods.context import add_kwarg
 
             out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK",
-                                [Replace(ctx.cst(call), lambda u: _add_kwarg(u, "default", f'int({os_}.environ.get("LOCAL_RANK", -1))'))]))
+                                [Replace(ctx.cst(call), lambda u: add_kwarg(u, "default", f'int({os_}.environ.get("LOCAL_RANK", -1))'))]))
     # arguments set from torchrun's environment right after parsing
     for stmt, items in plan.adapter.items():
         ns = m.source(stmt.targets[0].elts[0] if isinstance(stmt.targets[0], ast.Tuple) else stmt.targets[0])  # type: ignore[attr-defined]

@@ -49,10 +49,10 @@ def ddp_devices(ctx: Context, call: ast.Call, cuda: str) -> Optional[Finding]:
     edits = [Replace(ctx.cst(v), ctx.expr("{v} if {c} else None", v=paren(m, v), c=cuda)) for v in cuda_device_arguments(m, call)]
     if kwarg(call, "device_ids") is None and len(call.args) < 2 and not any(k.arg is None for k in call.keywords):
         torch = ctx.name("torch")
-        from dp2ddp.codemods.rank_writers import _add_kwarg
+        from dp2ddp.codemods.context import add_kwarg
 
         value = f"[{torch}.cuda.current_device()] if {cuda} else None"
-        edits.append(Replace(ctx.cst(call), lambda u, v=value: _add_kwarg(u, "device_ids", v)))
+        edits.append(Replace(ctx.cst(call), lambda u, v=value: add_kwarg(u, "device_ids", v)))
     if not edits:
         return None
     return ctx.note(call, "DDP121", "device_ids only with CUDA (CPU ranks pass None)", edits)

@@ -22,7 +22,7 @@ from typing import List, Optional, Set
 
 import libcst as cst
 
-from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.context import Context, add_kwarg
 from dp2ddp.codemods.rank_zero_setup import propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
@@ -386,7 +386,7 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         if mode is not None:
             edit = Replace(ctx.cst(mode.value), ctx.expr('{v} if {r} else "disabled"', v=_paren(m, mode.value), r=_paren_text(rank0)))
         else:
-            edit = Replace(ctx.cst(call), lambda u, r=_paren_text(rank0): _add_kwarg(u, "mode", f'None if {r} else "disabled"'))
+            edit = Replace(ctx.cst(call), lambda u, r=_paren_text(rank0): add_kwarg(u, "mode", f'None if {r} else "disabled"'))
         return ctx.note(call, "DDP135", "wandb.init(mode=\"disabled\") on ranks other than 0", [edit])
     if w.kind == "tqdm":
         dis = kwarg(call, "disable")
@@ -396,7 +396,7 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
                 return None
             edit = Replace(ctx.cst(dis.value), ctx.expr("{v} or {n}", v=_paren(m, dis.value), n=not0))
         else:
-            edit = Replace(ctx.cst(call), lambda u, n=not0: _add_kwarg(u, "disable", n))
+            edit = Replace(ctx.cst(call), lambda u, n=not0: add_kwarg(u, "disable", n))
         return ctx.note(call, "DDP135", "tqdm bar shown on rank 0 only", [edit])
     if w.kind in ("logfile", "open"):
         path = w.path
@@ -428,14 +428,3 @@ def _paren(m: SemanticModel, node: ast.AST) -> str:
     if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant, ast.JoinedStr)):
         return text
     return f"({text})"
-
-
-def _add_kwarg(call: cst.Call, name: str, value: str) -> cst.Call:
-    from dp2ddp.codemods.context import append_arg as _append_arg
-
-    arg = cst.Arg(
-        keyword=cst.Name(name),
-        value=cst.parse_expression(value),
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
-    return _append_arg(call, arg)

@@ -296,9 +296,9 @@ def _mkdirs(ctx: Context) -> List[Finding]:
             if ok is not None:
                 edits.append(Replace(ctx.cst(ok.value), ctx.expr("True")))
             else:
-                from dp2ddp.codemods.rank_writers import _add_kwarg
+                from dp2ddp.codemods.context import add_kwarg
 
-                edits.append(Replace(ctx.cst(call), lambda u: _add_kwarg(u, "exist_ok", "True")))
+                edits.append(Replace(ctx.cst(call), lambda u: add_kwarg(u, "exist_ok", "True")))
         first = first or call
     if not edits:
         return []

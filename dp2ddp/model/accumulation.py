@@ -134,7 +134,7 @@ def _forward_of(m: SemanticModel, stmt: ast.stmt, keys: Set[VarKey]) -> List[Tup
     return out
 
 
-def _assignment_targets(node: ast.AST) -> List[ast.AST]:
+def assignment_targets(node: ast.AST) -> List[ast.AST]:
     if isinstance(node, ast.Assign):
         return list(node.targets)
     if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
@@ -150,11 +150,11 @@ def _assignment_targets(node: ast.AST) -> List[ast.AST]:
     return []
 
 
-def _flat_targets(t: ast.AST) -> List[ast.AST]:
+def flat_targets(t: ast.AST) -> List[ast.AST]:
     if isinstance(t, (ast.Tuple, ast.List)):
-        return [x for e in t.elts for x in _flat_targets(e)]
+        return [x for e in t.elts for x in flat_targets(e)]
     if isinstance(t, ast.Starred):
-        return _flat_targets(t.value)
+        return flat_targets(t.value)
     return [t]
 
 
@@ -179,7 +179,7 @@ def _read_early(m: SemanticModel, loop: ast.AST, acc: Accumulation, tests: List[
         pos = (getattr(n, "lineno", 0), getattr(n, "col_offset", 0))
         if not start <= pos < gate_start:
             continue
-        for target in (x for t in _assignment_targets(n) for x in _flat_targets(t)):
+        for target in (x for t in assignment_targets(n) for x in flat_targets(t)):
             text = ast.unparse(target)
             hit = next((r for r in read if r == text or r.startswith(text + ".") or r.startswith(text + "[")), None)
             if hit is None:

@@ -192,9 +192,9 @@ def _split_iterable(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
 
 
 def _binds(m: SemanticModel, node: ast.AST, text: str) -> bool:
-    from dp2ddp.model.accumulation import _assignment_targets, _flat_targets
+    from dp2ddp.model.accumulation import assignment_targets, flat_targets
 
-    return any(ast.unparse(t) == text for t in (x for tt in _assignment_targets(node) for x in _flat_targets(tt)))
+    return any(ast.unparse(t) == text for t in (x for tt in assignment_targets(node) for x in flat_targets(tt)))
 
 
 def _rebound_in(m: SemanticModel, loop: ast.AST, expr: ast.AST) -> Optional[ast.AST]:

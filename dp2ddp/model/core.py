@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Set, Union
 from dp2ddp.model.calls import Calls
 from dp2ddp.model.positions import Positions, decode
 from dp2ddp.model.qualnames import QualifiedNames
-from dp2ddp.model.scopes import Scope, _Builder
+from dp2ddp.model.scopes import Scope, ScopeBuilder
 from dp2ddp.model.structure import Structure
 
 
@@ -59,7 +59,7 @@ class SemanticModel(Structure, QualifiedNames, Positions, Calls):
         self._sorted: Set[type] = set()
         self.star_imports: List[ast.ImportFrom] = []
         self.cache: Dict[str, object] = {}  # derived facts, see the fact modules of dp2ddp.model
-        _Builder(self).run()
+        ScopeBuilder(self).run()
 
     def release(self) -> None:
         """Drop what the model holds, for a caller that is done with it: its scopes and

@@ -19,10 +19,10 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loaders import (
     EVAL_WORDS,
     Loader,
-    _assign_target,
-    _label,
+    assign_target,
     feeds_training,
     is_false,
+    loader_label,
     loaders,
 )
 from dp2ddp.model.names import DATALOADER
@@ -76,8 +76,8 @@ def subclass_calls(m: SemanticModel) -> List[Tuple[ast.Call, str, bool]]:
                 is_sub = cls.name in _loader_classes(pm)
         if not is_sub:
             continue
-        target = _assign_target(m, call)
-        label = _label(target, m.enclosing_function(call), m) or terminal(f) or "loader"
+        target = assign_target(m, call)
+        label = loader_label(target, m.enclosing_function(call), m) or terminal(f) or "loader"
         shuffle = kwarg(call, "shuffle")
         training = (shuffle is not None and not is_false(shuffle.value)) or _training_label(label)
         training = training or feeds_training(m, call)

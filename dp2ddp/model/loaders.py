@@ -55,7 +55,7 @@ class Loader:
     holder: Optional[ast.AST] = None  # the name the dict is assigned to (``name``)
 
 
-def _assign_target(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+def assign_target(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     parent = m.parent(call)
     if isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1:
         t = parent.targets[0]
@@ -86,11 +86,11 @@ def _keyed(m: SemanticModel, call: ast.Call):
         comp, keys = None, (k.value,)
     else:
         return None
-    holder = _assign_target(m, parent)  # type: ignore[arg-type]
+    holder = assign_target(m, parent)  # type: ignore[arg-type]
     return comp, keys, holder if isinstance(holder, (ast.Name, ast.Attribute)) else None
 
 
-def _label(target: Optional[ast.AST], func: Optional[ast.AST], m: SemanticModel) -> str:
+def loader_label(target: Optional[ast.AST], func: Optional[ast.AST], m: SemanticModel) -> str:
     if isinstance(target, ast.Name):
         return target.id
     if isinstance(target, ast.Attribute):
@@ -246,9 +246,9 @@ def loaders(m: SemanticModel) -> List[Loader]:
     out: List[Loader] = []
     classes = _iterable_classes(m)
     for call in m.calls(DATALOADER):
-        target = _assign_target(m, call)
+        target = assign_target(m, call)
         func = m.enclosing_function(call)
-        label = _label(target, func, m)
+        label = loader_label(target, func, m)
         positional = list(call.args)
         problem = None
         star = any(isinstance(a, ast.Starred) for a in positional) or any(

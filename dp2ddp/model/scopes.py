@@ -68,7 +68,7 @@ class Scope:
         return f"Scope({self.kind} {self.name})"
 
 
-class _Builder:
+class ScopeBuilder:
     """One walk of the tree: parents, nodes by type, scopes and bindings (of ``model``, the
     :class:`~dp2ddp.model.core.SemanticModel` being built, which imports this module)."""
 

@@ -8,7 +8,7 @@ import ast
 from functools import cached_property
 from typing import Dict, Iterator, List, Optional, Tuple, Type
 
-from dp2ddp.model.syntax import BLOCK_FIELDS, FUNCTIONS, LOOPS, _only_imports, _sort, is_docstring, is_main_test
+from dp2ddp.model.syntax import BLOCK_FIELDS, FUNCTIONS, LOOPS, is_docstring, is_main_test, only_imports, sort_nodes
 
 
 class Structure:
@@ -22,12 +22,12 @@ class Structure:
             if t not in self._sorted:
                 self._sorted.add(t)
                 if t in self._by_type:
-                    _sort(self._by_type[t])
+                    sort_nodes(self._by_type[t])
             return self._by_type.get(t, [])
         out: List[ast.AST] = []
         for t in types:
             out.extend(self._by_type.get(t, ()))
-        _sort(out)
+        sort_nodes(out)
         return out
 
     def all_nodes(self, *types: Type[ast.AST]) -> Iterator[ast.AST]:
@@ -175,7 +175,7 @@ class Structure:
                 continue
             if _header_line(stmt):
                 continue  # a string or ``__author__ = ...`` between the imports (ResNeXt's header)
-            if isinstance(stmt, (ast.If, ast.Try)) and _only_imports(stmt):
+            if isinstance(stmt, (ast.If, ast.Try)) and only_imports(stmt):
                 last = stmt
                 continue
             break

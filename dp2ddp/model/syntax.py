@@ -19,7 +19,7 @@ _POSITION = operator.attrgetter("lineno", "col_offset")
 first_item = operator.itemgetter(0)
 
 
-def _sort(nodes: List[ast.AST]) -> None:
+def sort_nodes(nodes: List[ast.AST]) -> None:
     """In source order (a stable sort: nodes that start at one place keep their order)."""
     try:
         nodes.sort(key=_POSITION)
@@ -56,7 +56,7 @@ def is_docstring(stmt: ast.AST) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
-def _only_imports(stmt: ast.AST) -> bool:
+def only_imports(stmt: ast.AST) -> bool:
     found = False
     for n in ast.walk(stmt):
         if isinstance(n, (ast.Import, ast.ImportFrom)):
