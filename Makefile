@@ -27,12 +27,12 @@ demo: $(STAMP)
 	$(PY) -m dp2ddp verify $(DEMO)/train.py --steps 0 --min-speedup 0 --plot $(DEMO)/verify.png --json $(DEMO)/verify.json
 	@echo "demo: migrated script $(DEMO)/train_ddp.py, report $(DEMO)/verify.json, plot $(DEMO)/verify.png"
 
-# The whole test suite (what CI runs: .ci/run). Costliest tests first (tests/conftest.py);
+# The whole test suite (what CI runs: .ci/run), with its 25 slowest tests listed at the end. Costliest tests first (tests/conftest.py);
 # the generated scripts' runs, and dp2ddp verify with its runs, fork from Pythons that imported
 # torch once (tests/_scripts.py, tests/_verify_launch.py say what that covers);
 # DP2DDP_TEST_REAL_LAUNCH=1 launches every one for real.
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -q --durations=25 $(PYTEST_ARGS)
 
 # The unit layer: everything in-process. Left out (they run in `make test`): the tests that
 # launch torchrun (marker `torchrun`) and the `slow` ones (Python processes that import
