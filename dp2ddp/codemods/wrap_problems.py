@@ -40,6 +40,32 @@ def problems(ctx: Context) -> List[Finding]:
     return out
 
 
+def trained_outside_wrap(ctx: Context) -> List[Finding]:
+    """DDP119: a module trained or updated beside the wrapped model, not inside its wrap
+    (:mod:`dp2ddp.model.outside_wrap`). Checked last, by :func:`dp2ddp.migrate.plan`, when
+    nothing else refused the file (a refusal about the wrap itself says more)."""
+    from dp2ddp.model.outside_wrap import trained_outside_wrap as found
+
+    m = ctx.m
+    out = []
+    for u in found(m):
+        text = m.source(u.module)
+        made = m.position(u.made)[0]
+        if u.what == "parameters":
+            how = (f"its parameters are trained by the optimizer at {u.place}, but it is not inside "
+                   "the DataParallel wrap: DistributedDataParallel averages only the wrapped module's gradients, so each "
+                   f"rank would train its own copy of `{text}` on its share and the copies drift apart")
+            fix = "make it a sub-module of the wrapped model or wrap it in DataParallel too, then migrate"
+        else:
+            buffer = u.what.split(" ", 1)[1]
+            how = (f"its buffer `{buffer}` is changed in place ({u.place}) from what the training step feeds it, "
+                   "outside the DataParallel wrap: under "
+                   "DistributedDataParallel each rank would update its own copy from its share only, and the copies drift apart")
+            fix = "gather what updates it from every rank first (torch.distributed.all_gather) and migrate by hand"
+        out.append(ctx.block(u.made, "DDP119", f"`{text}` ({u.cls}, line {made}): {how}; {fix}"))
+    return out
+
+
 _REPLACING = {"resize_token_embeddings", "resize_position_embeddings", "prune_heads", "reset_classifier"}
 
 

@@ -110,6 +110,23 @@ CODES: Tuple[MigrationCode, ...] = (
         IMPORTS + "\ndef train(model, tokenizer):\n    model = nn.DataParallel(model)\n    model.module.resize_token_embeddings(len(tokenizer))\n    model(torch.randn(8, 4)).sum().backward()\n\n\nif __name__ == \"__main__\":\n    train(load_model(), load_tokenizer())\n",
     ),
     MigrationCode(
+        "DDP119", "trained-outside-wrap", "error",
+        "a module trained beside the wrapped model, outside its DataParallel wrap; the file is left unchanged",
+        "Under DataParallel one process holds one copy of every module, so a module trained beside the wrapped "
+        "model (a center loss's centres with their own optimizer, a classifier on frozen features, a discriminator "
+        "left unwrapped) or updated from the batch (a memory bank's buffer written row by row from each sample) sees "
+        "the whole batch. Under DistributedDataParallel every rank holds its own copy, and only the wrapped module's "
+        "gradients are averaged (and only its buffers broadcast): each rank would train or update its copy on its own "
+        "share of the data, and the copies drift apart while the run exits 0.",
+        "Make the module a sub-module of the wrapped model, or wrap it in DataParallel too (the migration then makes "
+        "it a DistributedDataParallel of its own); a buffer updated from the batch needs the update's inputs gathered "
+        "from every rank first (`torch.distributed.all_gather`), by hand.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 3))\ncenters = nn.Linear(3, 3)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nopt_c = torch.optim.SGD(centers.parameters(), lr=0.5)\n"
+        "loss = centers(model(torch.randn(8, 4))).sum()\nloss.backward()\nopt.step()\nopt_c.step()\n",
+    ),
+    MigrationCode(
         "DDP120", "process-group-set-up", "info",
         "the process group is set up from torchrun's environment and destroyed at exit",
         "DDP needs a process group; the script must still run as plain `python` (a world of one).",

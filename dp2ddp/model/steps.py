@@ -89,10 +89,10 @@ def binding_values(m: SemanticModel, node: ast.AST) -> Optional[List[ast.AST]]:
     return values or None
 
 
-def _kind_of_value(m: SemanticModel, value: ast.AST) -> Optional[str]:
+def kind_of_value(m: SemanticModel, value: ast.AST) -> Optional[str]:
     """``"optimizer"`` / ``"scheduler"`` for a constructor call that says which, else None."""
     if isinstance(value, ast.IfExp):
-        kinds = {_kind_of_value(m, value.body), _kind_of_value(m, value.orelse)}
+        kinds = {kind_of_value(m, value.body), kind_of_value(m, value.orelse)}
         return kinds.pop() if len(kinds) == 1 else None
     if not isinstance(value, ast.Call):
         return None
@@ -110,7 +110,7 @@ def receiver_kind(m: SemanticModel, receiver: ast.AST) -> Optional[str]:
     (``receiver.zero_grad()``) or passed to ``scaler.step(receiver)``."""
     values = binding_values(m, receiver)
     if values:
-        kinds = {_kind_of_value(m, v) for v in values}
+        kinds = {kind_of_value(m, v) for v in values}
         if len(kinds) == 1 and None not in kinds:
             return kinds.pop()
     key = var_key(m, receiver)
