@@ -9,7 +9,8 @@ net.cuda()``) works on CPU and fails on the first GPU run.
 * :func:`placement_of`: ``x.cuda()``, ``x.to(...)``, ``x = x.cuda()`` — the expression placed;
 * :func:`placed_before` / :func:`placements_after`: placements of a module's names before and
   after a statement, in the statements of the same function (nested blocks included,
-  nested functions not);
+  nested functions not); a placement after the name is bound to another value on every path
+  to it places that value, not the module (:func:`rebound_between`, from the model's bindings);
 * where a DDP wrap goes: :func:`absorb_placement` (after the statements that still place
   or initialise the module), :func:`late_placements` (placements that would come after
   it) and :func:`late_cuda` (the one later ``net.cuda()`` the wrap can do first).
@@ -88,7 +89,10 @@ def exclusive(m: SemanticModel, a: ast.AST, b: ast.AST) -> bool:
 
 
 def placements_after(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> List[ast.stmt]:
-    """Statements after ``stmt`` (same function) that place one of ``names`` (source texts)."""
+    """Statements after ``stmt`` (same function) that place one of ``names`` (source texts)
+    while the name still holds the value it held at ``stmt``: a placement after the name is
+    bound anew on every path to it (``net = WideResNet(...)`` ... ``net.cuda()``) places
+    another value (:func:`rebound_between`)."""
     wanted = set(names)
     pos = (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
     out = []
@@ -96,9 +100,66 @@ def placements_after(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> 
         if (s.lineno, s.col_offset) <= pos or exclusive(m, s, stmt):
             continue
         placed = placement_of(m, s)
-        if placed is not None and m.source(placed) in wanted:
+        if placed is not None and m.source(placed) in wanted and rebound_between(m, stmt, s, placed) is None:
             out.append(s)
     return out
+
+
+_REBINDS = frozenset({"assign", "unpack", "for", "with", "import", "def", "class"})
+
+
+def _rebinding_statements(m: SemanticModel, expr: ast.AST) -> List[ast.stmt]:
+    """The statements that may give ``expr`` (a name, or an attribute chain of one) a new
+    value: the bindings of its root name in the scope it is read in, as the model records
+    them (assignments, ``for``/``with`` targets, imports, defs ...), and for an attribute
+    chain the assignments to that same chain."""
+    root = expr if isinstance(expr, ast.Name) else root_name(expr)
+    out: List[ast.stmt] = []
+    if root is not None and not (root is not expr and root.id == "self"):
+        for b in m.bindings_of(root):
+            if b.kind not in _REBINDS:
+                continue  # an ``except ... as`` or a walrus may not run
+            s = b.node if isinstance(b.node, ast.stmt) else m.statement_of(b.node)
+            if s is not None:
+                out.append(s)
+    if isinstance(expr, ast.Attribute):
+        text = m.source(expr)
+        for s in _statements(m, expr):
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target] if isinstance(s, (ast.AnnAssign, ast.AugAssign)) else []
+            if any(m.source(t) == text for t in targets):
+                out.append(s)
+    return out
+
+
+def _runs_before(m: SemanticModel, first: ast.stmt, later: ast.stmt) -> bool:
+    """Whenever ``later`` runs, ``first`` has run before it in the same pass: ``first``'s
+    block holds ``later`` (or a statement around it) after ``first``, or ``first`` is the
+    ``for``/``with`` whose target is bound before its body runs."""
+    if isinstance(first, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)) and any(a is first for a in m.ancestors(later)):
+        return any(later is s or m.contains(s, later) for s in first.body)
+    around = {id(later)} | {id(a) for a in m.ancestors(later)}
+    return any(id(s) in around for s in m.siblings_after(first))
+
+
+def rebound_between(m: SemanticModel, start: ast.stmt, placement: ast.stmt, placed: ast.AST) -> Optional[ast.stmt]:
+    """A statement after ``start`` that binds ``placed`` (the placed name) anew on every
+    path to ``placement``, in the same function: from there on the name holds another
+    value, and ``placement`` does not place the one ``start`` saw. ``x = x.cuda()`` keeps
+    the value (it is a placement); a binding in one branch, or in a loop that may not run,
+    does not count."""
+    end = (start.end_lineno or start.lineno, start.end_col_offset or 0)
+    func = m.enclosing_function(placement)
+    for r in _rebinding_statements(m, placed):
+        if r is placement or (r.lineno, r.col_offset) <= end or m.enclosing_function(r) is not func:
+            continue
+        if m.contains(r, start):
+            continue
+        kept = placement_of(m, r)
+        if kept is not None and m.source(kept) == m.source(placed):
+            continue
+        if (r.lineno, r.col_offset) < (placement.lineno, placement.col_offset) and _runs_before(m, r, placement):
+            return r
+    return None
 
 
 def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> bool:
