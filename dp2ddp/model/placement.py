@@ -318,14 +318,14 @@ def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optio
     the test the wrap's own placement makes). ``DistributedDataParallel(net.cuda()
     if torch.cuda.is_available() else net, ...)`` then has its parameters on the device it
     needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
-    whose device may be the CPU on a GPU machine stays refused)."""
+    whose device may be the CPU on a GPU machine stays refused; one whose device is the
+    current GPU exactly when CUDA is available is the same placement: :func:`on_current_gpu`)."""
     late = late_placements(m, anchor, target, module)
     if len(late) != 1:
         return None
     s = late[0]
     value = s.value if isinstance(s, (ast.Expr, ast.Assign)) else None
-    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "cuda"
-            and not value.args and not value.keywords):
+    if not (isinstance(value, ast.Call) and on_current_gpu(m, value)):
         return None
     func = m.enclosing_function(anchor)
     if m.enclosing_function(s) is not func:
@@ -342,6 +342,68 @@ def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optio
             return None
         child = a
     return s
+
+
+def on_current_gpu(m: SemanticModel, call: ast.Call) -> bool:
+    """``x.cuda()``, or ``x.to(device)`` whose device is the current GPU whenever CUDA is
+    available and the CPU otherwise (``"cuda"``, ``torch.device("cuda")``, ``"cuda" if
+    torch.cuda.is_available() else "cpu"``, directly or through a name bound once to such a
+    value: :func:`device_value`). Both place the module where the wrap's ``.cuda() if
+    torch.cuda.is_available()`` does: the current device, which the migration's set-up
+    makes the rank's (``torch.cuda.set_device(local_rank)``)."""
+    f = call.func
+    if not isinstance(f, ast.Attribute):
+        return False
+    if f.attr == "cuda":
+        return not call.args and not call.keywords
+    if f.attr != "to":
+        return False
+    if len(call.args) == 1 and not call.keywords:
+        arg = call.args[0]
+    elif not call.args and len(call.keywords) == 1 and call.keywords[0].arg == "device":
+        arg = call.keywords[0].value
+    else:
+        return False  # a dtype or other arguments change more than the device
+    return device_value(m, arg) in ("cuda", "cuda-if-available")
+
+
+_DEVICE_DEPTH = 4
+
+
+def device_value(m: SemanticModel, expr: ast.AST, depth: int = 0) -> Optional[str]:
+    """What device ``expr`` names, followed through the values it is made of: ``"cuda"`` (the
+    current GPU: ``"cuda"``, ``torch.device("cuda")``; not ``"cuda:0"``), ``"cpu"``,
+    ``"cuda-if-available"`` (``"cuda" if torch.cuda.is_available() else "cpu"``, the test
+    negated with the branches swapped, or ``torch.device(...)`` of it), or ``None``. A name
+    counts only where the model records one binding of it, an assignment (bound once and
+    never again: no spelling is trusted)."""
+    if depth > _DEVICE_DEPTH:
+        return None
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value if expr.value in ("cuda", "cpu") else None
+    if isinstance(expr, ast.Call) and m.is_name(expr.func, {"torch.device"}):
+        if len(expr.args) == 1 and not expr.keywords:
+            return device_value(m, expr.args[0], depth + 1)
+        return None
+    if isinstance(expr, ast.IfExp):
+        test, body, orelse = expr.test, expr.body, expr.orelse
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, body, orelse = test.operand, orelse, body
+        if not (isinstance(test, ast.Call) and not test.args and not test.keywords
+                and m.is_name(test.func, {"torch.cuda.is_available"})):
+            return None
+        if device_value(m, body, depth + 1) in ("cuda", "cuda-if-available") and device_value(m, orelse, depth + 1) == "cpu":
+            return "cuda-if-available"
+        return None
+    if isinstance(expr, ast.Name):
+        bindings = m.bindings_of(expr)
+        if len(bindings) != 1 or bindings[0].kind != "assign" or bindings[0].value is None:
+            return None
+        b = bindings[0]
+        if isinstance(b.node, ast.Assign) and len(b.node.targets) != 1:
+            return None
+        return device_value(m, b.value, depth + 1)  # type: ignore[arg-type]
+    return None
 
 
 def late_placements(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST]) -> List[ast.stmt]:
