@@ -8,7 +8,9 @@ it on its share of the data, never synchronised — a run that diverges from the
 original's without an error. :func:`rebound_trained` finds such a binding and the training
 that reaches the new value, for ``wrap_ddp`` to refuse with both lines (DDP101); likewise a
 use of the new value that the migration would route as the wrapper's (``net.load_state_dict``
-through ``.module``, which a bare module does not have).
+through ``.module``, which a bare module does not have). :func:`replaced_after_wrap`: a layer
+of the wrapped model replaced after the wrap (``net.module.fc = nn.Linear(...)``), which DDP
+never synchronises (DDP117).
 
 What counts as the same value: ``x = x.cuda()``, ``x = x.to(d)``, ``x = x.train()`` and the
 other methods that return the module itself; a new ``DataParallel`` wrap of the name is a
@@ -157,3 +159,59 @@ def _runs_after(m: SemanticModel, r: ast.stmt, func: Optional[ast.AST], nodes: L
         if t is not None and holders & m.reach(t):
             return c
     return None
+
+
+class Replaced(NamedTuple):
+    stmt: ast.stmt  # the assignment of a new layer into the wrapped model
+    use: ast.AST  # the training that runs after it (a loop, or the call that runs one)
+
+
+def replaced_after_wrap(m: SemanticModel, stmt: ast.stmt, target: ast.AST, module: Optional[ast.AST]) -> Optional[Replaced]:
+    """A layer of the wrapped model replaced after the wrap and before training:
+    ``net.module.fc = nn.Linear(640, n)`` (hendrycks' pre-training tune.py), ``net.fc = ...``,
+    or the same through the wrapped module's own name, in the function of the wrap and after
+    it, with a training loop that reads the wrapper's name running after it. DataParallel
+    replicates the module on every forward and sees the new layer; DDP keeps synchronising
+    the parameters it was built with, and the new ones train apart on every rank."""
+    if not isinstance(target, ast.Name):
+        return None
+    names = {target.id}
+    if isinstance(module, ast.Name):
+        names.add(module.id)
+    func = m.enclosing_function(stmt)
+    end = (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
+    bindings = m.bindings_of(target)
+    reads = [n for n in m.nodes(ast.Name) if n.id == target.id and isinstance(n.ctx, ast.Load) and m.bindings_of(n) is bindings]
+    loops = [lp for lp in training_loops(m) if any(m.contains(lp, n) for n in reads)]
+    if not loops:
+        return None
+    for s in m.nodes(ast.Assign):
+        if _pos(s) <= end or m.enclosing_function(s) is not func or not _new_layer(m, s.value):
+            continue
+        if not any(isinstance(t, ast.Attribute) and isinstance(_root(t), ast.Name) and _root(t).id in names for t in s.targets):
+            continue
+        found = _runs_after(m, s, func, loops)
+        if found is not None:
+            return Replaced(s, found)
+    return None
+
+
+def _root(node: ast.AST) -> ast.AST:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node
+
+
+_NOT_LAYERS = ("torch.nn.functional.", "torch.nn.init.", "torch.nn.utils.")
+
+
+def _new_layer(m: SemanticModel, value: ast.AST) -> bool:
+    """``value`` makes a new layer or parameter: a call of ``torch.nn``'s (``nn.Linear(...)``,
+    ``nn.Parameter(...)``) or of a Module class of this script."""
+    from dp2ddp.model.kinds import is_module_class
+
+    if not isinstance(value, ast.Call):
+        return False
+    if any(q.startswith("torch.nn.") and not q.startswith(_NOT_LAYERS) for q in m.qualified_names(value.func)):
+        return True
+    return isinstance(value.func, ast.Name) and is_module_class(m, m.classes.get(value.func.id))
