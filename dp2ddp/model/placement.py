@@ -105,20 +105,19 @@ def placements_after(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> 
     return out
 
 
-_REBINDS = frozenset({"assign", "unpack", "for", "with", "import", "def", "class"})
+_REBINDS = frozenset({"assign", "unpack"})
 
 
 def _rebinding_statements(m: SemanticModel, expr: ast.AST) -> List[ast.stmt]:
     """The statements that may give ``expr`` (a name, or an attribute chain of one) a new
-    value: the bindings of its root name in the scope it is read in, as the model records
-    them (assignments, ``for``/``with`` targets, imports, defs ...), and for an attribute
-    chain the assignments to that same chain."""
+    value: the assignments of its root name in the scope it is read in, as the model records
+    them, and for an attribute chain the assignments to that same chain."""
     root = expr if isinstance(expr, ast.Name) else root_name(expr)
     out: List[ast.stmt] = []
     if root is not None and not (root is not expr and root.id == "self"):
         for b in m.bindings_of(root):
             if b.kind not in _REBINDS:
-                continue  # an ``except ... as`` or a walrus may not run
+                continue  # a for/with target may hold the module itself; an except or a walrus may not run
             s = b.node if isinstance(b.node, ast.stmt) else m.statement_of(b.node)
             if s is not None:
                 out.append(s)
@@ -133,10 +132,7 @@ def _rebinding_statements(m: SemanticModel, expr: ast.AST) -> List[ast.stmt]:
 
 def _runs_before(m: SemanticModel, first: ast.stmt, later: ast.stmt) -> bool:
     """Whenever ``later`` runs, ``first`` has run before it in the same pass: ``first``'s
-    block holds ``later`` (or a statement around it) after ``first``, or ``first`` is the
-    ``for``/``with`` whose target is bound before its body runs."""
-    if isinstance(first, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)) and any(a is first for a in m.ancestors(later)):
-        return any(later is s or m.contains(s, later) for s in first.body)
+    block holds ``later`` (or a statement around it) after ``first``."""
     around = {id(later)} | {id(a) for a in m.ancestors(later)}
     return any(id(s) in around for s in m.siblings_after(first))
 
@@ -144,9 +140,9 @@ def _runs_before(m: SemanticModel, first: ast.stmt, later: ast.stmt) -> bool:
 def rebound_between(m: SemanticModel, start: ast.stmt, placement: ast.stmt, placed: ast.AST) -> Optional[ast.stmt]:
     """A statement after ``start`` that binds ``placed`` (the placed name) anew on every
     path to ``placement``, in the same function: from there on the name holds another
-    value, and ``placement`` does not place the one ``start`` saw. ``x = x.cuda()`` keeps
-    the value (it is a placement); a binding in one branch, or in a loop that may not run,
-    does not count."""
+    value, and ``placement`` does not place the one ``start`` saw. Only a value made anew
+    counts (:func:`_fresh`: ``x = x.cuda()``, ``x = f(x)`` or an alias may hold the same
+    module); a binding in one branch, or in a loop that may not run, does not count."""
     end = (start.end_lineno or start.lineno, start.end_col_offset or 0)
     func = m.enclosing_function(placement)
     for r in _rebinding_statements(m, placed):
@@ -154,12 +150,25 @@ def rebound_between(m: SemanticModel, start: ast.stmt, placement: ast.stmt, plac
             continue
         if m.contains(r, start):
             continue
-        kept = placement_of(m, r)
-        if kept is not None and m.source(kept) == m.source(placed):
+        if not _fresh(m, r, placed):
             continue
         if (r.lineno, r.col_offset) < (placement.lineno, placement.col_offset) and _runs_before(m, r, placement):
             return r
     return None
+
+
+def _fresh(m: SemanticModel, stmt: ast.stmt, placed: ast.AST) -> bool:
+    """``stmt`` binds a value made anew, not the one the name held: an assignment of a call
+    that reads neither the name nor anything of it (``net = WideResNet(...)``). ``x =
+    x.cuda()``, ``net = convert(net)``, ``net = base`` (an alias may be the wrapped module),
+    a ``for``/``with`` target may all hold the same module: they do not count."""
+    value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+    if not isinstance(value, ast.Call):
+        return False
+    root = placed if isinstance(placed, ast.Name) else root_name(placed)
+    if root is None:
+        return False
+    return not any(isinstance(n, ast.Name) and n.id == root.id for n in ast.walk(value))
 
 
 def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> bool:

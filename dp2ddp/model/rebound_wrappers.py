@@ -13,8 +13,9 @@ of the wrapped model replaced after the wrap (``net.module.fc = nn.Linear(...)``
 never synchronises (DDP117).
 
 What counts as the same value: ``x = x.cuda()``, ``x = x.to(d)``, ``x = x.train()`` and the
-other methods that return the module itself; a new ``DataParallel`` wrap of the name is a
-wrap of its own. Bindings come from the model's scopes, not from the spelling.
+other methods that return the module itself, a function of the script that hands back the
+parameter it was given (``model, hist = train_model(model, ...)``); a new ``DataParallel``
+wrap of the name is a wrap of its own. Bindings come from the model's scopes, not from the spelling.
 """
 
 from __future__ import annotations
@@ -50,6 +51,39 @@ def _keeps_value(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
     return False
 
 
+def _handed_back(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
+    """``model, hist = train_model(model, ...)``: a function of this script given ``name``
+    returns that parameter, unchanged, where ``stmt`` binds ``name`` (on every ``return``)."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
+        return False
+    t = stmt.targets[0]
+    if isinstance(t, ast.Name) and t.id == name:
+        index: Optional[int] = None
+    elif isinstance(t, (ast.Tuple, ast.List)) and any(isinstance(e, ast.Name) and e.id == name for e in t.elts):
+        index = next(i for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and e.id == name)
+    else:
+        return False
+    func = m.resolve_call(stmt.value)
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    returns = [r for r in ast.walk(func) if isinstance(r, ast.Return) and m.enclosing_function(r) is func]
+    locals_ = set()
+    for r in returns:
+        v = r.value
+        if index is not None:
+            v = v.elts[index] if isinstance(v, ast.Tuple) and index < len(v.elts) else None
+        if not isinstance(v, ast.Name):
+            return False
+        locals_.add(v.id)
+    if len(locals_) != 1:
+        return False
+    param = locals_.pop()
+    arg = m.argument_for(func, stmt.value, param) if param in m.params(func) else None
+    scope = m.scopes.get(func)
+    bound = scope.bindings.get(param, []) if scope is not None else []
+    return isinstance(arg, ast.Name) and arg.id == name and all(b.kind == "param" for b in bound)
+
+
 def _pos(node: ast.AST) -> tuple:
     return (node.lineno, node.col_offset)  # type: ignore[attr-defined]
 
@@ -78,7 +112,7 @@ def rebound_trained(m: SemanticModel, stmt: ast.stmt, target: ast.AST) -> Option
         r = b.node if isinstance(b.node, ast.stmt) else m.statement_of(b.node)
         if r is None or _pos(r) <= end or m.enclosing_function(r) is not func or m.contains(r, stmt):
             continue
-        if _keeps_value(m, r, target.id) or any(m.contains(r, c) for c in m.calls(DP)):
+        if _keeps_value(m, r, target.id) or _handed_back(m, r, target.id) or any(m.contains(r, c) for c in m.calls(DP)):
             continue
         if any(m.contains(r, c) for c in m.calls(LOAD)):
             continue  # a whole object loaded in place of the wrapper: whole_saves refuses it (DDP138)
