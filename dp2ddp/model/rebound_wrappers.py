@@ -1,4 +1,5 @@
-"""A wrapper's name bound to another model after the wrap, and that model trained.
+"""The wrapped value changing after the wrap: the wrapper's name bound to another model (then
+trained, or used as the wrapper), or a layer of the wrapped model replaced.
 
 ``net = DataParallel(net)`` ... train ... ``net = WideResNet(...)`` ... train again
 (hendrycks' GLC: a second phase on a fresh network that the original never wraps). The
