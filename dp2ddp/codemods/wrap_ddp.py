@@ -59,6 +59,7 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import count_test, device_test
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda
+from dp2ddp.model.rebound_wrappers import rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wrap_context import fresh_each_pass
@@ -112,6 +113,10 @@ def propose(ctx: Context) -> List[Finding]:
             elif conditional and device_test(m, ifexp.test):
                 flagged_keys.update(keys)
             continue
+        changed = _rebound_trained(ctx, w) or _replaced(ctx, w)
+        if changed is not None:
+            out.append(changed)
+            return out
         flag_kept = _caller_flag(m, w) and any(x is not w and not x.conditions for x in keep)
         if flag_kept:
             # `if parallel: model = DP(model)` in a factory the caller controls, beside an
@@ -154,6 +159,49 @@ def propose(ctx: Context) -> List[Finding]:
 
 
 # --------------------------------------------------------------------------- wrap sites
+
+
+def _rebound_trained(ctx: Context, w: Wrap) -> Optional[Finding]:
+    """The wrapper's name holds another model later, and that model trains: the original
+    trains it without DataParallel on the whole batch; under DDP each rank would train its
+    own copy on its share, never synchronised (:mod:`dp2ddp.model.rebound_wrappers`)."""
+    m = ctx.m
+    if w.stmt is None or w.target is None:
+        return None
+    found = rebound_trained(m, w.stmt, w.target)
+    if found is None:
+        return None
+    name = m.source(w.target)
+    bound = m.source(found.binding).strip().splitlines()[0][:60]
+    line = m.position(found.binding)[0]
+    use_line = m.position(found.use)[0]
+    if found.trains:
+        trains = m.source(found.use).strip().splitlines()[0][:60]
+        return ctx.block(w.call, "DDP101", (
+            f"`{bound}` (line {line}) binds `{name}` to another model after the wrap, and `{trains}` (line {use_line}) "
+            "trains that one, which DataParallel never wrapped: under DDP each rank would train its own copy on its share of "
+            "the batches, never synchronised; wrap it too (or give it a name of its own and keep its data whole), then migrate"))
+    use = m.source(m.parent(found.use) or found.use).strip().splitlines()[0][:60]
+    return ctx.block(w.call, "DDP101", (
+        f"`{bound}` (line {line}) binds `{name}` to a value other than the wrapper after the wrap, and `{use}` (line {use_line}) uses that "
+        f"one: the migration follows the wrapper by the name `{name}` and would treat it as the DistributedDataParallel "
+        "wrapper (`.module` that a bare module does not have); give the other model a name of its own, then migrate"))
+
+
+def _replaced(ctx: Context, w: Wrap) -> Optional[Finding]:
+    """A layer of the wrapped model replaced after the wrap, then trained: DDP synchronises
+    only the parameters it was built with (:func:`dp2ddp.model.rebound_wrappers.replaced_after_wrap`)."""
+    m = ctx.m
+    if w.stmt is None or w.target is None:
+        return None
+    found = replaced_after_wrap(m, w.stmt, w.target, w.module)
+    if found is None:
+        return None
+    text = m.source(found.stmt).strip().splitlines()[0][:60]
+    return ctx.block(found.stmt, "DDP117", (
+        f"`{text}` replaces a layer of the model after it is wrapped (line {m.position(w.stmt)[0]}), and it trains after "
+        f"(line {m.position(found.use)[0]}): DistributedDataParallel keeps synchronising the parameters it was built with and "
+        "the new ones train apart on every rank; replace the layer before the wrap, then migrate"))
 
 
 def _keys_of(m: SemanticModel, w: Wrap) -> List[VarKey]:

@@ -9,7 +9,8 @@ net.cuda()``) works on CPU and fails on the first GPU run.
 * :func:`placement_of`: ``x.cuda()``, ``x.to(...)``, ``x = x.cuda()`` — the expression placed;
 * :func:`placed_before` / :func:`placements_after`: placements of a module's names before and
   after a statement, in the statements of the same function (nested blocks included,
-  nested functions not);
+  nested functions not); a placement after the name is bound to another value on every path
+  to it places that value, not the module (:func:`rebound_between`, from the model's bindings);
 * where a DDP wrap goes: :func:`absorb_placement` (after the statements that still place
   or initialise the module), :func:`late_placements` (placements that would come after
   it) and :func:`late_cuda` (the one later ``net.cuda()`` the wrap can do first).
@@ -88,7 +89,10 @@ def exclusive(m: SemanticModel, a: ast.AST, b: ast.AST) -> bool:
 
 
 def placements_after(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> List[ast.stmt]:
-    """Statements after ``stmt`` (same function) that place one of ``names`` (source texts)."""
+    """Statements after ``stmt`` (same function) that place one of ``names`` (source texts)
+    while the name still holds the value it held at ``stmt``: a placement after the name is
+    bound anew on every path to it (``net = WideResNet(...)`` ... ``net.cuda()``) places
+    another value (:func:`rebound_between`)."""
     wanted = set(names)
     pos = (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0)
     out = []
@@ -96,9 +100,75 @@ def placements_after(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> 
         if (s.lineno, s.col_offset) <= pos or exclusive(m, s, stmt):
             continue
         placed = placement_of(m, s)
-        if placed is not None and m.source(placed) in wanted:
+        if placed is not None and m.source(placed) in wanted and rebound_between(m, stmt, s, placed) is None:
             out.append(s)
     return out
+
+
+_REBINDS = frozenset({"assign", "unpack"})
+
+
+def _rebinding_statements(m: SemanticModel, expr: ast.AST) -> List[ast.stmt]:
+    """The statements that may give ``expr`` (a name, or an attribute chain of one) a new
+    value: the assignments of its root name in the scope it is read in, as the model records
+    them, and for an attribute chain the assignments to that same chain."""
+    root = expr if isinstance(expr, ast.Name) else root_name(expr)
+    out: List[ast.stmt] = []
+    if root is not None and not (root is not expr and root.id == "self"):
+        for b in m.bindings_of(root):
+            if b.kind not in _REBINDS:
+                continue  # a for/with target may hold the module itself; an except or a walrus may not run
+            s = b.node if isinstance(b.node, ast.stmt) else m.statement_of(b.node)
+            if s is not None:
+                out.append(s)
+    if isinstance(expr, ast.Attribute):
+        text = m.source(expr)
+        for s in _statements(m, expr):
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target] if isinstance(s, (ast.AnnAssign, ast.AugAssign)) else []
+            if any(m.source(t) == text for t in targets):
+                out.append(s)
+    return out
+
+
+def _runs_before(m: SemanticModel, first: ast.stmt, later: ast.stmt) -> bool:
+    """Whenever ``later`` runs, ``first`` has run before it in the same pass: ``first``'s
+    block holds ``later`` (or a statement around it) after ``first``."""
+    around = {id(later)} | {id(a) for a in m.ancestors(later)}
+    return any(id(s) in around for s in m.siblings_after(first))
+
+
+def rebound_between(m: SemanticModel, start: ast.stmt, placement: ast.stmt, placed: ast.AST) -> Optional[ast.stmt]:
+    """A statement after ``start`` that binds ``placed`` (the placed name) anew on every
+    path to ``placement``, in the same function: from there on the name holds another
+    value, and ``placement`` does not place the one ``start`` saw. Only a value made anew
+    counts (:func:`_fresh`: ``x = x.cuda()``, ``x = f(x)`` or an alias may hold the same
+    module); a binding in one branch, or in a loop that may not run, does not count."""
+    end = (start.end_lineno or start.lineno, start.end_col_offset or 0)
+    func = m.enclosing_function(placement)
+    for r in _rebinding_statements(m, placed):
+        if r is placement or (r.lineno, r.col_offset) <= end or m.enclosing_function(r) is not func:
+            continue
+        if m.contains(r, start):
+            continue
+        if not _fresh(m, r, placed):
+            continue
+        if (r.lineno, r.col_offset) < (placement.lineno, placement.col_offset) and _runs_before(m, r, placement):
+            return r
+    return None
+
+
+def _fresh(m: SemanticModel, stmt: ast.stmt, placed: ast.AST) -> bool:
+    """``stmt`` binds a value made anew, not the one the name held: an assignment of a call
+    that reads neither the name nor anything of it (``net = WideResNet(...)``). ``x =
+    x.cuda()``, ``net = convert(net)``, ``net = base`` (an alias may be the wrapped module),
+    a ``for``/``with`` target may all hold the same module: they do not count."""
+    value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
+    if not isinstance(value, ast.Call):
+        return False
+    root = placed if isinstance(placed, ast.Name) else root_name(placed)
+    if root is None:
+        return False
+    return not any(isinstance(n, ast.Name) and n.id == root.id for n in ast.walk(value))
 
 
 def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> bool:
@@ -257,14 +327,14 @@ def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optio
     the test the wrap's own placement makes). ``DistributedDataParallel(net.cuda()
     if torch.cuda.is_available() else net, ...)`` then has its parameters on the device it
     needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
-    whose device may be the CPU on a GPU machine stays refused)."""
+    whose device may be the CPU on a GPU machine stays refused; one whose device is the
+    current GPU exactly when CUDA is available is the same placement: :func:`on_current_gpu`)."""
     late = late_placements(m, anchor, target, module)
     if len(late) != 1:
         return None
     s = late[0]
     value = s.value if isinstance(s, (ast.Expr, ast.Assign)) else None
-    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "cuda"
-            and not value.args and not value.keywords):
+    if not (isinstance(value, ast.Call) and on_current_gpu(m, value)):
         return None
     func = m.enclosing_function(anchor)
     if m.enclosing_function(s) is not func:
@@ -281,6 +351,68 @@ def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optio
             return None
         child = a
     return s
+
+
+def on_current_gpu(m: SemanticModel, call: ast.Call) -> bool:
+    """``x.cuda()``, or ``x.to(device)`` whose device is the current GPU whenever CUDA is
+    available and the CPU otherwise (``"cuda"``, ``torch.device("cuda")``, ``"cuda" if
+    torch.cuda.is_available() else "cpu"``, directly or through a name bound once to such a
+    value: :func:`device_value`). Both place the module where the wrap's ``.cuda() if
+    torch.cuda.is_available()`` does: the current device, which the migration's set-up
+    makes the rank's (``torch.cuda.set_device(local_rank)``)."""
+    f = call.func
+    if not isinstance(f, ast.Attribute):
+        return False
+    if f.attr == "cuda":
+        return not call.args and not call.keywords
+    if f.attr != "to":
+        return False
+    if len(call.args) == 1 and not call.keywords:
+        arg = call.args[0]
+    elif not call.args and len(call.keywords) == 1 and call.keywords[0].arg == "device":
+        arg = call.keywords[0].value
+    else:
+        return False  # a dtype or other arguments change more than the device
+    return device_value(m, arg) in ("cuda", "cuda-if-available")
+
+
+_DEVICE_DEPTH = 4
+
+
+def device_value(m: SemanticModel, expr: ast.AST, depth: int = 0) -> Optional[str]:
+    """What device ``expr`` names, followed through the values it is made of: ``"cuda"`` (the
+    current GPU: ``"cuda"``, ``torch.device("cuda")``; not ``"cuda:0"``), ``"cpu"``,
+    ``"cuda-if-available"`` (``"cuda" if torch.cuda.is_available() else "cpu"``, the test
+    negated with the branches swapped, or ``torch.device(...)`` of it), or ``None``. A name
+    counts only where the model records one binding of it, an assignment (bound once and
+    never again: no spelling is trusted)."""
+    if depth > _DEVICE_DEPTH:
+        return None
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value if expr.value in ("cuda", "cpu") else None
+    if isinstance(expr, ast.Call) and m.is_name(expr.func, {"torch.device"}):
+        if len(expr.args) == 1 and not expr.keywords:
+            return device_value(m, expr.args[0], depth + 1)
+        return None
+    if isinstance(expr, ast.IfExp):
+        test, body, orelse = expr.test, expr.body, expr.orelse
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, body, orelse = test.operand, orelse, body
+        if not (isinstance(test, ast.Call) and not test.args and not test.keywords
+                and m.is_name(test.func, {"torch.cuda.is_available"})):
+            return None
+        if device_value(m, body, depth + 1) in ("cuda", "cuda-if-available") and device_value(m, orelse, depth + 1) == "cpu":
+            return "cuda-if-available"
+        return None
+    if isinstance(expr, ast.Name):
+        bindings = m.bindings_of(expr)
+        if len(bindings) != 1 or bindings[0].kind != "assign" or bindings[0].value is None:
+            return None
+        b = bindings[0]
+        if isinstance(b.node, ast.Assign) and len(b.node.targets) != 1:
+            return None
+        return device_value(m, b.value, depth + 1)  # type: ignore[arg-type]
+    return None
 
 
 def late_placements(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST]) -> List[ast.stmt]:
