@@ -142,9 +142,10 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
                     if any(f.severity == BLOCKING for f in findings):
                         break
             if not any(f.severity == BLOCKING for f in findings):
-                from dp2ddp.codemods.wrap_problems import trained_outside_wrap
+                from dp2ddp.codemods.wrap_problems import steered_by_shard, trained_outside_wrap
 
                 findings.extend(trained_outside_wrap(ctx))
+                findings.extend(steered_by_shard(ctx))
         except BridgeError as e:
             findings.append(ctx.block(None, "DDP101", f"dp2ddp could not map this file's syntax tree ({e}); nothing was migrated"))
     blocked = any(f.severity == BLOCKING for f in findings)

@@ -187,3 +187,21 @@ def _shared_forward(ctx: Context) -> List[Finding]:
                 )
             )
     return out
+
+
+def steered_by_shard(ctx: Context) -> List[Finding]:
+    """DDP128: a scheduler stepped on a sum of what this rank's training batches gave
+    (:mod:`dp2ddp.model.shard_steering`). Checked last, with DDP119."""
+    from dp2ddp.model.shard_steering import steered_by_shard as found
+
+    m = ctx.m
+    out = []
+    for s in found(m):
+        sink = " ".join(m.source(s.sink).split())[:60]
+        out.append(ctx.block(s.sink, "DDP128", (
+            f"`{sink}` steps the scheduler on `{s.name}`, which the training loop adds up from this rank's own batches "
+            f"(line {m.position(s.added)[0]}): under DDP each rank's value differs from the others' and from the original's "
+            "(which saw every batch), so the ranks would change their learning rate apart; all-reduce it over the ranks "
+            "before the step (averaged or added up, as its terms need), or step on a value every rank computes alike "
+            "(a validation loss over the whole set), then migrate")))
+    return out

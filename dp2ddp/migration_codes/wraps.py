@@ -196,6 +196,25 @@ CODES: Tuple[MigrationCode, ...] = (
         "Safe: every rank passes the same flag, so either all ranks construct the wrapper or none does.",
     ),
     MigrationCode(
+        "DDP128", "scheduler-on-a-shard-sum", "error",
+        "a learning-rate scheduler stepped on a sum of what the training batches gave; the file is left unchanged",
+        "`scheduler.step(total / len(loader))` after `total += loss.item()` in the training loop: under DataParallel "
+        "the sum runs over every batch of the epoch. Under DDP each rank adds up its own share of every batch, so "
+        "each rank's value differs from the others' and from the original's: a `ReduceLROnPlateau` would cut the "
+        "learning rate at other epochs than the original's, and on some ranks and not others, whose parameters then "
+        "drift apart.",
+        "All-reduce the sum over the ranks before the step (averaged where its terms are batch means, added up where "
+        "they are sums over samples), or step on a value every rank computes alike (a validation loss over the whole "
+        "set), then migrate.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\n"
+        "for epoch in range(2):\n    total = 0.0\n    for x in loader:\n        loss = model(x).pow(2).mean()\n"
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        total += loss.item()\n"
+        "    sched.step(total / len(loader))\n",
+    ),
+    MigrationCode(
         "DDP151", "data-parallel-in-project-module", "error",
         "the script has no DataParallel of its own, but a project module it calls wraps the model in DataParallel",
         "Migrating the script alone would leave the helper's DataParallel in place, and migrating the helper alone "
