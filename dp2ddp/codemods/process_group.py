@@ -6,7 +6,10 @@
 
 The set-up reads ``LOCAL_RANK`` (device), picks ``nccl`` when CUDA is available and
 ``gloo`` otherwise, and falls back to an in-process store when the script is run with
-plain ``python`` (a world of one), so the result runs with and without torchrun.
+plain ``python`` (a world of one), so the result runs with and without torchrun. Every
+process then goes on from rank 0's random streams (Python's, NumPy's when the script has
+imported it, torch's CPU generator): draws made without a seed (``random_split``, a
+shuffled file list) come out alike on every rank, as in DataParallel's one process.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ def propose(ctx: Context) -> List[Finding]:
         os=ctx.name("os", by),
         torch=ctx.name("torch", by),
         dist=ctx.name("dist", by),
+        random=ctx.name("random", by),
+        sys=ctx.name("sys", by),
         local_rank=ctx.fresh_name("local_rank"),
         dist_kwargs=ctx.fresh_name("dist_kwargs"),
+        streams=ctx.fresh_name("rank0_streams"),
     )
     setup = ctx.render("setup_process_group.py.tmpl", **values)
     edits = []
