@@ -422,3 +422,11 @@ def test_loaders_by_phase_shard_the_training_key_and_keep_the_others_whole(tmp_p
                 assert sorted(int(i) for i in tr.checks[val][r].split(",")) == every, (val, r)
         assert tr.checks[f"{form}-train-epoch0"]["0"] != tr.checks[f"{form}-train-epoch1"]["0"], f"{form}: epoch 1 replays epoch 0"
     assert tr.checks["steps-per-epoch"] == {"0": orig.checks["steps-per-epoch"]["-"], "1": orig.checks["steps-per-epoch"]["-"]}
+
+
+def test_unseeded_draws_before_training_are_alike_on_every_rank(tmp_path: Path) -> None:
+    """A split, a shuffle and a NumPy permutation drawn without a seed: each forked rank starts
+    from its own random state, and the migration's set-up makes them go on from rank 0's."""
+    tr = _runs("unseeded_split", tmp_path)["torchrun"]
+    for name in ("split", "shuffled", "numpy"):
+        assert len(tr.checks[name]) == 2 and len(set(tr.values(name))) == 1, (name, tr.checks[name])
