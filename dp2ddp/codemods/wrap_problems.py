@@ -197,6 +197,15 @@ def steered_by_shard(ctx: Context) -> List[Finding]:
     m = ctx.m
     out = []
     for s in found(m):
+        if isinstance(s.sink, ast.If):
+            test = " ".join(m.source(s.sink.test).split())[:60]
+            out.append(ctx.block(s.sink, "DDP128", (
+                f"`if {test}:` stops the training on `{s.name}`, which the training loop adds up from this rank's own "
+                f"batches (line {m.position(s.added)[0]}): under DDP each rank's value differs, so the ranks would stop at "
+                "different epochs and the others would wait for them in their next all-reduce; all-reduce it over the ranks "
+                "before the test, or stop on a value every rank computes alike (a validation loss over the whole set), "
+                "then migrate")))
+            continue
         sink = " ".join(m.source(s.sink).split())[:60]
         out.append(ctx.block(s.sink, "DDP128", (
             f"`{sink}` steps the scheduler on `{s.name}`, which the training loop adds up from this rank's own batches "

@@ -197,12 +197,13 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP128", "scheduler-on-a-shard-sum", "error",
-        "a learning-rate scheduler stepped on a sum of what the training batches gave; the file is left unchanged",
+        "a learning-rate scheduler stepped, or the training stopped early, on a sum of what the training batches gave; the file is left unchanged",
         "`scheduler.step(total / len(loader))` after `total += loss.item()` in the training loop: under DataParallel "
         "the sum runs over every batch of the epoch. Under DDP each rank adds up its own share of every batch, so "
         "each rank's value differs from the others' and from the original's: a `ReduceLROnPlateau` would cut the "
         "learning rate at other epochs than the original's, and on some ranks and not others, whose parameters then "
-        "drift apart.",
+        "drift apart; an early stop on it (`if bad_epochs >= patience: break`, the counter set under a test of the sum) "
+        "would end the training on some ranks while the others wait for them in their next all-reduce.",
         "All-reduce the sum over the ranks before the step (averaged where its terms are batch means, added up where "
         "they are sums over samples), or step on a value every rank computes alike (a validation loss over the whole "
         "set), then migrate.",

@@ -9,7 +9,11 @@ would not. Whether the sum should be averaged or added over the ranks depends on
 terms are (a batch's mean, a sum over samples), which dp2ddp does not decide.
 
 * :func:`steered_by_shard`: the scheduler steps whose argument reads such a sum (in the
-  loop's function, or through what a function of this module returns).
+  loop's function, or through what a function of this module returns), and the tests that
+  end the training (a ``break`` or ``return`` out of the loop of epochs: early stopping)
+  on such a sum or on a name set under a test that reads one (``bad_epochs += 1`` when the
+  loss did not improve): ranks that stop at different epochs leave the others waiting in
+  their next all-reduce.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dp2ddp.model.training import training_loops
 
 
 class Steered(NamedTuple):
-    sink: ast.Call  # ``scheduler.step(metric)``
+    sink: ast.AST  # ``scheduler.step(metric)``, or the ``if`` that stops training
     added: ast.AST  # where the sum is added to (``total += loss.item()``)
     name: str  # the sum's name
 
@@ -79,7 +83,72 @@ def _find(m: SemanticModel) -> List[Steered]:
         found = _reads_sum(m, exprs, sums)
         if found is not None:
             out.append(Steered(call, found[1], found[0]))
+    out.extend(_early_stops(m, sums))
     return out
+
+
+def _early_stops(m: SemanticModel, sums: Dict[int, Dict[str, ast.AST]]) -> List[Steered]:
+    """``if`` tests that leave the loop of epochs (``break``/``return`` in their block) and
+    read a shard sum (here, or through what a function returns), or a name assigned under a
+    test that reads one (to a fixed point)."""
+    from dp2ddp.model.flow import origins
+
+    from dp2ddp.model.steps import backward_calls, innermost_loop
+
+    stepping = {id(innermost_loop(m, c)) for c in backward_calls(m)}
+    # loops of epochs: they train (through a nested loop or a function they call), no backward is their own
+    epochs = [lp for lp in training_loops(m) if id(lp) not in stepping]
+    if not epochs:
+        return []
+    out: List[Steered] = []
+    scopes = {id(m.enclosing_function(lp) or m.tree): m.enclosing_function(lp) or m.tree for lp in epochs}
+    for scope in scopes.values():
+        ifs = [n for n in m.nodes(ast.If) if (m.enclosing_function(n) or m.tree) is scope]
+        tainted: Dict[str, tuple] = {}
+
+        def reads(test: ast.AST) -> Optional[tuple]:
+            for n in ast.walk(test):
+                if not isinstance(n, ast.Name):
+                    continue
+                if n.id in tainted:
+                    return tainted[n.id]
+                found = _reads_sum(m, [n, *(o for o, path in origins(m, n) if not path)], sums)
+                if found is not None:
+                    tainted[n.id] = found
+                    return found
+            return None
+
+        changed = True
+        while changed:
+            changed = False
+            for node in ifs:
+                origin = reads(node.test)
+                if origin is None:
+                    continue
+                for stmt in ast.walk(node):
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(stmt, ast.AugAssign) else []
+                    for t in targets:
+                        if isinstance(t, ast.Name) and t.id not in tainted:
+                            tainted[t.id] = origin
+                            changed = True
+        for node in ifs:
+            origin = reads(node.test)
+            if origin is not None and any(_leaves(m, node, lp) for lp in epochs):
+                out.append(Steered(node, origin[1], origin[0]))
+    return out
+
+
+def _leaves(m: SemanticModel, node: ast.If, loop: ast.AST) -> bool:
+    """``node`` is inside the loop of epochs ``loop`` and its blocks ``break`` out of it or
+    ``return``."""
+    if not m.contains(loop, node):
+        return False
+    for stmt in ast.walk(node):
+        if isinstance(stmt, ast.Return):
+            return True
+        if isinstance(stmt, ast.Break) and (m.enclosing_loops(stmt) or [None])[0] is loop:
+            return True
+    return False
 
 
 def _reads_sum(m: SemanticModel, exprs: List[ast.AST], sums: Dict[int, Dict[str, ast.AST]]) -> Optional[tuple]:
