@@ -96,6 +96,10 @@ class _State:
         self.bn_chunked = False  # the envelope run without DataParallel: BatchNorm normalised per chunk
         self.rng_marks = []  # the default generator's state at the first steps (random draws in a step?)
         self.seed = int(env.get("DP2DDP_VERIFY_SEED", "0") or 0)
+        # the global random streams at start: rank 0's are the original run's; every other rank
+        # starts elsewhere, as torchrun's processes do (each seeds itself from the OS), so a
+        # migration whose ranks must draw alike (an unseeded split) has to make them alike itself
+        self.stream_seed = self.seed + 1000003 * self.rank
         self.samplers = _sampler_plans(env.get("DP2DDP_VERIFY_SAMPLERS", ""))
         self.claimed = set()  # indices of the plans samplers have taken
         self.aligning = False  # inside an aligned batch sampler: RandomSampler runs as it is
@@ -205,7 +209,7 @@ def activate(role):
     faulthandler.enable(file=_S.fatal_file, all_threads=True)
     if hasattr(signal, "SIGUSR1"):
         faulthandler.register(signal.SIGUSR1, file=_S.stack_file, all_threads=True, chain=False)
-    random.seed(_S.seed)
+    random.seed(_S.stream_seed)
     _S.emit(
         {
             "ev": "start",
@@ -532,7 +536,7 @@ class _PostImport:
 
 def _on_numpy(np):
     try:
-        np.random.seed(_S.seed)
+        np.random.seed(_S.stream_seed % 2**32)
     except Exception:
         pass
 
@@ -546,7 +550,7 @@ def _on_torch(torch):
     from torch.utils.data import dataloader
 
     _S.emit({"ev": "torch", "t": time.time()})
-    torch.manual_seed(_S.seed)
+    torch.manual_seed(_S.stream_seed)
     register_optimizer_step_post_hook(_on_step)
 
     real_opt_init = Optimizer.__init__
