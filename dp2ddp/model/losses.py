@@ -306,9 +306,9 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
         _terms(m, e.operand, out, seen, depth + 1, means)
     elif isinstance(e, ast.Name):
         _, bindings = m.lookup(e.id, m.scope_of(e))
-        before = [b for b in bindings if getattr(b.node, "lineno", 0) < getattr(e, "lineno", 0)
+        before = [b for b in bindings if _line(b) < getattr(e, "lineno", 0)
                   and m.enclosing_function(b.node) is m.enclosing_function(e)]
-        last = max(before, key=lambda b: b.node.lineno, default=None)
+        last = max(before, key=_line, default=None)
         if (last is not None and last.kind == "assign" and last.value is not None
                 and any(isinstance(n, ast.Name) and n.id == e.id for n in ast.walk(last.value))):
             _terms(m, last.value, out, seen, depth + 1, means)  # ``loss = loss / n``: what it was, updated
@@ -336,6 +336,16 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
             _terms(m, r, out, seen, depth + 1, means)
     else:
         out.append(e)
+
+
+def _line(binding) -> int:
+    """The line of a binding (``with amp.scale_loss(loss, opt) as scaled_loss``: a
+    ``withitem`` has none of its own; its target has)."""
+    for node in (binding.node, getattr(binding, "target", None)):
+        line = getattr(node, "lineno", None)
+        if line is not None:
+            return line
+    return 0
 
 
 def _rank_constant(m: SemanticModel, e: ast.AST) -> bool:
