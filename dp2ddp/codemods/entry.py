@@ -19,18 +19,9 @@ from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.entry_points import has_entry_point
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
+from dp2ddp.model.training import training_site
 from dp2ddp.model.uses import wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
-
-
-def trains(m: SemanticModel) -> bool:
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr in ("backward", "step", "minimize", "fit", "train_step", "optimize_parameters"):
-            return True
-        if m.is_name(f, {"torch.autograd.backward", "torch.autograd.grad"}):
-            return True
-    return False
 
 
 def _trains_elsewhere(m: SemanticModel, use) -> bool:
@@ -64,7 +55,7 @@ def check_entry(ctx: Context) -> List[Finding]:
                 "(`dp2ddp rewrite train.py --with-helpers`)",
             )
         ]
-    if not trains(m):
+    if training_site(m) is None:
         seeds = set()
         for w in wraps:
             from dp2ddp.model.collectives import assigned_keys
