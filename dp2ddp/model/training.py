@@ -622,7 +622,7 @@ def training_site(m: SemanticModel) -> Optional[TrainingSite]:
     """The first place this module trains (``None``: nowhere): a training step in its own
     code (:data:`STEP_ATTRS`, ``torch.autograd.grad``), or a call of the project's own code
     (a function, a class, a method of a project object, also one held first:
-    ``trainer = model.train; trainer(args)``) whose run reaches one in a project module
+    ``trainer = model.train; trainer(args)``) whose run reaches a backward pass in a project module
     (up to three modules further: :func:`dp2ddp.model.project_defs.reach_across`). Only a
     module with no such site is inference-only (DDP115)."""
     if "training:site" in m.cache:
@@ -651,9 +651,13 @@ def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
             if hit is not None and not isinstance(hit[1], ast.ClassDef):
                 found.append((call, hit))
                 break
+    from dp2ddp.model.steps import is_backward as backward
+
     for call, (pm, node, rel) in sorted(found, key=lambda t: (t[0].lineno, t[0].col_offset)):
         for mod, fn, path in reach_across(pm, node, rel):
-            step = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and _is_step(mod, c)), None)
+            # in the project's code only a backward pass: a ``.step()`` there may be a
+            # scheduler's, ``torch.autograd.grad`` may tune a number (a temperature), not train
+            step = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and backward(mod, c)), None)
             if step is not None:
                 return TrainingSite(call.lineno, f"{path}:{step.lineno}")
     return None
