@@ -28,8 +28,23 @@ of the input is lost, no static sign of a misplaced edit (``structure_flags``);
 where the check and the rewrite disagree (e.g. DDP001 on a file the rewrite is silent
 about).
 
-Never imports torch. The two calls into dp2ddp are isolated in ``run_rewrite`` and
-``run_check`` below: when the rewrite or check API changes, adapt those two only.
+``--projects`` adds what a user runs on a project (``dp2ddp rewrite ENTRY --with-helpers``):
+every folder directly under each PATH is one repository; its entry scripts (files with a
+``__main__`` guard or module-level code that runs: loops, ``with``, calls) are migrated in
+project mode, and each surveyed library module (no entry point of its own) that such a
+migration plans as a helper gets that migration's outcome instead of its own:
+
+  migrated     the project migration of an entry edits it and does not block (``project``:
+               the entry; its output is checked as above, but not rewritten a second time);
+  refused      every project migration that reaches it blocks (the reasons are the
+               project's blocking findings, ``project_at``: the file and line of each);
+  otherwise    no entry reaches it (or none edits it): it keeps its status alone.
+
+The per-file statuses are kept in the summary (``per_file_status``), with one line per
+project migration (entry, helpers, outcome).
+
+Never imports torch. The calls into dp2ddp are isolated in ``run_rewrite``, ``run_check``
+and ``run_project`` below: when the rewrite, check or project API changes, adapt those only.
 """
 
 from __future__ import annotations
@@ -81,6 +96,46 @@ def run_rewrite(data: bytes, path: str) -> RewriteOutcome:
     m = r.migration
     findings = [(f.code, f.severity, f.message, f.line) for f in m.findings]
     return RewriteOutcome(r.changed, r.output, m.blocked, m.applicable, findings)
+
+
+@dataclass
+class ProjectFile:
+    path: str  # real path
+    role: str  # entry | helper | script
+    changed: bool
+    output: bytes
+    blocked: bool
+    findings: List[Tuple[str, str, str, int]] = field(default_factory=list)
+
+
+@dataclass
+class ProjectOutcome:
+    entry: str
+    blocked: bool
+    files: List[ProjectFile] = field(default_factory=list)
+    input_error: Optional[str] = None
+
+
+def run_project(entry: str) -> Optional[ProjectOutcome]:
+    """``dp2ddp rewrite ENTRY --with-helpers`` in process, planned as the CLI plans it
+    (nothing written). ``None`` where no project module the entry imports uses DataParallel
+    (the CLI's plan then has no helper to attribute). Raises on internal errors (a crash)."""
+    from dp2ddp.migrate import migrate_project
+    from dp2ddp.project import project_modules, uses_dp
+    from dp2ddp.source import InputError
+
+    if not any(uses_dp(real) for real in project_modules(entry)):
+        return None
+    try:
+        p = migrate_project(entry)
+    except InputError as e:
+        return ProjectOutcome(entry, True, input_error=str(e))
+    files = [
+        ProjectFile(os.path.realpath(f.path), f.role, f.result.changed, f.result.output, f.result.migration.blocked,
+                    [(x.code, x.severity, x.message, x.line) for x in f.result.migration.findings])
+        for f in p.files
+    ]
+    return ProjectOutcome(entry, p.blocked, files)
 
 
 _DEFAULT_CODES: Optional[Tuple[str, ...]] = None
@@ -343,6 +398,10 @@ class Row:
     check_input: Dict[str, int] = field(default_factory=dict)
     check_input_error: Optional[str] = None
     output_file: Optional[str] = None
+    # --projects: the outcome a project migration gave this library module
+    per_file_status: Optional[str] = None  # its status alone, where a project migration decided it
+    project: Optional[str] = None  # the entry script whose project migration decided it
+    project_at: List[str] = field(default_factory=list)  # refused: where the project's blocking findings are
 
 
 def _status(out: RewriteOutcome, n_code: Optional[int], mentioned: bool) -> str:
@@ -393,21 +452,28 @@ def survey_file(path: str, args, out_dir: Optional[str], common: str) -> Row:
 
     if row.status != "migrated":
         return row
+    check_output(row, data, out.output, args, out_dir, common)
+    return row
 
-    output = out.output
+
+def check_output(row: Row, data: bytes, output: bytes, args, out_dir: Optional[str], common: str, again: bool = True) -> None:
+    """The checks of a migrated output (``again``: rewrite it a second time, alone)."""
+    path = row.path
+    row.idempotent = row.second_pass = None
     try:
         compile(output, path, "exec", dont_inherit=True)
         row.compiles = True
     except SyntaxError as e:
         row.compiles = False
         row.compile_error = f"line {e.lineno}: {e.msg}"
-    try:
-        again = run_rewrite(output, path)
-        row.idempotent = not again.changed
-        row.second_pass = _status(again, code_mentions(output), mentions(output))
-    except Exception as e:  # noqa: BLE001
-        row.idempotent = False
-        row.second_pass = f"crash {type(e).__name__}: {e}"
+    if again:
+        try:
+            second = run_rewrite(output, path)
+            row.idempotent = not second.changed
+            row.second_pass = _status(second, code_mentions(output), mentions(output))
+        except Exception as e:  # noqa: BLE001
+            row.idempotent = False
+            row.second_pass = f"crash {type(e).__name__}: {e}"
     row.residual_dp = code_mentions(output)
     before, after = comments(data), comments(output)
     if before is not None and after is not None:
@@ -434,7 +500,117 @@ def survey_file(path: str, args, out_dir: Optional[str], common: str) -> Row:
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(output)
         row.output_file = str(dest)
-    return row
+
+
+# ============================================================================ projects
+
+
+def _runs(tree) -> bool:
+    """The module runs something when executed (an entry script): a ``__main__`` guard, or
+    module-level loops, ``with`` blocks or calls (the survey's own reading, no dp2ddp)."""
+    return not _is_library(tree)
+
+
+def entry_scripts(repo: str) -> List[str]:
+    """The entry scripts of a repository folder, in path order."""
+    import ast
+
+    out = []
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        for f in sorted(files):
+            if not f.endswith(".py") or f.endswith("_ddp.py"):
+                continue
+            fp = os.path.join(root, f)
+            try:
+                tree = ast.parse(Path(fp).read_bytes())
+            except (SyntaxError, ValueError):
+                continue
+            if _runs(tree):
+                out.append(fp)
+    return out
+
+
+def repositories(paths: Iterable[str]) -> List[str]:
+    """Every folder directly under each directory PATH: one repository each."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            out.extend(os.path.join(p, d) for d in sorted(os.listdir(p)) if not d.startswith(".") and os.path.isdir(os.path.join(p, d)))
+    return out
+
+
+@dataclass
+class ProjectRow:
+    entry: str
+    status: str  # migrated | refused | crash
+    helpers: List[str] = field(default_factory=list)  # real paths of the helpers it plans
+    reasons: List[str] = field(default_factory=list)  # refused: "CODE: normalised message"
+    at: List[str] = field(default_factory=list)  # refused: "file:line" of each blocking finding
+    error: Optional[str] = None
+
+
+def _blocking(files: List[ProjectFile]) -> List[Tuple[str, str, str]]:
+    """(code, message, file:line) of a blocked project's blocking findings."""
+    out = []
+    for f in files:
+        errs = [x for x in f.findings if x[1] == "error"] or ([x for x in f.findings if x[1] != "info"] if f.blocked else [])
+        out.extend((c, msg, f"{f.path}:{ln}") for c, _, msg, ln in errs)
+    return out
+
+
+def survey_projects(paths: Iterable[str], rows: List[Row], args, out_dir: Optional[str], common: str) -> List[ProjectRow]:
+    """Project migrations of every entry script of every repository under ``paths``; the
+    surveyed library modules they plan as helpers take their outcome (see the docstring)."""
+    import ast
+
+    by_path = {os.path.realpath(r.path): r for r in rows}
+    library = {}
+    for real, r in by_path.items():
+        try:
+            library[real] = not _runs(ast.parse(Path(real).read_bytes()))
+        except (SyntaxError, ValueError, OSError):
+            library[real] = False
+    projects: List[ProjectRow] = []
+    edits: Dict[str, List[Tuple[ProjectRow, ProjectFile]]] = collections.defaultdict(list)
+    for repo in repositories(paths):
+        for entry in entry_scripts(repo):
+            try:
+                out = run_project(entry)
+            except Exception as e:  # noqa: BLE001 - a crash is a finding of the survey
+                projects.append(ProjectRow(entry, "crash", error=f"{type(e).__name__}: {e}"))
+                continue
+            if out is None:
+                continue
+            if out.input_error:
+                projects.append(ProjectRow(entry, "refused", reasons=[f"input: {out.input_error}"]))
+                continue
+            helpers = [f for f in out.files if f.role == "helper"]
+            pr = ProjectRow(entry, "refused" if out.blocked else "migrated", [f.path for f in helpers])
+            if out.blocked:
+                found = _blocking(out.files) or [("(blocked, no finding)", "", entry)]
+                pr.reasons = sorted({f"{c}: {normalise(m)}" if m else c for c, m, _ in found})
+                pr.at = sorted({_rel(at, common) for _, _, at in found})
+            projects.append(pr)
+            for f in helpers:
+                if f.path in by_path and library.get(f.path):
+                    edits[f.path].append((pr, f))
+    for real, got in edits.items():
+        row = by_path[real]
+        migrated = [(pr, f) for pr, f in got if pr.status == "migrated" and f.changed]
+        refused = [pr for pr, _ in got if pr.status == "refused"]
+        if not migrated and (not refused or len(refused) < len(got)):
+            continue  # no project migration edits it, and not every one that reaches it refuses
+        row.per_file_status = row.status
+        if migrated:
+            pr, f = migrated[0]
+            row.status, row.project, row.reasons = "migrated", _rel(pr.entry, common), []
+            check_output(row, Path(real).read_bytes(), f.output, args, out_dir, common, again=False)
+        else:
+            pr = refused[0]
+            row.status, row.project = "refused", _rel(pr.entry, common)
+            row.reasons, row.project_at = list(pr.reasons), list(pr.at)
+    return projects
 
 
 # ============================================================================ report
@@ -442,7 +618,7 @@ def survey_file(path: str, args, out_dir: Optional[str], common: str) -> Row:
 STATUSES = ["migrated", "refused", "warned-only", "silent", "text-only", "no-mention", "parse-error", "crash"]
 
 
-def summarise(rows: List[Row]) -> Dict:
+def summarise(rows: List[Row], projects: Optional[List[ProjectRow]] = None) -> Dict:
     status = collections.Counter(r.status for r in rows)
     reasons = collections.Counter(reason for r in rows if r.status == "refused" for reason in r.reasons)
     warn_codes = collections.Counter(
@@ -476,6 +652,7 @@ def summarise(rows: List[Row]) -> Dict:
             "compiles": sum(1 for r in migrated if r.compiles),
             "does_not_compile": [r.path for r in migrated if r.compiles is False],
             "idempotent": sum(1 for r in migrated if r.idempotent),
+            "not_rewritten_again": sum(1 for r in migrated if r.idempotent is None),
             "not_idempotent": [r.path for r in migrated if r.idempotent is False],
             "residual_dataparallel": [r.path for r in migrated if r.residual_dp],
             "lost_comments": [r.path for r in migrated if r.lost_comments],
@@ -486,6 +663,18 @@ def summarise(rows: List[Row]) -> Dict:
         "check_errors_on_migrated": [r.path for r in migrated if r.check_output_error],
         "check_on_inputs_files": dict(check_in_files.most_common()),
         "check_ddp001_but_rewrite_silent": disagreements,
+        **(_project_summary(rows, projects) if projects is not None else {}),
+    }
+
+
+def _project_summary(rows: List[Row], projects: List[ProjectRow]) -> Dict:
+    alone = collections.Counter(r.per_file_status or r.status for r in rows)
+    moved = collections.Counter(f"{r.per_file_status} -> {r.status}" for r in rows if r.per_file_status)
+    return {
+        "per_file_status": {s: alone.get(s, 0) for s in STATUSES},
+        "project_attributions": dict(moved.most_common()),
+        "projects": [asdict(p) for p in projects],
+        "project_status": dict(collections.Counter(p.status for p in projects).most_common()),
     }
 
 
@@ -493,9 +682,27 @@ def table(summary: Dict, rows: List[Row], common: str) -> str:
     out = io.StringIO()
     w = out.write
     w(f"dp2ddp rewrite survey: {summary['files']} files, {summary['lines']} lines, {summary['seconds']:.1f} s in the rewrite\n\n")
-    w("status\n")
-    for s, n in summary["status"].items():
-        w(f"  {s:<12} {n:5d}\n")
+    if "per_file_status" in summary:
+        w("status (each file alone | library modules decided by their entry's project migration)\n")
+        for s, n in summary["status"].items():
+            w(f"  {s:<12} {summary['per_file_status'][s]:5d} | {n:5d}\n")
+        w("  library modules moved by a project migration: "
+          + (", ".join(f"{k} {n}" for k, n in summary["project_attributions"].items()) or "none") + "\n")
+        w(f"\nproject migrations (rewrite ENTRY --with-helpers): {len(summary['projects'])} entries with helpers that use "
+          f"DataParallel; " + ", ".join(f"{k} {n}" for k, n in summary["project_status"].items()) + "\n")
+        for p in summary["projects"]:
+            helpers = ", ".join(_rel(h, common) for h in p["helpers"]) or "no helper"
+            why = ""
+            if p["status"] == "refused":
+                why = f" at {', '.join(p['at'])}: {'; '.join(p['reasons'])}"
+            elif p["status"] == "crash":
+                why = f": {p['error']}"
+            w(f"  {p['status']:<9} {_rel(p['entry'], common)} [{helpers}]{why}\n")
+        w("\n")
+    else:
+        w("status\n")
+        for s, n in summary["status"].items():
+            w(f"  {s:<12} {n:5d}\n")
     if summary["refused_reasons"]:
         w("\nrefused, by reason (files)\n")
         for reason, n in summary["refused_reasons"].items():
@@ -509,7 +716,8 @@ def table(summary: Dict, rows: List[Row], common: str) -> str:
             w(f"  {n:4d}  {m}\n")
     mc = summary["migrated_checks"]
     n_mig = summary["status"]["migrated"]
-    w(f"\nmigrated outputs: {mc['compiles']}/{n_mig} compile, {mc['idempotent']}/{n_mig} idempotent, "
+    w(f"\nmigrated outputs: {mc['compiles']}/{n_mig} compile, {mc['idempotent']}/{n_mig - mc['not_rewritten_again']} idempotent"
+      + (f" ({mc['not_rewritten_again']} project helpers not rewritten again)" if mc["not_rewritten_again"] else "") + ", "
       f"{len(mc['residual_dataparallel'])} with DataParallel left in code, {len(mc['lost_comments'])} with lost comments, "
       f"{len(mc['structure'])} with structural flags\n")
     for key in ("does_not_compile", "not_idempotent", "residual_dataparallel", "lost_comments"):
@@ -560,6 +768,9 @@ def table(summary: Dict, rows: List[Row], common: str) -> str:
             extra = (r.error or "")[:160]
         elif r.status == "silent":
             extra = f"{r.code_mentions} code mentions" + (f"; check {','.join(sorted(r.check_input))}" if r.check_input else "")
+        if r.project:
+            extra = (f"[project of {r.project}" + (f", at {', '.join(r.project_at)}" if r.project_at else "")
+                     + f"; alone: {r.per_file_status}] " + extra)
         w(f"  {r.status:<11} {_rel(r.path, common)}  {extra}\n")
     return out.getvalue()
 
@@ -597,6 +808,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-check-inputs", dest="check_inputs", action="store_false", help="do not run check on the inputs")
     ap.add_argument("-q", "--quiet", action="store_true", help="print the summary only, no per-file lines")
     ap.add_argument("--label", help="free text recorded in the report (e.g. which branch or export was measured)")
+    ap.add_argument("--projects", action="store_true", help="also migrate the entry scripts of every repository folder under "
+                    "PATH with their helpers, and count each library module they plan with its entry's outcome")
     args = ap.parse_args(argv)
     files = collect(args.paths, args.files_from, args.all_files)
     if not files:
@@ -607,7 +820,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows = []
     for f in files:
         rows.append(survey_file(f, args, args.write_outputs, common))
-    summary = summarise(rows)
+    projects = survey_projects(args.paths, rows, args, args.write_outputs, common) if args.projects else None
+    summary = summarise(rows, projects)
     rev = revision()
     if args.label:
         rev["label"] = args.label

@@ -143,3 +143,42 @@ def test_to_device_after_wrap(survey):
     assert any(f.startswith("to-device-after-wrap") for f in survey.structure_flags(before, after))
     fine = b"import torch\nfrom torch.nn.parallel import DistributedDataParallel\nm.to('cuda')\nm = DistributedDataParallel(m)\n"
     assert survey.structure_flags(before, fine) == []
+
+
+def test_projects_attribute_library_modules_to_their_entry_migration(survey, tmp_path, capsys):
+    """--projects: a library module is counted with the project migration of the entry
+    script that plans it (migrated with it, or refused with the entry's line); one no entry
+    reaches keeps its own status. Scripts that train nowhere are DDP115, each for its reason;
+    one that trains through a project object's method is not."""
+    import shutil
+
+    shutil.copytree(ROOT / "fixtures" / "project" / "survey_repos", tmp_path / "repos")
+    out_json = tmp_path / "survey.json"
+    assert survey.main([str(tmp_path / "repos"), "--projects", "--no-check-inputs", "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    rows = {Path(r["path"]).relative_to(tmp_path / "repos" / "demo").as_posix(): r for r in report["rows"]}
+    assert set(rows) == {"models/__init__.py", "backbone.py", "tools/orphan.py", "predict.py", "fit_by_method.py", "zoo.py"}
+
+    models = rows["models/__init__.py"]
+    assert models["status"] == "migrated" and models["per_file_status"] == "refused"
+    assert models["project"] == "train.py" and models["compiles"] and models["residual_dp"] == 0
+    backbone = rows["backbone.py"]
+    assert backbone["status"] == "refused" and backbone["per_file_status"] == "refused"
+    assert backbone["project"] == "finetune.py" and backbone["project_at"] == ["finetune.py:16"]
+    assert [r.split(":")[0] for r in backbone["reasons"]] == ["DDP105"]
+    orphan = rows["tools/orphan.py"]
+    assert orphan["status"] == "refused" and orphan["project"] is None and orphan["reasons"][0].startswith("DDP116")
+
+    assert rows["predict.py"]["reasons"][0].startswith("DDP115: no training step in this file")
+    assert rows["zoo.py"]["reasons"][0].startswith("DDP115: the <q> block of the module that defines TinyNet")
+    assert "never called, only saved" in rows["zoo.py"]["reasons"][0]
+    assert rows["fit_by_method.py"]["status"] == "migrated"  # trains in solver.py, through `step = solver.fit_epoch`
+
+    s = report["summary"]
+    assert s["per_file_status"]["refused"] == 5 and s["status"]["refused"] == 4 and s["status"]["migrated"] == 2
+    assert s["project_attributions"] == {"refused -> migrated": 1, "refused -> refused": 1}
+    projects = {Path(p["entry"]).name: p for p in s["projects"]}
+    assert set(projects) == {"train.py", "finetune.py"}  # entries whose project modules use DataParallel
+    assert projects["train.py"]["status"] == "migrated" and projects["finetune.py"]["status"] == "refused"
+    text = capsys.readouterr().out
+    assert "refused -> migrated 1" in text and "[project of train.py; alone: refused]" in text

@@ -18,19 +18,11 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.entry_points import has_entry_point
+from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
+from dp2ddp.model.training import training_site
 from dp2ddp.model.uses import wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
-
-
-def trains(m: SemanticModel) -> bool:
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr in ("backward", "step", "minimize", "fit", "train_step", "optimize_parameters"):
-            return True
-        if m.is_name(f, {"torch.autograd.backward", "torch.autograd.grad"}):
-            return True
-    return False
 
 
 def _trains_elsewhere(m: SemanticModel, use) -> bool:
@@ -64,7 +56,7 @@ def check_entry(ctx: Context) -> List[Finding]:
                 "(`dp2ddp rewrite train.py --with-helpers`)",
             )
         ]
-    if not trains(m):
+    if training_site(m) is None:
         seeds = set()
         for w in wraps:
             from dp2ddp.model.collectives import assigned_keys
@@ -72,13 +64,31 @@ def check_entry(ctx: Context) -> List[Finding]:
             seeds.update(assigned_keys(m, w.outer))
         uses = wrapper_uses(m, wrapper_keys(m, seeds)) if seeds else []
         if not any(_trains_elsewhere(m, u) for u in uses):
-            return [
-                ctx.block(
-                    wraps[0].call,
-                    "DDP115",
-                    "no training step in this file (no .backward(), no optimizer.step()): DistributedDataParallel "
-                    "synchronises gradients and gains nothing for inference; DataParallel here only splits batches — "
-                    "keep it, or shard the data per process by hand",
-                )
-            ]
+            return [ctx.block(wraps[0].call, "DDP115", _no_training_message(m, wraps, uses))]
     return []
+
+
+def _no_training_message(m: SemanticModel, wraps, uses) -> str:
+    """DDP115's line: what the file does with its wrapper when it trains nowhere. A wrapper
+    that is never called, only saved (``state_dict()``), splits no batch: it is there for
+    the ``module.`` keys of the weights it saves (a model module's ``__main__`` block that
+    converts pretrained weights for the training script's DataParallel to load)."""
+    after = [u for u in uses if all(u.node.lineno > (w.call.end_lineno or w.call.lineno) for w in wraps)]
+    if after and all(u.kind == "state_dict" and u.attr == "state_dict" for u in after):
+        where = ""
+        guard = m.main_guard
+        if guard is not None and all(m.contains(guard, w.call) for w in wraps):
+            models = [name for name, c in m.classes.items() if is_module_class(m, c)]
+            if models:
+                where = f"the `__main__` block of the module that defines {', '.join(models[:2])}: "
+        return (
+            f"{where}no training step, and the DataParallel wrapper is never called, only saved (state_dict, line "
+            f"{after[0].node.lineno}): it gives the saved weights DataParallel's `module.` keys, which "
+            "DistributedDataParallel's state_dict has too, so there is nothing to migrate here — keep it; the script "
+            "that trains on these weights is the one to migrate"
+        )
+    return (
+        "no training step in this file (no .backward(), no optimizer.step()): DistributedDataParallel "
+        "synchronises gradients and gains nothing for inference; DataParallel here only splits batches — "
+        "keep it, or shard the data per process by hand"
+    )

@@ -596,3 +596,68 @@ def _passes_within(m: SemanticModel, loop: ast.AST) -> Optional[ast.AST]:
             return outer
         break
     return None
+
+
+# ------------------------------------------------------------------- does the file train?
+# A call that is a training step wherever it stands: a backward pass, an optimizer's step,
+# a framework's (``trainer.fit``, ``model.train_step``, TF-style ``minimize``).
+STEP_ATTRS = frozenset({"backward", "step", "minimize", "fit", "train_step", "optimize_parameters"})
+GRAD_CALLS = frozenset({"torch.autograd.backward", "torch.autograd.grad"})
+
+
+def _is_step(m: SemanticModel, call: ast.Call) -> bool:
+    f = call.func
+    return (isinstance(f, ast.Attribute) and f.attr in STEP_ATTRS) or m.is_name(f, GRAD_CALLS)
+
+
+class TrainingSite(NamedTuple):
+    """Where a module trains: ``line`` of its call; ``where``: ``""`` for a step in the
+    module itself, else ``module.py:N``, the step in the project code that call reaches."""
+
+    line: int
+    where: str
+
+
+def training_site(m: SemanticModel) -> Optional[TrainingSite]:
+    """The first place this module trains (``None``: nowhere): a training step in its own
+    code (:data:`STEP_ATTRS`, ``torch.autograd.grad``), or a call of the project's own code
+    (a function, a class, a method of a project object, also one held first:
+    ``trainer = model.train; trainer(args)``) whose run reaches a backward pass in a project module
+    (up to three modules further: :func:`dp2ddp.model.project_defs.reach_across`). Only a
+    module with no such site is inference-only (DDP115)."""
+    if "training:site" in m.cache:
+        return m.cache["training:site"]  # type: ignore[return-value]
+    got: Optional[TrainingSite] = None
+    own = next((c for c in m.nodes(ast.Call) if _is_step(m, c)), None)
+    if own is not None:
+        got = TrainingSite(own.lineno, "")
+    else:
+        got = _project_site(m)
+    m.cache["training:site"] = got
+    return got
+
+
+def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.project_defs import project_calls, reach_across
+
+    found = [(call, hit) for call, hit in project_calls(m)]
+    seen = {id(call) for call, _ in found}
+    for call in m.nodes(ast.Call):  # a project method held by a name first: ``trainer = model.train``
+        if id(call) in seen or not isinstance(call.func, ast.Name):
+            continue
+        for node, path in origins(m, call.func):
+            hit = project_def(m, node) if not path and isinstance(node, (ast.Name, ast.Attribute)) else None
+            if hit is not None and not isinstance(hit[1], ast.ClassDef):
+                found.append((call, hit))
+                break
+    from dp2ddp.model.steps import is_backward as backward
+
+    for call, (pm, node, rel) in sorted(found, key=lambda t: (t[0].lineno, t[0].col_offset)):
+        for mod, fn, path in reach_across(pm, node, rel):
+            # in the project's code only a backward pass: a ``.step()`` there may be a
+            # scheduler's, ``torch.autograd.grad`` may tune a number (a temperature), not train
+            step = next((c for c in ast.walk(fn) if isinstance(c, ast.Call) and backward(mod, c)), None)
+            if step is not None:
+                return TrainingSite(call.lineno, f"{path}:{step.lineno}")
+    return None
