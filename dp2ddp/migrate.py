@@ -43,6 +43,10 @@ class Options:
     # helper role: a module without DataParallel that trains on loaders it makes itself
     # (training.foreign_training): migrated for its loaders, writers and prints
     trains_only: bool = False
+    # helper role: ``self.`` attributes that subclasses in other modules read (the module holds
+    # the base of a training class the entry makes): a writer kept in one cannot be ``None``
+    # on other ranks, since those reads are not this migration's to guard
+    shared_attrs: frozenset = frozenset()
 
 
 def _acts(options: Optional["Options"]) -> bool:
@@ -260,11 +264,14 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     out = ProjectResult(entry)
     helpers = sorted((rel, real) for real, (rel, _d) in project_modules(entry).items() if uses_dp(real))
     trainers = _trainers(entry, {real for _, real in helpers})
+    saving = _saving_trainers(entry)
+    trainers += [t for t in saving if t[1] not in {real for _, real in helpers + trainers}]
     handed = _handed_params(entry) if helpers or trainers else {}
     for rel, real in sorted(helpers + trainers):
         src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
         res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ())),
-                                                            trains_only=(rel, real) in trainers))
+                                                            trains_only=(rel, real) in trainers,
+                                                            shared_attrs=saving.get((rel, real), frozenset())))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
     role = "entry" if helpers or trainers else "script"
@@ -290,6 +297,27 @@ def _trainers(entry: str, helpers: set) -> list:
         real = os.path.realpath(f.module)
         if real not in helpers and (os.path.relpath(f.module, base), real) not in out:
             out.append((os.path.relpath(f.module, base), real))
+    return out
+
+
+def _saving_trainers(entry: str) -> dict:
+    """The project modules that hold the saves of a training class the entry makes
+    (:func:`dp2ddp.model.writers.training_class_saves`: ``Trainer(...)`` whose base saves
+    checkpoints with no rank test), as ``(path relative to the entry's folder, real path)``
+    -> the ``self.`` attributes the class's family reads in other modules: migrated with the
+    entry, so that their saves run on rank 0 there instead of being refused (DDP110)."""
+    import os
+
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.writers import training_class_saves
+
+    em = file_model(entry)
+    base = os.path.dirname(os.path.abspath(entry))
+    out: dict = {}
+    for t in training_class_saves(em) if em is not None else ():
+        if t.module:
+            key = (os.path.relpath(t.module, base), os.path.realpath(t.module))
+            out[key] = out.get(key, frozenset()) | t.shared_attrs
     return out
 
 

@@ -39,10 +39,13 @@ from dp2ddp.model.writers_setup import setup_calls
 PROVIDES = (GuardedWriters,)
 
 
-def guarded_writers(m: SemanticModel) -> GuardedWriters:
+def guarded_writers(m: SemanticModel, shared: frozenset = frozenset()) -> GuardedWriters:
     """Variables holding a SummaryWriter (or a writer-like object) whose every use can be
     guarded. The writers are followed together: a function called once with each of two
-    writers (``train(logger=train_logger)``, ``train(logger=val_logger)``) holds one of them."""
+    writers (``train(logger=train_logger)``, ``train(logger=val_logger)``) holds one of them.
+    ``shared``: ``self.`` attributes that classes in other modules read (a project's
+    ``BaseTrainer`` whose ``Trainer`` subclass writes through ``self.writer``): a writer kept
+    in one has uses this migration cannot see or guard, so it cannot be ``None`` elsewhere."""
     bad: List = []
     made: List = []
     creations = []
@@ -70,9 +73,12 @@ def guarded_writers(m: SemanticModel) -> GuardedWriters:
         seeds.update(keys)
     got = wrapper_keys(m, seeds) if seeds else set()
     problem = _unguardable_use(m, got) if got else None
+    outside = sorted(k[2] for k in got if k[0] == "attr" and k[2][5:] in shared)
+    if problem is None and outside:
+        problem = f"`{outside[0]}` is also used by a subclass in another module, whose uses dp2ddp cannot guard"
     if problem is not None:
         for w, _ in creations:
-            if all(w.call is not h for h in helper_made):
+            if all(w.call is not h for h in helper_made) or outside:
                 bad.append((w, problem))
         got = set()
     else:
@@ -202,9 +208,14 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
-    guarded = guarded_writers(m)
+    guarded = guarded_writers(m, getattr(ctx.options, "shared_attrs", frozenset()))
     ctx.provide(guarded)
     bad = {id(w): why for w, why in guarded.bad}
+    listed = {id(w.call) for w in writers(m)}
+    for w, why in guarded.bad:
+        if id(w.call) not in listed and not rank_guarded(m, w.call):  # a writer-like object of the project's
+            out.append(ctx.block(w.call, "DDP110", f"`{m.source(w.call.func)}` writes files on every rank and cannot be made "
+                                 f"on rank 0 alone: {why}; make it on rank 0 only (and test for it where it is used), then migrate"))
     for made in guarded.made:
         if not rank_guarded(m, made):
             early = ctx.mode == "plain" and not ctx.in_setup_region(made)
@@ -229,6 +240,12 @@ def propose(ctx: Context) -> List[Finding]:
         if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
             out.append(_rank_zero_first(ctx, race))
     for t in training_class_saves(m):
+        if not rank_guarded(m, t.call) and ctx.migrated_with(t.module) and t.leaves_early is not None:
+            out.append(ctx.block(t.call, "DDP110", f"{t.name} trains ({t.trains}) and its epoch loop ends early ({t.leaves_early}) "
+                                 "on a test of values dp2ddp cannot show are alike on every rank (early stopping on the epoch's "
+                                 "results: a training metric is each rank's own under DDP): one rank would stop while the others "
+                                 "wait in the next epoch's collectives; decide on rank 0 and broadcast the decision (or stop on a "
+                                 "metric every rank computes on the same data), then migrate"))
         if not rank_guarded(m, t.call) and not ctx.migrated_with(t.module):
             out.append(ctx.block(t.call, "DDP110", f"{t.name} trains ({t.trains}) and saves a file with no rank test "
                                  f"({t.where}), in a module this migration does not edit: every rank must train, so every "

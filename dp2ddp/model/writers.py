@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Set
 
 from dp2ddp.model.call_args import COPY_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
@@ -167,6 +167,9 @@ class CompanionRace:
     checked: bool = True  # the mkdir runs only when the folder is missing (``if not os.path.exists(d)``)
     module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
     trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
+    # training classes (:func:`training_class_saves`) only:
+    leaves_early: Optional[str] = None  # ``base/base_trainer.py:97``: its epoch loop breaks on a test not shown alike
+    shared_attrs: frozenset = frozenset()  # ``self.`` attributes the family's classes in other modules read
 
 
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
@@ -341,6 +344,65 @@ def writing_class(m: SemanticModel, call: ast.AST) -> Optional[str]:
     return f"{where or 'this script'}:{written}"
 
 
+def _self_reads(cm: SemanticModel, cls: ast.ClassDef) -> Set[str]:
+    """The ``self.x`` attributes the methods of ``cls`` read."""
+    return {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def _leaves_early(family) -> Optional[str]:
+    """Where the epoch loop of a training class (a loop of a method of the family that calls
+    ``self.m(...)``, ``m`` a method of the family that trains: ``for epoch in ...:
+    result = self._train_epoch(epoch)``) leaves early (``break``, ``return``) under a test
+    made of anything but constants, the loop's own targets and ``self.`` attributes the loop
+    does not assign: early stopping on the epoch's results (``if not_improved_count >
+    self.early_stop: break``). Under DDP those results may be each rank's own (the training
+    loss of its shard): one rank would leave the loop while the others wait in the next
+    epoch's collectives. ``path:line`` of the first such exit, else ``None``."""
+    trainers = {f.name for fm, fc, _ in family for f in fc.body
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and trains_in(fm, f) is not None}
+    for fm, fc, p in family:
+        for loop in ast.walk(fc):
+            if not isinstance(loop, (ast.For, ast.While)):
+                continue
+            if not any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in trainers
+                       and isinstance(c.func.value, ast.Name) and c.func.value.id == "self" for c in ast.walk(loop)):
+                continue
+            targets = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)} if isinstance(loop, ast.For) else set()
+            stored = {n.attr for n in ast.walk(loop) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+            for node in sorted(_exits(loop), key=lambda n: (n.lineno, n.col_offset)):
+                tests = [a.test for a in fm.ancestors(node) if isinstance(a, (ast.If, ast.While)) and fm.contains(loop, a) and a is not loop]
+                if isinstance(loop, ast.While):
+                    tests.append(loop.test)
+                if any(not _plain_test(t, targets, stored) for t in tests):
+                    return f"{p}:{node.lineno}"
+    return None
+
+
+def _exits(loop: ast.AST):
+    """The ``break``s of ``loop`` itself and every ``return`` in it (not in nested functions)."""
+    todo = [(c, True) for c in ast.iter_child_nodes(loop)]
+    while todo:
+        node, own = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Return) or (isinstance(node, ast.Break) and own):
+            yield node
+        inner = own and not isinstance(node, (ast.For, ast.While, ast.AsyncFor))
+        todo.extend((c, inner) for c in ast.iter_child_nodes(node))
+
+
+def _plain_test(test: ast.AST, targets: Set[str], stored: Set[str]) -> bool:
+    for n in ast.walk(test):
+        if isinstance(n, ast.Name) and n.id not in targets and n.id != "self":
+            return False
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self" and n.attr in stored:
+            return False
+        if isinstance(n, (ast.Call, ast.Subscript, ast.NamedExpr)):
+            return False
+    return True
+
+
 def _class_family(m: SemanticModel, cm: SemanticModel, cls: ast.ClassDef, where: str, depth: int = 0):
     """``cls`` (of module ``cm``, at ``where``) and its bases that are classes of the project,
     followed into the modules they are imported from (``class Trainer(BaseTrainer)`` with
@@ -391,6 +453,8 @@ def training_class_saves(m: SemanticModel) -> List[CompanionRace]:
         if save is None:
             continue
         cm, cls, p = next((cm, cls, p) for cm, cls, p in family if cm.contains(cls, save.call))
-        out.append(CompanionRace(call, found[1].name, f"{p}:{save.call.lineno}", module=cm.path, trains=trains))
+        shared = frozenset(a for fm, fc, _ in family if fm.path != cm.path for a in _self_reads(fm, fc))
+        out.append(CompanionRace(call, found[1].name, f"{p}:{save.call.lineno}", module=cm.path, trains=trains,
+                                 leaves_early=_leaves_early(family), shared_attrs=shared))
     m.cache["training_class_saves"] = out
     return out
