@@ -31,8 +31,10 @@ def _device_literal_site(m, node: ast.Constant) -> bool:
 def check(m):
     if not is_ddp_code(m) or m.calls(CUDA_DEVICE_SELECT) or mentions_local_rank(m):
         return
-    if m.calls(DDP) and not m.calls(INIT) and not has_entry_point(m):
-        return  # a project's helper that wraps a model: the script that starts the process group picks the device
+    if (m.calls(DDP) or m.calls(_IS_INITIALIZED)) and not m.calls(INIT) and not has_entry_point(m):
+        # a project's helper (it wraps a model, or asks whether a process group exists before it
+        # reads the rank): the script that starts the process group picks the device
+        return
     for call in m.calls_spelled("cuda"):
         f = call.func
         if isinstance(f, ast.Attribute) and not positional(call) and kwarg(call, "device") is None:
@@ -44,6 +46,7 @@ def check(m):
             yield Hit(s, MESSAGE.format(what=f'"{v}"'))
 
 
+_IS_INITIALIZED = frozenset({"torch.distributed.is_initialized"})
 _DDP = "import torch\nimport torch.distributed as dist\n\ndist.init_process_group(\"nccl\")\n"
 
 RULE = Rule(
@@ -83,6 +86,10 @@ RULE = Rule(
         Valid(  # a helper module: the script that imports it selects the device
             "from torch.nn.parallel import DistributedDataParallel as DDP\n\n\ndef build(net):\n"
             "    return DDP(net.cuda())\n"
+        ),
+        Valid(  # a helper module that asks for the rank only where a process group exists (a migrated helper)
+            "import torch\nimport torch.distributed as dist\n\ndevice = torch.device(\"cuda\")\n\n\ndef report(x):\n"
+            "    if (dist.get_rank() if dist.is_initialized() else 0) == 0:\n        print(x)\n"
         ),
         Valid("import torch.distributed as dist\n\nif tensor.device.type == \"cuda\":\n    pass\n"),
     ),
