@@ -132,7 +132,7 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
         try:
             from dp2ddp.codemods import hand_batches
             from dp2ddp.codemods.entry import check_entry
-            from dp2ddp.codemods.wrap_problems import problems
+            from dp2ddp.codemods.wrap_problems import problems, steered_by_shard, trained_outside_wrap
 
             findings.extend(problems(ctx))
             findings.extend(hand_batches.problems(ctx))  # DataParallel(dim != 0) whose batches cannot be split
@@ -146,8 +146,6 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
                     if any(f.severity == BLOCKING for f in findings):
                         break
             if not any(f.severity == BLOCKING for f in findings):
-                from dp2ddp.codemods.wrap_problems import steered_by_shard, trained_outside_wrap
-
                 findings.extend(trained_outside_wrap(ctx))
                 findings.extend(steered_by_shard(ctx))
         except BridgeError as e:

@@ -26,6 +26,7 @@ from typing import Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.project_defs import class_of_call
 from dp2ddp.model.steps import binding_values, kind_of_value
 from dp2ddp.model.syntax import root_name
 from dp2ddp.model.wraps import dp_wraps
@@ -127,22 +128,9 @@ def _module_class(m: SemanticModel, call: ast.Call) -> Optional[str]:
         name = q.rsplit(".", 1)[-1]
         if q.startswith("torch.nn.") and q.count(".") == 2 and name[:1].isupper() and name not in _NOT_TRAINED:
             return name
-    cls = _class_of(m, call)
+    cls = class_of_call(m, call)
     if cls is not None and is_module_class(cls[0], cls[1]):
         return cls[1].name
-    return None
-
-
-def _class_of(m: SemanticModel, call: ast.Call) -> Optional[Tuple[SemanticModel, ast.ClassDef, str]]:
-    """The class ``call`` constructs, in this module or a project module, with the path
-    of that module ("" for this one)."""
-    if isinstance(call.func, ast.Name) and call.func.id in m.classes:
-        return m, m.classes[call.func.id], ""
-    from dp2ddp.model.project_defs import project_def
-
-    found = project_def(m, call.func)
-    if found is not None and isinstance(found[1], ast.ClassDef):
-        return found[0], found[1], found[2]
     return None
 
 
@@ -212,7 +200,7 @@ def _updated_buffers(m: SemanticModel):
     for a in m.nodes(ast.Assign):
         if len(a.targets) != 1 or not isinstance(a.targets[0], (ast.Name, ast.Attribute)) or not isinstance(a.value, ast.Call):
             continue
-        cls = _class_of(m, a.value)
+        cls = class_of_call(m, a.value)
         if cls is None or not is_module_class(cls[0], cls[1]):
             continue
         changed = _changed_buffer(cls[0], cls[1])

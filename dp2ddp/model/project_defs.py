@@ -181,6 +181,8 @@ def class_of_call(m: "SemanticModel", call: ast.AST) -> Optional[Tuple["Semantic
                 and isinstance(call.func, ast.Name) and call.func.id == cls.name):
             return m, cls, ""
         return None
+    if isinstance(call.func, ast.Name) and isinstance(m.classes.get(call.func.id), ast.ClassDef):
+        return m, m.classes[call.func.id], ""  # a class of the script's own with no ``__init__`` of its own
     found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
     if found is None or not isinstance(found[1], ast.ClassDef):
         return None

@@ -22,7 +22,8 @@ import ast
 from typing import Dict, List, NamedTuple, Optional, Set
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.steps import own_nodes, receiver_kind
+from dp2ddp.model.flow import origins
+from dp2ddp.model.steps import backward_calls, innermost_loop, own_nodes, receiver_kind
 from dp2ddp.model.syntax import first_dim_of
 from dp2ddp.model.training import training_loops
 
@@ -70,8 +71,6 @@ def _find(m: SemanticModel) -> List[Steered]:
     sums = _sums(m)
     if not sums:
         return []
-    from dp2ddp.model.flow import origins
-
     out: List[Steered] = []
     for call in m.calls_spelled("step"):
         f = call.func
@@ -91,10 +90,6 @@ def _early_stops(m: SemanticModel, sums: Dict[int, Dict[str, ast.AST]]) -> List[
     """``if`` tests that leave the loop of epochs (``break``/``return`` in their block) and
     read a shard sum (here, or through what a function returns), or a name assigned under a
     test that reads one (to a fixed point)."""
-    from dp2ddp.model.flow import origins
-
-    from dp2ddp.model.steps import backward_calls, innermost_loop
-
     stepping = {id(innermost_loop(m, c)) for c in backward_calls(m)}
     # loops of epochs: they train (through a nested loop or a function they call), no backward is their own
     epochs = [lp for lp in training_loops(m) if id(lp) not in stepping]
