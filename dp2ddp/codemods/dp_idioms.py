@@ -7,8 +7,13 @@ backward pass. The ``if`` goes — the same statements lint rule DDP010 reports
 
 ``patch_replication_callback(model)``: a function of the project's own modules that
 asserts ``isinstance(model, DataParallel)`` can only fail under DDP; a statement that
-just calls it with the wrapper goes (DDP126). A project function that names DataParallel
-without asserting it is left, with a warning (DDP111): it will meet a DDP wrapper.
+just calls it with the wrapper goes (DDP126). A ``save_model(model, ...)`` that unwraps
+only a DataParallel (``if isinstance(model, DataParallel): model = model.module``) before
+anything else is handed ``model.module``, the model it unwrapped to: its checkpoint keeps
+the original's keys (DDP165). One whose type checks name DistributedDataParallel too works
+on either wrapper. Any other function written for DataParallel would take its other branch
+under DDP: the file is refused (DDP166) unless the helper's module is migrated in the same
+plan (``--with-helpers``), where its type checks name DistributedDataParallel.
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import ast
 from typing import List
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Edit, Finding, Remove
-from dp2ddp.model.dp_idioms import asserting_helper_statements, dp_helper_calls, dp_loss_means, is_elif
+from dp2ddp.engine import Edit, Finding, Remove, Replace
+from dp2ddp.model.dp_idioms import BOTH, UNWRAPS, asserting_helper_statements, dp_helper_calls, dp_loss_means, is_elif
 
 
 def propose(ctx: Context) -> List[Finding]:
@@ -34,10 +39,25 @@ def propose(ctx: Context) -> List[Finding]:
         if id(stmt) in removable and ctx.bridge.alone_on_line(stmt):
             out.append(ctx.note(h.call, "DDP126", f"{h.name}(...) removed: it asserts a DataParallel ({h.where}), which DDP replaces",
                                 [Remove(ctx.bridge.statement(stmt))] + _unused_import(ctx, h.call)))
+        elif h.kind == BOTH or ctx.migrated_with(h.path):
+            continue  # its type checks name DistributedDataParallel (now or once its module is migrated)
+        elif h.kind == UNWRAPS and h.arg is not None:
+            text = ctx.m.source(h.arg)
+            out.append(ctx.note(h.arg, "DDP165", f"{h.name} unwraps only a DataParallel ({h.where}): it is handed "
+                                f"`{text}.module`, the model it unwrapped to, so what it saves keeps the original's keys",
+                                [Replace(ctx.cst(h.arg), ctx.expr(ctx.module_of(text)))]))
         else:
-            out.append(ctx.warn(h.call, "DDP111", f"{h.name} is written for DataParallel ({h.where}) and now receives the DDP "
-                                "wrapper: check it under DDP by hand"))
+            out.append(ctx.block(h.call, "DDP166", f"{h.name} is written for DataParallel ({h.where}: "
+                                 f"{_what(h)}) and would be handed the DDP wrapper, which is not one: migrate with "
+                                 "`--with-helpers` (its type checks then name DistributedDataParallel too), or make it "
+                                 "accept both wrappers"))
     return out
+
+
+def _what(h) -> str:
+    if h.asserts:
+        return "it asserts the model is a DataParallel"
+    return "it tests for a DataParallel and does something else for any other model"
 
 
 def _unused_import(ctx: Context, call: ast.Call) -> List[Edit]:

@@ -25,6 +25,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context, add_kwarg
 from dp2ddp.codemods.rank_zero_setup import propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
+from dp2ddp.codemods.write_barriers import barriers
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
@@ -253,7 +254,7 @@ def propose(ctx: Context) -> List[Finding]:
                                  "(or split it out of the training class), then migrate"))
     for w in companion_writes(m):
         if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
-            out.append(_companion_write(ctx, w))
+            out.extend(_companion_write(ctx, w))
     return out
 
 
@@ -361,10 +362,11 @@ def _from_setup(m: SemanticModel, name: ast.Name) -> bool:
     return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, ast.Call) and id(b.value) in ok for b in bindings)
 
 
-def _companion_write(ctx: Context, w) -> Finding:
+def _companion_write(ctx: Context, w) -> List[Finding]:
     """``utils.save_checkpoint(state, path)``: a project function or method that only writes
     (returns nothing, keeps no state, reaches no collective), called as a statement, runs on
-    rank 0; anything else is refused."""
+    rank 0, with a barrier after it where the script reads the path it wrote later
+    (:func:`dp2ddp.codemods.write_barriers.barriers`); anything else is refused."""
     m = ctx.m
     stmt = m.statement_of(w.call)
     whole = isinstance(stmt, ast.Expr) and stmt.value is w.call and ctx.bridge.alone_on_line(stmt)
@@ -375,10 +377,10 @@ def _companion_write(ctx: Context, w) -> Finding:
             else "its result is used" if not whole
             else "it also keeps state or returns a value every rank needs"
         )
-        return ctx.block(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp cannot run it on rank 0 "
-                         f"alone: {why}; split the writing out and call that on rank 0, then migrate")
-    return ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: it runs on rank 0 only",
-                    [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))])
+        return [ctx.block(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp cannot run it on rank 0 "
+                          f"alone: {why}; split the writing out and call that on rank 0, then migrate")]
+    return [ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: it runs on rank 0 only",
+                     [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))])] + barriers(ctx, [(stmt, stmt)], companion=True)
 
 
 def _what(w: Writer) -> str:

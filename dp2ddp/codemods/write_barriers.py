@@ -73,6 +73,16 @@ def _call_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
     return out
 
 
+def _companion_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
+    """What the call of a project function that writes files (``save_weights(model, path)``,
+    a companion write :mod:`rank_writers` runs on rank 0) in ``stmt`` writes under: its
+    arguments that name a path, as ``ast.dump`` texts."""
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not isinstance(call, ast.Call):
+        return []
+    return [ast.dump(a) for a in list(call.args) + [k.value for k in call.keywords] if _path_like(m, a)]
+
+
 def _path_like(m: SemanticModel, expr: ast.AST) -> bool:
     if isinstance(expr, ast.Constant):
         return isinstance(expr.value, str)
@@ -143,12 +153,15 @@ def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> a
         return cur
 
 
-def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: bool = False) -> List[Finding]:
+def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: bool = False,
+             companion: bool = False) -> List[Finding]:
     """``dist.barrier()`` after a rank-0 write of a file the script reads later (directly, or
     through a function of the script that reads the path it is given). ``routed``: the
     statements call a script function whose writes go to os.devnull on other ranks; its
     path arguments (a string, ``args.data``: not a whole options namespace) must reach a
-    reading call after it in the same function."""
+    reading call after it in the same function. ``companion``: the statements call a
+    project function that only writes, run on rank 0 (its path arguments are what it
+    writes)."""
     m = ctx.m
     if not guarded:
         return []
@@ -156,7 +169,7 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
     out = []
     done: Set[int] = set()
     for stmt, last in guarded:
-        paths = _call_paths(m, stmt) if routed else _written_paths(m, stmt)
+        paths = _call_paths(m, stmt) if routed else _companion_paths(m, stmt) if companion else _written_paths(m, stmt)
         for path in paths:
             later = [] if routed else [c for c, p in reads if p == path and ((c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset) or m.enclosing_function(c) is not m.enclosing_function(stmt))]
             for call in m.nodes(ast.Call):

@@ -182,8 +182,8 @@ CODES: Tuple[MigrationCode, ...] = (
         "a call that hands the wrapper to a project function asserting `isinstance(model, DataParallel)` is removed",
         "Such a helper (`patch_replication_callback(model)` of the SyncBatchNorm ports) patches DataParallel's "
         "per-forward replication; DDP replicates once and is not a DataParallel, so the assertion would fail.",
-        "The statement goes; a project function that names DataParallel without asserting it is left with a DDP111 "
-        "warning.",
+        "The statement goes; for a project function that names DataParallel without asserting it, see DDP165 and "
+        "DDP166.",
         "Safe: the helper could only raise under DDP.",
     ),
     MigrationCode(
@@ -222,5 +222,26 @@ CODES: Tuple[MigrationCode, ...] = (
         "would leave nobody to set up the process group: \"nothing to migrate\" would be a silent miss.",
         "Migrate them together: `dp2ddp rewrite train.py --with-helpers` (with `--diff`, `--in-place` or `-o DIR`).",
         "No fix.",
+    ),
+    MigrationCode(
+        "DDP165", "dp-unwrapping-helper-handed-module", "info",
+        "a project function that unwraps only a DataParallel is handed `model.module`",
+        "A helper such as `save_model(model, opt, path)` that starts with `if isinstance(model, nn.DataParallel): "
+        "model = model.module` saves the bare model's keys under DataParallel. Handed the DDP wrapper, which is not a "
+        "DataParallel, it would save the wrapper's `module.` keys instead, and the project's own loader would fail.",
+        "The call passes `model.module`: the model the helper unwrapped to under DataParallel. Its module is left as "
+        "it was (run with `--with-helpers` to migrate the helper's type check instead).",
+        "Safe: the helper did nothing with the wrapper before unwrapping it, so it sees the same bare model.",
+    ),
+    MigrationCode(
+        "DDP166", "dp-only-helper", "error",
+        "the wrapper is handed to a project function written for DataParallel; the file is left unchanged",
+        "A helper that tests `isinstance(model, nn.DataParallel)` (to read its `device_ids`, to unwrap it somewhere "
+        "in its body, or asserting it) takes its other branch, or fails, when handed a DistributedDataParallel "
+        "wrapper; the migrated script would behave differently with no error.",
+        "Migrate the script with its helpers (`dp2ddp rewrite train.py --with-helpers`): the helper's type checks "
+        "then name DistributedDataParallel too. Or make the helper accept both wrappers "
+        "(`isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel))`).",
+        "No fix: the file is left byte-for-byte as it was.",
     ),
 )

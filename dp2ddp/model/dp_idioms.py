@@ -4,9 +4,11 @@
   the per-GPU losses it gathers (under DDP the loss is already a scalar); :func:`is_elif`
   tells an ``elif`` from an ``if`` alone in an ``else``.
 * :func:`dp_helper_calls`: the wrapper passed to a function of the project's own modules
-  that is written for DataParallel (``patch_replication_callback(model)`` asserting
-  ``isinstance(model, DataParallel)``); :func:`asserting_helper_statements`: the statements
-  that only call one that asserts.
+  that is written for DataParallel, and what the function does with it (:func:`helper_kind`:
+  asserts ``isinstance(model, DataParallel)`` as ``patch_replication_callback(model)`` does;
+  unwraps only a DataParallel before anything else, as a ``save_model(model, ...)`` that
+  saves the bare model's keys; checks for both wrappers; anything else);
+  :func:`asserting_helper_statements`: the statements that only call one that asserts.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.names import DP
+from dp2ddp.model.names import DDP, DP
 from dp2ddp.model.project_defs import project_calls
 from dp2ddp.model.syntax import FUNCTIONS
 
@@ -87,12 +89,80 @@ def is_elif(m: SemanticModel, node: ast.If) -> bool:
     )
 
 
+# what a project function written for DataParallel does with the wrapper it is handed
+ASSERTS = "asserts"  # ``assert isinstance(model, DataParallel)``: under DDP it can only fail
+UNWRAPS = "unwraps"  # ``if isinstance(model, DataParallel): model = model.module`` before any other use
+BOTH = "both"  # every type check names DistributedDataParallel too: it works on either wrapper
+OTHER = "other"  # anything else: under DDP it takes the branch written for the bare model
+
+
 @dataclass
 class DpHelperCall:
     call: ast.Call  # in this script, with the wrapper as an argument
     name: str
     where: str  # ``modeling/sync_batchnorm/replicate.py:50``: its first DataParallel reference
     asserts: bool  # it asserts ``isinstance(<arg>, DataParallel)``: under DDP it can only fail
+    kind: str = OTHER  # ASSERTS, UNWRAPS, BOTH or OTHER (:func:`helper_kind`)
+    arg: Optional[ast.AST] = None  # the argument that hands it the wrapper
+    path: str = ""  # the helper's module file
+
+
+def _type_check_classes(pm: SemanticModel, ref: ast.AST) -> Optional[List[ast.AST]]:
+    """``ref`` (a DataParallel name) is the class, or one of the tuple of classes, of an
+    ``isinstance(x, ...)``: every class that check names; else None."""
+    parent = pm.parent(ref)
+    classes: List[ast.AST] = [ref]
+    if isinstance(parent, ast.Tuple):
+        classes, ref, parent = list(parent.elts), parent, pm.parent(parent)
+    if (isinstance(parent, ast.Call) and pm.is_name(parent.func, {"builtins.isinstance"}) and len(parent.args) == 2
+            and parent.args[1] is ref):
+        return classes
+    return None
+
+
+def _unwrap_of(pm: SemanticModel, stmt: ast.stmt, param: str) -> bool:
+    """``if isinstance(param, DP): param = param.module`` (no ``else``), or ``param =
+    param.module if isinstance(param, DP) else param``."""
+    def is_unwrap(value: ast.AST) -> bool:
+        return isinstance(value, ast.Attribute) and value.attr == "module" and isinstance(value.value, ast.Name) \
+            and value.value.id == param
+
+    def is_check(test: ast.AST) -> bool:
+        return (isinstance(test, ast.Call) and pm.is_name(test.func, {"builtins.isinstance"}) and len(test.args) == 2
+                and isinstance(test.args[0], ast.Name) and test.args[0].id == param)
+
+    def stores_param(s: ast.stmt) -> bool:
+        return isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
+            and s.targets[0].id == param
+
+    if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and is_check(stmt.test):
+        return stores_param(stmt.body[0]) and is_unwrap(stmt.body[0].value)  # type: ignore[attr-defined]
+    if stores_param(stmt) and isinstance(stmt.value, ast.IfExp):  # type: ignore[attr-defined]
+        e = stmt.value  # type: ignore[attr-defined]
+        return is_check(e.test) and is_unwrap(e.body) and isinstance(e.orelse, ast.Name) and e.orelse.id == param
+    return False
+
+
+def helper_kind(pm: SemanticModel, func: ast.AST, param: Optional[str]) -> str:
+    """What ``func`` (a function of a project module whose body names DataParallel) does
+    with the wrapper handed to its parameter ``param`` (None: not known)."""
+    refs = [r for r in pm.refs(DP) if pm.contains(func, r)]
+    if any(isinstance(n, ast.Assert) and isinstance(n.test, ast.Call) and pm.is_name(n.test.func, {"builtins.isinstance"})
+           and len(n.test.args) == 2 and pm.is_name(n.test.args[1], DP) for n in ast.walk(func)):
+        return ASSERTS
+    checks = [_type_check_classes(pm, r) for r in refs]
+    if refs and all(c is not None and any(pm.is_name(x, DDP) for x in c) for c in checks):
+        return BOTH
+    if param is None:
+        return OTHER
+    body = list(func.body)  # type: ignore[attr-defined]
+    for i, stmt in enumerate(body):
+        if _unwrap_of(pm, stmt, param):
+            before = body[:i]
+            uses_before = any(isinstance(n, ast.Name) and n.id == param for s in before for n in ast.walk(s))
+            only_there = all(pm.contains(stmt, r) for r in refs)
+            return UNWRAPS if not uses_before and only_there else OTHER
+    return OTHER
 
 
 def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
@@ -115,14 +185,28 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
         refs = [r for r in pm.refs(DP) if pm.contains(func, r)]
         if not refs:
             continue
-        asserts = any(
-            isinstance(n, ast.Assert) and isinstance(n.test, ast.Call) and pm.is_name(n.test.func, {"builtins.isinstance"})
-            and len(n.test.args) == 2 and pm.is_name(n.test.args[1], DP)
-            for n in ast.walk(func)
-        )
-        out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", asserts))  # type: ignore[attr-defined]
+        arg, param = _handed(m, pm, func, call, keys)
+        kind = helper_kind(pm, func, param)
+        out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", kind == ASSERTS,  # type: ignore[attr-defined]
+                                kind, arg, pm.path or ""))
     m.cache["dp_helper_calls"] = out
     return out
+
+
+def _handed(m: SemanticModel, pm: SemanticModel, func: ast.AST, call: ast.Call, keys) -> tuple:
+    """``(argument, parameter)``: the one argument of ``call`` that hands ``func`` a wrapper
+    (one of ``keys``) and the parameter it binds to; ``(None, None)`` where that is not one."""
+    from dp2ddp.model.collectives import var_key
+
+    a = func.args  # type: ignore[attr-defined]
+    params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    found = [(pm.argument_for(func, call, p), p) for p in params]
+    found = [(arg, p) for arg, p in found if arg is not None and var_key(m, arg) in keys]
+    passed = [x for x in list(call.args) + [k.value for k in call.keywords] if not isinstance(x, ast.Starred)
+              and var_key(m, x) in keys]
+    if len(found) != 1 or len(passed) != 1:
+        return None, None
+    return found[0]
 
 
 def asserting_helper_statements(m: SemanticModel) -> Dict[int, "DpHelperCall"]:

@@ -269,3 +269,30 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 model(torch.randn(4, 8)).sum().backward()
 opt.step()
 '''
+
+PROJECT_MODULES["DDP165"] = {
+    "snapshot.py": (
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "def save_model(model, path):\n"
+        "    if isinstance(model, nn.DataParallel):\n        model = model.module\n"
+        "    torch.save(model.state_dict(), path)\n"
+    ),
+}
+EXAMPLES["DDP165"] = _HEAD + '''from snapshot import save_model
+
+model = nn.DataParallel(nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+model(torch.randn(4, 8)).sum().backward()
+opt.step()
+save_model(model, "model.pth")
+'''
+PROJECT_MODULES["DDP166"] = {
+    "snapshot.py": (
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "def save_model(model, path):\n"
+        "    print('saving', type(model).__name__)\n"
+        "    if isinstance(model, nn.DataParallel):\n        model = model.module\n"
+        "    torch.save(model.state_dict(), path)\n"
+    ),
+}
+EXAMPLES["DDP166"] = EXAMPLES["DDP165"]
