@@ -64,7 +64,7 @@ def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) ->
     after = []
     before_false = []
     for c in changes:
-        if any(_before_wrap(m, c, w) for w in wraps):
+        if any(_runs_before_wrap(m, c, w) for w in wraps):
             if sets_true(m, c) is not True:
                 before_false.append(c)
         else:
@@ -176,6 +176,19 @@ def _before_wrap(m: SemanticModel, node: ast.AST, w: Wrap) -> bool:
     if any(isinstance(a, LOOPS) and m.contains(a, wl) for a in m.ancestors(node)):
         return False
     return (node.lineno, node.col_offset) < (wl.lineno, wl.col_offset)
+
+
+def _runs_before_wrap(m: SemanticModel, node: ast.AST, w: Wrap, depth: int = 0) -> bool:
+    """``node`` runs only before the wrap: it does (:func:`_before_wrap`), or it is in a
+    function of the script every call of which runs before the wrap (``self.unfreeze(True)``
+    in the ``__init__`` of a model class made before the wrap)."""
+    if _before_wrap(m, node, w):
+        return True
+    func = m.enclosing_function(node)
+    if func is None or func is w.function or depth > 3:
+        return False
+    sites = m.call_sites(func)
+    return bool(sites) and all(_runs_before_wrap(m, s, w, depth + 1) for s in sites)
 
 
 def _find_unused_note(ctx: Context, change: ast.AST) -> Finding:
