@@ -1,3 +1,4 @@
+import os
 from typing import List
 
 import pytest
@@ -60,3 +61,17 @@ def pytest_collection_modifyitems(config, items: List[pytest.Item]) -> None:
 @pytest.fixture
 def regen(request) -> bool:
     return request.config.getoption("--regen")
+
+
+@pytest.fixture(autouse=True)
+def _environment_put_back():
+    """``os.environ`` as it was before the test. A test that changes it in-process (torch sets
+    ``TORCHINDUCTOR_CACHE_DIR`` the first time a DDP wrapper is built in the pytest process)
+    would otherwise make every later launch of its worker run the real command instead of a
+    zygote fork (an import-time variable the zygote lacks: tests/_zygote.py), ten times as
+    slow, for the rest of the run."""
+    before = dict(os.environ)
+    yield
+    if dict(os.environ) != before:
+        os.environ.clear()
+        os.environ.update(before)
