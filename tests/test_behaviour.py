@@ -430,3 +430,14 @@ def test_unseeded_draws_before_training_are_alike_on_every_rank(tmp_path: Path) 
     tr = _runs("unseeded_split", tmp_path)["torchrun"]
     for name in ("split", "shuffled", "numpy"):
         assert len(tr.checks[name]) == 2 and len(set(tr.values(name))) == 1, (name, tr.checks[name])
+
+
+def test_parameters_frozen_at_the_wrap_and_unfrozen_later_train_alike_on_every_rank(tmp_path: Path) -> None:
+    """The backbone, frozen when the model is wrapped, is unfrozen at epoch 1: the migration
+    builds the wrapper over every parameter (DDP112), so the backbone's gradients are averaged
+    once it trains. Without that, the replicas' backbones drift apart (the probe's parameter
+    hash and the backbone's sum differ between the ranks)."""
+    runs = _runs("unfreeze_after_wrap", tmp_path)
+    tr = runs["torchrun"]
+    assert set(tr.values("backbone-trained")) == {"True"}, tr.output[-3000:]
+    assert len(tr.checks["backbone-sum"]) == 2 and len(set(tr.values("backbone-sum"))) == 1, tr.checks["backbone-sum"]

@@ -47,6 +47,9 @@ _QUALIFIED = {
 }
 
 Value = Union[str, ast.AST, cst.CSTNode]
+# ``ddp_call(..., find_unused=EVERY_PARAMETER)``: parameters frozen when the wrapper is built are
+# unfrozen later (dp2ddp.codemods.find_unused): the wrapper must register them too
+EVERY_PARAMETER = "every-parameter"
 F = TypeVar("F")
 
 
@@ -61,6 +64,7 @@ class Context:
         self._names: Dict[str, str] = {}
         self._added: Set[str] = set()  # names whose import this migration adds (at the top)
         self._fresh: set = set()
+        self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
         self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
 
@@ -227,8 +231,11 @@ class Context:
             return f'({dist}.get_rank() if {dist}.is_initialized() else int({self.name("os")}.environ.get("RANK", 0)))'
         return f"{dist}.get_rank()"
 
-    def ddp_call(self, module_text: str, find_unused: bool = False, cls: Optional[str] = None, sync_bn: bool = False) -> str:
-        """``DistributedDataParallel(module, device_ids=...)``; ``cls``: the script's own
+    def ddp_call(self, module_text: str, find_unused: Union[bool, str] = False, cls: Optional[str] = None,
+                 sync_bn: bool = False) -> str:
+        """``DistributedDataParallel(module, device_ids=...)``; ``find_unused``: with
+        ``find_unused_parameters=True``, and for :data:`EVERY_PARAMETER` built through a helper
+        written once into the script that registers the frozen parameters too; ``cls``: the script's own
         subclass (rebased on DistributedDataParallel) that the original called instead;
         ``sync_bn``: the original's DataParallel synchronised BatchNorm across the GPUs
         (:mod:`dp2ddp.model.sync_bn`), so the module's BatchNorm layers become
@@ -240,8 +247,15 @@ class Context:
         if sync_bn:
             inner = (f"{torch}.nn.SyncBatchNorm.convert_sync_batchnorm({module_text}) "
                      f"if {torch}.cuda.is_available() else {module_text}")
+        wrapper = cls or self.name("DDP")
+        if find_unused == EVERY_PARAMETER:
+            helper = self._every_parameter
+            if helper is None:
+                helper = self._every_parameter = self.fresh_name("wrap_every_parameter")
+                self.define_after_imports("wrap_every_parameter.py.tmpl", helper=helper)
+            wrapper, inner = helper, f"{wrapper}, {inner}"
         call = (
-            f"{cls or self.name('DDP')}({inner}, device_ids=[{torch}.cuda.current_device()] "
+            f"{wrapper}({inner}, device_ids=[{torch}.cuda.current_device()] "
             f"if {torch}.cuda.is_available() else None{extra})"
         )
         if self.role == "helper":

@@ -1,16 +1,20 @@
 """Whether the DDP wrap needs ``find_unused_parameters=True``: a script that changes
 ``requires_grad`` after the wrap — of the wrapped model's parameters, not of an EMA copy,
 a teacher or an input tensor — gets it (DDP125, :func:`needs_find_unused`;
-:func:`owners_need_find_unused` for the functional form); one that unfreezes parameters
-frozen when the wrapper is built is refused (DDP112)."""
+:func:`owners_need_find_unused` for the functional form). One that unfreezes parameters
+frozen when the wrapper is built gets a wrapper built over every parameter (DDP112,
+:data:`dp2ddp.codemods.context.EVERY_PARAMETER`): DDP only averages the gradients of the
+parameters that required grad when it was built, so the frozen ones are unfrozen for the
+construction and frozen again right after; with ``find_unused_parameters=True`` they are
+skipped while frozen and averaged once unfrozen, as the original trains them."""
 
 from __future__ import annotations
 
 import ast
 import os
-from typing import List, Optional
+from typing import List, Optional, Union
 
-from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.context import EVERY_PARAMETER, Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_tensor
@@ -19,17 +23,16 @@ from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true
 from dp2ddp.model.wraps import Wrap
 
 
-def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
+def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Union[bool, str]:
     """Whether the wraps need ``find_unused_parameters=True``: ``requires_grad`` changes
     after the wrap, or training passes over a list of settings (a model set up per item);
-    refuses an unfreeze of parameters frozen when the wrapper is built."""
+    :data:`EVERY_PARAMETER` where parameters frozen when the wrapper is built are unfrozen
+    later (the wrapper must register them too)."""
     if not wraps:
         return False
-    found = len(out)
-    if _requires_grad_needs(ctx, wraps, out):
-        return True
-    if len(out) > found:
-        return False  # refused (DDP112)
+    got = _requires_grad_needs(ctx, wraps, out)
+    if got:
+        return got
     branch = _branch_only_submodule(ctx.m)
     if branch is not None:
         out.append(ctx.note(wraps[0].call, "DDP125", f"{branch}: on the other path its parameters get no gradient; "
@@ -56,7 +59,7 @@ def _settings_need(ctx: Context, out: List[Finding]) -> bool:
     return True
 
 
-def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> bool:
+def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Union[bool, str]:
     m = ctx.m
     changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
     if not changes:
@@ -74,15 +77,16 @@ def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) ->
     if before_false and any(sets_true(m, c) is True for c in after):
         c = next(c for c in after if sets_true(m, c) is True)
         out.append(
-            ctx.block(
+            ctx.note(
                 c,
                 "DDP112",
-                f"parameters frozen before the DistributedDataParallel wrap (line {before_false[0].lineno}) are unfrozen "
-                "here: DDP never synchronises them and the ranks train apart; build the wrapper after the last "
-                "requires_grad change, or wrap again after unfreezing",
+                f"parameters frozen before the wrap (line {before_false[0].lineno}) are unfrozen here: the "
+                "DistributedDataParallel wrapper is built over every parameter (the frozen ones unfrozen while it is "
+                "built, then frozen again), with find_unused_parameters=True, so their gradients are averaged once "
+                "they train",
             )
         )
-        return False
+        return EVERY_PARAMETER
     out.append(_find_unused_note(ctx, after[0]))
     return True
 
@@ -143,9 +147,16 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: in
         owner = owner.value  # model.module[0], model.backbone -> model
     if owner is None:
         return False
-    mine = {id(n) for n, _ in origins(m, owner)}
-    if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in origins(m, owner)):
+    found = origins(m, owner)
+    mine = {id(n) for n, _ in found}
+    if not mine or any(isinstance(n, ast.Name) and m.enclosing_function(n) is not None and n.id in m.params(m.enclosing_function(n)) for n, _ in found):
         return False
+    for n, _ in found:  # ``freeze(model.backbone)``: a part of what ``model`` holds
+        root = n
+        while isinstance(root, (ast.Attribute, ast.Subscript)) and not _root_is_self(root):
+            root = root.value
+        if root is not n:
+            mine |= {id(x) for x, _ in origins(m, root)}
     wrapped = set()
     made = set()  # classes whose instances are wrapped
     for w in wraps:

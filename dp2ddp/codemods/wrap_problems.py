@@ -2,7 +2,8 @@
 (:func:`problems`, called by :func:`dp2ddp.migrate.plan`): DataParallel used in a way that
 cannot be migrated (an alias, a subclass, an argument, a sub-module wrapped inside an
 ``nn.Module``), one forward feeding two backward passes, parameters replaced after the
-wrap (DDP117)."""
+wrap (DDP117), a training forward through ``.module`` that DDP would not synchronise
+(DDP167)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,32 @@ def problems(ctx: Context) -> List[Finding]:
             out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
     out.extend(_shared_forward(ctx))
     out.extend(_replaced_after_wrap(ctx))
+    out.extend(_forward_through_module(ctx))
+    return out
+
+
+def _wrapper_keys(m: SemanticModel) -> Set[VarKey]:
+    seeds: Set[VarKey] = set()
+    for w in dp_wraps(m):
+        if not w.functional:
+            seeds.update(assigned_keys(m, w.outer))
+    return wrapper_keys(m, seeds) if seeds else set()
+
+
+def _forward_through_module(ctx: Context) -> List[Finding]:
+    """DDP167: the loss of a backward pass computed by a forward through ``.module``
+    (:mod:`dp2ddp.model.module_bypass`): DDP would not average its gradients."""
+    from dp2ddp.model.module_bypass import bypassing_forwards
+
+    m = ctx.m
+    out = []
+    for b in bypassing_forwards(m, _wrapper_keys(m)):
+        text = m.source(b.call.func)
+        out.append(ctx.block(b.call, "DDP167", (
+            f"`{text}(...)` runs the bare model, around the wrapper, and the backward pass at line {b.backward.lineno} "
+            "differentiates its result: DistributedDataParallel averages the gradients only of a forward through the "
+            "wrapper itself, so each rank would keep the gradients of its own share and the replicas drift apart; call "
+            "the wrapper (`model(x)`), making the method the model's `forward` if it is one, then migrate")))
     return out
 
 
@@ -139,13 +166,9 @@ def _shared_forward(ctx: Context) -> List[Finding]:
     in the same loop (pix2pixHD: the generator and discriminator losses of one forward):
     DDP marks each parameter ready once per forward, so this cannot be migrated as it is."""
     m = ctx.m
-    seeds: Set[VarKey] = set()
-    for w in dp_wraps(m):
-        if not w.functional:
-            seeds.update(assigned_keys(m, w.outer))
-    if not seeds:
+    keys = _wrapper_keys(m)
+    if not keys:
         return []
-    keys = wrapper_keys(m, seeds)
     out = []
     done = set()
     for use in wrapper_uses(m, keys):

@@ -75,12 +75,17 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix.",
     ),
     MigrationCode(
-        "DDP112", "unfreeze-after-wrap", "error",
-        "parameters frozen when the model is wrapped are unfrozen later; the file is left unchanged",
-        "DDP only synchronises parameters that require grad when the wrapper is built: parameters unfrozen later train "
-        "apart on every rank, silently.",
-        "Build the DDP wrapper after the last change of `requires_grad`, or wrap again after unfreezing.",
-        "No fix: the file is left byte-for-byte as it was.",
+        "DDP112", "unfreeze-after-wrap", "info",
+        "parameters frozen when the model is wrapped are unfrozen later: the wrapper is built over every parameter",
+        "DDP averages the gradients only of the parameters that require grad when the wrapper is built: a backbone "
+        "frozen at the wrap and unfrozen at a later epoch (gradual unfreezing) would train apart on every rank, "
+        "silently.",
+        "The wrap goes through `wrap_every_parameter(DistributedDataParallel, model, ..., "
+        "find_unused_parameters=True)`, written once into the script: the frozen parameters are unfrozen while the "
+        "wrapper is built and frozen again right after, so DDP registers them; while frozen they get no gradient and "
+        "are skipped, once unfrozen their gradients are averaged like the others'.",
+        "Safe: the parameters train exactly as in the original (the same `requires_grad` at every step); the cost is "
+        "find_unused_parameters' graph traversal on every step.",
     ),
     MigrationCode(
         "DDP115", "inference-only", "error",
@@ -232,6 +237,19 @@ CODES: Tuple[MigrationCode, ...] = (
         "The call passes `model.module`: the model the helper unwrapped to under DataParallel. Its module is left as "
         "it was (run with `--with-helpers` to migrate the helper's type check instead).",
         "Safe: the helper did nothing with the wrapper before unwrapping it, so it sees the same bare model.",
+    ),
+    MigrationCode(
+        "DDP167", "loss-through-module-refused", "error",
+        "a loss is computed by a forward through `.module` of the wrapper; the file is left unchanged",
+        "Under DataParallel `model.module(x)` or `model.module.compute_loss(x, y)` runs the bare model on one GPU, and "
+        "the optimizer steps its gradients. DistributedDataParallel averages gradients over the ranks only after a "
+        "forward through the wrapper itself: through `.module`, each rank keeps the gradients of its own share and "
+        "the replicas drift apart, with no error.",
+        "Call the wrapper (`model(x)`); a method that computes the loss (`compute_loss`) can become the model's "
+        "`forward`, or a wrapper module's whose `forward` calls it. Then migrate.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loss = model.module(torch.randn(8, 4)).sum()\nloss.backward()\nopt.step()\n",
     ),
     MigrationCode(
         "DDP166", "dp-only-helper", "error",

@@ -226,14 +226,14 @@ def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
     """id(summed loss call) -> ("sum", "") where every backward reaching it differentiates
     only summed losses, ("mixed", the other term) where one adds something else, or
     ("frozen", "") where it reaches only backward passes that train no model parameter."""
-    from dp2ddp.model.steps import backward_calls
+    from dp2ddp.model.steps import backward_calls, differentiated
 
     summed = set()
     for made, _, functional in _made_sums(m):
         summed.update(id(u) for u in ([made] if functional else class_uses(m, made)))
     out: Dict[int, Tuple[str, str]] = {}
     for call in backward_calls(m):
-        operand = _differentiated(m, call)
+        operand = differentiated(m, call)
         if operand is None:
             continue
         leaves: List[ast.AST] = []
@@ -256,20 +256,6 @@ def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
             if out.get(id(x), ("sum", ""))[0] in ("sum", "frozen"):
                 out[id(x)] = verdict
     return out
-
-
-def _differentiated(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
-    """The loss a backward call differentiates: ``x`` of ``x.backward()``,
-    ``scaler.scale(x).backward()``, ``torch.autograd.backward(x)``."""
-    f = call.func
-    if isinstance(f, ast.Attribute) and f.attr == "backward":
-        recv = f.value
-        if (isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute) and recv.func.attr == "scale"
-                and len(recv.args) == 1 and not recv.keywords):
-            return recv.args[0]
-        return recv
-    tensors = kwarg(call, "tensors")  # torch.autograd.backward(tensors, grad_tensors, ...)
-    return call.args[0] if call.args else tensors.value if tensors is not None else None
 
 
 _SAME_VALUE = frozenset({"to", "cuda", "cpu", "float", "double", "half"})

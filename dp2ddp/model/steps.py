@@ -14,7 +14,7 @@ from typing import List, Optional, Set
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import AUTOGRAD_BACKWARD, GRAD_CLIPS, OPTIMIZERS, SCHEDULER_FACTORIES, SCHEDULER_MODULES
-from dp2ddp.model.syntax import FUNCTIONS, children
+from dp2ddp.model.syntax import FUNCTIONS, children, kwarg
 
 _NESTED = FUNCTIONS + (ast.ClassDef, ast.Lambda)
 
@@ -65,6 +65,20 @@ def backward_calls(m: SemanticModel) -> List[ast.Call]:
     if got is None:
         got = m.cache["steps:backward"] = [c for c in m.nodes(ast.Call) if is_backward(m, c)]
     return got  # type: ignore[return-value]
+
+
+def differentiated(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    """The loss a backward call differentiates: ``x`` of ``x.backward()``,
+    ``scaler.scale(x).backward()``, ``torch.autograd.backward(x)``."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "backward":
+        recv = f.value
+        if (isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute) and recv.func.attr == "scale"
+                and len(recv.args) == 1 and not recv.keywords):
+            return recv.args[0]
+        return recv
+    tensors = kwarg(call, "tensors")  # torch.autograd.backward(tensors, grad_tensors, ...)
+    return call.args[0] if call.args else tensors.value if tensors is not None else None
 
 
 # ----------------------------------------------------------------------- optimizer steps

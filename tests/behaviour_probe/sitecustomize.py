@@ -2,8 +2,9 @@
 
 * ``CHECK ddp-at-first-step <rank> <bool>``: whether a DistributedDataParallel object
   exists when the first optimizer step runs;
-* ``CHECK params <rank> <sha1>``: a hash of the parameters the first optimizer updates,
-  at exit (equal on every rank when the replicas are in sync).
+* ``CHECK params <rank> <sha1>``: a hash of the parameters the first optimizer updates (its
+  groups at exit: one added mid-training counts), at exit (equal on every rank when the
+  replicas are in sync).
 
 It also gives gloo worker threads time to finish before the interpreter finalizes (the
 torch 2.13 exit race, as tests/exit_race_guard does)."""
@@ -36,12 +37,16 @@ def _install():
 
             _emit("ddp-at-first-step", any(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
             _state["params"] = [p for g in optimizer.param_groups for p in g["params"]]
+            _state["optimizer"] = optimizer  # its groups at exit: a group added later counts too
 
     register_optimizer_step_pre_hook(pre)
 
 
 def _finish():
     params = _state["params"]
+    optimizer = _state.get("optimizer")
+    if optimizer is not None:
+        params = [p for g in optimizer.param_groups for p in g["params"]]
     if params:
         import hashlib
 
