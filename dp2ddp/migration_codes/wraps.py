@@ -232,7 +232,8 @@ CODES: Tuple[MigrationCode, ...] = (
         "DDP165", "dp-unwrapping-helper-handed-module", "info",
         "a project function that unwraps only a DataParallel is handed `model.module`",
         "A helper such as `save_model(model, opt, path)` that starts with `if isinstance(model, nn.DataParallel): "
-        "model = model.module` saves the bare model's keys under DataParallel. Handed the DDP wrapper, which is not a "
+        "model = model.module` (or whose two branches do the same, `return model.module.state_dict()` and "
+        "`return model.state_dict()`) saves the bare model's keys under DataParallel. Handed the DDP wrapper, which is not a "
         "DataParallel, it would save the wrapper's `module.` keys instead, and the project's own loader would fail.",
         "The call passes `model.module`: the model the helper unwrapped to under DataParallel. Its module is left as "
         "it was (run with `--with-helpers` to migrate the helper's type check instead).",

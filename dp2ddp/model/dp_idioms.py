@@ -91,7 +91,8 @@ def is_elif(m: SemanticModel, node: ast.If) -> bool:
 
 # what a project function written for DataParallel does with the wrapper it is handed
 ASSERTS = "asserts"  # ``assert isinstance(model, DataParallel)``: under DDP it can only fail
-UNWRAPS = "unwraps"  # ``if isinstance(model, DataParallel): model = model.module`` before any other use
+UNWRAPS = "unwraps"  # ``if isinstance(model, DataParallel): model = model.module`` before any other use,
+# or both branches do the same on the wrapped and the bare model (``return model.module.state_dict()``)
 BOTH = "both"  # every type check names DistributedDataParallel too: it works on either wrapper
 OTHER = "other"  # anything else: under DDP it takes the branch written for the bare model
 
@@ -157,12 +158,59 @@ def helper_kind(pm: SemanticModel, func: ast.AST, param: Optional[str]) -> str:
         return OTHER
     body = list(func.body)  # type: ignore[attr-defined]
     for i, stmt in enumerate(body):
-        if _unwrap_of(pm, stmt, param):
+        if _unwrap_of(pm, stmt, param) or _same_either_way(pm, stmt, body[i + 1:], param):
             before = body[:i]
             uses_before = any(isinstance(n, ast.Name) and n.id == param for s in before for n in ast.walk(s))
             only_there = all(pm.contains(stmt, r) for r in refs)
             return UNWRAPS if not uses_before and only_there else OTHER
+        if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.IfExp) and _is_check(pm, stmt.value.test, param):
+            e = stmt.value
+            same = _without_module(e.body, param) == ast.dump(e.orelse)
+            only_there = all(pm.contains(e.test, r) for r in refs)
+            uses_before = any(isinstance(n, ast.Name) and n.id == param for s in body[:i] for n in ast.walk(s))
+            return UNWRAPS if same and only_there and not uses_before else OTHER
     return OTHER
+
+
+def _is_check(pm: SemanticModel, test: ast.AST, param: str) -> bool:
+    """``isinstance(param, <classes>)``."""
+    return (isinstance(test, ast.Call) and pm.is_name(test.func, {"builtins.isinstance"}) and len(test.args) == 2
+            and isinstance(test.args[0], ast.Name) and test.args[0].id == param)
+
+
+class _ModuleToBare(ast.NodeTransformer):
+    def __init__(self, param: str) -> None:
+        self.param = param
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        if node.attr == "module" and isinstance(node.value, ast.Name) and node.value.id == self.param:
+            return ast.Name(id=self.param, ctx=node.ctx)
+        self.generic_visit(node)
+        return node
+
+
+def _without_module(node: ast.AST, param: str) -> str:
+    """``ast.dump`` of ``node`` with ``param.module`` read as ``param``."""
+    import copy
+
+    return ast.dump(_ModuleToBare(param).visit(copy.deepcopy(node)))
+
+
+def _same_either_way(pm: SemanticModel, stmt: ast.stmt, rest: List[ast.stmt], param: str) -> bool:
+    """``if isinstance(param, DP): <A on param.module> [else: <A on param>]`` (without
+    ``else``: the statements after the ``if``, which the DataParallel branch must leave by
+    ``return``): both branches do the same, one on the wrapped model and one on the bare
+    one (``return model.module.state_dict()`` / ``return model.state_dict()``), so the bare
+    model handed in takes the other branch and does what the wrapper did."""
+    if not isinstance(stmt, ast.If) or not _is_check(pm, stmt.test, param):
+        return False
+    other = stmt.orelse
+    if not other:
+        if not stmt.body or not isinstance(stmt.body[-1], ast.Return):
+            return False
+        other = rest
+    wrapped = [_without_module(s, param) for s in stmt.body]
+    return bool(other) and wrapped == [ast.dump(s) for s in other]
 
 
 def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
