@@ -726,3 +726,33 @@ def test_a_missing_file_stays_a_problem_for_a_deterministic_model_or_a_line_that
     (d,) = rep["differences"]
     assert (d["kind"], d["severity"]) == ("missing", "problem"), d
     assert d["message"] == "the migration does not write out/best.txt; the original does, at train.py:40"
+
+
+def _with_optimizer(momentum_shift: float):
+    """A checkpoint with a model and an SGD optimizer's state, its momentum buffer moved by
+    ``momentum_shift`` (relative)."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(8, 4)).pow(2).mean().backward()
+    opt.step()
+    state = opt.state_dict()
+    for s in state["state"].values():
+        s["momentum_buffer"] = s["momentum_buffer"] * (1 + momentum_shift)
+    return {"model": net.state_dict(), "optimizer": state}
+
+
+@pytest.mark.parametrize("shift, problem", [(3.6e-6, False), (1e-2, True)])
+def test_momentum_buffers_are_judged_by_the_noise_of_summed_gradients(tmp_path, shift, problem):
+    """train_det-style checkpoint (model and optimizer): a correct migration's momentum buffer
+    differed by 3.6e-6 where the envelope's differed by 1.8e-7 (a gradient whose terms cancel
+    rounds far more than its size); within the accumulators' floor (1e-4) that passes, while a
+    momentum buffer 1 % off (a gradient scaled or not averaged) stays a problem."""
+    o, m, e = _runs_with_envelope(tmp_path, _with_optimizer(0.0), _with_optimizer(shift), _with_optimizer(1.8e-7))
+    rep = _compare(o, m, envelope=e, split=False, stochastic=[])
+    problems = [d for d in rep["differences"] if d["severity"] == "problem"]
+    if problem:
+        (d,) = problems
+        assert "momentum_buffer" in d["message"] and "beyond float noise" in d["message"], d
+    else:
+        assert not problems, problems

@@ -424,3 +424,52 @@ def test_items_seed_only_the_streams_their_dataset_draws_from():
     plain = probe._Streams()
     plain.fetch(InMemory(), range(300), 0, torch)
     assert plain.used == set()
+
+
+DETECTION = '''
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Images(Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return torch.randn(3, 8, 8), {"labels": torch.tensor([i % 2])}
+
+
+def collate(batch):
+    return tuple(zip(*batch))
+
+
+net = nn.Sequential(nn.Flatten(0), nn.Linear(192, 2))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for workers in (0, 2):
+    for images, targets in DataLoader(Images(), batch_size=4, collate_fn=collate, num_workers=workers):
+        loss = sum(nn.functional.cross_entropy(net(im)[None], t["labels"]) for im, t in zip(images, targets))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+@pytest.mark.slow
+def test_a_step_counts_the_samples_its_indices_named_whatever_the_collate_makes(tmp_path):
+    """A detection-style loader collates a batch into a tuple of per-image tensors
+    (3 x 8 x 8 each): the step used the 4 samples its batch sampler named, not the first
+    image's 3 channels (the size of the first tensor found), with or without workers (their
+    batches come back in the order the indices went out)."""
+    import json
+    import os
+
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text(DETECTION)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
+    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in recs if r["ev"] == "step"] == [4] * 6

@@ -158,7 +158,7 @@ def _values(rep, entry, shown, fa, fb, fe, line, unjudged: Optional[str] = None)
         if y is None or z is None or x.shape != y.shape or x.shape != z.shape or not x.is_floating_point():
             continue
         dm, de = _reldiff(x, y, torch), _reldiff(x, z, torch)
-        allowed = max(VALUE_FLOOR, ENVELOPE_FACTOR * de)
+        allowed = max(ACCUMULATOR_FLOOR if ACCUMULATOR.search(k) else VALUE_FLOOR, ENVELOPE_FACTOR * de)
         ratio = dm / allowed
         if ratio > worst:
             worst, where = ratio, (k, dm, de)
@@ -244,3 +244,11 @@ ENVELOPE_FACTOR = 10.0  # a value may differ this many times the envelope's diff
 
 
 VALUE_FLOOR = 1e-6  # ... or this much (relative), whichever is larger
+# An optimizer's running sums of gradients (SGD's momentum buffer, Adam's moments: a state
+# entry of a saved optimizer.state_dict(), ``optimizer/state/<index>/<name>``) carry the
+# rounding of every gradient reduction, and a reduction whose terms cancel (a bias behind a
+# ReLU and a pooling) rounds far more than its result's size, which is what the envelope
+# perturbs by: 3.6e-6 against an envelope of 1.8e-7 on a correct migration. A wrong gradient
+# (not averaged, scaled by the world size, a different batch) moves them by 1e-2 and more.
+ACCUMULATOR = re.compile(r"(^|/)state/\d+/[^/]+$")
+ACCUMULATOR_FLOOR = 1e-4

@@ -616,10 +616,12 @@ def _on_torch(torch):
         # make the migrated run's global batch look larger than the original's. Batches
         # fetched under torch.no_grad() feed no backward: not counted at all.
         s = _S
+        counts = self.__dict__.get("_dp2ddp_counts")
+        n = counts.popleft() if counts else None  # the samples its index sampler named for this batch
         if s.on and is_grad_enabled():
             key = id(getattr(self, "_index_sampler", None))
             fetched = s.fetched
-            fetched[key] = fetched.get(key, 0) + _batch_size(batch, Tensor)
+            fetched[key] = fetched.get(key, 0) + (n if n is not None else _batch_size(batch, Tensor))
             s.last = key
             p = s.passes.get(key)
             if p is not None and p.iterable and p.k < EVIDENCE_PASSES:
@@ -642,6 +644,15 @@ def _on_torch(torch):
                 if p is not None and p.it is self._sampler_iter:
                     p.close(True)
             raise
+        if s.on and self._dataset_kind != dataloader._DatasetKind.Iterable:
+            # a batch of a map-style dataset holds the samples its indices name, however the
+            # collate function lays them out (a tuple of per-image tensors for a detection
+            # model): __next__ counts those, in the order the indices went out (workers
+            # return their batches in that order)
+            counts = self.__dict__.get("_dp2ddp_counts")
+            if counts is None:
+                counts = self.__dict__["_dp2ddp_counts"] = collections.deque()
+            counts.append(len(idx) if type(idx) is list else 1)
         if s.on:
             p = s.passes.get(id(self._index_sampler))
             if p is None or p.it is not self._sampler_iter:
