@@ -39,7 +39,29 @@ def problems(ctx: Context) -> List[Finding]:
     out.extend(_shared_forward(ctx))
     out.extend(_replaced_after_wrap(ctx))
     out.extend(_forward_through_module(ctx))
+    out.extend(_data_parallel_attributes(ctx))
     return out
+
+
+# attributes of the DataParallel object itself (not of the model it wraps) whose values mean
+# something else under DDP: the GPUs one process split its batches over
+DP_OWN_ATTRS = frozenset({"device_ids", "output_device", "src_device_obj"})
+
+
+def _data_parallel_attributes(ctx: Context) -> List[Finding]:
+    """``len(model.device_ids)``: the number of GPUs DataParallel split each batch over. The
+    DDP wrapper's ``device_ids`` is this process's one device (``None`` on CPU), and the
+    model has none: no reading of it keeps the original's value, so the file is refused."""
+    m = ctx.m
+    keys = _wrapper_keys(m)
+    for use in wrapper_uses(m, keys) if keys else ():
+        if use.kind == "attribute" and use.attr in DP_OWN_ATTRS:
+            return [ctx.block(m.parent(use.node), "DDP101", (
+                f"`{m.source(m.parent(use.node))}` reads DataParallel's own `{use.attr}` (the GPUs this one process split "
+                "each batch over): under DDP each process drives one device (DistributedDataParallel's `device_ids` is "
+                "that one, or None on CPU) and the model has no such attribute; replace it with what it stands for "
+                "(`torch.cuda.device_count()`, or 1 per process with the batch divided), then migrate"))]
+    return []
 
 
 def _wrapper_keys(m: SemanticModel) -> Set[VarKey]:
