@@ -8,7 +8,7 @@ wrap (DDP117), a training forward through ``.module`` that DDP would not synchro
 from __future__ import annotations
 
 import ast
-from typing import List, Set
+from typing import List, Optional, Set
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
@@ -40,7 +40,59 @@ def problems(ctx: Context) -> List[Finding]:
     out.extend(_replaced_after_wrap(ctx))
     out.extend(_forward_through_module(ctx))
     out.extend(_data_parallel_attributes(ctx))
+    out.extend(_dtype_after_wrap(ctx))
     return out
+
+
+# conversions that give the parameters new storage of another dtype (``.float()`` leaves a
+# float32 model as it is, and is not one)
+_DTYPE_METHODS = frozenset({"half", "double", "bfloat16"})
+_DTYPES = frozenset({f"torch.{t}" for t in ("float16", "half", "bfloat16", "float64", "double")})
+
+
+def _dtype_conversion(m: SemanticModel, use) -> Optional[ast.Call]:
+    """The call that converts the dtype of the wrapper's parameters at ``use``
+    (``model.half()``, ``model.module.to(torch.float16)``), if it is one."""
+    attr = m.parent(use.node)
+    if use.kind == "module":
+        attr = m.parent(attr)
+    elif use.kind != "api":
+        return None
+    call = m.parent(attr) if isinstance(attr, ast.Attribute) else None
+    if not isinstance(call, ast.Call) or call.func is not attr:
+        return None
+    if attr.attr in _DTYPE_METHODS:  # type: ignore[union-attr]
+        return call
+    if attr.attr in ("to", "type"):  # type: ignore[union-attr]
+        args = list(call.args) + [k.value for k in call.keywords if k.arg in ("dtype", "dst_type")]
+        if any(m.qualified_names(a) & _DTYPES for a in args if isinstance(a, (ast.Name, ast.Attribute))):
+            return call
+    return None
+
+
+def _dtype_after_wrap(ctx: Context) -> List[Finding]:
+    """``model.half()`` (``.double()``, ``.to(torch.float16)``) on the wrapper after the wrap:
+    DataParallel replicated the converted model at every forward, but DDP built its gradient
+    buckets for the parameters' dtype when it was made, and after the conversion the ranks'
+    gradients are no longer averaged (measured: the replicas drifted apart, exit 0)."""
+    m = ctx.m
+    keys = _wrapper_keys(m)
+    if not keys:
+        return []
+    wraps = [w for w in dp_wraps(m) if not w.functional and w.stmt is not None]
+    for use in wrapper_uses(m, keys):
+        call = _dtype_conversion(m, use)
+        if call is None:
+            continue
+        func = m.enclosing_function(use.node)
+        after = [w for w in wraps if w.function is not func or m.position(use.node) > m.end_position(w.stmt)]
+        if len(after) == len(wraps) and wraps:
+            return [ctx.block(call, "DDP101", (
+                f"`{m.source(call)}` converts the model's dtype after the DataParallel wrap (line {wraps[0].stmt.lineno}): "
+                "DistributedDataParallel builds its gradient buckets for the dtype the parameters have when it is "
+                "made, and after the conversion the ranks' gradients would not be averaged (the replicas drift apart); "
+                "convert the model before the wrap, then migrate"))]
+    return []
 
 
 # attributes of the DataParallel object itself (not of the model it wraps) whose values mean
