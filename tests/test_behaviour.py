@@ -441,3 +441,11 @@ def test_parameters_frozen_at_the_wrap_and_unfrozen_later_train_alike_on_every_r
     tr = runs["torchrun"]
     assert set(tr.values("backbone-trained")) == {"True"}, tr.output[-3000:]
     assert len(tr.checks["backbone-sum"]) == 2 and len(set(tr.values("backbone-sum"))) == 1, tr.checks["backbone-sum"]
+
+
+def test_a_dtype_conversion_after_the_wrap_keeps_the_replicas_in_sync(tmp_path: Path) -> None:
+    """`model.double()` on the wrapper after the wrap: the migration wraps the converted
+    module again (DDP129); a DDP built for float32 would leave the float64 gradients of each
+    rank's share unaveraged (the probe's parameter hash would differ between the ranks)."""
+    runs = _runs("double_after_wrap", tmp_path)
+    assert set(runs["torchrun"].values("dtype")) == {"torch.float64"}

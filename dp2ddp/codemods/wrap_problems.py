@@ -11,7 +11,7 @@ import ast
 from typing import List, Optional, Set
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding
+from dp2ddp.engine import Finding, InsertAfter
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_module_class
@@ -74,25 +74,61 @@ def _dtype_after_wrap(ctx: Context) -> List[Finding]:
     """``model.half()`` (``.double()``, ``.to(torch.float16)``) on the wrapper after the wrap:
     DataParallel replicated the converted model at every forward, but DDP built its gradient
     buckets for the parameters' dtype when it was made, and after the conversion the ranks'
-    gradients are no longer averaged (measured: the replicas drifted apart, exit 0)."""
+    gradients are no longer averaged (measured: the replicas drifted apart, exit 0). A
+    conversion in the wrap's own function, a statement of its own on the wrapper's name
+    (``if args.half: model.half()``, akamaster's CIFAR ResNets), is followed by a new wrap of
+    the converted module (DDP129): DDP built again registers the parameters as they now are
+    (measured: replicas in sync; the optimizer holds the same parameter objects). Anywhere
+    else it is refused."""
     m = ctx.m
     keys = _wrapper_keys(m)
     if not keys:
         return []
     wraps = [w for w in dp_wraps(m) if not w.functional and w.stmt is not None]
+    out: List[Finding] = []
     for use in wrapper_uses(m, keys):
         call = _dtype_conversion(m, use)
         if call is None:
             continue
         func = m.enclosing_function(use.node)
         after = [w for w in wraps if w.function is not func or m.position(use.node) > m.end_position(w.stmt)]
-        if len(after) == len(wraps) and wraps:
+        if not (len(after) == len(wraps) and wraps):
+            continue
+        rewrap = _rewrap_after(ctx, use, call, wraps)
+        if rewrap is not None:
+            out.append(rewrap)
+        else:
             return [ctx.block(call, "DDP101", (
                 f"`{m.source(call)}` converts the model's dtype after the DataParallel wrap (line {wraps[0].stmt.lineno}): "
                 "DistributedDataParallel builds its gradient buckets for the dtype the parameters have when it is "
                 "made, and after the conversion the ranks' gradients would not be averaged (the replicas drift apart); "
                 "convert the model before the wrap, then migrate"))]
-    return []
+    return out
+
+
+def _rewrap_after(ctx: Context, use, call: ast.Call, wraps) -> Optional[Finding]:
+    """The new wrap after ``model.half()`` (see :func:`_dtype_after_wrap`), or None where the
+    conversion is not a statement of its own on the name that holds the wrapper, in the
+    function of its wraps."""
+    from dp2ddp.codemods.find_unused import needs_find_unused
+
+    m = ctx.m
+    stmt = m.statement_of(call)
+    holder = use.node
+    target_ok = isinstance(holder, ast.Name) or (isinstance(holder, ast.Attribute) and isinstance(holder.value, ast.Name)
+                                                 and holder.value.id == "self")
+    plain = (isinstance(stmt, ast.Expr) and stmt.value is call) or (
+        isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.value is call
+        and m.source(stmt.targets[0]) == m.source(holder))
+    func = m.enclosing_function(call)
+    if not (target_ok and plain and all(w.function is func for w in wraps) and ctx.bridge.alone_on_line(stmt)):
+        return None
+    text = m.source(holder)
+    find_unused = needs_find_unused(ctx, wraps, [])
+    new = ctx.stmt("{t} = {call}", t=text, call=ctx.ddp_call(ctx.module_of(text), find_unused))
+    return ctx.note(call, "DDP129", f"`{m.source(call)}` changes the parameters' dtype after the wrap: the module is "
+                    "wrapped again right after it, so that DistributedDataParallel averages the gradients of the "
+                    "converted parameters", [InsertAfter(ctx.bridge.statement(stmt), (new,))])
 
 
 # attributes of the DataParallel object itself (not of the model it wraps) whose values mean

@@ -240,6 +240,20 @@ CODES: Tuple[MigrationCode, ...] = (
         "Safe: the helper did nothing with the wrapper before unwrapping it, so it sees the same bare model.",
     ),
     MigrationCode(
+        "DDP129", "rewrap-after-dtype-change", "info",
+        "the model's dtype is converted on the wrapper after the wrap: the module is wrapped again right after",
+        "DataParallel replicates the model at every forward, so `model.half()` after the wrap took effect at the next "
+        "step. DistributedDataParallel builds its gradient buckets for the dtype the parameters have when it is made: "
+        "after the conversion the ranks' gradients would no longer be averaged, and the replicas drift apart.",
+        "Right after the conversion (`if args.half: model.half()`), the converted module is wrapped again: "
+        "`model = DistributedDataParallel(model.module, ...)`. A conversion elsewhere (in another function, inside an "
+        "expression) is refused (DDP101).",
+        "Safe: the new wrapper holds the same module and parameter objects (an optimizer made before still steps "
+        "them) and broadcasts rank 0's values, which every rank already has.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nmodel.double()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loss = model(torch.randn(8, 4, dtype=torch.float64)).sum()\nloss.backward()\nopt.step()\n",
+    ),
+    MigrationCode(
         "DDP167", "loss-through-module-refused", "error",
         "a loss is computed by a forward through `.module` of the wrapper; the file is left unchanged",
         "Under DataParallel `model.module(x)` or `model.module.compute_loss(x, y)` runs the bare model on one GPU, and "
