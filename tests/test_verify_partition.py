@@ -283,13 +283,10 @@ for fold in range(3):  # a new optimizer per fold; the previous one is freed (it
 
 @pytest.mark.slow  # a fresh Python that imports torch
 def test_every_optimizer_gets_its_own_index_even_when_its_id_is_reused(tmp_path):
-    script = tmp_path / "folds.py"
-    script.write_text(FOLDS)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
-    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
-    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    from tests.verify_helpers import run_probe
+
+    p, recs = run_probe(tmp_path, FOLDS, "folds.py")
     assert p.returncode == 0, p.stderr
-    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
     (end,) = [r for r in recs if r["ev"] == "end"]
     assert [(o["index"], o["steps"], o["site"][1]) for o in end["optimizers"]] == [(0, 2, 7), (1, 2, 7), (2, 2, 7)]
     steps = [r for r in recs if r["ev"] == "step"]

@@ -205,17 +205,13 @@ def test_step_lines_are_what_json_dumps_writes(loss, lr):
 @pytest.mark.slow
 def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tmp_path):
     import json
-    import os
 
     pytest.importorskip("torch")
-    script = tmp_path / "train.py"
-    script.write_text(PROBED)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
-    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
-    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    from tests.verify_helpers import run_probe
+
+    p, recs = run_probe(tmp_path, PROBED)
     assert p.returncode == 0 and "Warning" not in p.stderr, p.stderr
     expected = json.loads(p.stdout.strip().splitlines()[-1])
-    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["ev"] == "step"]
     assert [r["i"] for r in steps] == [1, 2, 3, 4]  # none from the forked child
     assert [r["loss"] for r in steps[:3]] == expected  # float32 mean, as before
@@ -272,20 +268,15 @@ def test_a_step_counts_the_loader_that_fed_it_and_the_sampler_follows_the_migrat
     visits DistributedSampler(num_replicas=1)'s order at the epochs the migration set
     (1 and 2: a script counting epochs from 1), not at 0 and 1."""
     import json
-    import os
 
     torch = pytest.importorskip("torch")
     from torch.utils.data.distributed import DistributedSampler
 
-    script = tmp_path / "train.py"
-    script.write_text(FED)
+    from tests.verify_helpers import run_probe
+
     plans = [{"n": 10, "seed": 0, "epochs": [0, 1]}, {"n": 24, "seed": 3, "epochs": [1, 2]}]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
-    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path),
-               DP2DDP_VERIFY_SAMPLERS=json.dumps(plans))
-    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    p, recs = run_probe(tmp_path, FED, DP2DDP_VERIFY_SAMPLERS=json.dumps(plans))
     assert p.returncode == 0, p.stderr
-    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
     steps = [r for r in recs if r["ev"] == "step"]
     assert [r["samples"] for r in steps] == [8] * 6  # not 8 + 10 after an evaluation
     orders = json.loads(p.stdout.strip().splitlines()[-1])
@@ -461,15 +452,9 @@ def test_a_step_counts_the_samples_its_indices_named_whatever_the_collate_makes(
     (3 x 8 x 8 each): the step used the 4 samples its batch sampler named, not the first
     image's 3 channels (the size of the first tensor found), with or without workers (their
     batches come back in the order the indices went out)."""
-    import json
-    import os
+    from tests.verify_helpers import run_probe
 
     pytest.importorskip("torch")
-    script = tmp_path / "train.py"
-    script.write_text(DETECTION)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
-    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path))
-    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    p, recs = run_probe(tmp_path, DETECTION)
     assert p.returncode == 0, p.stderr
-    recs = [json.loads(x) for x in (tmp_path / "original-rank0.jsonl").read_text().splitlines()]
     assert [r["samples"] for r in recs if r["ev"] == "step"] == [4] * 6

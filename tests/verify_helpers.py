@@ -84,3 +84,21 @@ def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None, r
 
 def fixture(name: str) -> str:
     return str(FIXTURES / name)
+
+
+PROBE_DIR = Path(__file__).resolve().parents[1] / "dp2ddp" / "verify" / "probe"
+
+
+def run_probe(tmp_path: Path, source: str, name: str = "train.py", **env_extra: str):
+    """``source`` written to ``tmp_path/name`` and run in a fresh Python with verify's probe
+    as the original run (records into ``tmp_path``): ``(completed process, records of rank 0)``
+    (the records are empty where the run wrote none)."""
+    script = tmp_path / name
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env.update(PYTHONPATH=str(PROBE_DIR), DP2DDP_VERIFY_ROLE="original", DP2DDP_VERIFY_OUT=str(tmp_path), **env_extra)
+    p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                       timeout=120)
+    out = tmp_path / "original-rank0.jsonl"
+    recs = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
+    return p, recs
