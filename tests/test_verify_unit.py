@@ -205,6 +205,7 @@ def test_step_lines_are_what_json_dumps_writes(loss, lr):
 @pytest.mark.slow
 def test_probe_records_accumulated_losses_samples_and_ignores_forked_children(tmp_path):
     import json
+    import os
 
     pytest.importorskip("torch")
     from tests.verify_helpers import run_probe
