@@ -8,8 +8,8 @@ for the backward pass that follows); a forward through ``.module`` leaves each r
 gradients of its own share, and the replicas drift apart with no error.
 
 :func:`bypassing_forwards`: such calls whose result a backward pass differentiates (the loss
-is computed from them, through the names bound in the function of the backward call), not
-under ``torch.no_grad()``.
+is computed from them, through the names bound in the function of the backward call and the
+returns of the script's functions it calls), not under ``torch.no_grad()``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import List, NamedTuple, Set
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.steps import backward_calls, differentiated
+from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.training import under_no_grad
 from dp2ddp.model.uses import MODULE_API
 
@@ -52,6 +53,11 @@ def _feeding(m: SemanticModel, expr: ast.AST, func, seen: Set[int], depth: int =
     seen.add(id(expr))
     for n in ast.walk(expr):
         yield n
+        target = m.resolve_call(n) if isinstance(n, ast.Call) else None
+        if isinstance(target, FUNCTIONS):  # ``step_loss(model, x, y)``: what its returns compute
+            for r in ast.walk(target):
+                if isinstance(r, ast.Return) and r.value is not None and m.enclosing_function(r) is target:
+                    yield from _feeding(m, r.value, target, seen, depth + 1)
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             for b in m.bindings_of(n):
                 if b.kind not in ("assign", "augassign") or m.enclosing_function(b.node) is not func:
