@@ -21,7 +21,7 @@ from dp2ddp.model.entry_points import has_entry_point
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
 from dp2ddp.model.training import training_site
-from dp2ddp.model.uses import wrapper_keys, wrapper_uses
+from dp2ddp.model.uses import dp_wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
 
 
@@ -57,12 +57,7 @@ def check_entry(ctx: Context) -> List[Finding]:
             )
         ]
     if training_site(m) is None:
-        seeds = set()
-        for w in wraps:
-            from dp2ddp.model.collectives import assigned_keys
-
-            seeds.update(assigned_keys(m, w.outer))
-        uses = wrapper_uses(m, wrapper_keys(m, seeds)) if seeds else []
+        uses = dp_wrapper_uses(m, functional=True)
         if not any(_trains_elsewhere(m, u) for u in uses):
             return [ctx.block(wraps[0].call, "DDP115", _no_training_message(m, wraps, uses))]
     return []

@@ -12,12 +12,12 @@ from typing import List, Optional, Set
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter
-from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP as DDP_NAMES
 from dp2ddp.model.syntax import root_name
-from dp2ddp.model.uses import wrapper_keys, wrapper_uses
+from dp2ddp.model.uses import dp_wrapper_keys, dp_wrapper_uses
 from dp2ddp.model.wraps import dp_other_refs, dp_subclasses, dp_wraps
 
 
@@ -81,12 +81,9 @@ def _dtype_after_wrap(ctx: Context) -> List[Finding]:
     (measured: replicas in sync; the optimizer holds the same parameter objects). Anywhere
     else it is refused."""
     m = ctx.m
-    keys = _wrapper_keys(m)
-    if not keys:
-        return []
     wraps = [w for w in dp_wraps(m) if not w.functional and w.stmt is not None]
     out: List[Finding] = []
-    for use in wrapper_uses(m, keys):
+    for use in dp_wrapper_uses(m):
         call = _dtype_conversion(m, use)
         if call is None:
             continue
@@ -141,8 +138,7 @@ def _data_parallel_attributes(ctx: Context) -> List[Finding]:
     DDP wrapper's ``device_ids`` is this process's one device (``None`` on CPU), and the
     model has none: no reading of it keeps the original's value, so the file is refused."""
     m = ctx.m
-    keys = _wrapper_keys(m)
-    for use in wrapper_uses(m, keys) if keys else ():
+    for use in dp_wrapper_uses(m):
         if use.kind == "attribute" and use.attr in DP_OWN_ATTRS:
             return [ctx.block(m.parent(use.node), "DDP101", (
                 f"`{m.source(m.parent(use.node))}` reads DataParallel's own `{use.attr}` (the GPUs this one process split "
@@ -152,14 +148,6 @@ def _data_parallel_attributes(ctx: Context) -> List[Finding]:
     return []
 
 
-def _wrapper_keys(m: SemanticModel) -> Set[VarKey]:
-    seeds: Set[VarKey] = set()
-    for w in dp_wraps(m):
-        if not w.functional:
-            seeds.update(assigned_keys(m, w.outer))
-    return wrapper_keys(m, seeds) if seeds else set()
-
-
 def _forward_through_module(ctx: Context) -> List[Finding]:
     """DDP167: the loss of a backward pass computed by a forward through ``.module``
     (:mod:`dp2ddp.model.module_bypass`): DDP would not average its gradients."""
@@ -167,7 +155,7 @@ def _forward_through_module(ctx: Context) -> List[Finding]:
 
     m = ctx.m
     out = []
-    for b in bypassing_forwards(m, _wrapper_keys(m)):
+    for b in bypassing_forwards(m, dp_wrapper_keys(m)):
         text = m.source(b.call.func)
         out.append(ctx.block(b.call, "DDP167", (
             f"`{text}(...)` runs the bare model, around the wrapper, and the backward pass at line {b.backward.lineno} "
@@ -276,12 +264,12 @@ def _shared_forward(ctx: Context) -> List[Finding]:
     in the same loop (pix2pixHD: the generator and discriminator losses of one forward):
     DDP marks each parameter ready once per forward, so this cannot be migrated as it is."""
     m = ctx.m
-    keys = _wrapper_keys(m)
+    keys = dp_wrapper_keys(m)
     if not keys:
         return []
     out = []
     done = set()
-    for use in wrapper_uses(m, keys):
+    for use in dp_wrapper_uses(m):
         if use.kind != "forward":
             continue
         call = m.parent(use.node)

@@ -67,10 +67,13 @@ def _call_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
         t = m.resolve_call(node)
         if t is None or not _writes_files(m, t):
             continue
-        for a in list(node.args) + [k.value for k in node.keywords]:
-            if _path_like(m, a):
-                out.append(ast.dump(a))
+        out.extend(_path_args(m, node))
     return out
+
+
+def _path_args(m: SemanticModel, call: ast.Call) -> List[str]:
+    """The arguments of ``call`` that name a path, as ``ast.dump`` texts."""
+    return [ast.dump(a) for a in list(call.args) + [k.value for k in call.keywords] if _path_like(m, a)]
 
 
 def _companion_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
@@ -78,9 +81,7 @@ def _companion_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
     a companion write :mod:`rank_writers` runs on rank 0) in ``stmt`` writes under: its
     arguments that name a path, as ``ast.dump`` texts."""
     call = stmt.value if isinstance(stmt, ast.Expr) else None
-    if not isinstance(call, ast.Call):
-        return []
-    return [ast.dump(a) for a in list(call.args) + [k.value for k in call.keywords] if _path_like(m, a)]
+    return _path_args(m, call) if isinstance(call, ast.Call) else []
 
 
 def _path_like(m: SemanticModel, expr: ast.AST) -> bool:

@@ -102,10 +102,14 @@ class DpHelperCall:
     call: ast.Call  # in this script, with the wrapper as an argument
     name: str
     where: str  # ``modeling/sync_batchnorm/replicate.py:50``: its first DataParallel reference
-    asserts: bool  # it asserts ``isinstance(<arg>, DataParallel)``: under DDP it can only fail
     kind: str = OTHER  # ASSERTS, UNWRAPS, BOTH or OTHER (:func:`helper_kind`)
     arg: Optional[ast.AST] = None  # the argument that hands it the wrapper
     path: str = ""  # the helper's module file
+
+    @property
+    def asserts(self) -> bool:
+        """It asserts ``isinstance(<arg>, DataParallel)``: under DDP it can only fail."""
+        return self.kind == ASSERTS
 
 
 def _type_check_classes(pm: SemanticModel, ref: ast.AST) -> Optional[List[ast.AST]]:
@@ -128,19 +132,15 @@ def _unwrap_of(pm: SemanticModel, stmt: ast.stmt, param: str) -> bool:
         return isinstance(value, ast.Attribute) and value.attr == "module" and isinstance(value.value, ast.Name) \
             and value.value.id == param
 
-    def is_check(test: ast.AST) -> bool:
-        return (isinstance(test, ast.Call) and pm.is_name(test.func, {"builtins.isinstance"}) and len(test.args) == 2
-                and isinstance(test.args[0], ast.Name) and test.args[0].id == param)
-
     def stores_param(s: ast.stmt) -> bool:
         return isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) \
             and s.targets[0].id == param
 
-    if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and is_check(stmt.test):
+    if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1 and _is_check(pm, stmt.test, param):
         return stores_param(stmt.body[0]) and is_unwrap(stmt.body[0].value)  # type: ignore[attr-defined]
     if stores_param(stmt) and isinstance(stmt.value, ast.IfExp):  # type: ignore[attr-defined]
         e = stmt.value  # type: ignore[attr-defined]
-        return is_check(e.test) and is_unwrap(e.body) and isinstance(e.orelse, ast.Name) and e.orelse.id == param
+        return _is_check(pm, e.test, param) and is_unwrap(e.body) and isinstance(e.orelse, ast.Name) and e.orelse.id == param
     return False
 
 
@@ -159,16 +159,9 @@ def helper_kind(pm: SemanticModel, func: ast.AST, param: Optional[str]) -> str:
     body = list(func.body)  # type: ignore[attr-defined]
     for i, stmt in enumerate(body):
         if _unwrap_of(pm, stmt, param) or _same_either_way(pm, stmt, body[i + 1:], param):
-            before = body[:i]
-            uses_before = any(isinstance(n, ast.Name) and n.id == param for s in before for n in ast.walk(s))
+            uses_before = any(isinstance(n, ast.Name) and n.id == param for s in body[:i] for n in ast.walk(s))
             only_there = all(pm.contains(stmt, r) for r in refs)
             return UNWRAPS if not uses_before and only_there else OTHER
-        if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.IfExp) and _is_check(pm, stmt.value.test, param):
-            e = stmt.value
-            same = _without_module(e.body, param) == ast.dump(e.orelse)
-            only_there = all(pm.contains(e.test, r) for r in refs)
-            uses_before = any(isinstance(n, ast.Name) and n.id == param for s in body[:i] for n in ast.walk(s))
-            return UNWRAPS if same and only_there and not uses_before else OTHER
     return OTHER
 
 
@@ -201,7 +194,10 @@ def _same_either_way(pm: SemanticModel, stmt: ast.stmt, rest: List[ast.stmt], pa
     ``else``: the statements after the ``if``, which the DataParallel branch must leave by
     ``return``): both branches do the same, one on the wrapped model and one on the bare
     one (``return model.module.state_dict()`` / ``return model.state_dict()``), so the bare
-    model handed in takes the other branch and does what the wrapper did."""
+    model handed in takes the other branch and does what the wrapper did. Also as one
+    expression: ``return param.module.x() if isinstance(param, DP) else param.x()``."""
+    if isinstance(stmt, ast.Return) and isinstance(stmt.value, ast.IfExp) and _is_check(pm, stmt.value.test, param):
+        return _without_module(stmt.value.body, param) == ast.dump(stmt.value.orelse)
     if not isinstance(stmt, ast.If) or not _is_check(pm, stmt.test, param):
         return False
     other = stmt.orelse
@@ -235,8 +231,7 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
             continue
         arg, param = _handed(m, pm, func, call, keys)
         kind = helper_kind(pm, func, param)
-        out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", kind == ASSERTS,  # type: ignore[attr-defined]
-                                kind, arg, pm.path or ""))
+        out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", kind, arg, pm.path or ""))  # type: ignore[attr-defined]
     m.cache["dp_helper_calls"] = out
     return out
 

@@ -105,6 +105,33 @@ def wrapper_keys(m: SemanticModel, seeds: Iterable[VarKey], max_depth: int = 3) 
     return keys
 
 
+def dp_wrapper_keys(m: SemanticModel, functional: bool = False) -> Set[VarKey]:
+    """The variables that hold a DataParallel wrapper: those its wraps are assigned to
+    (``functional``: the wraps of ``data_parallel(...)`` too), followed by
+    :func:`wrapper_keys`. Computed once per model."""
+    from dp2ddp.model.wraps import dp_wraps
+
+    key = f"uses:dp_wrapper_keys:{functional}"
+    got = m.cache.get(key)
+    if got is None:
+        seeds: Set[VarKey] = set()
+        for w in dp_wraps(m):
+            if functional or not w.functional:
+                seeds.update(assigned_keys(m, w.outer))
+        got = m.cache[key] = wrapper_keys(m, seeds) if seeds else set()
+    return got  # type: ignore[return-value]
+
+
+def dp_wrapper_uses(m: SemanticModel, functional: bool = False) -> List["Use"]:
+    """:func:`wrapper_uses` of :func:`dp_wrapper_keys`, computed once per model."""
+    key = f"uses:dp_wrapper_uses:{functional}"
+    got = m.cache.get(key)
+    if got is None:
+        keys = dp_wrapper_keys(m, functional)
+        got = m.cache[key] = wrapper_uses(m, keys) if keys else []
+    return got  # type: ignore[return-value]
+
+
 def _name_nodes(m: SemanticModel) -> List[ast.AST]:
     return m.nodes(ast.Name, ast.Attribute)
 
