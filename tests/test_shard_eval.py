@@ -42,6 +42,7 @@ CHECK = re.compile(r"CHECK (\S+) (\S+) (.*)$", re.MULTILINE)
 
 # fixture -> (tag of the evaluation before training, {seen tag: (dataset size, batch size)})
 SHARDED = {
+    "collected_predictions": ("init", {"init": (103, 10), "0": (103, 10), "1": (103, 10)}),
     "kuangliu_test_epoch": ("-1", {"-1": (100, 16), "0": (100, 16), "1": (100, 16)}),
     "mnist_test_function": ("init", {"init": (250, 50), "1": (250, 50), "2": (250, 50)}),
     "trainer_uneven_batches": ("init", {"init": (103, 10), "0": (103, 10), "1": (103, 10), "calib": (7, 16)}),
@@ -199,6 +200,44 @@ def test_what_keeps_a_loop_whole(evaluate: str, why: str) -> None:
     result, found = _findings(_script(evaluate))
     codes = [c for c, _ in found]
     assert codes == ["DDP161"], found
+    assert why in found[0][1], found
+    assert b"EvalPass" not in result.output
+
+
+_COLLECTS = """
+def evaluate(model, loader):
+    preds, seen = [], list()
+    loss = 0.0
+    with torch.no_grad():
+        for x, y in loader:
+            out = model(x)
+            loss += nn.functional.cross_entropy(out, y).item()
+            preds.append(out.argmax(1))
+            seen.extend(y.tolist())
+    return loss, torch.cat(preds), seen
+"""
+
+
+def test_a_loop_that_collects_into_empty_lists_is_sharded_and_its_lists_taken_back_in_order() -> None:
+    result, found = _findings(_script(_COLLECTS))
+    assert [c for c, _ in found] == ["DDP160"], found
+    assert "`loss` added up and `preds`, `seen` collected" in found[0][1], found
+    out = result.output.decode()
+    assert "loss, preds, seen = loader_pass.track(loss, preds, seen)" in out
+    assert "loss, preds, seen = loader_pass.total(loss, preds, seen)  # dp2ddp: every rank's sums and items" in out
+
+
+@pytest.mark.parametrize("evaluate,why", [
+    (_COLLECTS.replace("            preds.append(out.argmax(1))", "            preds.append(out.argmax(1))\n"
+                       "            n = len(preds)"), "reads `preds`"),
+    (_COLLECTS.replace("preds, seen = [], list()", "preds, seen = [torch.zeros(0)], list()"), "not an empty list"),
+    (_COLLECTS.replace("            seen.extend(y.tolist())", "            seen.extend(y.tolist())\n            seen = seen[-8:]"),
+     "carries `seen`"),
+    (_COLLECTS.replace("            preds.append(out.argmax(1))", "            preds.insert(0, out.argmax(1))"), "preds.insert"),
+])
+def test_what_keeps_a_collecting_loop_whole(evaluate: str, why: str) -> None:
+    result, found = _findings(_script(evaluate))
+    assert [c for c, _ in found] == ["DDP161"], found
     assert why in found[0][1], found
     assert b"EvalPass" not in result.output
 

@@ -71,7 +71,7 @@ def propose(ctx: Context) -> List[Finding]:
 def _define(ctx: Context) -> Dict[str, str]:
     """The helpers, once, after the imports at the top of the module."""
     m = ctx.m
-    names = {n: ctx.fresh_name(n) for n in ("EvalPass", "EvalBatches", "EvalSum")}
+    names = {n: ctx.fresh_name(n) for n in ("EvalPass", "EvalBatches", "EvalSum", "EvalList")}
     body = ctx.render("shard_eval.py.tmpl", torch=ctx.name("torch"), dist=ctx.name("dist"), **names)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + list(body[0].leading_lines))
     end = m.top_import_end
@@ -95,7 +95,8 @@ def _shard(ctx: Context, e: EvalLoop, names: Dict[str, str]) -> Finding:
     accs = ", ".join(e.accumulators)
     if e.accumulators:
         before.append(ctx.stmt("{a} = {p}.track({a})\n", a=accs, p=pass_name))
-        after.append(ctx.stmt("{a} = {p}.total({a})  # dp2ddp: every rank's sums, in the original's order\n",
+        what = "sums and items" if e.lists else "sums"
+        after.append(ctx.stmt("{a} = {p}.total({a})  # dp2ddp: every rank's {w}, in the original's order\n", w=what,
                               a=accs, p=pass_name))
     if e.index is not None:
         after.append(ctx.stmt("{i} = {p}.last_index({i})\n", i=e.index, p=pass_name))
@@ -105,7 +106,10 @@ def _shard(ctx: Context, e: EvalLoop, names: Dict[str, str]) -> Finding:
     ]
     if after:
         edits.append(InsertAfter(loop, tuple(after)))
-    sums = f"; {', '.join(f'`{a}`' for a in e.accumulators)} added up after it in the original's order" if e.accumulators else ""
+    summed = [a for a in e.accumulators if a not in e.lists]
+    parts = [f"{', '.join(f'`{a}`' for a in summed)} added up"] if summed else []
+    parts += [f"{', '.join(f'`{a}`' for a in e.lists)} collected"] if e.lists else []
+    sums = f"; {' and '.join(parts)} after it in the original's order" if parts else ""
     message = (
         f"--shard-eval: the evaluation loop over `{label}` (line {e.loop.lineno}) is shared out by whole batches "
         f"(rank r evaluates the original's batches r, r + world, ...; whole on every rank where the loader has "

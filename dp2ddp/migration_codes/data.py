@@ -37,17 +37,20 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP160", "eval-sharded", "info",
-        "`--shard-eval`: an evaluation loop whose results are sums runs on each rank's own whole batches",
+        "`--shard-eval`: an evaluation loop whose results are sums or collected lists runs on each rank's own whole batches",
         "Every rank evaluating the whole set repeats the same work world-size times. A loop over an evaluation "
         "`DataLoader` of the script whose accumulators are only added to (`correct += ...`, `test_loss += "
         "loss.item()`, `total += y.size(0)`: bound to a number or a zero tensor before the loop, read only after "
-        "it), that runs under `torch.no_grad()` and lets nothing else out of an iteration, can be split exactly.",
+        "it) or only appended to (`preds.append(out.argmax(1))`, `targets.extend(y.tolist())`: bound to an empty "
+        "list before the loop, read only after it), that runs under `torch.no_grad()` and lets nothing else out of "
+        "an iteration, can be split exactly.",
         "The loop iterates `EvalPass(loader)` (helpers written once into the script): rank r evaluates the original's "
         "batches r, r + world, ..., so each batch's values are the original's (no padding, no duplicates) and "
         "`len()` stays the loader's. The accumulators are handed to the pass before the loop (`.track(...)`) and taken "
-        "back after it (`.total(...)`): every rank's additions are gathered and added up in the original's order of "
-        "batches, so sums of floats come out to the last bit as the original's (an all-reduce of per-rank partial "
-        "sums would not); an `enumerate` index read after the loop gets the original's last value "
+        "back after it (`.total(...)`): every rank's additions are gathered and added up, and every rank's items "
+        "appended to the list, in the original's order of batches, so sums of floats come out to the last bit as the "
+        "original's (an all-reduce of per-rank partial sums would not) and the lists hold the original's items in its "
+        "order (tensors back on the device they were made on); an `enumerate` index read after the loop gets the original's last value "
         "(`.last_index(...)`). A loader with fewer batches than ranks, or whose order is not fixed, is read whole on "
         "every rank at run time, and the sums are then left as they are.",
         "Safe: the values after the loop are the original's on every rank; the loop runs on every rank that runs "
@@ -63,7 +66,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "DDP161", "eval-kept-whole", "warning",
         "`--shard-eval`: an evaluation loop stays whole on every rank, with the reason",
         "Only a loop whose results are provably sums can be split between the ranks. This one leaves something else "
-        "behind (a list of predictions appended, a confusion matrix or a metric object updated in place, a running "
+        "behind (a list that does not start empty or is read inside the loop, a confusion matrix or a metric object updated in place, a running "
         "value printed or logged inside the loop, a file written), may stop early (`break`, `return`), computes "
         "gradients (an evaluation under attack), runs with gradients on (not under `torch.no_grad()`), or runs under "
         "a condition that may differ between ranks.",
@@ -72,7 +75,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "predictions yourself (`dist.all_gather_object`).",
         "Safe: the loop is the default migration's.",
         EVAL + "preds = []\nwith torch.no_grad():\n    for x, y in test_loader:\n"
-        "        preds.append(model(x).argmax(1))\nprint(torch.cat(preds).float().mean())\n",
+        "        preds.append(model(x).argmax(1))\n        print(len(preds))\nprint(torch.cat(preds).float().mean())\n",
     ),
     MigrationCode(
         "DDP130", "loader-sharded", "info",

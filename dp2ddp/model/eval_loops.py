@@ -8,10 +8,13 @@ whole batches when everything it leaves behind is a sum the original added up:
 
 * its *accumulators*: names bound to a number (``0``, ``0.0``) or a zero tensor before the
   loop, changed in it only by ``+=``, and read only after it (``correct += (pred ==
-  y).sum().item()``, ``test_loss += loss.item()``, ``total += y.size(0)``);
+  y).sum().item()``, ``test_loss += loss.item()``, ``total += y.size(0)``); and names bound
+  to an empty list before the loop, changed in it only by ``.append(...)``/``.extend(...)``
+  statements, and read only after it (``preds.append(out.argmax(1).cpu())``: each batch's
+  items are kept with their batch and put back in the original's order after the loop);
 * ``enumerate``'s index, when it is read after the loop (``test_loss / (batch_idx + 1)``):
   its value there is the original's last index, whatever the rank evaluated;
-* nothing else escapes an iteration: no list appended, nothing changed in place, no
+* nothing else escapes an iteration: no other list appended, nothing changed in place, no
   metric object's ``update()``, no print, log or file written, no ``.backward()``, no
   ``return``/``break``, no value set in the loop read after it, no call of a function
   whose effects the model does not follow (the script's own functions are read, with the
@@ -50,6 +53,7 @@ class EvalLoop:
     loaders: List[Loader]
     iterable: ast.AST  # the expression of the loop's header that is the loader
     accumulators: List[str] = field(default_factory=list)
+    lists: List[str] = field(default_factory=list)  # the accumulators that are lists it collects into
     index: Optional[str] = None  # enumerate's index, read after the loop
     problem: Optional[str] = None  # why the loop stays whole on every rank
     problem_node: Optional[ast.AST] = None
@@ -104,6 +108,7 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     scope = m.scope_of(loop)
     stored, plain = _stores(m, loop, scope)
     accs: List[str] = []
+    collected = _collections(m, loop, scope, stored)
     for node in walk_statements(loop.body):
         if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id not in plain:
             name = node.target.id
@@ -114,7 +119,9 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     local = stored - set(accs)
     for name in sorted(stored & (scope.globals | scope.nonlocals)):
         return stays(f"it sets `{name}`, declared global in its function", loop)
-    why = escape(m, loop.body, local, set(accs), scope, loop, 0)
+    lists = sorted({c.func.value.id for c in collected}, key=lambda n: min(  # type: ignore[attr-defined]
+        (c.lineno, c.col_offset) for c in collected if c.func.value.id == n))  # type: ignore[attr-defined]
+    why = escape(m, loop.body, local, set(accs) | set(lists), scope, loop, 0, {id(c) for c in collected})
     if why is not None:
         return stays(f"it {why[1]}", why[0])
     carried = _carried(m, loop, local, scope)
@@ -125,6 +132,10 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
         why = _start(m, loop, name, scope)
         if why is not None:
             return stays(why[1], why[0])
+    for name in lists:
+        why = _start(m, loop, name, scope, _empty_list)
+        if why is not None:
+            return stays(why[1].replace("a number or a zero tensor", "an empty list"), why[0])
     reads = _Reads(m, scope, loop)
     for name in sorted(local):
         r = reads.after(name)
@@ -138,7 +149,35 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     if cond is not None:
         node, why = cond
         return stays(why, node)
-    e.accumulators = accs
+    e.accumulators = accs + lists
+    e.lists = lists
+
+
+_COLLECTING = ("append", "extend")
+
+
+def _collections(m: SemanticModel, loop: ast.For, scope, stored: Set[str]) -> List[ast.Call]:
+    """The loop's statements ``name.append(...)``/``name.extend(...)`` on a name of its
+    function the loop does not bind (a list it collects into, if it starts empty)."""
+    out: List[ast.Call] = []
+    for node in walk_statements(loop.body):
+        if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+            continue
+        call = node.value
+        f = call.func
+        if (isinstance(f, ast.Attribute) and f.attr in _COLLECTING and isinstance(f.value, ast.Name)
+                and f.value.id not in stored and len(call.args) == 1 and not call.keywords
+                and not isinstance(call.args[0], ast.Starred) and m.scope_of(call) is scope
+                and m.lookup(f.value.id, scope)[0] is scope):
+            out.append(call)
+    return out
+
+
+def _empty_list(m: SemanticModel, value: ast.AST) -> bool:
+    """``[]`` or ``list()``."""
+    if isinstance(value, ast.List):
+        return not value.elts
+    return isinstance(value, ast.Call) and not value.args and not value.keywords and m.is_name(value.func, {"builtins.list"})
 
 
 def _op(node: ast.AugAssign) -> str:
@@ -225,8 +264,10 @@ def _dominates(m: SemanticModel, s: ast.Name, r: ast.Name, within: ast.AST) -> b
     return False
 
 
-def _start(m: SemanticModel, loop: ast.For, name: str, scope) -> Optional[Tuple[ast.AST, str]]:
-    """Why accumulator ``name`` is not a number or a zero tensor before the loop (else None)."""
+def _start(m: SemanticModel, loop: ast.For, name: str, scope, ok=None) -> Optional[Tuple[ast.AST, str]]:
+    """Why accumulator ``name`` is not a number or a zero tensor before the loop (else None);
+    ``ok``: another test of its start (an empty list)."""
+    ok = ok or _zero_like
     where, bindings = m.lookup(name, scope)
     if where is not scope:
         return loop, f"`{name}` is not a local of its function"
@@ -235,7 +276,7 @@ def _start(m: SemanticModel, loop: ast.For, name: str, scope) -> Optional[Tuple[
         return loop, f"`{name}` is not bound before the loop"
     for b in before:
         value = _bound_value(m, b)
-        if value is None or not _zero_like(m, value):
+        if value is None or not ok(m, value):
             shown = f"`{short(m, value)}`" if value is not None else "something else"
             node = value if value is not None else b.node
             return node, f"`{name}` starts as {shown} (line {node.lineno}), not a number or a zero tensor"

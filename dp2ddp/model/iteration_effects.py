@@ -11,7 +11,7 @@ evaluation loop.
 from __future__ import annotations
 
 import ast
-from typing import Dict, Iterable, Optional, Sequence, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, Optional, Sequence, Set, Tuple
 
 from dp2ddp.model.collectives import MODULE_RETURNING, collective_of, is_wrapped_forward
 from dp2ddp.model.core import SemanticModel
@@ -78,12 +78,16 @@ def _base(node: ast.AST) -> Optional[ast.Name]:
 
 
 def escape(m: SemanticModel, body: Sequence[ast.AST], local: Set[str], accs: Set[str], scope, loop: ast.AST,
-            depth: int) -> Optional[Tuple[ast.AST, str]]:
+            depth: int, collecting: FrozenSet[int] = frozenset()) -> Optional[Tuple[ast.AST, str]]:
     """The first thing in ``body`` that leaves a trace outside one iteration, with what it
     does (``"appends ... (line 12)"``); ``local``: names bound in the loop (or in the
-    function read); ``accs``: the accumulators, which only ``+=`` may touch."""
+    function read); ``accs``: the accumulators, which only ``+=`` may touch (or, for a
+    list, only the ``.append``/``.extend`` calls in ``collecting``, by ``id``)."""
     writes = {id(w.call): w.kind for w in writers(m)}
+    receivers = {id(n.func.value) for n in walk_statements(body) if id(n) in collecting}  # type: ignore[attr-defined]
     for n in walk_statements(body):
+        if id(n) in collecting or id(n) in receivers:
+            continue  # a list the loop collects into: kept with its batch
         line = f"(line {getattr(n, 'lineno', '?')})"
         if isinstance(n, FUNCTIONS + (ast.ClassDef,)):
             continue  # a local definition: read where it is called
