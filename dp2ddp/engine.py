@@ -61,7 +61,8 @@ class InsertAfter:
 
 @dataclass(frozen=True)
 class Remove:
-    """Remove a statement; a block left empty gets ``pass``."""
+    """Remove a statement; a block left empty gets ``pass``. Comments on the lines above it
+    stay: they move to the statement after it (or to the block's end)."""
 
     stmt: cst.CSTNode
 
@@ -121,14 +122,16 @@ def _code(node: cst.CSTNode) -> str:
 
 
 class _Applier(cst.CSTTransformer):
-    def __init__(self, edits: Sequence[Edit], on_path: Optional[set] = None) -> None:
+    def __init__(self, edits: Sequence[Edit], on_path: Optional[set] = None, keep: frozenset = frozenset()) -> None:
         super().__init__()
+        self.keep = keep  # comment texts above removed statements that no other edit carries along
         # nodes that contain an edit target: subtrees outside it are not walked at all
         self.on_path = on_path
         self.replace: Dict[cst.CSTNode, List[NodeOrFn]] = {}
         self.before: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
         self.after: Dict[cst.CSTNode, List[cst.BaseStatement]] = {}
         self.remove: set = set()
+        self.became: Dict[cst.CSTNode, object] = {}  # a statement whose comments a Remove moves -> what it became
         self.hoists: Dict[cst.CSTNode, Hoist] = {}
         self.hoisted: Dict[cst.CSTNode, List[Hoist]] = {}  # statement -> its hoists, in source order
         self.taken: Dict[Hoist, cst.BaseExpression] = {}
@@ -211,6 +214,10 @@ class _Applier(cst.CSTTransformer):
                 items.append(result)
             items.extend(after or ())
             result = cst.FlattenSentinel(items)
+        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+            self.became[original_node] = result
+        if isinstance(result, (cst.IndentedBlock, cst.Module)) and self.keep:
+            result = self._keep_removed_comments(original_node, result)
         if isinstance(result, cst.IndentedBlock):
             result = self._apply_guards(result)
             if not result.body:
@@ -218,6 +225,33 @@ class _Applier(cst.CSTTransformer):
         elif isinstance(result, cst.Module):
             result = self._apply_guards(result)
         return result
+
+    def _keep_removed_comments(self, original, block):
+        """The comment lines above each removed statement of ``original``'s body, moved
+        above the next statement that stays (or to the block's end)."""
+        body = list(block.body)
+        carried: List[cst.EmptyLine] = []
+        changed = False
+        for stmt in original.body:
+            if stmt in self.remove:
+                lines = list(getattr(stmt, "leading_lines", ()))
+                if any(ln.comment is not None and ln.comment.value in self.keep for ln in lines):
+                    carried += lines
+                continue
+            if not carried:
+                continue
+            got = self.became.get(stmt, stmt)
+            first = got.nodes[0] if isinstance(got, cst.FlattenSentinel) and got.nodes else got
+            i = next((k for k, node in enumerate(body) if node is first), None)
+            if i is None or not hasattr(body[i], "leading_lines"):
+                continue
+            body[i] = body[i].with_changes(leading_lines=carried + list(body[i].leading_lines))
+            carried, changed = [], True
+        if carried:
+            footer = list(block.footer) + [ln for ln in carried if ln.comment is not None]
+            block = block.with_changes(footer=footer)
+            changed = True
+        return block.with_changes(body=body) if changed else block
 
     def _apply_guards(self, block):
         body = list(block.body)
@@ -297,7 +331,11 @@ def apply_edits(
                         if a in on_path:
                             break
                         on_path.add(a)
-        module = module.visit(_Applier(tree_edits, on_path))
+        before = module
+        module = before.visit(_Applier(tree_edits, on_path))
+        lost = _lost_comments(before, module, [e.stmt for e in tree_edits if isinstance(e, Remove)])
+        if lost:
+            module = before.visit(_Applier(tree_edits, on_path, lost))
     if before_imports is not None:
         module = before_imports(module)
     adds = [e for e in edits if isinstance(e, AddImport)]
@@ -317,6 +355,30 @@ def apply_edits(
         if adds:
             module = _add_imports(module, AddImportsVisitor(context))
     return module
+
+
+def _lost_comments(before: cst.Module, after: cst.Module, removed: Sequence[cst.CSTNode]) -> frozenset:
+    """Comment texts on the lines above ``removed`` statements that ``after`` no longer has
+    as often as ``before`` (a statement moved elsewhere took its comments along: those are
+    not lost)."""
+    import collections
+
+    above = [ln.comment.value for st in removed for ln in getattr(st, "leading_lines", ()) if ln.comment is not None]
+    if not above:
+        return frozenset()
+
+    def count(module: cst.Module) -> collections.Counter:
+        found: collections.Counter = collections.Counter()
+
+        class _Comments(cst.CSTVisitor):
+            def visit_Comment(self, node: cst.Comment) -> None:
+                found[node.value] += 1
+
+        module.visit(_Comments())
+        return found
+
+    missing = count(before) - count(after)
+    return frozenset(c for c in above if missing[c] > 0)
 
 
 _STUB = "__dp2ddp_stub_{}__"

@@ -8,6 +8,7 @@ leaves a half-written file behind.
 from __future__ import annotations
 
 import io
+import errno
 import os
 import stat
 import sys
@@ -121,6 +122,8 @@ def atomic_write(path: str, data: bytes, like: Optional[str] = None) -> None:
     The new file keeps the permission bits of ``like`` (or of ``path`` if it exists)."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{directory} is a file, not a folder")
     mode = None
     for ref in (like, path):
         if ref and os.path.exists(ref):

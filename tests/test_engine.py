@@ -67,3 +67,32 @@ def test_an_import_is_removed_only_where_nothing_uses_it(use: str, kept: bool) -
     context = CodemodContext()
     RemoveImportsVisitor.remove_unused_import(context, "torch.nn", "DataParallel", "DP")
     assert out == RemoveImportsVisitor(context).transform_module(cst.parse_module(source)).code
+
+
+def _statement(module: cst.Module, text: str) -> cst.CSTNode:
+    return next(s for s in cm.findall(module, cm.SimpleStatementLine() | cm.If())
+                if module.code_for_node(s).strip().startswith(text))
+
+
+def test_a_removed_statement_keeps_the_comments_above_it() -> None:
+    """The comments above a removed statement move to the statement after it, or to the
+    end of its block when it was the last; nothing else changes."""
+    from dp2ddp.engine import Remove
+
+    source = ("def f(net, n):\n    x = 1\n\n    # parallelise the model\n    if n > 1:\n        net = wrap(net)\n"
+              "    net.cuda()\n\n\ndef g(net):\n    y = 2\n    # wrap it\n    net = wrap(net)\n")
+    module = cst.parse_module(source)
+    out = apply_edits(module, [Remove(_statement(module, "# parallelise")), Remove(_statement(module, "# wrap it"))]).code
+    assert out == ("def f(net, n):\n    x = 1\n\n    # parallelise the model\n    net.cuda()\n\n\ndef g(net):\n"
+                   "    y = 2\n    # wrap it\n")
+    compile(out, "out.py", "exec")
+
+
+def test_a_statement_moved_elsewhere_takes_its_comment_without_a_copy() -> None:
+    from dp2ddp.engine import InsertAfter, Remove
+
+    source = "x = 0\n# make it\nnet = make()\nnet.cuda()\n"
+    module = cst.parse_module(source)
+    stmt = _statement(module, "# make it")
+    out = apply_edits(module, [Remove(stmt), InsertAfter(_statement(module, "net.cuda()"), (stmt,))]).code
+    assert out == "x = 0\nnet.cuda()\n# make it\nnet = make()\n"

@@ -242,3 +242,20 @@ def test_accept_writes_a_refused_migration_with_a_comment_at_the_spot(tmp_path: 
     assert "DistributedDataParallel(" in out
     assert "(accepted: written anyway)" in capsys.readouterr().err
     assert main(["rewrite", "--accept", "DDP999", str(f)]) == 2
+
+
+def test_output_to_a_folder_writes_the_input_name_inside_it(script: Path, tmp_path: Path) -> None:
+    """`-o out/` names a folder (made if missing); `-o` of a folder that exists too."""
+    assert main(["rewrite", "-q", str(script), "-o", str(tmp_path / "out") + "/"]) == 0
+    assert "DistributedDataParallel" in (tmp_path / "out" / "train.py").read_text()
+    (tmp_path / "there").mkdir()
+    assert main(["rewrite", "-q", str(script), "-o", str(tmp_path / "there")]) == 0
+    assert (tmp_path / "there" / "train.py").is_file()
+
+
+def test_output_under_a_file_is_a_one_line_error(script: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "afile").write_text("x")
+    rc = main(["rewrite", "-q", str(script), "-o", str(tmp_path / "afile" / "x.py")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "cannot write" in err and "not a folder" in err, err
+    assert (tmp_path / "afile").read_text() == "x"

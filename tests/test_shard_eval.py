@@ -114,6 +114,30 @@ def test_sharded_evaluation_prints_the_original_metrics(name: str, tmp_path: Pat
         assert [int(shard[key][r]) for r in ("0", "1")] == _shares(size, batch), (key, shard[key])
 
 
+INFERENCE = ("inference_test_script", "inference_dataparallel_checkpoint")
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("name", INFERENCE)
+def test_an_inference_only_script_migrates_with_its_evaluation_shared_out(name: str, tmp_path: Path) -> None:
+    """No training step anywhere: the default migration shares out the evaluation (DDP168),
+    each rank evaluates only its own batches, and every rank prints the original's metrics
+    (a summed loss, a count, a list of confidences in the original's order). A checkpoint
+    with DataParallel's `module.` keys, loaded into the wrapper, still loads."""
+    src = FIXTURES / f"{name}.in.py"
+    result = migrate_bytes(src.read_bytes(), str(src), Options())
+    codes = [f.code for f in result.migration.findings]
+    assert not result.migration.blocked and "DDP168" in codes and "DDP160" in codes, codes
+    original = _run(tmp_path, "original", name, src.read_bytes(), torchrun=False)
+    shard = _run(tmp_path, "shard", name, result.output, torchrun=True)
+    python = _run(tmp_path, "python", name, result.output, torchrun=False)
+    expected = original["metrics-test"]["-"]
+    assert shard["metrics-test"] == {"0": expected, "1": expected}, (shard["metrics-test"], expected)
+    assert python["metrics-test"] == {"-": expected}
+    assert [int(shard["seen-test"][r]) for r in ("0", "1")] == _shares(85, 9)
+    assert python["seen-test"] == {"-": "85"}
+
+
 def test_shares_of_an_uneven_loader() -> None:
     assert _shares(103, 10) == [53, 50] and sum(_shares(103, 10)) == 103
     assert _shares(100, 16) == [52, 48]
@@ -306,4 +330,4 @@ def test_every_sharded_fixture_is_run() -> None:
         name = case.name[: -len(".in.py")]
         result = migrate_bytes(case.read_bytes(), str(case), Options(shard_eval=True))
         if any(f.code == "DDP160" for f in result.migration.findings):
-            assert name in SHARDED, name
+            assert name in SHARDED or name in INFERENCE, name

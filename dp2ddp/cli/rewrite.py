@@ -92,6 +92,8 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, shard_eval, acc
             click.echo(f"{display_path(p)}: excluded by [tool.dp2ddp] exclude in {cfg.path}; left as it is", err=True)
     if output and len(files) != 1:
         raise click.UsageError("-o/--output takes exactly one input file")
+    if output and output != "-" and files and files[0] != STDIN:
+        output = _output_file(output, files[0])
     if STDIN in files and len(files) > 1:
         raise click.UsageError("'-' (standard input) cannot be combined with other paths")
     if in_place and STDIN in files:
@@ -149,7 +151,11 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, shard_eval, acc
             dest = "-"
         elif result.changed:
             dest = path if in_place else (output or default_output(path))
-            atomic_write(dest, result.output, like=path)
+            try:
+                atomic_write(dest, result.output, like=path)
+            except (FileNotFoundError, NotADirectoryError, PermissionError, IsADirectoryError) as e:
+                click.echo(f"error: {display_path(dest)}: cannot write: {e.strerror or e}", err=True)
+                return EXIT_USAGE
         report.append((display, dest, result, path))
     if fmt == "json":
         click.echo(json.dumps([_json_entry(d, dest, r, src) for d, dest, r, src in report], indent=2))
@@ -158,6 +164,18 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, shard_eval, acc
     elif not quiet:
         _print_summary(report, show_diff, err=True)
     return status
+
+
+def _output_file(output: str, path: str) -> str:
+    """``-o`` for one file: a folder (one that exists, or a name ending in ``/``, made if
+    missing) gets the input's name inside it."""
+    if output.endswith(("/", os.sep)) or os.path.isdir(output):
+        if not os.path.isdir(output):
+            if os.path.exists(output.rstrip("/" + os.sep)):
+                raise click.UsageError(f"-o {output}: a file, not a folder")
+            os.makedirs(output)
+        return os.path.join(output, os.path.basename(path))
+    return output
 
 
 def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: bool, fmt: str, quiet: bool) -> int:

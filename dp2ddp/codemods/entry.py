@@ -5,8 +5,10 @@
   set up a process group for its callers: the script that runs is what needs the
   migration. Refused (DDP116), with that advice.
 * An **inference-only script** (no ``.backward()`` or optimizer ``.step()`` anywhere, and
-  the wrapped model only ever called) gains nothing from DDP, which synchronises
-  gradients; DataParallel there only splits batches. Refused (DDP115).
+  the wrapped model only ever called: :func:`dp2ddp.model.inference.inference_only`)
+  gains from DDP's processes only where its evaluation is shared out between them: it
+  migrates when :mod:`shard_eval` can share out every evaluation loop, and is refused
+  otherwise (DDP115), as is one whose wrapper is only saved, never called.
 """
 
 from __future__ import annotations
@@ -19,25 +21,9 @@ from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.entry_points import has_entry_point
 from dp2ddp.model.kinds import is_module_class
-from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
-from dp2ddp.model.training import training_site
+from dp2ddp.model.inference import inference_only
 from dp2ddp.model.uses import dp_wrapper_uses
 from dp2ddp.model.wraps import dp_wraps
-
-
-def _trains_elsewhere(m: SemanticModel, use) -> bool:
-    """The wrapped model is handed to code of another module (``trainer.fit(model)``),
-    which may train it."""
-    if use.kind != "other":
-        return False
-    parent = m.parent(use.node)
-    call = m.parent(parent) if isinstance(parent, ast.keyword) else parent
-    if not isinstance(call, ast.Call) or call.func is use.node:
-        return False
-    q = m.qualified_names(call.func)
-    if q & (DP | DP_FUNCTIONAL | DDP):
-        return False  # the wrap itself
-    return not any(x.startswith("builtins.") for x in q)
 
 
 def check_entry(ctx: Context) -> List[Finding]:
@@ -56,18 +42,20 @@ def check_entry(ctx: Context) -> List[Finding]:
                 "(`dp2ddp rewrite train.py --with-helpers`)",
             )
         ]
-    if training_site(m) is None:
+    if inference_only(m):
         uses = dp_wrapper_uses(m, functional=True)
-        if not any(_trains_elsewhere(m, u) for u in uses):
-            return [ctx.block(wraps[0].call, "DDP115", _no_training_message(m, wraps, uses))]
+        saved = _only_saved(m, wraps, uses)
+        if saved is not None:
+            return [ctx.block(wraps[0].call, "DDP115", saved)]
+        # shard_eval shares out its evaluation loops, or refuses the file (DDP115)
     return []
 
 
-def _no_training_message(m: SemanticModel, wraps, uses) -> str:
-    """DDP115's line: what the file does with its wrapper when it trains nowhere. A wrapper
-    that is never called, only saved (``state_dict()``), splits no batch: it is there for
-    the ``module.`` keys of the weights it saves (a model module's ``__main__`` block that
-    converts pretrained weights for the training script's DataParallel to load)."""
+def _only_saved(m: SemanticModel, wraps, uses):
+    """DDP115's line for a wrapper that is never called, only saved (``state_dict()``): it
+    splits no batch; it is there for the ``module.`` keys of the weights it saves (a model
+    module's ``__main__`` block that converts pretrained weights for the training script's
+    DataParallel to load). None: the wrapper is used otherwise."""
     after = [u for u in uses if all(u.node.lineno > (w.call.end_lineno or w.call.lineno) for w in wraps)]
     if after and all(u.kind == "state_dict" and u.attr == "state_dict" for u in after):
         where = ""
@@ -82,8 +70,5 @@ def _no_training_message(m: SemanticModel, wraps, uses) -> str:
             "DistributedDataParallel's state_dict has too, so there is nothing to migrate here — keep it; the script "
             "that trains on these weights is the one to migrate"
         )
-    return (
-        "no training step in this file (no .backward(), no optimizer.step()): DistributedDataParallel "
-        "synchronises gradients and gains nothing for inference; DataParallel here only splits batches — "
-        "keep it, or shard the data per process by hand"
-    )
+    return None
+

@@ -22,6 +22,12 @@ out by whole batches:
 The helpers (:file:`templates/shard_eval.py.tmpl`) are written once into the script. A
 loop that cannot be proven to leave only sums stays whole on every rank, with a warning
 that names the reason (DDP161); a loader no loop of the script iterates keeps DDP108.
+
+A script that only evaluates (:func:`dp2ddp.model.inference.inference_only`) gets this
+without the option: its migration is worth making only if its inference is shared out,
+so it migrates when every evaluation loop is (DDP168), and is refused otherwise, with the
+loop and the reason (DDP115): a loop or a loader left whole would make every rank repeat
+the whole inference.
 """
 
 from __future__ import annotations
@@ -36,15 +42,20 @@ from dp2ddp.codemods.facts import ShardHelper
 from dp2ddp.engine import Edit, Finding, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.syntax import is_docstring, terminal
 from dp2ddp.model.eval_loops import EvalLoop, eval_loops
+from dp2ddp.model.inference import inference_only, no_training_message
+from dp2ddp.model.wraps import dp_wraps
 
 NEEDS = (ShardHelper,)
 
 
 def propose(ctx: Context) -> List[Finding]:
     evaluation = ctx.need(ShardHelper).evaluation
-    if not evaluation:
-        return []
     m = ctx.m
+    inference = ctx.role != "helper" and inference_only(m)
+    if not evaluation:
+        if inference:
+            return [ctx.block(dp_wraps(m)[0].call, "DDP115", no_training_message())]
+        return []
     out: List[Finding] = []
     loops = eval_loops(m, evaluation) if ctx.mode == "plain" else []
     iterated = {id(ld.call) for e in loops for ld in e.loaders}
@@ -52,19 +63,33 @@ def propose(ctx: Context) -> List[Finding]:
         if id(ld.call) not in iterated:
             why = ("the script has its own distributed path" if ctx.mode != "plain" else
                    "no loop of this script iterates it where --shard-eval can follow")
-            out.append(ctx.note(ld.call, "DDP108", f"{ld.label or 'evaluation DataLoader'} stays whole on every rank "
+            label = ld.label or "evaluation DataLoader"
+            if inference:
+                out.append(ctx.block(ld.call, "DDP115", no_training_message(f"`{label}` (line {ld.call.lineno}) "
+                                     f"cannot be shared out: {why}")))
+                continue
+            out.append(ctx.note(ld.call, "DDP108", f"{label} stays whole on every rank "
                                 f"(each rank evaluates the full set: correct, not sharded): {why}"))
     names: Dict[str, str] = {}
     for e in loops:
         label = m.source(e.iterable)
         line = e.loop.lineno
         if e.problem is not None:
+            if inference:
+                out.append(ctx.block(e.problem_node or e.loop, "DDP115", no_training_message(
+                    f"its evaluation loop over `{label}` (line {line}) cannot be shared out: {e.problem}")))
+                continue
             out.append(ctx.warn(e.problem_node or e.loop, "DDP161", f"--shard-eval: the evaluation loop over `{label}` "
                                 f"(line {line}) stays whole on every rank: {e.problem}"))
             continue
         if not names:
             names = _define(ctx)
         out.append(_shard(ctx, e, names))
+    if inference and not any(f.severity == "error" for f in out):
+        out.append(ctx.note(dp_wraps(m)[0].call, "DDP168", (
+            "inference only (no training step in this file): every evaluation loop is shared out between the ranks "
+            "by whole batches, as with --shard-eval, so each rank evaluates its own batches and every rank ends with "
+            "the original's results")))
     return out
 
 

@@ -40,6 +40,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.held_loaders import held_loader
+from dp2ddp.model.inference import inference_only
 from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
@@ -83,8 +84,9 @@ def propose(ctx: Context) -> List[Finding]:
         if loader.held:
             continue  # sharded per object of its class, where a training loop iterates one
         if not loader.training:
-            if ctx.options.shard_eval:
-                helper.evaluation.append(loader)  # --shard-eval: shard_eval decides, loop by loop
+            if ctx.options.shard_eval or inference_only(m):
+                # --shard-eval, or a script that only evaluates: shard_eval decides, loop by loop
+                helper.evaluation.append(loader)
                 continue
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue

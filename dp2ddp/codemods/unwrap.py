@@ -12,6 +12,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Remove, Replace
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.inference import before_every_wrap
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.uses import wrapper_uses
 from dp2ddp.model.wrap_context import in_exiting_branch
@@ -21,8 +22,10 @@ from dp2ddp.model.wraps import Wrap
 def eval_only(m: SemanticModel, w: Wrap) -> bool:
     """The wrap serves evaluation only: it is made inside a function that never trains,
     into a local variable the function keeps to itself (not returned, not stored on
-    ``self`` or a global); or in a branch that ends the program without training
-    (a ``--test-only`` path that evaluates and calls ``sys.exit``)."""
+    ``self`` or a global), whose ``state_dict``/``load_state_dict`` and ``.module`` it
+    never uses (a DataParallel checkpoint's ``module.`` keys load only into a wrapper); or
+    in a branch that ends the program without training (a ``--test-only`` path that
+    evaluates and calls ``sys.exit``)."""
     if w.stmt is not None and in_exiting_branch(m, w):
         return True
     func = w.function
@@ -39,6 +42,8 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
     # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
     # train() of another module) may be trained there
     for use in wrapper_uses(m, {key}):
+        if use.kind in ("state_dict", "module") and not before_every_wrap(m, use.node, [w]):
+            return False  # `module.` keys (`load_state_dict` of a DataParallel checkpoint), `.module`: the wrapper's own
         if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
             parent = m.parent(use.node)
             if isinstance(parent, ast.Call) and m.is_name(parent.func, {"builtins.isinstance", "builtins.type"}):

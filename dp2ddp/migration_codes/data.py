@@ -63,6 +63,22 @@ CODES: Tuple[MigrationCode, ...] = (
         "correct = test_loader_pass.total(correct)  # dp2ddp: every rank's sums, in the original's order\n",
     ),
     MigrationCode(
+        "DDP168", "inference-sharded", "info",
+        "a script that only evaluates migrates with every evaluation loop shared out between the ranks",
+        "A script with no training step gains from DDP's processes only where each evaluates its own part of the "
+        "data; repeating the whole inference on every rank would be slower than DataParallel.",
+        "Every evaluation loop over a DataLoader of the script is shared out by whole batches as with `--shard-eval` "
+        "(DDP160, without the option): each rank evaluates its own batches and the loop's sums and collected lists "
+        "are put together after it, in the original's order, on every rank. Where any loop cannot be, the file is "
+        "refused instead (DDP115).",
+        "Safe: the values after every loop are the original's on every rank.",
+        IMPORTS + "from torch.utils.data import DataLoader, TensorDataset\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 3))\n"
+        "test_loader = DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,))), batch_size=8)\n"
+        "preds = []\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+        "        preds.append(model(x).argmax(1))\nprint(torch.cat(preds).float().mean())\n",
+    ),
+    MigrationCode(
         "DDP161", "eval-kept-whole", "warning",
         "`--shard-eval`: an evaluation loop stays whole on every rank, with the reason",
         "Only a loop whose results are provably sums can be split between the ranks. This one leaves something else "

@@ -89,10 +89,16 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP115", "inference-only", "error",
-        "a script without a training step: nothing to migrate; the file is left unchanged",
-        "DDP synchronises gradients; a script that never calls `.backward()` or `optimizer.step()` gains nothing from "
-        "it, and DataParallel there only splits batches over the GPUs of one process.",
-        "Keep DataParallel, or run one process per GPU on a shard of the data by hand.",
+        "a script without a training step whose evaluation cannot be shared out between the ranks; the file is left unchanged",
+        "DDP synchronises gradients; a script that never calls `.backward()` or `optimizer.step()` gains from its "
+        "processes only where each evaluates its own part of the data. dp2ddp migrates such a script when every "
+        "evaluation loop over a DataLoader of the script can be shared out exactly (DDP168: results that are sums or "
+        "lists it appends to, under `torch.no_grad()`, nothing else escaping an iteration). Here one cannot (the "
+        "message names the loop and the reason: a `break`, a loader whose value dp2ddp cannot follow, a print inside "
+        "the loop), or there is no such loop: every rank would repeat the whole inference that DataParallel split "
+        "between the GPUs of one process. A wrapper that is never called, only saved, is refused too: it is there "
+        "for the `module.` keys of what it saves.",
+        "Keep DataParallel, or make the evaluation a loop whose results are sums or lists it appends to.",
         "No fix: the file is left byte-for-byte as it was.",
         IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nwith torch.no_grad():\n    preds = model(torch.randn(8, 4))\n",
     ),

@@ -316,6 +316,11 @@ def loaders(m: SemanticModel) -> List[Loader]:
         if not ld.training and not ld.held and feeds_training(m, ld.call):
             ld.training = True  # whatever its name says, a training loop iterates it
             ld.train_keys = ld.keys
+    from dp2ddp.model.inference import inference_only
+
+    if out and inference_only(m):
+        for ld in out:  # nothing trains here: a shuffled loader is one evaluated in a random order
+            ld.training, ld.train_keys = False, ()
     return out
 
 

@@ -1,0 +1,80 @@
+"""Inference-only scripts: a script that wraps a model in DataParallel and never trains.
+
+:func:`inference_only` is true for a module that runs (:func:`has_entry_point`), wraps a
+model in DataParallel, has no training step of its own or reached through the project's
+code (:func:`dp2ddp.model.training.training_site`), and never hands the wrapper, after
+the wrap, to code of another module that might train it (``trainer.fit(model)``).
+
+In such a script nothing trains, so no loader is a training loader
+(:mod:`dp2ddp.model.loaders` asks), and the migration is worth making only where every
+evaluation loop can be shared out between the ranks (:mod:`dp2ddp.codemods.shard_eval`):
+otherwise every rank would repeat the whole inference (DDP115).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
+
+
+def inference_only(m: SemanticModel) -> bool:
+    got = m.cache.get("inference:only")
+    if got is None:
+        got = m.cache["inference:only"] = _inference_only(m)
+    return bool(got)
+
+
+def _inference_only(m: SemanticModel) -> bool:
+    from dp2ddp.model.entry_points import has_entry_point
+    from dp2ddp.model.training import training_site
+    from dp2ddp.model.uses import dp_wrapper_uses
+    from dp2ddp.model.wraps import dp_wraps
+
+    wraps = dp_wraps(m)
+    if not wraps or not has_entry_point(m) or training_site(m) is not None:
+        return False
+    return not any(trains_elsewhere(m, u, wraps) for u in dp_wrapper_uses(m, functional=True))
+
+
+def trains_elsewhere(m: SemanticModel, use, wraps) -> bool:
+    """The wrapped model is handed, after its wrap, to code of another module
+    (``trainer.fit(model)``), which may train it. A use before every wrap of its function
+    (``logger.info(model)`` ahead of ``model = DataParallel(model)``) sees the bare model."""
+    if use.kind != "other":
+        return False
+    if before_every_wrap(m, use.node, wraps):
+        return False
+    parent = m.parent(use.node)
+    call = m.parent(parent) if isinstance(parent, ast.keyword) else parent
+    if not isinstance(call, ast.Call) or call.func is use.node:
+        return False
+    q = m.qualified_names(call.func)
+    if q & (DP | DP_FUNCTIONAL | DDP):
+        return False  # the wrap itself
+    return not any(x.startswith("builtins.") for x in q)
+
+
+def before_every_wrap(m: SemanticModel, node: ast.AST, wraps) -> bool:
+    """``node`` runs before every one of ``wraps``: all in its function, on earlier lines,
+    and no loop holds both (a use there sees the bare model)."""
+    func = m.enclosing_function(node)
+    mine = [w for w in wraps if m.enclosing_function(w.call) is func]
+    if not mine or len(mine) != len(wraps):
+        return False
+    line = getattr(node, "lineno", 0)
+    if any(line >= w.call.lineno for w in mine):
+        return False
+    return not any(m.contains(loop, w.call) and m.contains(loop, node) for w in mine for loop in m.enclosing_loops(node))
+
+
+def no_training_message(why: str = "") -> str:
+    """DDP115's line for an inference-only script that cannot be shared out: ``why`` says
+    where."""
+    return (
+        "no training step in this file (no .backward(), no optimizer.step()), and " + (why or
+        "no loop over an evaluation DataLoader of the script to share out") + ": under DDP every rank would repeat "
+        "the whole inference, which DataParallel split between the GPUs of one process; keep DataParallel here, "
+        "or make the evaluation a loop whose results are sums or lists it appends to"
+    )
