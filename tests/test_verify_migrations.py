@@ -191,3 +191,36 @@ def test_loaders_by_phase_and_passes_over_widths_verify_as_the_original(tmp_path
     assert rep["losses_agree"] and rep["replicas_in_sync"], out
     (loader,) = rep["data"]["loaders"]
     assert [(e["union"], e["extra_servings"], e["lost"], e["added"]) for e in loader["epochs"]] == [(64, 0, 0, 0)] * 2, loader
+
+
+def test_an_inference_migration_is_judged_by_what_it_prints(tmp_path):
+    """An inference-only script (no optimizer step): verify compares what the migration's
+    rank 0 prints with the original's. The migration `rewrite` writes (its evaluation shared
+    out, the sums and lists put together after the loop) passes; the same migration without
+    reduction, by hand with a DistributedSampler, prints rank 0's share only, and fails at that line."""
+    from pathlib import Path
+
+    from dp2ddp.migrate import Options, migrate_bytes
+
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "shard_eval" / "inference_test_script.in.py"
+    original = tmp_path / "evaluate.py"
+    original.write_bytes(src.read_bytes())
+    migrated = migrate_bytes(src.read_bytes(), str(src), Options()).output.decode()
+    assert ".total(loss_avg, correct, confidences)" in migrated
+    (tmp_path / "evaluate_ddp.py").write_text(migrated)
+    code, rep, out, _ = verify(tmp_path, str(original), "--migrated", str(tmp_path / "evaluate_ddp.py"), "--steps", "0",
+                               "--min-speedup", "0")
+    assert code == 0, out
+    assert rep["inference"]["agree"] and rep["inference"]["lines"] == 1, rep["inference"]
+    # a hand migration that shards the loader and reduces nothing: rank 0 prints its half's metrics
+    careless = src.read_text().replace("import torch\n", "import torch\nimport torch.distributed as dist\n", 1)
+    careless = careless.replace("    args = get_args()\n", "    args = get_args()\n    dist.init_process_group('gloo')\n")
+    careless = careless.replace("shuffle=False)", "sampler=torch.utils.data.DistributedSampler(test_data, shuffle=False))")
+    careless = careless.replace("    print({", "    if dist.get_rank() == 0:\n        print({")
+    assert careless.count("DistributedSampler") == 1 and "if dist.get_rank() == 0:" in careless
+    (tmp_path / "evaluate_half.py").write_text(careless)
+    code, rep, out, _ = verify(tmp_path, str(original), "--migrated", str(tmp_path / "evaluate_half.py"), "--steps", "0",
+                               "--min-speedup", "0")
+    assert code == 1, out
+    assert any(p.startswith("inference only: 1 of the 1 lines printed differ; line 1: original `{'test_loss'")
+               for p in rep["problems"]), rep["problems"]

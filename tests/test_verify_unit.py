@@ -459,3 +459,43 @@ def test_a_step_counts_the_samples_its_indices_named_whatever_the_collate_makes(
     p, recs = run_probe(tmp_path, DETECTION)
     assert p.returncode == 0, p.stderr
     assert [r["samples"] for r in recs if r["ev"] == "step"] == [4] * 6
+
+
+# --------------------------------------------------------------------------- inference only
+
+
+def _printing(role: str, *outputs: str) -> "RunResult":
+    from dp2ddp.verify.runner import Rank, RunResult
+
+    ranks = {}
+    for i, text in enumerate(outputs):
+        r = Rank(rank=i)
+        r.end = {"ev": "end", "steps": 0, "stdout": text, "stdout_cut": False}
+        ranks[i] = r
+    return RunResult(role=role, exit_code=0, wall_s=1.0, ranks=ranks, logs=[])
+
+
+def test_an_inference_pair_is_judged_by_what_rank_zero_prints() -> None:
+    """No optimizer step in either run: the migration passes when its rank 0 prints the
+    original's lines; a line that differs between two runs of the original (a time) is not
+    compared; any other difference fails, naming the line."""
+    from dp2ddp.verify import analyze
+    from dp2ddp.verify.options import Options
+
+    opts = Options(steps=0, warmup=1, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0.0, timeout=60.0, user_dirs=[],
+                    nproc=2, nnodes=1)
+    orig = _printing("original", "loaded in 1.2 s\nacc 0.91 loss 0.3\n")
+    again = _printing("envelope", "loaded in 1.4 s\nacc 0.91 loss 0.3\n")
+    good = _printing("migrated", "loaded in 2.0 s\nacc 0.91 loss 0.3\n", "")
+    rep = analyze.compare(orig, good, opts, again)
+    assert rep["verdict"] == "pass" and rep["inference"] == {"agree": True, "lines": 2, "noise": 1}, rep["problems"]
+    assert not any("no optimizer step was observed" in p for p in rep["problems"])
+
+    half = _printing("migrated", "loaded in 2.0 s\nacc 0.93 loss 0.3\n", "loaded in 2.0 s\nacc 0.89 loss 0.3\n")
+    rep = analyze.compare(orig, half, opts, again)
+    assert rep["verdict"] == "fail", rep
+    assert any("line 2: original `acc 0.91 loss 0.3`, migrated rank 0 `acc 0.93 loss 0.3`" in p for p in rep["problems"])
+
+    silent = _printing("original", "")
+    rep = analyze.compare(silent, _printing("migrated", "", ""), opts, None)
+    assert rep["verdict"] == "fail" and any("printed nothing" in p for p in rep["problems"]), rep["problems"]

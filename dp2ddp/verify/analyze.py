@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional, Tuple
 
-from dp2ddp.verify import partition
+from dp2ddp.verify import partition, printed
 from dp2ddp.verify.failures import EXIT_RACE_NOTE, describe_failure
 from dp2ddp.verify.losses import aligned_draws, judge_losses, relative, step_loss
 from dp2ddp.verify.options import Options
@@ -62,8 +62,13 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
         return run.hung or (run.exit_code != 0 and run.role not in raced)
 
     po, pm = _per_step(orig), _per_step(mig)
+    inference = None
+    if not po and not pm and not failed(orig) and not failed(mig) and orig.ranks and mig.ranks:
+        inference = printed.judge(orig, mig, envelope)  # no step in either run: compare what they print
+        problems.extend(inference["problems"])
+        notes.extend(inference["notes"])
     for run, per in ((orig, po), (mig, pm)):
-        if not per and run.exit_code == 0 and not run.hung:
+        if inference is None and not per and run.exit_code == 0 and not run.hung:
             problems.append(
                 f"no optimizer step was observed in the {run.role} run: the script is inference-only, or "
                 "its training loop does not call a torch.optim optimizer's step(); nothing to compare"
@@ -166,7 +171,7 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
         and bad is None
         and not any(p.startswith("no DistributedDataParallel") for p in problems)
         and not (data and data["problems"])
-    )
+    ) or (not failed_run and inference is not None and inference["agree"] and not (data and data["problems"]))
 
     def side(run: RunResult, per, sps):
         return {
@@ -197,6 +202,8 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
         "throughput": {"original": rates_o, "migrated": rates_m},
         "replica_hashes": {str(k): v for k, v in hashes.items()},
     }
+    if inference is not None:
+        report["inference"] = {"agree": inference["agree"], "lines": inference["lines"], "noise": inference["noise"]}
     report.update(details)
     return report
 

@@ -105,7 +105,7 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
             se = {}  # a gradient perturbation per step says nothing of per-rank BatchNorm statistics or dropout masks
             notes.append("the noise envelope does not cover dropout (or BatchNorm it could not chunk) without "
                          "DataParallel's chunks (the original ran without DataParallel here): --stochastic-rtol decides")
-    elif envelope is not None:
+    elif envelope is not None and (envelope.hung or envelope.exit_code != 0):
         notes.append("the noise envelope was not measured (its run of the original did not finish): fixed tolerances")
     o_info, m_info = optimizers(orig), optimizers(mig)
     primary = next((int(r.steps[0].get("o") or 0) for _, r in sorted(orig.ranks.items()) if r.steps), 0)

@@ -45,7 +45,12 @@ def summary(report: Dict[str, Any]) -> list:
     if report.get("pairs"):
         lines.append(("pairs of runs", _pairs_line(report)))
     shown = f" (pair {report['pair']})" if report.get("pair", 1) != 1 else ""
-    lines += [
+    inference = report.get("inference")
+    if inference:
+        noise = f", {inference['noise']} lines that vary between runs of the original not compared" if inference["noise"] else ""
+        lines.append(("printed output", f"{'the original' if inference['agree'] else 'NOT the original'}'s "
+                      f"{inference['lines']} line{'s' if inference['lines'] != 1 else ''} on the migration's rank 0{noise} (inference only: no optimizer step)"))
+    lines += [] if inference else [
         ("steps compared", _fmt(report["steps_compared"]) + shown),
         ("losses agree", f"{_fmt(report['losses_agree'])} ({report['tolerance']['rule']})"),
         ("max relative loss difference", _fmt(report["max_rel_loss_diff"], ".3g")),

@@ -224,6 +224,7 @@ def activate(role):
     )
     _install_excepthook()
     _install_audit()
+    _install_stdout()
     atexit.register(_settle)  # atexit runs last-in first-out: this one after _finish
     atexit.register(_report_writes)  # after the script's own atexit handlers and _finish
     atexit.register(_finish, "exit")
@@ -1588,6 +1589,9 @@ def _finish(why):
            "trained": list(s.trained), "stop_at": s.stop_at,
            "optimizers": [{"index": o.index, "kind": o.kind, "site": o.site, "steps": o.steps}
                           for o in s.all_opts if o.steps]}
+    if _OUT is not None:
+        rec["stdout"] = "".join(_OUT.kept)
+        rec["stdout_cut"] = _OUT.cut
     if _G is not None and _G.blocked:
         rec["blocked"] = sorted(set(_G.blocked))[:20]
     # a loader that starts a pass draws its shuffle's seed: not the step's own draw
@@ -1615,6 +1619,46 @@ def _settle():
     before finalization, hands the GIL over. See README, Known issues."""
     if _S is not None and _S.on and "torch.distributed" in sys.modules:
         time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------- printed output
+
+
+STDOUT_KEEP = 256 * 1024  # characters of what the process prints, kept for verify's comparison
+
+
+class _StdoutTee:
+    """``sys.stdout`` as the script found it, keeping (up to :data:`STDOUT_KEEP` characters)
+    what the process writes there: an inference-only script's printed results are what
+    verify compares."""
+
+    def __init__(self, real):
+        self._real = real
+        self.kept = []
+        self.size = 0
+        self.cut = False
+
+    def write(self, text):
+        if isinstance(text, str) and _S is not None and _S.on and not self.cut:
+            room = STDOUT_KEEP - self.size
+            if len(text) > room:
+                text, self.cut = text[:room], True
+            self.kept.append(text)
+            self.size += len(text)
+        return self._real.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+_OUT = None
+
+
+def _install_stdout():
+    global _OUT
+    if sys.stdout is not None:
+        _OUT = _StdoutTee(sys.stdout)
+        sys.stdout = _OUT
 
 
 # --------------------------------------------------------------------------- errors
