@@ -180,11 +180,15 @@ def test_unused_parameters_get_find_unused_parameters_advice(tmp_path):
     assert any("find_unused_parameters=True" in a for a in crash["advice"])
 
 
-def test_inference_only_script_is_not_a_pass(tmp_path):
+def test_an_inference_migration_that_repeats_the_whole_inference_on_every_rank_fails(tmp_path):
+    """No optimizer step: rank 0 prints the original's lines, but every rank ran the model
+    on every sample the original did (N times the work): not a pass."""
     code, rep, out, _ = verify(tmp_path, fixture("infer.py"), "--steps", "5", "--min-speedup", "0", "--no-envelope")
     assert code == 1, out
     assert rep["verdict"] == "fail" and rep["steps_compared"] == 0
-    assert any("no optimizer step was observed" in p for p in rep["problems"])
+    assert not rep["inference"]["agree"] and rep["inference"]["lines"] == 5
+    assert any("every rank ran the model on all 20 samples the original did (rank 0: 20, rank 1: 20)" in p
+               for p in rep["problems"]), rep["problems"]
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path):

@@ -9,6 +9,12 @@ The probe keeps what each process prints (``stdout`` in its end record, up to
 scratch folder) and is not compared; the report says how many such lines there were. A
 migrated rank other than 0 that prints lines too is noted (each rank's print of the same
 result), not failed.
+
+The work is judged too: the probe counts the samples each process ran its model on in
+outermost module calls (``forwards`` in its end record). A migration whose every rank ran
+it on all the samples the original did repeats the whole inference on each process: N
+times the work, which fails (``infer_ddp.py``-shaped hand migrations); shares that add up
+to the original's are noted.
 """
 
 from __future__ import annotations
@@ -75,8 +81,33 @@ def judge(orig: RunResult, mig: RunResult, envelope: Optional[RunResult]) -> Dic
         shown = f" ({len(noise)} that differ between two runs of the original, such as times, not compared)" if noise else ""
         notes.append(f"inference only (no optimizer step in either run): the migration's rank 0 printed the original's "
                      f"{len(lo)} line{'s' if len(lo) != 1 else ''}, line for line{shown}")
+    _judge_work(orig, mig, problems, notes)
+    agree = agree and not problems
     others = [r for r in sorted(mig.ranks) if r != 0 and (_printed(mig, r) or "").strip()]
     if others:
         notes.append(f"inference only: rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} printed too "
                      "(every rank prints its copy of the results)")
     return {"agree": agree, "problems": problems, "notes": notes, "lines": len(lo), "noise": len(noise)}
+
+
+def _forwarded(run: RunResult) -> Dict[int, int]:
+    return {rank: int(((r.end or {}).get("forwards") or {}).get("samples") or 0)
+            for rank, r in sorted(run.ranks.items()) if r.end and "forwards" in r.end}
+
+
+def _judge_work(orig: RunResult, mig: RunResult, problems: List[str], notes: List[str]) -> None:
+    o, m = _forwarded(orig), _forwarded(mig)
+    total = sum(o.values())
+    if not total or len(m) < 2:
+        return
+    shares = ", ".join(f"rank {r}: {n}" for r, n in m.items())
+    if all(n >= total for n in m.values()):
+        problems.append(f"inference only: every rank ran the model on all {total} samples the original did ({shares}): "
+                        f"the migration repeats the whole inference on each of its {len(m)} processes; share out the "
+                        "evaluation loop between the ranks (`dp2ddp rewrite` does where it can prove the results "
+                        "the same, DDP168)")
+    elif sum(m.values()) == total:
+        notes.append(f"inference only: the ranks shared out the {total} samples the original ran its model on ({shares})")
+    else:
+        notes.append(f"inference only: the original ran its model on {total} samples, the ranks on {shares} (a loader "
+                     "with fewer batches than ranks is evaluated whole on each)")

@@ -289,7 +289,7 @@ def _outputs(seen: Dict[str, run_files.RunOutputs], pair: Pair, setup: Setup) ->
 
     try:
         return outputs.compare(seen["original"], seen["migrated"], setup.nproc * setup.nnodes, dp, steps, envelope=envelope,
-                               values=bool(pair.report.get("losses_agree")), split=split, stochastic=stochastic,
+                               values=bool(pair.report.get("losses_agree") or (pair.report.get("inference") or {}).get("agree")), split=split, stochastic=stochastic,
                                batches=batches, readers=checkpoint_readers(str(setup.original)))
     except Exception as e:  # noqa: BLE001
         note = f"the outputs could not be compared ({type(e).__name__}: {e})"

@@ -122,6 +122,8 @@ class _State:
         self.primary = None  # the _Opt whose steps are counted
         self.modules = set()  # kinds of modules seen in the first step's forward
         self.forward_hook = None
+        self.forward_after = None  # with forward_hook until the first step: the depth of module calls
+        self.forwards = [0, 0]  # outermost module calls before the first step, and the samples they took
         self.finished = False
         self.passes = {}  # loader key -> its current _Pass
         self.pass_count = 0  # loader passes begun in this process
@@ -546,7 +548,7 @@ def _on_torch(torch):
     import torch.utils.data
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.dropout import _DropoutNd
-    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
     from torch.utils.data import dataloader
 
@@ -715,9 +717,20 @@ def _on_torch(torch):
     drop = _DropoutNd
     wrappers = {"DataParallel": "dp", "DistributedDataParallel": "ddp"}
 
+    depth = threading.local()
+
     def forward_pre_hook(module, args):
         if not _S.on:
             return None
+        if threading.current_thread() is threading.main_thread():
+            level = getattr(depth, "n", 0)
+            # an outermost call of a module with parameters: what an inference-only script runs
+            # its model on (a transform such as Normalize, called per sample, has none)
+            if level == 0 and next(module.parameters(), None) is not None:
+                first = args[0] if args else None
+                _S.forwards[0] += 1
+                _S.forwards[1] += int(first.shape[0]) if getattr(first, "ndim", 0) else 0
+            depth.n = level + 1
         if isinstance(module, bn) and module.training and type(module).__name__ != "SyncBatchNorm":
             _S.modules.add("batchnorm")
         elif isinstance(module, drop) and module.training and getattr(module, "p", 0) > 0:
@@ -728,8 +741,14 @@ def _on_torch(torch):
                 _S.modules.add(kind)
         return None
 
+    def forward_after(module, args, output):
+        if _S.on and threading.current_thread() is threading.main_thread():
+            depth.n = max(getattr(depth, "n", 1) - 1, 0)
+        return None
+
     # Only during the first step (removed by _on_step): a global hook costs on every module call.
     _S.forward_hook = register_module_forward_pre_hook(forward_pre_hook)
+    _S.forward_after = register_module_forward_hook(forward_after, always_call=True)
 
     # A script may call ``model.forward(x)`` on the wrapper itself (SimSiam does): no hook
     # runs for the wrapper then, only for what it calls. Its forward says it ran.
@@ -1496,6 +1515,9 @@ def _first_step(s, key, samples):
     if s.forward_hook is not None:
         s.forward_hook.remove()
         s.forward_hook = None
+    if s.forward_after is not None:
+        s.forward_after.remove()
+        s.forward_after = None
     if s.extend and s.limit:
         s.stop_at = _evidence_steps(s, key, samples)
     return sorted(s.modules)
@@ -1589,6 +1611,8 @@ def _finish(why):
            "trained": list(s.trained), "stop_at": s.stop_at,
            "optimizers": [{"index": o.index, "kind": o.kind, "site": o.site, "steps": o.steps}
                           for o in s.all_opts if o.steps]}
+    if not s.step:
+        rec["forwards"] = {"calls": s.forwards[0], "samples": s.forwards[1]}
     if _OUT is not None:
         rec["stdout"] = "".join(_OUT.kept)
         rec["stdout_cut"] = _OUT.cut
