@@ -414,3 +414,26 @@ def test_a_project_dataparallel_that_only_adds_replication_callbacks_is_a_sync_b
     assert unresolved_dp(m) == []
     # the other two reach DataParallel in a project module: refused with DDP151, as before
     assert sorted(call.lineno for call, _rel, _line in helpers_with_dp(m)) == [6, 7]
+
+
+def test_a_loss_divided_by_a_count_of_its_batch_is_found_and_one_divided_by_the_model_output_is_not() -> None:
+    from dp2ddp.model.core import build
+    from dp2ddp.model.valid_means import count_means
+
+    head = ("import torch\nimport torch.nn as nn\nmodel = nn.DataParallel(nn.Linear(4, 2))\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y, w in loader:\n    out = model(x)\n")
+    tail = "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    found = {
+        "    loss = (out.sum(1) * (y > 0)).sum() / (y > 0).sum()\n": "(y > 0).sum()",
+        "    mask = (y != 0).float()\n    loss = (out.sum(1) * mask).sum() / mask.sum().clamp(min=1)\n": "mask.sum()",
+        "    n = torch.count_nonzero(y)\n    loss = out.sum() / max(1, n)\n": "n",
+        "    loss = (out.sum(1) * w).sum() / torch.sum(w)\n": "torch.sum(w)",
+    }
+    for body, count in found.items():
+        m = build(head + body + tail)
+        got = count_means(m)
+        assert [m.source(c.count) for c in got] == [count], body
+    for body in ("    loss = out.sum() / out.abs().sum()\n",  # the model's output: it carries a gradient
+                 "    loss = out.sum() / x.size(0)\n",  # the batch size: a plain mean
+                 "    loss = out.sum() / torch.tensor(3.0).sum()\n"):  # a constant, not the batch's
+        assert count_means(build(head + body + tail)) == [], body

@@ -7,8 +7,11 @@ targets differs from the other ranks', and the average of the ranks' gradients w
 shares alike. The loss passes through ``valid_mean(loss, target, ignore_index)`` (written
 once into the script): this rank's mean times its share of the valid targets (one
 all-reduce of a count per step), which gives the original's gradient exactly, and its
-loss when averaged over the ranks (DDP163). A mixed script's own distributed path is left
-as it is.
+loss when averaged over the ranks (DDP163). A loss the step divides by a count it sums
+from the batch itself (``(loss * mask).sum() / mask.sum()``: :class:`CountMean`) gets the
+count of every rank's share instead, over the world size: ``global_count(mask.sum())``
+(one all-reduce of a number per step), as fairseq normalises by its global token count
+(DDP169). A mixed script's own distributed path is left as it is.
 """
 
 from __future__ import annotations
@@ -17,23 +20,40 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.valid_means import valid_count_means
+from dp2ddp.model.valid_means import count_means, valid_count_means
 
 
 def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "plain":
         return []
+    out = _counts(ctx)
     found = valid_count_means(ctx.m)
     if not found:
-        return []
+        return out
     m = ctx.m
     name = ctx.fresh_name("valid_mean")
     ctx.define_after_imports("valid_mean.py.tmpl", valid_mean=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
-    out: List[Finding] = []
     for v in found:
         target, ignore = m.source(v.target), m.source(v.ignore)
         edit = Replace(ctx.cst(v.call), lambda u, t=target, i=ignore: ctx.expr(f"{name}({{loss}}, {{t}}, {{i}})", loss=u, t=t, i=i))
         out.append(ctx.note(v.call, "DDP163", f"the loss averages over the valid targets of `{target}` (ignore_index="
                             f"{ignore}), a count that differs between the ranks' shares: {name} weights each rank's mean by "
                             "its share of them, so the step is the original's", [edit]))
+    return out
+
+
+def _counts(ctx: Context) -> List[Finding]:
+    found = count_means(ctx.m)
+    if not found:
+        return []
+    m = ctx.m
+    name = ctx.fresh_name("global_count")
+    ctx.define_after_imports("global_count.py.tmpl", global_count=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
+    out: List[Finding] = []
+    for c in found:
+        count = m.source(c.count)
+        edit = Replace(ctx.cst(c.count), lambda u: ctx.expr(f"{name}({{c}})", c=u))
+        out.append(ctx.note(c.division, "DDP169", f"the loss is divided by `{count}`, a count of the batch that differs "
+                            f"between the ranks' shares: {name}({count}) is the count of every rank's share over the world "
+                            "size, so the step is the original's", [edit]))
     return out

@@ -51,6 +51,28 @@ CODES: Tuple[MigrationCode, ...] = (
         "loss = valid_mean(criterion(model(x), y), y, 0)\n",
     ),
     MigrationCode(
+        "DDP169", "count-mean", "info",
+        "a loss divided by a count the step sums from its batch (`mask.sum()`): the count becomes every rank's, over the world size",
+        "`(per_token * mask).sum() / mask.sum()` (the valid tokens of a padded batch), `loss / (iou > t).sum()` (the "
+        "matched anchors) or `(loss * w).sum() / w.sum()` computed on DataParallel's gathered outputs divided by the "
+        "whole batch's count. Under DDP each rank divides its share's sum by its share's count, whose value differs from "
+        "rank to rank, and the gradients are averaged over the ranks: a mean of means, the shares weighted alike, not "
+        "by their counts.",
+        "The count passes through `global_count(...)` (written once into the script): the counts all-reduced once a "
+        "step, divided by the world size. Each rank's loss is then its share's sum times the world size over the "
+        "whole batch's count, and the ranks' averaged gradient is the original's (as fairseq normalises by its global "
+        "token count). A count is a `.sum()`/`count_nonzero()` (under `max(1, ...)`, `.clamp(min=...)`, `float()` if "
+        "it is) of a comparison, of a name bound to one, or of a field of the loop's batch: never of something that "
+        "may carry a gradient.",
+        "Safe: one all-reduce of a number per step, reached by every rank. A count computed elsewhere (a function of "
+        "another module, the model's `forward`) is not found: `verify` compares the losses.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 3))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))\n"
+        "per_sample = nn.functional.cross_entropy(model(x), y, reduction='none')\nmask = (y != 0).float()\n"
+        "loss = (per_sample * mask).sum() / mask.sum()\nloss.backward()\nopt.step()\n",
+        "loss = (per_sample * mask).sum() / global_count(mask.sum())\n",
+    ),
+    MigrationCode(
         "DDP118", "sum-reduction-scale", "error",
         "a summed loss (`reduction=\"sum\"`, `size_average=False`) that dp2ddp cannot keep at DataParallel's scale; "
         "the file is left unchanged",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
+from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, shared_binding, trains_here
 from dp2ddp.model.syntax import first_dim_of, kwarg
@@ -266,13 +267,14 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
     """The terms a loss expression adds up (through ``+``/``-``, factors the same on every
     rank, ``.to(device)``, local names' assignments — the one just before where a name
     updates itself, ``loss = loss / x.size(0)`` — and the returns of this module's
-    functions); anything else is a term of its own. A term divided by its batch's size is
-    a mean: the terms inside it go to ``means``."""
+    functions); anything else is a term of its own. A term divided by its batch's size, or
+    by a count of its batch (:func:`dp2ddp.model.valid_means.count_means`: the count becomes
+    every rank's), is a mean: the terms inside it go to ``means``."""
     if depth > 8 or id(e) in seen:
         out.append(e)
         return
     seen.add(id(e))
-    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and _batch_size(m, e.right):
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and (_batch_size(m, e.right) or _data_count(m, e.right)):
         inner: List[ast.AST] = []
         _terms(m, e.left, inner, seen, depth + 1, means)
         if means is not None:
@@ -322,6 +324,21 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
             _terms(m, r, out, seen, depth + 1, means)
     else:
         out.append(e)
+
+
+def _data_count(m: SemanticModel, e: ast.AST) -> bool:
+    return data_count(m, e) is not None
+
+
+def loss_terms(m: SemanticModel, operand: ast.AST) -> List[ast.AST]:
+    """The terms the loss expression ``operand`` adds up (:func:`_terms`)."""
+    out: List[ast.AST] = []
+    _terms(m, operand, out, set(), 0)
+    return out
+
+
+def trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
+    return _trains_parameters(m, call)
 
 
 def _line(binding) -> int:

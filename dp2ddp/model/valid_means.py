@@ -1,11 +1,14 @@
-"""Losses averaged over a data-dependent count of valid targets (``ignore_index``): under
-DDP a mean of the ranks' means, the shares weighted alike (:class:`ValidMean`)."""
+"""Losses averaged over a data-dependent count: under DDP a mean of the ranks' means, the
+shares weighted alike. The count of valid targets of a loss with ``ignore_index``
+(:class:`ValidMean`), and a loss divided by a count the script computes from its batch
+(``(loss * mask).sum() / mask.sum()``, ``loss / num_pos``: :class:`CountMean`)."""
 
 from __future__ import annotations
 
 import ast
 from typing import List, NamedTuple
 
+from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, trains_here
 from dp2ddp.model.syntax import kwarg
@@ -14,6 +17,50 @@ from dp2ddp.model.training import under_no_grad
 
 # torch.nn losses whose mean is over the targets that are not ``ignore_index``
 _IGNORING = frozenset({"CrossEntropyLoss", "NLLLoss", "cross_entropy", "nll_loss"})
+
+
+class CountMean(NamedTuple):
+    """A loss the training step divides by a count it sums from the batch (the valid tokens
+    of a padded batch, ``mask.sum()``; the matched anchors, ``(iou > t).sum()``; the sum of
+    the samples' weights): DataParallel divided the whole batch's sum by the whole batch's
+    count; under DDP each rank divides its share's sum by its share's count, and the ranks'
+    gradients are averaged, a mean of means. Dividing by the count summed over the ranks
+    (divided by the world size) gives the original's gradient."""
+
+    division: ast.BinOp  # ``sum / count`` in the loss a backward differentiates
+    count: ast.AST  # the count: a ``.sum()`` of a mask, weights or a comparison of the batch, or a name bound to one
+
+
+def count_means(m: SemanticModel) -> List[CountMean]:
+    """Terms of a loss a training backward differentiates (:func:`loss_terms`) that divide
+    by a count summed from the data: a ``.sum()`` (``torch.sum``, ``count_nonzero``), under
+    ``max(1, ...)``/``.clamp(min=...)``/``float()``/``.float()`` if it is, of a comparison
+    (``tgt != pad``) or of a name bound to one, or of a field of the batch the loop iterates
+    (``batch["attention_mask"]``). Nothing that may carry a gradient: a sum of the model's
+    output divides its gradient too, and is not a count."""
+    got = m.cache.get("losses:counts")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.losses import loss_terms, trains_parameters
+    from dp2ddp.model.steps import backward_calls, differentiated
+
+    out: List[CountMean] = []
+    seen = set()
+    for call in backward_calls(m):
+        operand = differentiated(m, call)
+        if operand is None or not trains_parameters(m, call) or in_forward(m, call):
+            continue
+        for term in loss_terms(m, operand):
+            for node in ast.walk(term):
+                if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)) or id(node) in seen:
+                    continue
+                count = data_count(m, node.right)
+                if count is None or in_forward(m, node) or under_no_grad(m, node):
+                    continue
+                seen.add(id(node))
+                out.append(CountMean(node, count))
+    m.cache["losses:counts"] = out
+    return out
 
 
 class ValidMean(NamedTuple):
