@@ -378,3 +378,12 @@ def test_the_migrated_training_class_writes_one_checkpoint_set_from_rank_0(tmp_p
     assert r.returncode == 0, r.stdout[-3000:]
     plain = [s for s in (out / "saves-rank0.txt").read_text().splitlines() if s.startswith("saved")]
     assert [s for s in plain if "epoch" in s] == ["saved/checkpoint-epoch2.pth", "saved/checkpoint-epoch4.pth"], plain
+
+
+def test_project_copy_to_a_folder_named_with_a_trailing_slash(project: Path, tmp_path: Path) -> None:
+    """`-o DIR/` with --with-helpers is the project copy's folder, as `-o DIR` is (a single
+    file's `-o DIR/` writes the file inside the folder instead)."""
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "-q", "--with-helpers", "-o", str(out) + "/", str(project / "train.py")]) == 0
+    assert (out / "train.py").is_file() and (out / "models" / "__init__.py").is_file()
+    assert not (out / "train.py" / "train.py").exists()

@@ -92,7 +92,7 @@ def rewrite(paths, output, in_place, show_diff, keep_batch_size, shard_eval, acc
             click.echo(f"{display_path(p)}: excluded by [tool.dp2ddp] exclude in {cfg.path}; left as it is", err=True)
     if output and len(files) != 1:
         raise click.UsageError("-o/--output takes exactly one input file")
-    if output and output != "-" and files and files[0] != STDIN:
+    if output and output != "-" and files and files[0] != STDIN and not with_helpers:
         output = _output_file(output, files[0])
     if STDIN in files and len(files) > 1:
         raise click.UsageError("'-' (standard input) cannot be combined with other paths")
