@@ -43,6 +43,7 @@ CHECK = re.compile(r"CHECK (\S+) (\S+) (.*)$", re.MULTILINE)
 # fixture -> (tag of the evaluation before training, {seen tag: (dataset size, batch size)})
 SHARDED = {
     "collected_predictions": ("init", {"init": (103, 10), "0": (103, 10), "1": (103, 10)}),
+    "element_sums": ("init", {"init": (77, 8), "0": (77, 8), "1": (77, 8)}),
     "kuangliu_test_epoch": ("-1", {"-1": (100, 16), "0": (100, 16), "1": (100, 16)}),
     "mnist_test_function": ("init", {"init": (250, 50), "1": (250, 50), "2": (250, 50)}),
     "trainer_uneven_batches": ("init", {"init": (103, 10), "0": (103, 10), "1": (103, 10), "calib": (7, 16)}),

@@ -52,12 +52,12 @@ def propose(ctx: Context) -> List[Finding]:
     evaluation = ctx.need(ShardHelper).evaluation
     m = ctx.m
     inference = ctx.role != "helper" and inference_only(m)
-    if not evaluation:
+    loops = eval_loops(m, evaluation, made_elsewhere=inference) if ctx.mode == "plain" and (evaluation or inference) else []
+    if not evaluation and not loops:
         if inference:
             return [ctx.block(dp_wraps(m)[0].call, "DDP115", no_training_message())]
         return []
     out: List[Finding] = []
-    loops = eval_loops(m, evaluation) if ctx.mode == "plain" else []
     iterated = {id(ld.call) for e in loops for ld in e.loaders}
     for ld in evaluation:
         if id(ld.call) not in iterated:
@@ -89,14 +89,15 @@ def propose(ctx: Context) -> List[Finding]:
         out.append(ctx.note(dp_wraps(m)[0].call, "DDP168", (
             "inference only (no training step in this file): every evaluation loop is shared out between the ranks "
             "by whole batches, as with --shard-eval, so each rank evaluates its own batches and every rank ends with "
-            "the original's results")))
+            "the original's results (a loader whose order is not fixed at run time, such as a shuffled one, is read "
+            "whole on every rank)")))
     return out
 
 
 def _define(ctx: Context) -> Dict[str, str]:
     """The helpers, once, after the imports at the top of the module."""
     m = ctx.m
-    names = {n: ctx.fresh_name(n) for n in ("EvalPass", "EvalBatches", "EvalSum", "EvalList")}
+    names = {n: ctx.fresh_name(n) for n in ("EvalPass", "EvalBatches", "EvalSum", "EvalElement", "EvalList")}
     body = ctx.render("shard_eval.py.tmpl", torch=ctx.name("torch"), dist=ctx.name("dist"), **names)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + list(body[0].leading_lines))
     end = m.top_import_end
@@ -135,9 +136,11 @@ def _shard(ctx: Context, e: EvalLoop, names: Dict[str, str]) -> Finding:
     parts = [f"{', '.join(f'`{a}`' for a in summed)} added up"] if summed else []
     parts += [f"{', '.join(f'`{a}`' for a in e.lists)} collected"] if e.lists else []
     sums = f"; {' and '.join(parts)} after it in the original's order" if parts else ""
+    elsewhere = ("; made by a call dp2ddp does not read, it is shared out where it is a DataLoader whose order "
+                 "is fixed, and read whole on every rank otherwise" if not e.loaders else "")
     message = (
         f"--shard-eval: the evaluation loop over `{label}` (line {e.loop.lineno}) is shared out by whole batches "
         f"(rank r evaluates the original's batches r, r + world, ...; whole on every rank where the loader has "
-        f"fewer batches than ranks){sums}: the same values on every rank as the original's"
+        f"fewer batches than ranks{elsewhere}){sums}: the same values on every rank as the original's"
     )
     return ctx.note(e.loop, "DDP160", message, edits)

@@ -62,6 +62,12 @@ def propose(ctx: Context) -> List[Finding]:
     ctx.provide(OwnSamplers(shared))
     helper = ShardHelper()
     ctx.provide(helper)
+    if ctx.role != "helper" and inference_only(m):
+        # a script that only evaluates: no loader trains, none is sharded as a training
+        # loader (a project's `train_loader, test_loader = data.get(...)` included); shard_eval
+        # shares out its evaluation loops, or the file is refused
+        helper.evaluation.extend(ld for ld in loaders(m) if not ld.held and not distributed_sampler(m, ld.sampler_value))
+        return out
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
     rebinds: List[Tuple[ast.stmt, List[str]]] = []  # (statement, the names to shard after it)
     for loader in loaders(m):
@@ -84,9 +90,8 @@ def propose(ctx: Context) -> List[Finding]:
         if loader.held:
             continue  # sharded per object of its class, where a training loop iterates one
         if not loader.training:
-            if ctx.options.shard_eval or inference_only(m):
-                # --shard-eval, or a script that only evaluates: shard_eval decides, loop by loop
-                helper.evaluation.append(loader)
+            if ctx.options.shard_eval:
+                helper.evaluation.append(loader)  # --shard-eval: shard_eval decides, loop by loop
                 continue
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue

@@ -7,7 +7,8 @@ it or in one it is passed to (:mod:`dp2ddp.model.flow`). Such a loop can be shar
 whole batches when everything it leaves behind is a sum the original added up:
 
 * its *accumulators*: names bound to a number (``0``, ``0.0``) or a zero tensor before the
-  loop, changed in it only by ``+=``, and read only after it (``correct += (pred ==
+  loop, changed in it only by ``+=`` (on a zero tensor, also ``+=`` into one of its
+  elements: ``total_metrics[i] += ...``), and read only after it (``correct += (pred ==
   y).sum().item()``, ``test_loss += loss.item()``, ``total += y.size(0)``); and names bound
   to an empty list before the loop, changed in it only by ``.append(...)``/``.extend(...)``
   statements, and read only after it (``preds.append(out.argmax(1).cpu())``: each batch's
@@ -59,9 +60,13 @@ class EvalLoop:
     problem_node: Optional[ast.AST] = None
 
 
-def eval_loops(m: SemanticModel, evaluation: Sequence[Loader]) -> List[EvalLoop]:
+def eval_loops(m: SemanticModel, evaluation: Sequence[Loader], made_elsewhere: bool = False) -> List[EvalLoop]:
     """Every ``for`` over one of the ``evaluation`` loaders, each with what it sums or why it
-    stays whole."""
+    stays whole. With ``made_elsewhere`` (a script that only evaluates) also every ``for``
+    that runs the DataParallel model on what a call dp2ddp cannot read returns
+    (``_, test_loader = data.get_loaders(args)``, a project's DataLoader subclass): its
+    pass is shared out at run time where the value is a DataLoader whose order is fixed,
+    and whole on every rank otherwise (:data:`EvalLoop.loaders` is empty)."""
     from dp2ddp.model.flow import origins
 
     calls = {id(ld.call): ld for ld in evaluation}
@@ -71,6 +76,11 @@ def eval_loops(m: SemanticModel, evaluation: Sequence[Loader]) -> List[EvalLoop]
         found = [(v, [calls[id(n)] for n, path in origins(m, v) if id(n) in calls and not path]) for v in values]
         hits = [(v, lds) for v, lds in found if lds]
         if not hits:
+            header = _made_elsewhere(m, loop, len(values)) if made_elsewhere else None
+            if header is not None:
+                got = EvalLoop(loop, [], header)
+                _judge(m, got, len(values))
+                out.append(got)
             continue
         value, lds = hits[0]
         got = EvalLoop(loop, list({id(ld.call): ld for ld in lds}.values()), value)  # type: ignore[arg-type]
@@ -92,8 +102,8 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
         return stays(f"it iterates the loader through `{short(m, loop.iter)}`, which dp2ddp does not pass through")
     from dp2ddp.model.flow import origins
 
-    others = [n for n, path in origins(m, e.iterable) if path or not any(n is ld.call for ld in e.loaders)
-              and not (isinstance(n, ast.Constant) and n.value is None)]
+    others = [n for n, path in origins(m, e.iterable) if e.loaders and (path or not any(n is ld.call for ld in e.loaders)
+              and not (isinstance(n, ast.Constant) and n.value is None))]
     if others:
         return stays(f"`{m.source(e.iterable)}` may also be `{short(m, others[0])}` (line {others[0].lineno})", others[0])
     if loop.orelse:
@@ -109,6 +119,7 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     stored, plain = _stores(m, loop, scope)
     accs: List[str] = []
     collected = _collections(m, loop, scope, stored)
+    items: List[ast.AugAssign] = []  # `total_metrics[i] += ...`: a sum into an element of a zero tensor
     for node in walk_statements(loop.body):
         if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id not in plain:
             name = node.target.id
@@ -116,12 +127,19 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
                 return stays(f"it changes `{name}` with `{_op(node)}=` (line {node.lineno}), not a sum", node)
             if name not in accs:
                 accs.append(name)
+        elif (isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add) and isinstance(node.target, ast.Subscript)
+              and isinstance(node.target.value, ast.Name) and node.target.value.id not in stored
+              and m.scope_of(node) is scope and m.lookup(node.target.value.id, scope)[0] is scope):
+            items.append(node)
+            if node.target.value.id not in accs:
+                accs.append(node.target.value.id)
     local = stored - set(accs)
     for name in sorted(stored & (scope.globals | scope.nonlocals)):
         return stays(f"it sets `{name}`, declared global in its function", loop)
     lists = sorted({c.func.value.id for c in collected}, key=lambda n: min(  # type: ignore[attr-defined]
         (c.lineno, c.col_offset) for c in collected if c.func.value.id == n))  # type: ignore[attr-defined]
-    why = escape(m, loop.body, local, set(accs) | set(lists), scope, loop, 0, {id(c) for c in collected})
+    why = escape(m, loop.body, local, set(accs) | set(lists), scope, loop, 0,
+                 frozenset(id(c) for c in collected) | frozenset(id(a) for a in items))
     if why is not None:
         return stays(f"it {why[1]}", why[0])
     carried = _carried(m, loop, local, scope)
@@ -129,9 +147,10 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
         return stays(f"it carries `{carried.id}` from one batch to the next (line {carried.lineno}): each rank would "
                      "see another batch's value there", carried)
     for name in accs:
-        why = _start(m, loop, name, scope)
+        tensor = any(a.target.value.id == name for a in items)  # type: ignore[attr-defined]
+        why = _start(m, loop, name, scope, _zero_tensor if tensor else None)
         if why is not None:
-            return stays(why[1], why[0])
+            return stays(why[1].replace("a number or a zero tensor", "a zero tensor") if tensor else why[1], why[0])
     for name in lists:
         why = _start(m, loop, name, scope, _empty_list)
         if why is not None:
@@ -173,11 +192,48 @@ def _collections(m: SemanticModel, loop: ast.For, scope, stored: Set[str]) -> Li
     return out
 
 
+def _zero_tensor(m: SemanticModel, value: ast.AST) -> bool:
+    """A tensor made to hold zeros (an accumulator one element of which a loop adds to)."""
+    return isinstance(value, ast.Call) and _zero_like(m, value)
+
+
 def _empty_list(m: SemanticModel, value: ast.AST) -> bool:
     """``[]`` or ``list()``."""
     if isinstance(value, ast.List):
         return not value.elts
     return isinstance(value, ast.Call) and not value.args and not value.keywords and m.is_name(value.func, {"builtins.list"})
+
+
+# calls whose value is not a loader of data
+_NOT_LOADERS = frozenset({"builtins.range", "builtins.zip", "builtins.enumerate", "builtins.list", "builtins.tuple",
+                          "builtins.sorted", "builtins.reversed", "builtins.dict", "builtins.set", "builtins.map",
+                          "builtins.filter", "builtins.open", "builtins.iter", "builtins.len"})
+
+
+def _made_elsewhere(m: SemanticModel, loop: ast.For, n_values: int) -> Optional[ast.AST]:
+    """The header expression of ``loop`` (through ``enumerate``/``tqdm``) when the loop runs
+    the DataParallel model and iterates, on every path, what a call dp2ddp does not read
+    returns (a function or class of the project, ``getattr(module, name)(...)``); else None."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.uses import dp_wrapper_uses
+
+    if n_values != 1:
+        return None
+    header, _ = _header(m, loop)
+    if not isinstance(header, (ast.Name, ast.Attribute)):
+        return None
+    if not any(u.kind == "forward" and m.contains(loop, u.node) for u in dp_wrapper_uses(m)):
+        return None
+    got = origins(m, header)
+    if not got:
+        return None
+    for node, _path in got:
+        if not isinstance(node, ast.Call):
+            return None
+        q = m.qualified_names(node.func)
+        if q & _NOT_LOADERS or any(x.startswith(("torch.", "numpy.")) for x in q) or m.resolve_call(node) is not None:
+            return None  # a value dp2ddp can read (a function of this script, torch's, a builtin's): not a loader made elsewhere
+    return header
 
 
 def _op(node: ast.AugAssign) -> str:

@@ -82,9 +82,13 @@ def escape(m: SemanticModel, body: Sequence[ast.AST], local: Set[str], accs: Set
     """The first thing in ``body`` that leaves a trace outside one iteration, with what it
     does (``"appends ... (line 12)"``); ``local``: names bound in the loop (or in the
     function read); ``accs``: the accumulators, which only ``+=`` may touch (or, for a
-    list, only the ``.append``/``.extend`` calls in ``collecting``, by ``id``)."""
+    list, only the ``.append``/``.extend`` calls in ``collecting``, by ``id``; for a zero
+    tensor, also the ``acc[i] += ...`` statements there)."""
     writes = {id(w.call): w.kind for w in writers(m)}
-    receivers = {id(n.func.value) for n in walk_statements(body) if id(n) in collecting}  # type: ignore[attr-defined]
+    receivers = set()  # the accumulator's own name in an allowed `preds.append(...)` / `total[i] += ...`
+    for n in walk_statements(body):
+        if id(n) in collecting:
+            receivers.add(id(n.func.value) if isinstance(n, ast.Call) else id(n.target.value))  # type: ignore[attr-defined]
     for n in walk_statements(body):
         if id(n) in collecting or id(n) in receivers:
             continue  # a list the loop collects into: kept with its batch

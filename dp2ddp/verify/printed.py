@@ -110,4 +110,4 @@ def _judge_work(orig: RunResult, mig: RunResult, problems: List[str], notes: Lis
         notes.append(f"inference only: the ranks shared out the {total} samples the original ran its model on ({shares})")
     else:
         notes.append(f"inference only: the original ran its model on {total} samples, the ranks on {shares} (a loader "
-                     "with fewer batches than ranks is evaluated whole on each)")
+                     "with fewer batches than ranks, or whose order is not fixed, is evaluated whole on each)")
