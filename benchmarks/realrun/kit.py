@@ -20,6 +20,8 @@ Steps (joined by a lone '+', since a recipe's setup field is split on spaces, no
   ocr-lmdb DIR N               write an LMDB of N word images (100x32 PNG) with lower-case labels, keys
                                num-samples / image-%09d / label-%09d from 1 (needs lmdb: pip it first)
   run SCRIPT ARGS...           run SCRIPT with this python (e.g. a first training run to resume)
+  newest-dir GLOB DST          copy the folder of the newest file matching GLOB to DST (a checkpoint
+                               saved under a folder named by the clock, with its config beside it)
 """
 import json
 import os
@@ -179,8 +181,22 @@ def step_run(script, *args):
     subprocess.check_call([sys.executable, script, *args])
 
 
+def step_newest_dir(pattern, dst):
+    """Copy the folder of the newest file matching ``pattern`` (a glob) to ``dst``: a
+    checkpoint saved under a folder named by the clock, with the config beside it."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(pattern, recursive=True), key=os.path.getmtime)
+    if not found:
+        raise SystemExit(f"newest-dir: nothing matches {pattern}")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(os.path.dirname(found[-1]), dst)
+
+
 STEPS = {"jsonset": step_jsonset, "pip": step_pip, "images": step_images, "masks": step_masks,
-         "lines": step_lines, "text": step_text, "cifar-c": step_cifar_c, "celeba": step_celeba, "ocr-lmdb": step_ocr_lmdb, "run": step_run}
+         "lines": step_lines, "text": step_text, "cifar-c": step_cifar_c, "celeba": step_celeba, "ocr-lmdb": step_ocr_lmdb, "run": step_run,
+         "newest-dir": step_newest_dir}
 
 
 def main(argv):

@@ -105,7 +105,9 @@ def _judge_work(orig: RunResult, mig: RunResult, problems: List[str], notes: Lis
         problems.append(f"inference only: every rank ran the model on all {total} samples the original did ({shares}): "
                         f"the migration repeats the whole inference on each of its {len(m)} processes; share out the "
                         "evaluation loop between the ranks (`dp2ddp rewrite` does where it can prove the results "
-                        "the same, DDP168)")
+                        "the same, DDP168; its passes are read whole on every rank where the loader has fewer "
+                        "batches than ranks or an order that is not fixed: give the run more data than one batch "
+                        "per rank)")
     elif sum(m.values()) == total:
         notes.append(f"inference only: the ranks shared out the {total} samples the original ran its model on ({shares})")
     else:
