@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, T
 
 import libcst as cst
 
+from dp2ddp.model.inference import inference_only
 from dp2ddp.engine import AddImport, Edit, Finding, Fix, RemoveImportIfUnused
 from dp2ddp.model.bridge import Bridge
 from dp2ddp.model.core import SemanticModel
@@ -233,7 +234,8 @@ class Context:
 
     def ddp_call(self, module_text: str, find_unused: Union[bool, str] = False, cls: Optional[str] = None,
                  sync_bn: bool = False) -> str:
-        """``DistributedDataParallel(module, device_ids=...)``; ``find_unused``: with
+        """``DistributedDataParallel(module, device_ids=...)`` (with ``broadcast_buffers=False``
+        in a script that only evaluates); ``find_unused``: with
         ``find_unused_parameters=True``, and for :data:`EVERY_PARAMETER` built through a helper
         written once into the script that registers the frozen parameters too; ``cls``: the script's own
         subclass (rebased on DistributedDataParallel) that the original called instead;
@@ -243,6 +245,11 @@ class Context:
         module expression is evaluated once)."""
         torch = self.name("torch")
         extra = ", find_unused_parameters=True" if find_unused else ""
+        if self.role != "helper" and inference_only(self.m):
+            # a script that only evaluates: nothing to synchronise after the weights (and
+            # buffers) are broadcast at construction; without it the first forward would
+            # broadcast the buffers again, a collective a rank with no batch in a pass would miss
+            extra += ", broadcast_buffers=False"
         inner = module_text
         if sync_bn:
             inner = (f"{torch}.nn.SyncBatchNorm.convert_sync_batchnorm({module_text}) "

@@ -70,7 +70,10 @@ CODES: Tuple[MigrationCode, ...] = (
         "Every evaluation loop over a DataLoader of the script is shared out by whole batches as with `--shard-eval` "
         "(DDP160, without the option): each rank evaluates its own batches and the loop's sums and collected lists "
         "are put together after it, in the original's order, on every rank. Where any loop cannot be, the file is "
-        "refused instead (DDP115).",
+        "refused instead (DDP115). A wrap the script keeps is built with `broadcast_buffers=False`: nothing trains, "
+        "the weights and buffers are broadcast once when it is built, and no forward then waits for the other "
+        "ranks (a rank with no batch in a pass cannot miss a collective). A loop over a loader that a call dp2ddp "
+        "cannot read returns (a project's `get_loaders()`) is shared out at run time where its order is fixed.",
         "Safe: the values after every loop are the original's on every rank.",
         IMPORTS + "from torch.utils.data import DataLoader, TensorDataset\n\n"
         "model = nn.DataParallel(nn.Linear(4, 3))\n"
