@@ -15,6 +15,7 @@ import pytest
 
 from dp2ddp.migrate import Options, migrate_bytes
 from tests._scripts import copy_to, retry_exit_abort, run_python, run_torchrun
+from tests.test_shard_eval import INFERENCE, SHARDED
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -45,6 +46,9 @@ CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 # ``*_race_warns``: the output keeps a race the rewrite warns about (in a project module it does
 # not edit); two ranks may really crash there, so it is not run
 RUNNABLE = [p for p in CASES if not p.name.startswith("noop_") and not p.name.endswith("_race_warns.in.py")]
+# the fixtures tests/test_shard_eval.py runs under torchrun and python itself, comparing what
+# they print with the original's: run once there, not twice
+_RUN_BY_SHARD_EVAL = {f"shard_eval/{name}" for name in (*SHARDED, *INFERENCE)}
 # The cross-check that the zygote launch the others get (tests/_scripts.py) runs them alike:
 # under the real torchrun and python run the first case of every folder with project modules
 # beside its cases (imported from the script's folder), of process_group (a CRLF source)
@@ -113,7 +117,7 @@ def _with_project_modules(script: Path, case: Path) -> Path:
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("case", RUNNABLE, ids=_id)
+@pytest.mark.parametrize("case", [p for p in RUNNABLE if _id(p) not in _RUN_BY_SHARD_EVAL], ids=_id)
 def test_fixture_output_trains(case: Path, tmp_path: Path) -> None:
     """The expected output really runs: under torchrun with 2 CPU ranks (gloo) and as plain python."""
     expected_out = case.with_name(case.name.replace(".in.py", ".out.py"))
