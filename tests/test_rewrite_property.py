@@ -117,10 +117,10 @@ def _keep_lines(text: str):
     return [ln for ln in text.splitlines() if "# keep-" in ln]
 
 
-# 300 generated scripts in all, drawn as PARTS tests of CASES each, so that the two
+# 240 generated scripts in all, drawn as PARTS tests of CASES each, so that the two
 # workers of `pytest -n 2` share them (one 300-case test was the suite's longest, alone on
 # one worker at the end). Each part draws its own random cases, as the one test did.
-PARTS, CASES = 3, 100
+PARTS, CASES = 3, 80
 
 
 @pytest.mark.slow
