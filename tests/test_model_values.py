@@ -435,5 +435,7 @@ def test_a_loss_divided_by_a_count_of_its_batch_is_found_and_one_divided_by_the_
         assert [m.source(c.count) for c in got] == [count], body
     for body in ("    loss = out.sum() / out.abs().sum()\n",  # the model's output: it carries a gradient
                  "    loss = out.sum() / x.size(0)\n",  # the batch size: a plain mean
-                 "    loss = out.sum() / torch.tensor(3.0).sum()\n"):  # a constant, not the batch's
+                 "    loss = out.sum() / torch.tensor(3.0).sum()\n",  # a constant, not the batch's
+                 # a count dividing something inside the loss (logits), not the loss itself
+                 "    loss = nn.functional.cross_entropy(out / (y > 0).sum(), y)\n"):
         assert count_means(build(head + body + tail)) == [], body

@@ -332,3 +332,28 @@ def test_every_sharded_fixture_is_run() -> None:
         result = migrate_bytes(case.read_bytes(), str(case), Options(shard_eval=True))
         if any(f.code == "DDP160" for f in result.migration.findings):
             assert name in SHARDED or name in INFERENCE, name
+
+
+def test_what_a_pass_sends_to_the_other_ranks_travels_on_the_cpu_and_comes_back_as_it_was() -> None:
+    """Values and the keys of the elements a loop adds into (`conf[t, p] += 1`, the
+    indices 0-d tensors of the batch): tensors travel on the CPU (a CUDA tensor pickled as
+    it is would come back on the sending rank's device) and come back on their device's
+    kind, tuples as tuples, lists as lists."""
+    torch = pytest.importorskip("torch")
+    from dp2ddp.templates import load
+
+    scope: dict = {"torch": torch, "dist": torch.distributed}
+    exec(load("shard_eval.py.tmpl").format(torch="torch", dist="dist", EvalPass="EvalPass", EvalBatches="EvalBatches",
+                                           EvalSum="EvalSum", EvalElement="EvalElement", EvalList="EvalList"), scope)
+    send, receive = scope["EvalPass"]._send, scope["EvalPass"]._receive
+    key = (torch.tensor(2), torch.tensor(1))
+    sent = send(key)
+    assert sent[0] == "tuple" and [s[:1] + s[2:] for s in sent[1]] == [("tensor", "cpu"), ("tensor", "cpu")]
+    back = receive(sent)
+    assert isinstance(back, tuple) and [int(x) for x in back] == [2, 1]
+    conf = torch.zeros(3, 3, dtype=torch.long)
+    conf[back] += 1
+    assert int(conf[2, 1]) == 1 and int(conf.sum()) == 1
+    items = receive(send([torch.ones(2), ("a", 3), None]))
+    assert isinstance(items, list) and items[1] == ("a", 3) and items[2] is None and items[0].tolist() == [1.0, 1.0]
+    assert receive(send(None)) is None

@@ -32,8 +32,10 @@ class CountMean(NamedTuple):
 
 
 def count_means(m: SemanticModel) -> List[CountMean]:
-    """Terms of a loss a training backward differentiates (:func:`loss_terms`) that divide
-    by a count summed from the data: a ``.sum()`` (``torch.sum``, ``count_nonzero``), under
+    """Terms of a loss a training backward differentiates (:func:`loss_terms`) that are a
+    division by a count summed from the data (a division inside a term, such as logits
+    divided by a count, is not the loss's normaliser, and the count of every rank's share
+    over the world size would not give its value): a ``.sum()`` (``torch.sum``, ``count_nonzero``), under
     ``max(1, ...)``/``.clamp(min=...)``/``float()``/``.float()`` if it is, of a comparison
     (``tgt != pad``) or of a name bound to one, or of a field of the batch the loop iterates
     (``batch["attention_mask"]``). Nothing that may carry a gradient: a sum of the model's
@@ -50,15 +52,14 @@ def count_means(m: SemanticModel) -> List[CountMean]:
         operand = differentiated(m, call)
         if operand is None or not trains_parameters(m, call) or in_forward(m, call):
             continue
-        for term in loss_terms(m, operand):
-            for node in ast.walk(term):
-                if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)) or id(node) in seen:
-                    continue
-                count = data_count(m, node.right)
-                if count is None or in_forward(m, node) or under_no_grad(m, node):
-                    continue
-                seen.add(id(node))
-                out.append(CountMean(node, count))
+        for term in loss_terms(m, operand):  # a term is the division itself: the loss's normaliser
+            if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Div)) or id(term) in seen:
+                continue
+            count = data_count(m, term.right)
+            if count is None or in_forward(m, term) or under_no_grad(m, term):
+                continue
+            seen.add(id(term))
+            out.append(CountMean(term, count))
     m.cache["losses:counts"] = out
     return out
 
