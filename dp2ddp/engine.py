@@ -214,7 +214,7 @@ class _Applier(cst.CSTTransformer):
                 items.append(result)
             items.extend(after or ())
             result = cst.FlattenSentinel(items)
-        if isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        if self.keep and isinstance(original_node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
             self.became[original_node] = result
         if isinstance(result, (cst.IndentedBlock, cst.Module)) and self.keep:
             result = self._keep_removed_comments(original_node, result)

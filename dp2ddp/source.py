@@ -7,8 +7,8 @@ leaves a half-written file behind.
 
 from __future__ import annotations
 
-import io
 import errno
+import io
 import os
 import stat
 import sys

@@ -15,10 +15,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Type, T
 
 import libcst as cst
 
-from dp2ddp.model.inference import inference_only
 from dp2ddp.engine import AddImport, Edit, Finding, Fix, RemoveImportIfUnused
 from dp2ddp.model.bridge import Bridge
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.inference import inference_only
 from dp2ddp.model.names import DATALOADER, DDP, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.templates import render_statements

@@ -71,4 +71,3 @@ def _only_saved(m: SemanticModel, wraps, uses):
             "that trains on these weights is the one to migrate"
         )
     return None
-

@@ -15,12 +15,7 @@ from dp2ddp.model.core import SemanticModel
 _SAME_NUMBER = frozenset({"float", "double", "long", "int", "to", "cuda", "cpu", "item", "detach", "type_as"})
 
 
-def data_count(m: SemanticModel, e: ast.AST) -> Optional[ast.AST]:
-    """The node of a data-dependent count that ``e`` is (:func:`_count`), else None."""
-    return _count(m, e)
-
-
-def _count(m: SemanticModel, e: ast.AST, depth: int = 0) -> Optional[ast.AST]:
+def data_count(m: SemanticModel, e: ast.AST, depth: int = 0) -> Optional[ast.AST]:
     """The node of a data-dependent count that ``e`` is, under ``max(1, c)``,
     ``c.clamp(min=1)``, ``float(c)``, ``c.float()``, ``c + eps``: a ``.sum()`` call of data,
     or a name its function binds only to such counts (``num_pos = (labels > 0).sum()``); else
@@ -48,7 +43,7 @@ def _count(m: SemanticModel, e: ast.AST, depth: int = 0) -> Optional[ast.AST]:
         _, bindings = m.lookup(e.id, m.scope_of(e))
         if (bindings and all(b.kind == "assign" and b.value is not None for b in bindings)
                 and all(m.enclosing_function(b.node) is m.enclosing_function(e) for b in bindings)
-                and all(_count(m, b.value, depth + 1) is not None for b in bindings)):
+                and all(data_count(m, b.value, depth + 1) is not None for b in bindings)):
             return e
         return None
     if not isinstance(e, ast.Call):

@@ -136,8 +136,7 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     local = stored - set(accs)
     for name in sorted(stored & (scope.globals | scope.nonlocals)):
         return stays(f"it sets `{name}`, declared global in its function", loop)
-    lists = sorted({c.func.value.id for c in collected}, key=lambda n: min(  # type: ignore[attr-defined]
-        (c.lineno, c.col_offset) for c in collected if c.func.value.id == n))  # type: ignore[attr-defined]
+    lists = list(dict.fromkeys(c.func.value.id for c in collected))  # type: ignore[attr-defined]  # in source order
     why = escape(m, loop.body, local, set(accs) | set(lists), scope, loop, 0,
                  frozenset(id(c) for c in collected) | frozenset(id(a) for a in items))
     if why is not None:

@@ -91,7 +91,7 @@ def escape(m: SemanticModel, body: Sequence[ast.AST], local: Set[str], accs: Set
             receivers.add(id(n.func.value) if isinstance(n, ast.Call) else id(n.target.value))  # type: ignore[attr-defined]
     for n in walk_statements(body):
         if id(n) in collecting or id(n) in receivers:
-            continue  # a list the loop collects into: kept with its batch
+            continue  # a list the loop collects into, an element of a zero tensor it adds to: kept with its batch
         line = f"(line {getattr(n, 'lineno', '?')})"
         if isinstance(n, FUNCTIONS + (ast.ClassDef,)):
             continue  # a local definition: read where it is called

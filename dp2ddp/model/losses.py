@@ -245,7 +245,7 @@ def _backward_terms(m: SemanticModel) -> Dict[int, Tuple[str, str]]:
         ours = [x for x in leaves if id(x) in summed]
         if not ours:
             continue
-        if not _trains_parameters(m, call):
+        if not trains_parameters(m, call):
             for x in ours:
                 out.setdefault(id(x), ("frozen", ""))
             continue
@@ -268,13 +268,13 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
     rank, ``.to(device)``, local names' assignments — the one just before where a name
     updates itself, ``loss = loss / x.size(0)`` — and the returns of this module's
     functions); anything else is a term of its own. A term divided by its batch's size, or
-    by a count of its batch (:func:`dp2ddp.model.valid_means.count_means`: the count becomes
-    every rank's), is a mean: the terms inside it go to ``means``."""
+    by a count of its batch (:func:`dp2ddp.model.batch_counts.data_count`: the migration makes
+    it every rank's, DDP169), is a mean: the terms inside it go to ``means``."""
     if depth > 8 or id(e) in seen:
         out.append(e)
         return
     seen.add(id(e))
-    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and (_batch_size(m, e.right) or _data_count(m, e.right)):
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Div) and (_batch_size(m, e.right) or data_count(m, e.right) is not None):
         inner: List[ast.AST] = []
         _terms(m, e.left, inner, seen, depth + 1, means)
         if means is not None:
@@ -326,19 +326,11 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
         out.append(e)
 
 
-def _data_count(m: SemanticModel, e: ast.AST) -> bool:
-    return data_count(m, e) is not None
-
-
 def loss_terms(m: SemanticModel, operand: ast.AST) -> List[ast.AST]:
     """The terms the loss expression ``operand`` adds up (:func:`_terms`)."""
     out: List[ast.AST] = []
     _terms(m, operand, out, set(), 0)
     return out
-
-
-def trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
-    return _trains_parameters(m, call)
 
 
 def _line(binding) -> int:
@@ -366,7 +358,7 @@ def _rank_constant(m: SemanticModel, e: ast.AST) -> bool:
     return True
 
 
-def _trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
+def trains_parameters(m: SemanticModel, call: ast.Call) -> bool:
     """A backward whose loop steps an optimizer of model parameters (not only optimizers
     over a list of plain tensors: an attack's perturbation)."""
     from dp2ddp.model.steps import binding_values, innermost_loop, optimizer_steps

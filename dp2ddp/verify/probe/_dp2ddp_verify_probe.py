@@ -124,6 +124,7 @@ class _State:
         self.forward_hook = None
         self.forward_after = None  # with forward_hook until the first step: the depth of module calls
         self.forwards = [0, 0]  # outermost module calls before the first step, and the samples they took
+        self.depth = 0  # module calls of the main thread in progress (forward_hook / forward_after)
         self.finished = False
         self.passes = {}  # loader key -> its current _Pass
         self.pass_count = 0  # loader passes begun in this process
@@ -717,20 +718,17 @@ def _on_torch(torch):
     drop = _DropoutNd
     wrappers = {"DataParallel": "dp", "DistributedDataParallel": "ddp"}
 
-    depth = threading.local()
-
     def forward_pre_hook(module, args):
         if not _S.on:
             return None
         if threading.current_thread() is threading.main_thread():
-            level = getattr(depth, "n", 0)
             # an outermost call of a module with parameters: what an inference-only script runs
             # its model on (a transform such as Normalize, called per sample, has none)
-            if level == 0 and next(module.parameters(), None) is not None:
+            if _S.depth == 0 and next(module.parameters(), None) is not None:
                 first = args[0] if args else None
                 _S.forwards[0] += 1
                 _S.forwards[1] += int(first.shape[0]) if getattr(first, "ndim", 0) else 0
-            depth.n = level + 1
+            _S.depth += 1
         if isinstance(module, bn) and module.training and type(module).__name__ != "SyncBatchNorm":
             _S.modules.add("batchnorm")
         elif isinstance(module, drop) and module.training and getattr(module, "p", 0) > 0:
@@ -743,7 +741,7 @@ def _on_torch(torch):
 
     def forward_after(module, args, output):
         if _S.on and threading.current_thread() is threading.main_thread():
-            depth.n = max(getattr(depth, "n", 1) - 1, 0)
+            _S.depth = max(_S.depth - 1, 0)
         return None
 
     # Only during the first step (removed by _on_step): a global hook costs on every module call.
