@@ -499,3 +499,36 @@ def test_an_inference_pair_is_judged_by_what_rank_zero_prints() -> None:
     silent = _printing("original", "")
     rep = analyze.compare(silent, _printing("migrated", "", ""), opts, None)
     assert rep["verdict"] == "fail" and any("printed nothing" in p for p in rep["problems"]), rep["problems"]
+
+
+def test_peak_gpu_memory_per_rank_is_reported_where_the_probe_saw_cuda() -> None:
+    """The probe's end record carries each CUDA device's peak; the report shows the largest
+    per rank (MiB) in its table and the plot's caption, and nothing of the kind on CPU."""
+    import io
+
+    from dp2ddp.verify import analyze, report
+    from dp2ddp.verify.options import Options
+
+    opts = Options(steps=0, warmup=1, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0.0, timeout=60.0, user_dirs=[],
+                   nproc=2, nnodes=1)
+    orig = _printing("original", "acc 0.91\n")
+    mig = _printing("migrated", "acc 0.91\n", "")
+    rep = analyze.compare(orig, mig, opts, None)
+    assert "gpu_memory" not in rep["original"] and "gpu_memory" not in rep["migrated"]
+    assert "GPU" not in report.caption(rep)
+
+    orig.ranks[0].end["gpu"] = [{"device": 0, "name": "NVIDIA H100", "peak_allocated": 3 * 2**30,
+                                 "peak_reserved": 4 * 2**30}]
+    for rank, used in ((0, 1.5), (1, 1.25)):
+        mig.ranks[rank].end["gpu"] = [{"device": rank, "name": "NVIDIA H100", "peak_allocated": int(used * 2**30),
+                                       "peak_reserved": 2 * 2**30},
+                                      {"device": 1 - rank, "name": "NVIDIA H100", "peak_allocated": 2**20,
+                                       "peak_reserved": 2**21}]
+    rep = analyze.compare(orig, mig, opts, None)
+    assert rep["migrated"]["gpu_memory"] == {"device": "NVIDIA H100", "peak_allocated_mib": {"0": 1536.0, "1": 1280.0},
+                                             "max_mib": 1536.0}
+    out = io.StringIO()
+    report.show(rep, out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("peak GPU memory"))
+    assert row.split() == "peak GPU memory (MiB, per rank) 3072.0 1536.0 / 1280.0".split(), out.getvalue()
+    assert "peak GPU memory (NVIDIA H100, MiB per rank): original 3072.0, migrated 1536.0 / 1280.0" in report.caption(rep)

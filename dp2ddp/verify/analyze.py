@@ -46,6 +46,22 @@ def throughput(per_step, warmup: int) -> Tuple[Optional[float], List[Optional[fl
     return samples / dt, rates
 
 
+def gpu_memory(run: RunResult) -> Optional[Dict[str, Any]]:
+    """Peak GPU memory of each rank of ``run`` (MiB, the most of any device it used, from the
+    probe's end record), and the device's name; None when no rank used CUDA."""
+    peaks: Dict[str, float] = {}
+    name = None
+    for rank, r in sorted(run.ranks.items()):
+        devices = (r.end or {}).get("gpu") or []
+        if devices:
+            top = max(devices, key=lambda d: d.get("peak_allocated", 0))
+            peaks[str(rank)] = round(top.get("peak_allocated", 0) / 2**20, 1)
+            name = name or top.get("name")
+    if not peaks:
+        return None
+    return {"device": name, "peak_allocated_mib": peaks, "max_mib": max(peaks.values())}
+
+
 def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[RunResult] = None) -> Dict[str, Any]:
     """One pair of runs: failures, losses, global batch, set_epoch, replicas, and this
     pair's speed-up (a figure only: the speed verdict is :func:`combine`'s, over pairs)."""
@@ -174,7 +190,7 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
     ) or (not failed_run and inference is not None and inference["agree"] and not (data and data["problems"]))
 
     def side(run: RunResult, per, sps):
-        return {
+        out = {
             "steps": len(per),
             "samples_per_s": sps,
             "wall_s": round(run.wall_s, 3),
@@ -182,6 +198,10 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
             "hung": run.hung,
             "ranks": len(run.ranks),
         }
+        gpu = gpu_memory(run)
+        if gpu:
+            out["gpu_memory"] = gpu
+        return out
 
     report: Dict[str, Any] = {
         "verdict": "pass" if passed else "fail",

@@ -23,6 +23,12 @@ def _fmt(v: Any, spec: str = "") -> str:
     return str(v)
 
 
+def gpu_peaks(side: Dict[str, Any]) -> str:
+    """``1234.5`` for one rank, ``1234.5 / 1230.1`` for several; ``-`` without CUDA."""
+    peaks = (side.get("gpu_memory") or {}).get("peak_allocated_mib") or {}
+    return " / ".join(f"{peaks[k]:.1f}" for k in sorted(peaks, key=int)) or "-"
+
+
 def _pairs_line(report: Dict[str, Any]) -> str:
     pairs = report.get("pairs") or []
     if len(pairs) == 1:
@@ -86,6 +92,8 @@ def show(report: Dict[str, Any], stream=None) -> None:
         (f"wall time (s{med})", _fmt(o["wall_s"], ".1f"), _fmt(m["wall_s"], ".1f")),
         ("exit code", "hung" if o.get("hung") else _fmt(o["exit_code"]), "hung" if m.get("hung") else _fmt(m["exit_code"])),
     ]
+    if o.get("gpu_memory") or m.get("gpu_memory"):
+        rows.insert(3, ("peak GPU memory (MiB, per rank)", gpu_peaks(o), gpu_peaks(m)))
     lines = summary(report)
     verdict = report["verdict"].upper()
     warnings = report.get("warnings", [])
@@ -150,6 +158,10 @@ def caption(report: Dict[str, Any], width: int = 150) -> str:
     parts = []
     if report.get("threads"):
         parts.append("threads: " + speed.describe_threads(report["threads"]))
+    o, m = report.get("original") or {}, report.get("migrated") or {}
+    if o.get("gpu_memory") or m.get("gpu_memory"):
+        device = (m.get("gpu_memory") or o.get("gpu_memory") or {}).get("device") or "GPU"
+        parts.append(f"peak GPU memory ({device}, MiB per rank): original {gpu_peaks(o)}, migrated {gpu_peaks(m)}")
     if report.get("speed"):
         parts.append("speed-up: " + speed.describe(report["speed"]))
     own = [p for p in report.get("problems", []) if not p.startswith(("outputs:", "  "))]

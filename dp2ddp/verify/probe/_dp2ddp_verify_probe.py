@@ -1629,7 +1629,29 @@ def _finish(why):
         rec.update(_param_digest())
     except Exception as e:
         rec["digest_error"] = repr(e)
+    gpu = _gpu_memory()
+    if gpu:
+        rec["gpu"] = gpu
     s.emit(rec)
+
+
+def _gpu_memory():
+    """Peak GPU memory of this process on each CUDA device it used (bytes, as the caching
+    allocator counts them): only when the script itself initialised CUDA (nothing here starts
+    a CUDA context)."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return None
+        out = []
+        for d in range(torch.cuda.device_count()):
+            peak = torch.cuda.max_memory_allocated(d)
+            if peak:
+                out.append({"device": d, "name": torch.cuda.get_device_name(d), "peak_allocated": peak,
+                            "peak_reserved": torch.cuda.max_memory_reserved(d)})
+        return out or None
+    except Exception:
+        return None
 
 
 def _settle():
