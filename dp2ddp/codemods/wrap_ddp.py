@@ -45,6 +45,7 @@ from dp2ddp.codemods.unwrap import eval_only, remove_wrap, unwrapped_text
 from dp2ddp.codemods.wrap_hoist import (
     Hoist,
     cuda_first,
+    placed_at_wrap,
     drop_emptied_if,
     early_note,
     hoist_at,
@@ -58,7 +59,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import count_test, device_test
 from dp2ddp.model.kinds import is_module_class
-from dp2ddp.model.placement import absorb_placement, late_cuda
+from dp2ddp.model.placement import absorb_placement, late_cuda, placed_by_dataparallel
 from dp2ddp.model.rebound_wrappers import rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
@@ -229,6 +230,10 @@ def _partial(m: SemanticModel, w: Wrap) -> bool:
     )
 
 
+PLACED_NOTE = ("; the module is placed on this rank's GPU at the wrap when CUDA is available, as DataParallel "
+               "placed it on its one device (DistributedDataParallel moves nothing)")
+
+
 def _caller_flag(m: SemanticModel, w: Wrap) -> bool:
     """The wrap's only condition is a bare parameter of its function (``def build(...,
     parallel=False): if parallel: ...``): the caller chooses whether to wrap."""
@@ -281,13 +286,17 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             if anchor is not stmt:
                 hoist = hoist_at(hoists, anchor, target)
                 hoist.late_cuda = early
+                hoist.place = early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer)
                 hoist.cls = _cls(w)
                 hoist.sync_bn = w.sync_bn
                 edits = unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
                                  + early_note(m, early), edits)]
-        module_text = cuda_first(ctx, inner_text) if early is not None else inner_text
-        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + early_note(m, early),
+        place = early is not None or (not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer))
+        module_text = (cuda_first(ctx, inner_text) if early is not None
+                       else placed_at_wrap(ctx, inner_text, w.module) if place else inner_text)
+        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + early_note(m, early)
+                         + (PLACED_NOTE if place and early is None else ""),
                          [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
     if target is None:
@@ -310,6 +319,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
+    hoist.place = hoist.place or (early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, wrap_target, w.outer))
     hoist.cls = hoist.cls or _cls(w)
     hoist.sync_bn = hoist.sync_bn or w.sync_bn
     edits = unwrap_in_place(ctx, w, inner_text, hoist)

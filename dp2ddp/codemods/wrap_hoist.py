@@ -29,6 +29,7 @@ class Hoist:
         self.comment: Optional[cst.TrailingWhitespace] = None
         self.guarded = False
         self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
+        self.place = False  # the module is on no GPU before the wrap: DataParallel placed it (placement.placed_by_dataparallel)
         self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
         self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
 
@@ -73,7 +74,7 @@ def insert_hoisted(ctx: Context, hoist: Hoist, find_unused: bool) -> Finding:
     """Write the moved wrap, ``t = DistributedDataParallel(t, ...)``, after its anchor."""
     m = ctx.m
     t = m.source(hoist.target)
-    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(cuda_first(ctx, t) if hoist.late_cuda is not None else t,
+    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(cuda_first(ctx, t) if hoist.late_cuda is not None or hoist.place else t,
                                                            find_unused, hoist.cls, hoist.sync_bn))
     if hoist.leading:
         stmt = stmt.with_changes(leading_lines=hoist.leading)
@@ -86,6 +87,16 @@ def cuda_first(ctx: Context, module_text: str) -> str:
     """The module placed on the current GPU as it is wrapped (see :func:`~dp2ddp.model.placement.late_cuda`)."""
     torch = ctx.name("torch")
     return f"{module_text}.cuda() if {torch}.cuda.is_available() else {module_text}"
+
+
+def placed_at_wrap(ctx: Context, module_text: str, module: Optional[ast.AST]) -> str:
+    """The module placed on the current GPU as DataParallel placed it at the wrap
+    (:func:`~dp2ddp.model.placement.placed_by_dataparallel`): a name as :func:`cuda_first`
+    writes it; any other expression (``Net()``, evaluated once) through ``.to``."""
+    if isinstance(module, (ast.Name, ast.Attribute)):
+        return cuda_first(ctx, module_text)
+    torch = ctx.name("torch")
+    return f'{module_text}.to({torch}.cuda.current_device() if {torch}.cuda.is_available() else "cpu")'
 
 
 def early_note(m: SemanticModel, early: Optional[ast.stmt]) -> str:

@@ -190,6 +190,23 @@ def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> boo
     return False
 
 
+def placed_by_dataparallel(m: SemanticModel, stmt: ast.stmt, module: Optional[ast.AST], target: Optional[ast.AST],
+                           outer: Optional[ast.AST] = None) -> bool:
+    """The ``DataParallel`` wrap at ``stmt`` is what puts ``module`` on the GPU: torch's
+    ``DataParallel.__init__`` moves the module onto ``device_ids[0]`` when it has exactly one
+    device, so a script that never places its model trains on the GPU of a one-GPU machine.
+    ``DistributedDataParallel`` moves nothing (and refuses a CPU module with ``device_ids``):
+    with one device per process the migrated wrap must place it, as DataParallel did, unless
+    the module is placed in the wrap's argument or on the wrapper at once (:func:`placed_in`:
+    ``DataParallel(net).to(device)``) or before it, in the same
+    function (:func:`placed_before`, ``net = Net().cuda()``). Found on an H100 (tests/gpu):
+    such scripts ran as DataParallel and their migrations raised at the wrap."""
+    if module is None or placed_in(m, module) or placed_in(m, outer):  # outer: ``DataParallel(net).cuda()``
+        return False
+    names = [m.source(module)] + ([m.source(target)] if target is not None else [])
+    return not placed_before(m, stmt, names)
+
+
 def placed_in(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
     """``expr`` (a wrap's module argument) places the module as it is wrapped:
     ``model.cuda()``, ``model.to(device)``, or what the migration writes for a model the

@@ -63,10 +63,8 @@ def _launch(script: Path, how: str, what: str, *args: str) -> list:
     _note(what, how, r, recs)
     assert r.returncode == 0, r.stdout[-4000:]
     for rec in recs:
-        for init in rec["init"]:
+        for init in rec["init"]:  # (device_id: the migration's set-up passes it; a mixed script's own init may not)
             assert init["backend"] == BACKEND, (how, rec)
-            if not ON_CPU:
-                assert init["device_id"] == "cuda:0", (how, rec)
         for wrap in rec["ddp"]:
             assert wrap["devices"] == [DEVICE], (how, rec)
             if not ON_CPU:
