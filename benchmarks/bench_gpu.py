@@ -15,7 +15,8 @@ device and at the same moment:
   DataLoader's ``__next__`` and ``_next_index``, the optimizer step hook: the pinned-memory
   copy of every loss, the index record).
 
-Each measured group runs one block of ``--block`` steps of every arm, the arms' order
+Each measured group runs one block of every arm (``--block`` steps, more where a step is
+short: at least ``--block-s`` seconds), the arms' order
 rotated from group to group (so a drift of clocks or temperature hits all alike); a block
 is timed between two ``torch.cuda.synchronize()``. Reported per workload: samples/s of each
 arm (median block), the speed-up ddp/dp and the probe's overhead (ddp+probe / ddp - 1),
@@ -51,6 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "dp2ddp" / "verify" / "probe"
 DDP_TARGET = 0.98
 PROBE_TARGET = 0.02
+# --variants: DDP options the migration does not write, measured beside it to see what its cost is
+VARIANTS = {"view": {"gradient_as_bucket_view": True}, "nobcast": {"broadcast_buffers": False},
+            "static": {"static_graph": True}}
 
 
 # --------------------------------------------------------------------------- the child
@@ -158,13 +162,18 @@ def child(args) -> None:
     use_probe = _probe_switch(torch)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     results = {}
-    precisions = ["fp32", "amp"] if cuda else ["fp32"]
+    precisions = [p for p in (["fp32", "amp"] if cuda else ["fp32"]) if not args.precisions or p in args.precisions]
     for name, (make, kind, batch, shape, classes) in _models(args.quick).items():
+        if args.workloads and name not in args.workloads:
+            continue
         for precision in precisions:
             torch.manual_seed(0)
             base = make().to(device)
+            ids = [torch.cuda.current_device()] if cuda else None
             arms = {"dp": nn.DataParallel(copy.deepcopy(base)),
-                    "ddp": DistributedDataParallel(copy.deepcopy(base), device_ids=[torch.cuda.current_device()] if cuda else None)}
+                    "ddp": DistributedDataParallel(copy.deepcopy(base), device_ids=ids)}
+            for variant in args.variants:  # what DDP's own options change (not what the migration writes)
+                arms[f"ddp:{variant}"] = DistributedDataParallel(copy.deepcopy(base), device_ids=ids, **VARIANTS[variant])
             del base
             opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9) for k, m in arms.items()}
             pool = batch * 4
@@ -175,7 +184,7 @@ def child(args) -> None:
                 xs = torch.randint(0, classes, (pool, *shape), device=device)
                 ys = torch.randint(0, classes, (pool, *shape), device=device)
             loaders = {k: DataLoader(TensorDataset(torch.arange(pool)), batch_size=batch, shuffle=True, drop_last=True)
-                       for k in ("dp", "ddp", "ddp+probe")}
+                       for k in list(arms) + ["ddp+probe"]}
             iters = {k: iter(v) for k, v in loaders.items()}
 
             def step(arm):
@@ -194,7 +203,7 @@ def child(args) -> None:
                 loss.backward()
                 opt.step()
 
-            names = ["dp", "ddp"] + (["ddp+probe"] if use_probe else [])
+            names = list(arms) + (["ddp+probe"] if use_probe else [])
 
             def block(arm, n):
                 if use_probe:
@@ -208,22 +217,30 @@ def child(args) -> None:
 
             for arm in names:  # warm-up: cudnn's search, the allocator, the first NCCL calls
                 block(arm, args.warmup)
+            # steps per block: at least --block, and enough for ~--block-s seconds (a short step's
+            # blocks are otherwise at the mercy of the host's scheduling)
+            steps = max(args.block, min(100, -(-args.block_s // block("dp", args.warmup))))
+            steps = int(steps)
             times = {arm: [] for arm in names}
             for g in range(args.groups):
                 order = names[g % len(names):] + names[:g % len(names)]
                 for arm in order:
-                    times[arm].append(block(arm, args.block))
+                    times[arm].append(block(arm, steps))
             if use_probe:
                 use_probe(True)
             med = {arm: statistics.median(v) for arm, v in times.items()}
             per = batch
             res = {
                 "batch": batch,
+                "steps_per_block": steps,
                 "step_ms": {arm: round(v * 1e3, 3) for arm, v in med.items()},
                 "samples_per_s": {arm: round(per / v, 2) for arm, v in med.items()},
                 "ddp_over_dp": _ratio_summary([d / t for d, t in zip(times["dp"], times["ddp"])]),
                 "blocks_s": {arm: [round(v, 6) for v in vs] for arm, vs in times.items()},
             }
+            for arm in names:
+                if arm.startswith("ddp:"):
+                    res[f"{arm}_over_dp"] = _ratio_summary([d / t for d, t in zip(times["dp"], times[arm])])
             if use_probe:
                 res["probe_overhead"] = _ratio_summary([p / t - 1 for p, t in zip(times["ddp+probe"], times["ddp"])], ratio=False)
             if cuda:
@@ -278,11 +295,21 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here (default: print only)")
     ap.add_argument("--groups", type=int, default=10, help="measured groups (one block of every arm each)")
     ap.add_argument("--block", type=int, default=10, help="steps per block")
+    ap.add_argument("--block-s", type=float, default=0.3, help="at least this many seconds per block")
     ap.add_argument("--warmup", type=int, default=5, help="steps of every arm before the groups")
     ap.add_argument("--quick", action="store_true", help="tiny models: a check of the harness")
     ap.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: hide the GPUs")
+    ap.add_argument("--variants", default="", help="comma-separated DDP options measured beside: " + ",".join(VARIANTS))
+    ap.add_argument("--workloads", default="", help="comma-separated subset of resnet50,transformer")
+    ap.add_argument("--precisions", default="", help="comma-separated subset of fp32,amp")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.variants = [v for v in args.variants.split(",") if v]
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    args.precisions = [p for p in args.precisions.split(",") if p]
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant {unknown[0]} (known: {', '.join(VARIANTS)})")
     if args.child:
         child(args)
         return 0
@@ -294,8 +321,12 @@ def main(argv=None) -> int:
         env.update(DP2DDP_VERIFY_ROLE="migrated", DP2DDP_VERIFY_OUT=out, DP2DDP_VERIFY_STEPS="0", PYTHONUNBUFFERED="1")
         env.setdefault("OMP_NUM_THREADS", "4")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", __file__, "--child",
-               "--groups", str(args.groups), "--block", str(args.block), "--warmup", str(args.warmup)]
+               "--groups", str(args.groups), "--block", str(args.block), "--warmup", str(args.warmup),
+               "--block-s", str(args.block_s)]
         cmd += ["--quick"] if args.quick else []
+        for flag in ("variants", "workloads", "precisions"):
+            if getattr(args, flag):
+                cmd += [f"--{flag}", ",".join(getattr(args, flag))]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, start_new_session=True)
         sys.stdout.write("".join(line + "\n" for line in p.stdout.splitlines() if not line.startswith("RESULT")))
         if p.returncode:
@@ -310,7 +341,7 @@ def main(argv=None) -> int:
     data["targets"] = {"ddp_over_dp": DDP_TARGET, "probe_overhead": PROBE_TARGET}
     ok = True
     print(f"\n{data['env']['device']}  torch {data['env']['torch']}  CUDA {data['env']['cuda']}  "
-          f"groups {args.groups} x {args.block} steps per arm")
+          f"{args.groups} groups; a block per arm in each: >= {args.block} steps and >= {args.block_s:g} s")
     print(f"{'workload':<20} {'dp samples/s':>13} {'ddp samples/s':>14} {'ddp/dp (95% CI)':>26} {'probe overhead (95% CI)':>30}")
     for name, r in data["workloads"].items():
         sp, pr = r["ddp_over_dp"], r.get("probe_overhead")
@@ -319,6 +350,10 @@ def main(argv=None) -> int:
                  if pr and pr["ci95"] else "-")
         print(f"{name:<20} {r['samples_per_s']['dp']:>13.1f} {r['samples_per_s']['ddp']:>14.1f} "
               f"{sp['median']:>9.4f} ({ci[0]:.4f}..{ci[1]:.4f}) {probe:>30}")
+        for key, v in r.items():
+            if key.startswith("ddp:") and key.endswith("_over_dp"):
+                vci = v["ci95"] or [float("nan")] * 2
+                print(f"  {key[:-8]:<18} {'':>13} {'':>14} {v['median']:>9.4f} ({vci[0]:.4f}..{vci[1]:.4f})")
         ok &= sp["median"] >= DDP_TARGET and (pr is None or pr["median"] <= PROBE_TARGET)
     print(f"targets: ddp/dp >= {DDP_TARGET}, probe <= {PROBE_TARGET:.0%}: {'met' if ok else 'NOT met'}")
     if args.json:

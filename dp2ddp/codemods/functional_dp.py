@@ -82,5 +82,5 @@ def propose(ctx: Context) -> List[Finding]:
             keys = assigned_keys(m, outer)
             seeds.update(keys)
             wrap_stmts.append((anchor, t))
-    out.extend(route_uses(ctx, seeds, seeds, wrap_stmts))
+    out.extend(route_uses(ctx, seeds, seeds, wrap_stmts, bare=True))
     return out

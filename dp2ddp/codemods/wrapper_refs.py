@@ -22,9 +22,12 @@ from dp2ddp.model.wraps import dp_type_refs, dp_wraps
 _DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
 
 
-def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts, flagged: Set[VarKey] = frozenset()) -> List[Finding]:
+def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts, flagged: Set[VarKey] = frozenset(),
+               bare: bool = False) -> List[Finding]:
     """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
-    and ``load_state_dict`` too where no wrapper existed on one device."""
+    and ``load_state_dict`` too where the keys stay without ``module.``
+    (:func:`~dp2ddp.model.checkpoint_keys.key_policy`; ``bare``: the original made no wrapper
+    at all, a functional ``data_parallel``)."""
     m = ctx.m
     if not seeds:
         return []
@@ -41,7 +44,7 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
             continue
         if use.kind == "state_dict":
             key = var_key(m, use.node)
-            g = (key in guarded_all, key in flagged_all)
+            g = (key in guarded_all, key in flagged_all, bare)
             policy = policies.get(g) or policies.setdefault(g, key_policy(m, *g))
             if policy.reason not in said:
                 said.add(policy.reason)
