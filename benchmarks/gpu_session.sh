@@ -16,7 +16,7 @@ export PYTHONPATH=/tmp/site:$PWD
   nproc
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
-timeout "${BENCH_S:-200}" python3 benchmarks/bench_gpu.py --json "$OUT/gpu-bench.json" > "$OUT/bench.log" 2>&1
+timeout "${BENCH_S:-200}" python3 benchmarks/bench_gpu.py --json "$OUT/gpu-bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
 echo "bench exit $?"; tail -8 "$OUT/bench.log"
 DP2DDP_GPU_REPORT="$OUT/gpu-tests.jsonl" timeout "${TESTS_S:-330}" python3 -m pytest -p no:cacheprovider -q -n "${WORKERS:-14}" \
   -m gpu tests/gpu ${PYTEST_K:+-k "$PYTEST_K"} -rs --junitxml="$OUT/gpu-tests.xml" > "$OUT/tests.log" 2>&1
