@@ -319,7 +319,6 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
-    hoist.place = hoist.place or (early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, wrap_target, w.outer))
     hoist.cls = hoist.cls or _cls(w)
     hoist.sync_bn = hoist.sync_bn or w.sync_bn
     edits = unwrap_in_place(ctx, w, inner_text, hoist)
