@@ -166,6 +166,7 @@ def child(args) -> None:
     for name, (make, kind, batch, shape, classes) in _models(args.quick).items():
         if args.workloads and name not in args.workloads:
             continue
+        batch = args.batch or batch
         for precision in precisions:
             torch.manual_seed(0)
             base = make().to(device)
@@ -246,7 +247,7 @@ def child(args) -> None:
             if cuda:
                 res["peak_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
                 torch.cuda.reset_peak_memory_stats()
-            results[f"{name}-{precision}"] = res
+            results[f"{name}-{precision}" + (f"-b{batch}" if args.batch else "")] = res
             print(f"{name}-{precision}: {json.dumps({k: res[k] for k in ('step_ms', 'ddp_over_dp')})}", flush=True)
             del arms, opts, xs, ys
             if cuda:
@@ -302,6 +303,7 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="", help="comma-separated DDP options measured beside: " + ",".join(VARIANTS))
     ap.add_argument("--workloads", default="", help="comma-separated subset of resnet50,transformer")
     ap.add_argument("--precisions", default="", help="comma-separated subset of fp32,amp")
+    ap.add_argument("--batch", type=int, default=0, help="batch size of every workload (default: each its own)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]
@@ -322,7 +324,7 @@ def main(argv=None) -> int:
         env.setdefault("OMP_NUM_THREADS", "4")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", __file__, "--child",
                "--groups", str(args.groups), "--block", str(args.block), "--warmup", str(args.warmup),
-               "--block-s", str(args.block_s)]
+               "--block-s", str(args.block_s), "--batch", str(args.batch)]
         cmd += ["--quick"] if args.quick else []
         for flag in ("variants", "workloads", "precisions"):
             if getattr(args, flag):
