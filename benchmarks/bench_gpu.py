@@ -315,6 +315,9 @@ def main(argv=None) -> int:
     if args.child:
         child(args)
         return 0
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a time limit's TERM: the child is still reaped
     env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
     if args.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -329,13 +332,28 @@ def main(argv=None) -> int:
         for flag in ("variants", "workloads", "precisions"):
             if getattr(args, flag):
                 cmd += [f"--{flag}", ",".join(getattr(args, flag))]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, start_new_session=True)
-        sys.stdout.write("".join(line + "\n" for line in p.stdout.splitlines() if not line.startswith("RESULT")))
+        # the child's lines are passed on as they come: a run stopped by a time limit still
+        # leaves the workloads it finished in the log
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+        lines = []
+        try:
+            for line in p.stdout:
+                lines.append(line)
+                if not line.startswith("RESULT"):
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+            err = p.stderr.read()
+            p.wait()
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
         if p.returncode:
-            sys.stderr.write(p.stderr[-6000:])
+            sys.stderr.write(err[-6000:])
             return 2
+        stdout = "".join(lines)
         recorded = sum(1 for f in Path(out).glob("*.jsonl") for line in f.read_text().splitlines() if '"ev":"step"' in line)
-    data = json.loads(next(x for x in p.stdout.splitlines() if x.startswith("RESULT"))[7:])
+    data = json.loads(next(x for x in stdout.splitlines() if x.startswith("RESULT"))[7:])
     data["command"] = "python benchmarks/bench_gpu.py " + " ".join(argv if argv is not None else sys.argv[1:])
     data["env"]["nvidia_smi"] = _nvidia_smi()
     data["env"]["python"] = platform.python_version()
