@@ -57,7 +57,7 @@ from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
 from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.cuda_only import count_test, device_test
+from dp2ddp.model.cuda_only import count_test, cuda_test, device_test
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda, placed_by_dataparallel
 from dp2ddp.model.rebound_wrappers import rebound_trained, replaced_after_wrap
@@ -94,6 +94,7 @@ def propose(ctx: Context) -> List[Finding]:
     seeds: Set[VarKey] = set()
     guarded_keys: Set[VarKey] = set()
     flagged_keys: Set[VarKey] = set()  # wrapped under a switch of the user's (``if args.parallel:``)
+    cuda_keys: Set[VarKey] = set()  # guarded by a test that holds with CUDA (``if device == "cuda":``)
     find_unused = needs_find_unused(ctx, keep, out)
     if any(f.severity == "error" for f in out):
         return out
@@ -111,6 +112,8 @@ def propose(ctx: Context) -> List[Finding]:
             seeds.update(keys)
             if conditional and count_test(m, ifexp.test):
                 guarded_keys.update(keys)
+                if cuda_test(m, ifexp.test):
+                    cuda_keys.update(keys)
             elif conditional and device_test(m, ifexp.test):
                 flagged_keys.update(keys)
             continue
@@ -137,6 +140,8 @@ def propose(ctx: Context) -> List[Finding]:
             seeds.update(keys)
             if w.conditions and any(count_test(m, c.test) for c in w.conditions) and not flag_kept:
                 guarded_keys.update(keys)
+                if all(cuda_test(m, c.test) for c in w.conditions if count_test(m, c.test)):
+                    cuda_keys.update(keys)  # ran on every GPU machine: its keys there are `module.` ones
             elif w.conditions and any(device_test(m, c.test) for c in w.conditions):
                 flagged_keys.update(keys)
     for hoist in hoists.values():
@@ -153,7 +158,7 @@ def propose(ctx: Context) -> List[Finding]:
     wrappers.seeds, wrappers.guarded = seeds, guarded_keys
     wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
     out.extend(route_uses(ctx, seeds, guarded_keys, [(w.stmt, m.source(w.target) if w.target is not None else None) for w in keep],
-                          flagged=flagged_keys))
+                          flagged=flagged_keys, cuda=cuda_keys))
     out.extend(type_refs(ctx))
     out.extend(remove_imports(ctx))
     return out
@@ -286,7 +291,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             if anchor is not stmt:
                 hoist = hoist_at(hoists, anchor, target)
                 hoist.late_cuda = early
-                hoist.place = early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer)
+                hoist.place = early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer, until=anchor)
                 hoist.cls = _cls(w)
                 hoist.sync_bn = w.sync_bn
                 edits = unwrap_in_place(ctx, w, inner_text, hoist)

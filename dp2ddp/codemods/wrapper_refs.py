@@ -23,7 +23,7 @@ _DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel
 
 
 def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmts, flagged: Set[VarKey] = frozenset(),
-               bare: bool = False) -> List[Finding]:
+               bare: bool = False, cuda: Set[VarKey] = frozenset()) -> List[Finding]:
     """``model.predict(x)`` -> ``model.module.predict(x)`` after the wrap; ``state_dict``
     and ``load_state_dict`` too where the keys stay without ``module.``
     (:func:`~dp2ddp.model.checkpoint_keys.key_policy`; ``bare``: the original made no wrapper
@@ -34,6 +34,7 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
     keys = wrapper_keys(m, seeds)
     guarded_all = wrapper_keys(m, guarded) if guarded else set()
     flagged_all = wrapper_keys(m, set(flagged)) if flagged else set()
+    cuda_all = wrapper_keys(m, set(cuda)) if cuda else set()
     policies: Dict[tuple, object] = {}
     edits = []
     first = None
@@ -44,7 +45,7 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
             continue
         if use.kind == "state_dict":
             key = var_key(m, use.node)
-            g = (key in guarded_all, key in flagged_all, bare)
+            g = (key in guarded_all, key in flagged_all, bare, key in cuda_all)
             policy = policies.get(g) or policies.setdefault(g, key_policy(m, *g))
             if policy.reason not in said:
                 said.add(policy.reason)

@@ -297,21 +297,20 @@ def _own_bare_loads(m: SemanticModel) -> List[LoadSite]:
     return out
 
 
-def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False, bare: bool = False) -> KeyPolicy:
+def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False, bare: bool = False, cuda: bool = False) -> KeyPolicy:
     """The keys the migration writes for a wrapper whose DataParallel wrap was ``guarded``
     (only with several devices) or not: as the project's own loaders outside the script
     accept them (into a bare model: plain keys; into a wrapper: ``module.``; a loader that
     handles the prefix: either); with none (or loaders that disagree), as the original
-    wrote them where its DataParallel wrap ran (``module.``): always (unconditional), on the
-    GPUs it was written for (``guarded``: under a CUDA or device-count test) or with the
-    user's switch on (``flagged``); plain where the original made no wrapper at all (``bare``:
-    a functional ``data_parallel`` call inside the model)."""
+    wrote them: ``module.`` where its wrap ran on every GPU machine (unconditional, or
+    ``cuda``: under a test that holds with CUDA, ``if device == "cuda":``) or with the user's
+    switch on (``flagged``); plain where one GPU ran without a wrapper (``guarded`` by a
+    device count) or the original made none at all (``bare``: a functional ``data_parallel``
+    call inside the model)."""
     sites = [s for s in project_load_sites(m) if reads_our_files(m, s)] + _own_bare_loads(m)
-    # the keys of the run being migrated: the one where the DataParallel wrap ran (on a GPU
-    # machine, or several GPUs, for a guarded wrap): ``module.`` in every case. A guarded wrap
-    # once chose the plain keys of a run without it (the CPU): an H100 showed that the bundled
-    # example's migration then changed the checkpoint on the very machine it was meant for
-    original = PLAIN if bare else PREFIXED
+    # a wrap under a CUDA test ran on every GPU machine: its keys are ``module.`` ones there (an
+    # H100 showed the bundled example's migration changing them when this took the CPU run's)
+    original = PLAIN if bare or (guarded and not cuda) else PREFIXED
     wants = {s.wants for s in sites} - {EITHER}
     if len(wants) == 1:
         want = wants.pop()
@@ -326,7 +325,8 @@ def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False, bare: boo
         return KeyPolicy(original, "as the original wrote them (the project's loaders disagree: "
                          + ", ".join(f"{s.path}:{s.line} wants {s.wants}" for s in sites[:3]) + ")", sites)
     how = ("(its data_parallel calls make no wrapper: the keys never had `module.`)" if bare
-           else "where its DataParallel wrap ran (only with CUDA or with several GPUs: the run being migrated)" if guarded
+           else "where its DataParallel wrap ran (with CUDA: on every GPU machine)" if cuda
+           else "where its DataParallel wrap did not run (one GPU: it ran only with several)" if guarded
            else "with its DataParallel switched on (the run being migrated)" if flagged
            else "(its DataParallel wrap was unconditional)")
     return KeyPolicy(original, f"as the original wrote them {how}; no loader of them found in the project", sites)

@@ -191,7 +191,7 @@ def placed_before(m: SemanticModel, stmt: ast.stmt, names: Iterable[str]) -> boo
 
 
 def placed_by_dataparallel(m: SemanticModel, stmt: ast.stmt, module: Optional[ast.AST], target: Optional[ast.AST],
-                           outer: Optional[ast.AST] = None) -> bool:
+                           outer: Optional[ast.AST] = None, until: Optional[ast.stmt] = None) -> bool:
     """The ``DataParallel`` wrap at ``stmt`` is what puts ``module`` on the GPU: torch's
     ``DataParallel.__init__`` moves the module onto ``device_ids[0]`` when it has exactly one
     device, so a script that never places its model trains on the GPU of a one-GPU machine.
@@ -199,7 +199,8 @@ def placed_by_dataparallel(m: SemanticModel, stmt: ast.stmt, module: Optional[as
     with one device per process the migrated wrap must place it, as DataParallel did, unless
     the module is placed in the wrap's argument or on the wrapper at once (:func:`placed_in`:
     ``DataParallel(net).to(device)``) or before it, in the same
-    function (:func:`placed_before`, ``net = Net().cuda()``). Found on an H100 (tests/gpu):
+    function (:func:`placed_before`, ``net = Net().cuda()``), or before ``until``, the
+    statement the wrap moves below (:func:`absorb_placement`). Found on an H100 (tests/gpu):
     such scripts ran as DataParallel and their migrations raised at the wrap. Only for a wrap
     that always runs: a wrap under ``if torch.cuda.device_count() > 1:`` runs with several
     devices, where DataParallel moves nothing (and raises at the first forward of a CPU model),
@@ -208,7 +209,9 @@ def placed_by_dataparallel(m: SemanticModel, stmt: ast.stmt, module: Optional[as
     if module is None or placed_in(m, module) or placed_in(m, outer):  # outer: ``DataParallel(net).cuda()``
         return False
     names = [m.source(module)] + ([m.source(target)] if target is not None else [])
-    return not placed_before(m, stmt, names)
+    if until is not None and target is not None and _is_placement(m, until, target):
+        return False  # the wrap moves below this placement (absorb_placement)
+    return not placed_before(m, until or stmt, names)
 
 
 def placed_in(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
