@@ -66,6 +66,7 @@ class Context:
         self._added: Set[str] = set()  # names whose import this migration adds (at the top)
         self._fresh: set = set()
         self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
+        self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
         self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
 
@@ -269,6 +270,15 @@ class Context:
             # a project module: also imported where no process group exists (an evaluation script)
             return f"{call} if {self.name('dist')}.is_initialized() else {module_text}"
         return call
+
+    def load_either_keys(self) -> str:
+        """The name of ``load_either_keys(module)``, written once into the module:
+        ``module.load_state_dict`` taking a state_dict with or without DataParallel's
+        ``module.`` key prefix."""
+        if self._load_either is None:
+            self._load_either = self.fresh_name("load_either_keys")
+            self.define_after_imports("load_either_keys.py.tmpl", helper=self._load_either, torch=self.name("torch"))
+        return self._load_either
 
     def module_of(self, text: str) -> str:
         """The bare model behind a wrapper named ``text``: ``text.module``; in a helper module

@@ -40,9 +40,17 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
     first = None
     out: List[Finding] = []
     said = set()
+    loads: List[Fix] = []
+    first_load = None
     for use in wrapper_uses(m, keys):
         if use.kind not in ("attribute", "store", "state_dict"):
             continue
+        if use.kind == "state_dict" and use.attr == "load_state_dict" and not _before_any_wrap(m, use.node, wrap_stmts):
+            got = _load_either(ctx, use.node)
+            if got is not None:
+                loads.extend(got)
+                first_load = first_load or use.node
+                continue
         if use.kind == "state_dict":
             key = var_key(m, use.node)
             g = (key in guarded_all, key in flagged_all, bare, key in cuda_all)
@@ -57,9 +65,29 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
             continue
         edits.append(Replace(ctx.cst(use.node), ctx.expr(ctx.module_of(m.source(use.node)))))
         first = first or use.node
+    if loads:
+        out.append(ctx.note(first_load, "DDP170", (
+            f"{m.source(first_load)}.load_state_dict(...) loads into the bare model through load_either_keys(...): "
+            "a checkpoint saved with DataParallel's `module.` key prefix (where the original's wrap ran) or without "
+            "it loads either way"), loads))
     if not edits:
         return out
     return out + [ctx.note(first, "DDP124", "the model's own attributes and methods are used through `.module` of the DistributedDataParallel wrapper", edits)]
+
+
+def _load_either(ctx: Context, node: ast.AST):
+    """``net.load_state_dict(sd, ...)`` after the wrap -> ``load_either_keys(net.module)(sd, ...)``:
+    whichever keys the file has (``module.`` where the original's DataParallel wrap ran, plain
+    elsewhere), the bare model takes them. Only the called attribute is replaced, so what other
+    transforms do inside the arguments (``map_location``) stays theirs. None for anything but a
+    call of it."""
+    m = ctx.m
+    attr = m.parent(node)
+    call = m.parent(attr)
+    if not (isinstance(call, ast.Call) and call.func is attr):
+        return None
+    helper = ctx.load_either_keys()
+    return [Replace(ctx.cst(attr), ctx.expr(f"{helper}({ctx.module_of(m.source(node))})"))]
 
 
 def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:

@@ -80,10 +80,27 @@ CODES: Tuple[MigrationCode, ...] = (
         "read one or the other, and `verify` judges the migration's checkpoints by the same policy.",
         "As the project's loaders outside the script read them (an evaluation script that loads into the bare model: "
         "plain keys, through `.module`; one that loads into a wrapper: `module.`); with none found, as the original "
-        "wrote them (an unconditional DataParallel wrap: `module.`; one that ran only with CUDA or several GPUs: plain). Saves and the "
-        "script's own loads of that model go through `.module` together, or not at all.",
+        "wrote them where its wrap ran on every GPU machine (unconditional, or under a CUDA test such as "
+        "`if device == 'cuda':`: `module.`), plain where a one-GPU run had no wrapper (under a device count such as "
+        "`if torch.cuda.device_count() > 1:`) or none ever existed (a functional `data_parallel`). The script's own "
+        "loads of that model accept either form (DDP170).",
         "Safe.",
         script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\ntorch.save(model.state_dict(), \"m.pt\")\n"),
+    ),
+    MigrationCode(
+        "DDP170", "load-either-keys", "info",
+        "a state_dict loaded into the wrapped model after the wrap goes into the bare model with either key form",
+        "A checkpoint of a DataParallel script has `module.` keys where its wrap ran (on GPUs) and plain keys where it "
+        "did not (on CPU, or one GPU under a device-count test). Loaded into the DDP wrapper it needs the first, into "
+        "the bare model the second: a resume or an evaluation fails with missing keys on the other kind of file.",
+        "`net.load_state_dict(sd)` becomes `load_either_keys(net.module)(sd)`: `load_either_keys` (written once "
+        "into the script) takes the `module.` prefix off when every key has it (torch's "
+        "`consume_prefix_in_state_dict_if_present`, on a copy, its version metadata kept) and loads into the bare "
+        "model. Only the called attribute changes, so the arguments stay as written.",
+        "Safe: a state_dict whose keys are not all prefixed is passed as it is, and `strict` still reports what "
+        "does not fit.",
+        script("model = nn.DataParallel(model)\nmodel.load_state_dict(torch.load('m.pt'))\n"),
+        "load_either_keys(model.module)(torch.load('m.pt'",
     ),
     MigrationCode(
         "DDP132", "save-on-rank-zero", "info",
