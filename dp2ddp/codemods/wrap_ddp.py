@@ -59,7 +59,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import count_test, cuda_test, device_test
 from dp2ddp.model.kinds import is_module_class
-from dp2ddp.model.placement import absorb_placement, late_cuda, placed_by_dataparallel
+from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel
 from dp2ddp.model.rebound_wrappers import rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
@@ -321,9 +321,16 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             f"DataParallel under `if {m.source(w.conditions[0].test)}:` would move below that `if` so that every rank wraps, "
             f"but `{m.source(inside)}` (line {m.position(inside)[0]}) uses the model inside it after the wrap, where it would "
             "still be the bare module (`.module` there fails); move those uses below the `if`, or migrate this by hand"))]
+    unplaced = (early is None and not w.functional and partial_root is None
+                and placed_by_dataparallel(m, stmt, w.module, wrap_target, w.outer, until=anchor)
+                and not late_placements(m, anchor, wrap_target, w.module))
+    cuda_guard = bool(w.conditions) and all(cuda_test(m, c.test) for c in w.conditions)
     hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
+    # under a CUDA test the wrap ran on every GPU machine, and with one GPU DataParallel placed
+    # the module: the migrated wrap places it too; under a device count it never did (below)
+    hoist.place = hoist.place or (unplaced and cuda_guard)
     hoist.cls = hoist.cls or _cls(w)
     hoist.sync_bn = hoist.sync_bn or w.sync_bn
     edits = unwrap_in_place(ctx, w, inner_text, hoist)
@@ -336,8 +343,17 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         )
         return [ctx.note(call, "DDP102", msg + early_note(m, early), edits)]
     test = m.source(w.conditions[0].test)
-    return [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
-                     + early_note(m, early), edits)]
+    out = [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
+                    + early_note(m, early) + (PLACED_NOTE if unplaced and cuda_guard else ""), edits)]
+    count_guard = bool(w.conditions) and all(count_test(m, c.test) and not cuda_test(m, c.test) for c in w.conditions)
+    # not in a project module: the script that calls it may place what it returns
+    if unplaced and count_guard and ctx.role != "helper" and not placed_anywhere(m, {m.source(wrap_target), m.source(w.module)}):
+        out.append(ctx.warn(call, "DDP171", (
+            f"{m.source(wrap_target)} is never placed on a GPU: its DataParallel runs only under `if {test}:`, where it "
+            "would raise at the first forward with several GPUs (the parameters are not on cuda:0), so the original "
+            "trains on the CPU; on a GPU machine the migration starts NCCL and DistributedDataParallel refuses the CPU "
+            f"module at the wrap; place {m.source(wrap_target)} on its device (`.cuda()`, `.to(device)`) before the wrap")))
+    return out
 
 
 def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:

@@ -103,6 +103,20 @@ CODES: Tuple[MigrationCode, ...] = (
         "load_either_keys(model.module)(torch.load('m.pt'",
     ),
     MigrationCode(
+        "DDP171", "unplaced-model", "warning",
+        "a model that is never placed on a GPU, wrapped in DataParallel only under a device count: its migration "
+        "fails at the wrap on a GPU machine",
+        "With several GPUs, DataParallel raises at the first forward of a model whose parameters are not on `cuda:0`; "
+        "with one GPU the wrap does not run and the script trains on the CPU. Its migration wraps on every rank and, "
+        "with CUDA, starts NCCL: `DistributedDataParallel(..., device_ids=[...])` refuses a CPU module (seen on an "
+        "H100, docs/gpu.md). Moving the model at the wrap would leave the script's CPU tensors (targets) behind.",
+        "Place the model on its device before the wrap (`model.cuda()`, `model.to(device)`), as DataParallel needs "
+        "with several GPUs anyway; then migrate again. A wrap that always runs, or runs under a CUDA test, is placed "
+        "by the migration itself, as DataParallel placed the module on its one device.",
+        "The file is written (it trains on CPU, with gloo); on a GPU machine it raises at the wrap.",
+        script("if torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\n"),
+    ),
+    MigrationCode(
         "DDP132", "save-on-rank-zero", "info",
         "checkpoint and file writes run on rank 0 only",
         "Every rank would write the same file at the same time.",

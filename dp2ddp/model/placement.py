@@ -211,7 +211,19 @@ def placed_by_dataparallel(m: SemanticModel, stmt: ast.stmt, module: Optional[as
     names = [m.source(module)] + ([m.source(target)] if target is not None else [])
     if until is not None and target is not None and _is_placement(m, until, target):
         return False  # the wrap moves below this placement (absorb_placement)
-    return not placed_before(m, until or stmt, names)
+    return not placed_before(m, stmt, names) and not (until is not None and placed_before(m, until, names))
+
+
+def placed_anywhere(m: SemanticModel, names: Iterable[str]) -> bool:
+    """Some statement of the module places a value spelled as one of ``names`` (``model.to(args.device)``
+    in ``main()`` before ``train(args, model)`` wraps it). By spelling, across functions: only
+    to keep a warning quiet (DDP171), never to edit."""
+    wanted = set(names)
+    for s in m.nodes(ast.Expr, ast.Assign):
+        placed = placement_of(m, s)
+        if placed is not None and m.source(placed) in wanted:
+            return True
+    return False
 
 
 def placed_in(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
