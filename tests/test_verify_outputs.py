@@ -132,6 +132,7 @@ def test_module_prefix_is_a_warning_when_the_original_ran_without_dataparallel(t
     )
     (d,) = _compare(o, m, dp_in_original=False)["differences"]
     assert d["severity"] == "warning" and "without DataParallel" in d["message"]
+    assert "loads either form (DDP170)" in d["advice"]
 
 
 def test_module_prefix_lost(tmp_path):

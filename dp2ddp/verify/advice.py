@@ -112,6 +112,7 @@ def module_prefix(d: dict, keys_of: str, dp_in_original: bool, readers=()) -> Tu
         return ("problem", message + f"; {w.path}:{w.line}, the project's own loader, wants the original's keys", advice)
     if how == "gained" and p == "module." and not dp_in_original:
         return ("warning", message + "; the original ran without DataParallel here, so its keys have none",
-                "DataParallel adds the same `module.` where the original wraps the model (on GPUs), so the formats "
-                "agree there; " + advice)
+                "nothing to do where the original's wrap runs (on GPUs: DataParallel adds the same `module.`, so "
+                "the formats agree there), and a migration by dp2ddp loads either form (DDP170); code of your own "
+                "that loads these files into " + fits_o + " needs the other keys")
     return "problem", message, advice
