@@ -45,11 +45,11 @@ from dp2ddp.codemods.unwrap import eval_only, remove_wrap, unwrapped_text
 from dp2ddp.codemods.wrap_hoist import (
     Hoist,
     cuda_first,
-    placed_at_wrap,
     drop_emptied_if,
     early_note,
     hoist_at,
     insert_hoisted,
+    placed_at_wrap,
     placed_late,
     unwrap_in_place,
 )
@@ -57,7 +57,7 @@ from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
 from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.cuda_only import count_test, cuda_test, device_test
+from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel
 from dp2ddp.model.rebound_wrappers import rebound_trained, replaced_after_wrap
@@ -112,7 +112,7 @@ def propose(ctx: Context) -> List[Finding]:
             seeds.update(keys)
             if conditional and count_test(m, ifexp.test):
                 guarded_keys.update(keys)
-                if cuda_test(m, ifexp.test):
+                if ran_on_every_gpu_machine(m, [ifexp.test]):
                     cuda_keys.update(keys)
             elif conditional and device_test(m, ifexp.test):
                 flagged_keys.update(keys)
@@ -140,8 +140,8 @@ def propose(ctx: Context) -> List[Finding]:
             seeds.update(keys)
             if w.conditions and any(count_test(m, c.test) for c in w.conditions) and not flag_kept:
                 guarded_keys.update(keys)
-                if all(cuda_test(m, c.test) for c in w.conditions if count_test(m, c.test)):
-                    cuda_keys.update(keys)  # ran on every GPU machine: its keys there are `module.` ones
+                if ran_on_every_gpu_machine(m, [c.test for c in w.conditions]):
+                    cuda_keys.update(keys)  # its keys there are `module.` ones
             elif w.conditions and any(device_test(m, c.test) for c in w.conditions):
                 flagged_keys.update(keys)
     for hoist in hoists.values():
@@ -297,11 +297,11 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
                 edits = unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
                                  + early_note(m, early), edits)]
-        place = early is not None or (not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer))
+        place = early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer)
         module_text = (cuda_first(ctx, inner_text) if early is not None
                        else placed_at_wrap(ctx, inner_text, w.module) if place else inner_text)
         return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + early_note(m, early)
-                         + (PLACED_NOTE if place and early is None else ""),
+                         + (PLACED_NOTE if place else ""),
                          [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
     if target is None:
@@ -324,7 +324,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     unplaced = (early is None and not w.functional and partial_root is None
                 and placed_by_dataparallel(m, stmt, w.module, wrap_target, w.outer, until=anchor)
                 and not late_placements(m, anchor, wrap_target, w.module))
-    cuda_guard = bool(w.conditions) and all(cuda_test(m, c.test) for c in w.conditions)
+    cuda_guard = ran_on_every_gpu_machine(m, [c.test for c in w.conditions])
     hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early
@@ -345,7 +345,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     test = m.source(w.conditions[0].test)
     out = [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
                     + early_note(m, early) + (PLACED_NOTE if unplaced and cuda_guard else ""), edits)]
-    count_guard = bool(w.conditions) and all(count_test(m, c.test) and not cuda_test(m, c.test) for c in w.conditions)
+    count_guard = all(count_test(m, c.test) for c in w.conditions) and not cuda_guard
     # not in a project module: the script that calls it may place what it returns
     if unplaced and count_guard and ctx.role != "helper" and not placed_anywhere(m, {m.source(wrap_target), m.source(w.module)}):
         out.append(ctx.warn(call, "DDP171", (

@@ -5,7 +5,7 @@ about CUDA must be asked where it stands:
 
 * :func:`cuda_test`: a test that holds only with CUDA (``torch.cuda.is_available()``,
   ``args.cuda``, ``device == "cuda"``); :func:`under_cuda_test`: a node that only runs
-  after such a test;
+  after such a test; :func:`ran_on_every_gpu_machine`: a wrap's tests all hold with CUDA;
 * outside such a test: :func:`cuda_calls` (``x.cuda()``), :func:`cuda_asserts` (``assert
   torch.cuda.device_count() > rank``), :func:`rank_devices` (``torch.device("cuda", r)``,
   ``"cuda:%d" % r``), :func:`cuda_device_arguments` (a wrap's ``device_ids=[r]``);
@@ -59,6 +59,21 @@ def cuda_test(m: SemanticModel, test: ast.AST) -> bool:
         sides = [test.left] + test.comparators
         return any(isinstance(x, ast.Constant) and x.value == "cuda" for x in sides)  # also `x.type == "cuda"`
     return False
+
+
+def ran_on_every_gpu_machine(m: SemanticModel, tests) -> bool:
+    """A wrap under these tests (its ``if`` conditions, innermost first) ran wherever CUDA is
+    available: every test holds with CUDA, an ``and`` only when each of its operands does
+    (``if use_cuda and n_gpu > 1:`` skipped a one-GPU machine, unlike :func:`cuda_test`,
+    which asks whether a node *only* runs with CUDA). A wrap with no test is not guarded."""
+
+    def holds(test: ast.AST) -> bool:
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+            return all(holds(v) for v in test.values)
+        return cuda_test(m, test)
+
+    tests = list(tests)
+    return bool(tests) and all(holds(t) for t in tests)
 
 
 def under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:

@@ -201,11 +201,12 @@ def placed_by_dataparallel(m: SemanticModel, stmt: ast.stmt, module: Optional[as
     ``DataParallel(net).to(device)``) or before it, in the same
     function (:func:`placed_before`, ``net = Net().cuda()``), or before ``until``, the
     statement the wrap moves below (:func:`absorb_placement`). Found on an H100 (tests/gpu):
-    such scripts ran as DataParallel and their migrations raised at the wrap. Only for a wrap
-    that always runs: a wrap under ``if torch.cuda.device_count() > 1:`` runs with several
-    devices, where DataParallel moves nothing (and raises at the first forward of a CPU model),
-    so a script that never places its model trains on the CPU wherever it works; its migration
-    is left as it was (docs/known-issues.md)."""
+    such scripts ran as DataParallel and their migrations raised at the wrap. The callers place
+    only a wrap that ran on every GPU machine (unconditional, or under a CUDA test:
+    :func:`~dp2ddp.model.cuda_only.ran_on_every_gpu_machine`): a wrap under ``if
+    torch.cuda.device_count() > 1:`` runs with several devices, where DataParallel moves nothing
+    (and raises at the first forward of a CPU model), so a script that never places its model
+    trains on the CPU wherever it works; that one is warned about (DDP171, docs/known-issues.md)."""
     if module is None or placed_in(m, module) or placed_in(m, outer):  # outer: ``DataParallel(net).cuda()``
         return False
     names = [m.source(module)] + ([m.source(target)] if target is not None else [])
