@@ -40,6 +40,9 @@ migration plans as a helper gets that migration's outcome instead of its own:
                project's blocking findings, ``project_at``: the file and line of each);
   otherwise    no entry reaches it (or none edits it): it keeps its status alone.
 
+An entry refused alone whose project migration edits it and does not block (refused alone
+for want of its helpers: DDP166) gets ``migrated`` from that migration too.
+
 The per-file statuses are kept in the summary (``per_file_status``), with one line per
 project migration (entry, helpers, outcome).
 
@@ -592,6 +595,13 @@ def survey_projects(paths: Iterable[str], rows: List[Row], args, out_dir: Option
                 pr.reasons = sorted({f"{c}: {normalise(m)}" if m else c for c, m, _ in found})
                 pr.at = sorted({_rel(at, common) for _, _, at in found})
             projects.append(pr)
+            mine = next((f for f in out.files if f.role == "entry"), None)
+            row = by_path.get(os.path.realpath(entry))
+            if not out.blocked and mine is not None and mine.changed and row is not None and row.status == "refused":
+                # refused alone only for want of its helpers (DDP166: migrate with --with-helpers):
+                # the project migration the message asks for is what a user runs
+                row.per_file_status, row.status, row.project, row.reasons = row.status, "migrated", _rel(entry, common), []
+                check_output(row, Path(mine.path).read_bytes(), mine.output, args, out_dir, common, again=False)
             for f in helpers:
                 if f.path in by_path and library.get(f.path):
                     edits[f.path].append((pr, f))

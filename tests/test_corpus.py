@@ -159,7 +159,8 @@ def test_migration_trains_like_the_original(name: str, tmp_path: Path) -> None:
     work = _scratch(tmp_path)
     out = _migrated(name, work)
     args = list(spec.get("args", []))
-    mixed = "DDP121" in {f.code for f in migrate_source((work / spec["file"]).read_bytes(), str(work / spec["file"])).migration.findings}
+    codes = {f.code for f in migrate_source((work / spec["file"]).read_bytes(), str(work / spec["file"])).migration.findings}
+    mixed = "DDP121" in codes
     exact = spec.get("loss_match") == "exact"
     if spec.get("trains", True):
         two = _verify(work, tmp_path, spec, out, 2, "two")
@@ -176,8 +177,10 @@ def test_migration_trains_like_the_original(name: str, tmp_path: Path) -> None:
         left = [p for p in two["problems"] if not p.startswith(ignore) and not p.startswith("  advice")]
         if mixed:
             # two processes of the script's own path take their own batch (and so a different number
-            # of steps and checkpoints): only what every rank writes is compared here
-            left = [p for p in left if _PER_RANK.search(p)]
+            # of steps and checkpoints): only what every rank writes is compared here; where the
+            # migration divides that batch (DDP172) the global batch is the original's and is compared
+            # too (what the own path saves may differ: imagenet's all-reduced meters are floats)
+            left = [p for p in left if _PER_RANK.search(p) or ("DDP172" in codes and p.startswith(_BATCH))]
         assert not left, _summary(two)
     else:
         r = retry_exit_abort(lambda: run_script([str(out), *args], work, env=_env(), nproc=2), name)

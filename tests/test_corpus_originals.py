@@ -76,9 +76,10 @@ def test_manifest_lists_every_script():
     expects = [entry["expect"] for entry in SCRIPTS.values()]
     assert set(expects) <= {"migrate", "refuse"}
     # inference-only scripts and those no correct automatic migration exists for are refused
-    # (deeplab_trainer, timm_train, simclr_pretrain and pt_imagenet moved to "refuse" when their
-    # migrations were found wrong: a Saver picking its folder from a listing, and a per-process
-    # batch on the script's own distributed path)
+    # (deeplab_trainer moved to "refuse" when its migration was found wrong: a Saver picking its
+    # folder from a listing; timm_train, simclr_pretrain and pt_imagenet went there for a
+    # per-process batch on the script's own distributed path, and came back when the migration
+    # divided it where the process group starts, DDP172)
     assert expects.count("migrate") >= 21
     assert sum(1 for entry in SCRIPTS.values() if not entry["trains"]) <= 2
 

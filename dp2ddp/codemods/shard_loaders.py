@@ -38,7 +38,8 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
-from dp2ddp.engine import Finding, InsertAfter, InsertBefore, Replace
+from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
+from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
@@ -69,6 +70,7 @@ def propose(ctx: Context) -> List[Finding]:
         helper.evaluation.extend(ld for ld in loaders(m) if not ld.held and not distributed_sampler(m, ld.sampler_value))
         return out
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
+    divided: set = set()  # batch values divided by the world size where the process group starts (DDP172)
     rebinds: List[Tuple[ast.stmt, List[str]]] = []  # (statement, the names to shard after it)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
@@ -78,11 +80,17 @@ def propose(ctx: Context) -> List[Finding]:
                 shared.append(loader)  # already sharded (a script's own distributed path)
                 grown = _batch_never_divided(m, loader, _switches(ctx)) if ctx.mode == "mixed" and loader.training else None
                 if grown is not None and not ctx.options.keep_batch_size:
-                    out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
-                                         "script's own distributed path, which does not divide it by the world size on every path that runs under torchrun: under "
-                                         "torchrun the global batch would be world-size times the DataParallel run's; divide "
-                                         "it where the process group starts, or pass --keep-batch-size to accept it"))
-                    continue
+                    division = division_site(m, loader.call, grown, lambda n: _conditional(m, n, _switches(ctx)))
+                    if isinstance(division, str):
+                        out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
+                                             "script's own distributed path, which does not divide it by the world size on every path that runs under torchrun, "
+                                             f"and dp2ddp cannot divide it there ({division}): under "
+                                             "torchrun the global batch would be world-size times the DataParallel run's; divide "
+                                             "it where the process group starts, or pass --keep-batch-size to accept it"))
+                        continue
+                    if m.source(grown) not in divided:
+                        divided.add(m.source(grown))
+                        out.append(_divide(ctx, label, grown, division))
                 if not (partly and loader.training):
                     continue
                 # the mixed script's own flag (``if args.nodes > 1``) may leave it None under
@@ -153,7 +161,10 @@ def propose(ctx: Context) -> List[Finding]:
     extra = ", whole_batches=True" if ctx.options.keep_batch_size else ""
     edits = list(_define_helpers(ctx, names))
     for node, label in wrapped:
-        edits.append(Replace(ctx.cst(node), lambda u, fn=fn: ctx.expr(f"{fn}({{call}}{extra})", call=u)))
+        given = kwarg(node, "batch_size") if isinstance(node, ast.Call) else None
+        # a batch divided by the world size already is per process: the loader deals it whole
+        whole = ", whole_batches=True" if given is not None and m.source(given.value) in divided else extra
+        edits.append(Replace(ctx.cst(node), lambda u, fn=fn, whole=whole: ctx.expr(f"{fn}({{call}}{whole})", call=u)))
     for stmt, targets in rebinds:
         new = tuple(ctx.stmt(f"{t} = {fn}({t}{extra})") for t in targets)
         edits.append(InsertAfter(ctx.bridge.statement(stmt), new))
@@ -419,6 +430,27 @@ def _batch_never_divided(m, loader: Loader, on: Dict[int, str]) -> Optional[ast.
         if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult)) for b in ast.walk(node.value)):
             return None
     return given.value
+
+
+def _divide(ctx: Context, label: str, value: ast.AST, division: Division) -> Finding:
+    """DDP172: ``value`` divided by the world size right after the process group starts,
+    under torchrun only; the script's own scalings on paths of their own are kept off there."""
+    m = ctx.m
+    os_, dist = ctx.name("os"), ctx.name("dist")
+    text = m.source(value)
+    block = ctx.stmt(
+        'if "LOCAL_RANK" in {os}.environ:  # dp2ddp: DataParallel split this batch across the GPUs; each process takes its share\n'
+        "    if {t} % {d}.get_world_size():\n"
+        '        raise SystemExit(f"dp2ddp: batch size {{{t}}} does not split evenly between {{{d}.get_world_size()}} processes; '
+        'pass a multiple of the number of processes (DataParallel read it as the global batch)")\n'
+        "    {t} //= {d}.get_world_size()\n", os=os_, t=text, d=dist)
+    edits: list = [InsertAfter(ctx.bridge.statement(division.init), (block,))]
+    for stmt in division.scalings:
+        edits.append(Guard((ctx.bridge.statement(stmt),), ctx.expr('"LOCAL_RANK" not in {os}.environ', os=os_)))
+    kept = "".join(f"; its own scaling at line {s.lineno} is kept off under torchrun (the value is divided once)" for s in division.scalings)
+    return ctx.note(value, "DDP172", f"{label} reads `batch_size={text}` per process on the script's own distributed path: under "
+                    f"torchrun it is divided by the world size where the process group starts (line {division.init.lineno}), so the "
+                    f"global batch stays the DataParallel run's{kept}", edits)
 
 
 def _switches(ctx: Context) -> Dict[int, str]:

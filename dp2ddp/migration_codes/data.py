@@ -126,9 +126,37 @@ CODES: Tuple[MigrationCode, ...] = (
         "The DataParallel path read `batch_size` as the global batch (split across the GPUs); the script's own "
         "distributed path, which runs under torchrun after the migration, reads the same value per process: the "
         "global batch grows world-size times, and with it the learning-rate scale and the steps per epoch.",
-        "Divide it on that path (`args.batch_size //= world_size` where the process group starts), or pass "
-        "`--keep-batch-size` to accept the per-process batch.",
+        "Where the process group is started once, before the loader, in the loader's own function, the migration "
+        "divides the value there itself (DDP172). Otherwise divide it on that path (`args.batch_size //= world_size` "
+        "where the process group starts), or pass `--keep-batch-size` to accept the per-process batch.",
         "No fix.",
+        "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+        "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int, default=16)\n"
+        "p.add_argument('--nodes', type=int, default=1)\np.add_argument('--nr', type=int, default=0)\nargs = p.parse_args()\n"
+        "def setup(args):\n    if args.nodes > 1:\n        dist.init_process_group('gloo', rank=args.nr, world_size=args.nodes)\n"
+        "setup(args)\n"
+        "ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "sampler = DistributedSampler(ds) if args.nodes > 1 else None\n"
+        "loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None)\n"
+        "model = nn.Linear(4, 1)\n"
+        "model = nn.parallel.DistributedDataParallel(model) if args.nodes > 1 else nn.DataParallel(model)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n",
+    ),
+    MigrationCode(
+        "DDP172", "mixed-path-batch-divided", "info",
+        "the script's own distributed path reads `batch_size` per process: under torchrun it is divided by the world size where the process group starts",
+        "The DataParallel path read `batch_size` as the global batch (split across the GPUs); the script's own "
+        "distributed path, which runs under torchrun after the migration, reads the same value per process. Undivided, "
+        "the global batch would grow world-size times (DDP152).",
+        "Right after the statement that starts the process group (in the function that builds the loader, before it), "
+        "`if \"LOCAL_RANK\" in os.environ:` divides the value by `dist.get_world_size()`, and stops with a message "
+        "where it does not divide evenly. The script's own scaling of the value on a path of its own (imagenet's "
+        "`args.batch_size = int(args.batch_size / ngpus_per_node)` under `if args.gpu is not None:`) is put under "
+        "`if \"LOCAL_RANK\" not in os.environ:`, so the value is divided once. Launches without torchrun are unchanged.",
+        "Safe: the global batch, the steps per epoch and what the loader reads are the DataParallel run's; everything "
+        "after the division reads the per-process value, as the script's own distributed path expects.",
         "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
         "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
         "p = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int, default=16)\n"
