@@ -48,7 +48,7 @@ CASES = sorted(p for d in REWRITE_DIRS for p in (FIXTURES / d).glob("*.in.py"))
 RUNNABLE = [p for p in CASES if not p.name.startswith("noop_") and not p.name.endswith("_race_warns.in.py")]
 # the fixtures tests/test_shard_eval.py runs under torchrun and python itself, comparing what
 # they print with the original's: run once there, not twice
-_RUN_BY_SHARD_EVAL = {f"shard_eval/{name}" for name in (*SHARDED, *INFERENCE)}
+_RUN_BY_SHARD_EVAL = {f"shard_eval/{name}" for name in (*SHARDED, *INFERENCE, "inference_ood_capped")}
 # The cross-check that the zygote launch the others get (tests/_scripts.py) runs them alike:
 # under the real torchrun and python run the first case of every folder with project modules
 # beside its cases (imported from the script's folder), of process_group (a CRLF source)

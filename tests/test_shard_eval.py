@@ -325,13 +325,104 @@ def evaluate(model, loader):
     assert "i = loader_pass.last_index(i)" in result.output.decode()
 
 
+@pytest.mark.torchrun
+def test_an_inference_loop_that_stops_at_a_batch_number_evaluates_the_original_batches(tmp_path: Path) -> None:
+    """outlier-exposure's OOD test shape: `if batch_idx >= n // bs and in_dist is False: break`
+    first in an `enumerate(loader)` loop. Each rank numbers its batches as the original did
+    (`loader_pass.numbered()`) and stops there: the sequential passes are shared out (the
+    capped one too: 16 + 8 of the 24 samples the original scored), the shuffled ones are read
+    whole on every rank up to the cap, and every rank prints the original's scores."""
+    name = "inference_ood_capped"
+    src = FIXTURES / f"{name}.in.py"
+    result = migrate_bytes(src.read_bytes(), str(src), Options())
+    codes = [f.code for f in result.migration.findings]
+    assert not result.migration.blocked and "DDP168" in codes, codes
+    assert "for batch_idx, (data, target) in loader_pass.numbered():" in result.output.decode()
+    original = _run(tmp_path, "original", name, src.read_bytes(), torchrun=False)
+    shard = _run(tmp_path, "shard", name, result.output, torchrun=True)
+    python = _run(tmp_path, "python", name, result.output, torchrun=False)
+    expected = original["metrics-test"]["-"]
+    assert shard["metrics-test"] == {"0": expected, "1": expected}, (shard["metrics-test"], expected)
+    assert python["metrics-test"] == {"-": expected}
+    assert [int(shard["seen-test"][r]) for r in ("0", "1")] == _shares(90, 8)
+    assert [int(shard["seen-uniform"][r]) for r in ("0", "1")] == _shares(24, 8)
+    for shuffled in ("gaussian", "rademacher"):
+        assert shard[f"seen-{shuffled}"] == {"0": "24", "1": "24"}, shard
+        assert original[f"seen-{shuffled}"] == {"-": "24"}
+
+
+_CAPPED = """
+import argparse
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision import datasets
+
+p = argparse.ArgumentParser()
+p.add_argument("--bs", type=int, default=8)
+args = p.parse_args()
+model = nn.DataParallel(nn.Linear(4, 3))
+test_data = datasets.CIFAR10("data", train=False, transform=None)
+n = len(test_data) // 5
+loader = DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=args.bs)
+scores = []
+with torch.no_grad():
+    for i, (x,) in enumerate(loader):
+        if i >= n // args.bs:
+            break
+        scores.append(model(x))
+print(torch.cat(scores).sum())
+"""
+
+
+def _inference(source: str):
+    result = migrate_bytes(source.encode(), "test.py", Options())
+    return result, [(f.code, f.message) for f in result.migration.findings if f.severity == "error"]
+
+
+@pytest.mark.parametrize("size", ["len(test_data)", "test_data.data.size(0)", "test_data.data.shape[0]"])
+def test_a_cap_on_a_torchvision_datasets_size_is_the_same_on_every_rank(size: str) -> None:
+    result, errors = _inference(_CAPPED.replace("len(test_data)", size))
+    assert not errors, errors
+    assert "for i, (x,) in loader_pass.numbered():" in result.output.decode()
+
+
+@pytest.mark.parametrize("change,why", [
+    (("if i >= n // args.bs:", "if i == n // args.bs:"), "may stop early"),  # stops once: a rank may pass it
+    (("        if i >= n // args.bs:\n            break\n        scores.append(model(x))",
+      "        scores.append(model(x))\n        if i >= n // args.bs:\n            break"), "may stop early"),  # after the work
+    (("n = len(test_data) // 5", "n = int(torch.randint(8, 40, ()))"), "may stop early"),  # drawn on each rank
+    (("print(torch.cat(scores).sum())", "print(torch.cat(scores).sum(), i)"), "is read after it"),
+    (("test_data = datasets.CIFAR10(\"data\", train=False, transform=None)",
+      "test_data = datasets.CIFAR10(\"data\", train=int(os.environ[\"RANK\"]) == 0)"), "may stop early"),
+])
+def test_what_keeps_a_capped_inference_loop_refused(change, why) -> None:
+    source = _CAPPED.replace(*change)
+    assert source != _CAPPED
+    if "os.environ" in source:
+        source = "import os\n" + source
+    result, errors = _inference(source)
+    assert [c for c, _ in errors] == ["DDP115"], errors
+    assert why in errors[0][1], errors
+    assert not result.changed
+
+
+def test_a_capped_loop_of_a_training_script_stays_whole() -> None:
+    """With training in the script its wrap syncs buffers on the first forward after it, and a
+    cap can leave a rank no batch: --shard-eval keeps the loop whole (DDP161)."""
+    capped = _SUMS.replace("        for x, y in loader:", "        for i, (x, y) in enumerate(loader):\n            if i >= 2:\n                break")
+    result, found = _findings(_script(capped))
+    assert [c for c, _ in found] == ["DDP161"], found
+    assert "may stop early" in found[0][1]
+
+
 def test_every_sharded_fixture_is_run() -> None:
     """A fixture whose migration shards a loop is run by the torchrun test above."""
     for case in FIXTURES.glob("*.in.py"):
         name = case.name[: -len(".in.py")]
         result = migrate_bytes(case.read_bytes(), str(case), Options(shard_eval=True))
         if any(f.code == "DDP160" for f in result.migration.findings):
-            assert name in SHARDED or name in INFERENCE, name
+            assert name in SHARDED or name in INFERENCE or name == "inference_ood_capped", name
 
 
 def test_what_a_pass_sends_to_the_other_ranks_travels_on_the_cpu_and_comes_back_as_it_was() -> None:

@@ -126,10 +126,13 @@ def _shard(ctx: Context, e: EvalLoop, names: Dict[str, str]) -> Finding:
                               a=accs, p=pass_name))
     if e.index is not None:
         after.append(ctx.stmt("{i} = {p}.last_index({i})\n", i=e.index, p=pass_name))
-    edits: List[Edit] = [
-        InsertBefore(loop, tuple(before)),
-        Replace(ctx.cst(e.iterable), ctx.expr(pass_name)),
-    ]
+    if e.cap is not None:
+        # `enumerate(loader)` -> `loader_pass.numbered()`: the batch numbers its `break` tests are the original's
+        start = (list(e.loop.iter.args[1:]) + [k.value for k in e.loop.iter.keywords])  # type: ignore[attr-defined]
+        header = Replace(ctx.cst(e.loop.iter), ctx.expr("{p}.numbered({s})", p=pass_name, s=m.source(start[0]) if start else ""))
+    else:
+        header = Replace(ctx.cst(e.iterable), ctx.expr(pass_name))
+    edits: List[Edit] = [InsertBefore(loop, tuple(before)), header]
     if after:
         edits.append(InsertAfter(loop, tuple(after)))
     summed = [a for a in e.accumulators if a not in e.lists]
@@ -138,6 +141,9 @@ def _shard(ctx: Context, e: EvalLoop, names: Dict[str, str]) -> Finding:
     sums = f"; {' and '.join(parts)} after it in the original's order" if parts else ""
     elsewhere = ("; made by a call dp2ddp does not read, it is shared out where it is a DataLoader whose order "
                  "is fixed, and read whole on every rank otherwise" if not e.loaders else "")
+    if e.cap is not None:
+        sums += (f"; it stops at a batch number (line {e.cap.lineno}): each rank numbers its batches as the original "
+                 "did and stops there, so the ranks evaluate exactly the original's batches")
     message = (
         f"--shard-eval: the evaluation loop over `{label}` (line {e.loop.lineno}) is shared out by whole batches "
         f"(rank r evaluates the original's batches r, r + world, ...; whole on every rank where the loader has "

@@ -56,6 +56,7 @@ class EvalLoop:
     accumulators: List[str] = field(default_factory=list)
     lists: List[str] = field(default_factory=list)  # the accumulators that are lists it collects into
     index: Optional[str] = None  # enumerate's index, read after the loop
+    cap: Optional[ast.If] = None  # `if batch_idx >= n: break` first in the loop (a script that only evaluates)
     problem: Optional[str] = None  # why the loop stays whole on every rank
     problem_node: Optional[ast.AST] = None
 
@@ -79,17 +80,19 @@ def eval_loops(m: SemanticModel, evaluation: Sequence[Loader], made_elsewhere: b
             header = _made_elsewhere(m, loop, len(values)) if made_elsewhere else None
             if header is not None:
                 got = EvalLoop(loop, [], header)
-                _judge(m, got, len(values))
+                _judge(m, got, len(values), capped=made_elsewhere)
                 out.append(got)
             continue
         value, lds = hits[0]
         got = EvalLoop(loop, list({id(ld.call): ld for ld in lds}.values()), value)  # type: ignore[arg-type]
-        _judge(m, got, len(values))
+        _judge(m, got, len(values), capped=made_elsewhere)
         out.append(got)
     return out
 
 
-def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
+def _judge(m: SemanticModel, e: EvalLoop, n_values: int, capped: bool = False) -> None:
+    """With ``capped`` (a script that only evaluates: its wrap syncs no buffers in the
+    forward, so a rank may evaluate no batch) a loop may stop at a batch number (:func:`_cap`)."""
     loop = e.loop
 
     def stays(why: str, node: Optional[ast.AST] = None) -> None:
@@ -137,7 +140,11 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
     for name in sorted(stored & (scope.globals | scope.nonlocals)):
         return stays(f"it sets `{name}`, declared global in its function", loop)
     lists = list(dict.fromkeys(c.func.value.id for c in collected))  # type: ignore[attr-defined]  # in source order
-    why = escape(m, loop.body, local, set(accs) | set(lists), scope, loop, 0,
+    body = loop.body
+    e.cap = _cap(m, loop, index, stored) if capped else None
+    if e.cap is not None:
+        body = body[1:]  # the cap's break stops every rank where the original stopped (see _cap)
+    why = escape(m, body, local, set(accs) | set(lists), scope, loop, 0,
                  frozenset(id(c) for c in collected) | frozenset(id(a) for a in items))
     if why is not None:
         return stays(f"it {why[1]}", why[0])
@@ -160,6 +167,9 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
         if r is None:
             continue
         if name == index:
+            if e.cap is not None:
+                return stays(f"`{name}`, the batch number its `break` (line {e.cap.lineno}) tests, is read after it "
+                             f"(line {r.lineno}): where it stopped differs by rank", r)
             e.index = index
             continue
         return stays(f"`{name}`, set in the loop, is read after it (line {r.lineno}): its last value differs by rank", r)
@@ -169,6 +179,50 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int) -> None:
         return stays(why, node)
     e.accumulators = accs + lists
     e.lists = lists
+
+
+def _cap(m: SemanticModel, loop: ast.For, index: Optional[str], stored: Set[str]) -> Optional[ast.If]:
+    """``if batch_idx >= n: break`` as the first statement of ``for batch_idx, b in
+    enumerate(loader):`` (hendrycks' OOD tests: ``if batch_idx >= ood_num_examples //
+    args.test_bs and in_dist is False: break``): the original evaluates exactly the batches
+    numbered below the first one the test holds for. The test must only grow true with the
+    number (``>=``/``>`` on the index, ``and``-ed with terms that do not change in the loop)
+    and be the same on every rank; then each rank, numbering its batches as the original did
+    (``EvalPass.numbered``), stops at its first batch at or past that one and has evaluated
+    its share of exactly the original's batches. The index is bound by the header only."""
+    first = loop.body[0] if loop.body else None
+    if index is None or not (isinstance(first, ast.If) and not first.orelse and len(first.body) == 1
+                             and isinstance(first.body[0], ast.Break)):
+        return None
+    if not (isinstance(loop.iter, ast.Call) and terminal(loop.iter.func) == "enumerate" and loop.iter.args
+            and not isinstance(loop.iter.args[0], ast.Call) and len(loop.iter.args) + len(loop.iter.keywords) <= 2):
+        return None  # enumerate(loader[, start]) directly (not through tqdm: the pass replaces the whole header)
+    for n in walk_statements(loop.body):
+        if isinstance(n, ast.Name) and n.id == index and isinstance(n.ctx, (ast.Store, ast.Del)):
+            return None
+    test = first.test
+    terms = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    bounds = [b for b in (_index_bound(t, index) for t in terms) if b is not None]
+    if len(bounds) != 1:
+        return None
+    for t in terms:
+        fixed = bounds[0] if _index_bound(t, index) is not None else t
+        names = {n.id for n in ast.walk(fixed) if isinstance(n, ast.Name)}
+        if names & stored or not same_on_every_rank(m, fixed):
+            return None
+    return first
+
+
+def _index_bound(t: ast.AST, index: str) -> Optional[ast.AST]:
+    """``n`` of ``index >= n``, ``index > n``, ``n <= index``, ``n < index``; else None."""
+    if not (isinstance(t, ast.Compare) and len(t.ops) == 1):
+        return None
+    left, op, right = t.left, t.ops[0], t.comparators[0]
+    if isinstance(left, ast.Name) and left.id == index and isinstance(op, (ast.GtE, ast.Gt)):
+        return right
+    if isinstance(right, ast.Name) and right.id == index and isinstance(op, (ast.LtE, ast.Lt)):
+        return left
+    return None
 
 
 _COLLECTING = ("append", "extend")

@@ -3,8 +3,9 @@
 A condition built only from such values takes the same branch on every rank, so the code
 under it runs the same number of times everywhere (what a collective, or a sharded
 evaluation loop, needs): constants, the script's options (``args`` from ``parse_args()``),
-counters of loops over ``range``/``enumerate``, and the parameters every caller passes
-such values for; never anything that mentions the rank (:func:`dp2ddp.model.ranks.mentions_rank`).
+counters of loops over ``range``/``enumerate``, the size of a torchvision dataset made
+from such values, and the parameters every caller passes such values for; never anything
+that mentions the rank (:func:`dp2ddp.model.ranks.mentions_rank`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _same(m: SemanticModel, e: ast.AST, depth: int) -> bool:
     same = lambda x: x is None or same_on_every_rank(m, x, depth + 1)  # noqa: E731
     if isinstance(e, ast.Constant):
         return True
+    if _dataset_size(m, e, depth):
+        return True
     if isinstance(e, ast.Name):
         return _same_name(m, e, depth)
     if isinstance(e, ast.Attribute):
@@ -66,6 +69,44 @@ def _same(m: SemanticModel, e: ast.AST, depth: int) -> bool:
         if q and all(x.startswith("builtins.") and x.split(".", 1)[1] in _SAME_BUILTINS for x in q):
             return all(same(a) for a in e.args) and all(same(k.value) for k in e.keywords)
     return False
+
+
+def _dataset_size(m: SemanticModel, e: ast.AST, depth: int) -> bool:
+    """How many samples a torchvision dataset holds: ``len(ds)``, ``ds.data.size(0)``,
+    ``ds.data.shape[0]`` (MNIST's and CIFAR's tensors or arrays of samples)."""
+    if isinstance(e, ast.Call) and m.qualified_names(e.func) == {"builtins.len"} and len(e.args) == 1 and not e.keywords:
+        return _library_dataset(m, e.args[0], depth)
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size":
+        base, ok = e.func.value, all(same_on_every_rank(m, a, depth + 1) for a in e.args) and not e.keywords
+    elif isinstance(e, ast.Subscript) and isinstance(e.value, ast.Attribute) and e.value.attr == "shape":
+        base, ok = e.value.value, same_on_every_rank(m, e.slice, depth + 1)
+    else:
+        return False
+    return ok and isinstance(base, ast.Attribute) and base.attr == "data" and _library_dataset(m, base.value, depth)
+
+
+# a library dataset's keywords that change its items, not how many there are
+_ITEM_KEYWORDS = frozenset({"transform", "target_transform", "transforms", "download", "loader"})
+
+
+def _library_dataset(m: SemanticModel, e: ast.AST, depth: int) -> bool:
+    """A name bound only to torchvision datasets made from values the same on every rank
+    (their transforms aside): its ``len()`` is the same on every rank (the files it reads are
+    the same)."""
+    if not isinstance(e, ast.Name):
+        return False
+    _, bindings = m.lookup(e.id, m.scope_of(e))
+    if not bindings:
+        return False
+    for b in bindings:
+        v = b.value if b.kind == "assign" else None
+        if not (isinstance(v, ast.Call) and any(x.startswith("torchvision.datasets.") for x in m.qualified_names(v.func))):
+            return False
+        if not all(same_on_every_rank(m, a, depth + 1) for a in v.args):
+            return False
+        if not all(k.arg in _ITEM_KEYWORDS or same_on_every_rank(m, k.value, depth + 1) for k in v.keywords):
+            return False
+    return True
 
 
 def _same_name(m: SemanticModel, n: ast.Name, depth: int) -> bool:
