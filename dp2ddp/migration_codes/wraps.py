@@ -94,7 +94,9 @@ CODES: Tuple[MigrationCode, ...] = (
         "processes only where each evaluates its own part of the data. dp2ddp migrates such a script when every "
         "evaluation loop over a DataLoader of the script can be shared out exactly (DDP168: results that are sums or "
         "lists it appends to, under `torch.no_grad()`, nothing else escaping an iteration). Here one cannot (the "
-        "message names the loop and the reason: a `break`, a loader whose value dp2ddp cannot follow, a print inside "
+        "message names the loop and the reason: a `break` other than one first in the loop at a batch number "
+        "(`if batch_idx >= n: break` with `n` the same on every rank, where each rank stops as the original did), a "
+        "loader whose value dp2ddp cannot follow, a print inside "
         "the loop), or there is no such loop: every rank would repeat the whole inference that DataParallel split "
         "between the GPUs of one process. A wrapper that is never called, only saved, is refused too: it is there "
         "for the `module.` keys of what it saves.",
