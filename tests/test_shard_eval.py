@@ -118,6 +118,18 @@ def test_sharded_evaluation_prints_the_original_metrics(name: str, tmp_path: Pat
 INFERENCE = ("inference_test_script", "inference_dataparallel_checkpoint")
 
 
+def _same_metrics(tmp_path: Path, name: str, source: bytes, migrated: bytes):
+    """The original (python), the migration under torchrun and under python: every rank of
+    each prints the original's `metrics-test`; the three runs' checks."""
+    original = _run(tmp_path, "original", name, source, torchrun=False)
+    shard = _run(tmp_path, "shard", name, migrated, torchrun=True)
+    python = _run(tmp_path, "python", name, migrated, torchrun=False)
+    expected = original["metrics-test"]["-"]
+    assert shard["metrics-test"] == {"0": expected, "1": expected}, (shard["metrics-test"], expected)
+    assert python["metrics-test"] == {"-": expected}
+    return original, shard, python
+
+
 @pytest.mark.torchrun
 @pytest.mark.parametrize("name", INFERENCE)
 def test_an_inference_only_script_migrates_with_its_evaluation_shared_out(name: str, tmp_path: Path) -> None:
@@ -129,12 +141,7 @@ def test_an_inference_only_script_migrates_with_its_evaluation_shared_out(name: 
     result = migrate_bytes(src.read_bytes(), str(src), Options())
     codes = [f.code for f in result.migration.findings]
     assert not result.migration.blocked and "DDP168" in codes and "DDP160" in codes, codes
-    original = _run(tmp_path, "original", name, src.read_bytes(), torchrun=False)
-    shard = _run(tmp_path, "shard", name, result.output, torchrun=True)
-    python = _run(tmp_path, "python", name, result.output, torchrun=False)
-    expected = original["metrics-test"]["-"]
-    assert shard["metrics-test"] == {"0": expected, "1": expected}, (shard["metrics-test"], expected)
-    assert python["metrics-test"] == {"-": expected}
+    _, shard, python = _same_metrics(tmp_path, name, src.read_bytes(), result.output)
     assert [int(shard["seen-test"][r]) for r in ("0", "1")] == _shares(85, 9)
     assert python["seen-test"] == {"-": "85"}
 
@@ -338,12 +345,7 @@ def test_an_inference_loop_that_stops_at_a_batch_number_evaluates_the_original_b
     codes = [f.code for f in result.migration.findings]
     assert not result.migration.blocked and "DDP168" in codes, codes
     assert "for batch_idx, (data, target) in loader_pass.numbered():" in result.output.decode()
-    original = _run(tmp_path, "original", name, src.read_bytes(), torchrun=False)
-    shard = _run(tmp_path, "shard", name, result.output, torchrun=True)
-    python = _run(tmp_path, "python", name, result.output, torchrun=False)
-    expected = original["metrics-test"]["-"]
-    assert shard["metrics-test"] == {"0": expected, "1": expected}, (shard["metrics-test"], expected)
-    assert python["metrics-test"] == {"-": expected}
+    original, shard, python = _same_metrics(tmp_path, name, src.read_bytes(), result.output)
     assert [int(shard["seen-test"][r]) for r in ("0", "1")] == _shares(90, 8)
     assert [int(shard["seen-uniform"][r]) for r in ("0", "1")] == _shares(24, 8)
     for shuffled in ("gaussian", "rademacher"):

@@ -729,6 +729,37 @@ def test_a_missing_file_stays_a_problem_for_a_deterministic_model_or_a_line_that
     assert d["message"] == "the migration does not write out/best.txt; the original does, at train.py:40"
 
 
+_SAVE_CHECKPOINT = """\
+import shutil
+import torch
+
+
+def save_checkpoint(state, is_best, filename="out/latest.txt"):
+    torch.save(state, filename)
+    if is_best:
+        shutil.copyfile(filename, "out/best.txt")
+"""
+
+
+@pytest.mark.parametrize("under_if", [True, False])
+def test_a_best_copy_under_an_if_of_the_function_that_writes_the_latest_is_not_judged(tmp_path, under_if):
+    """pytorch/examples imagenet: `save_checkpoint` saves checkpoint.pth.tar, then copies it
+    to model_best.pth.tar under `if is_best:` on another line. Where the migration wrote the
+    first from that function, the best copy was a metric's decision (a warning); a second
+    write of the function under no `if` that the migration skipped stays a problem."""
+    o, m = _best_and_latest(tmp_path)
+    source = _SAVE_CHECKPOINT if under_if else _SAVE_CHECKPOINT.replace("    if is_best:\n        shutil", "    shutil")
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "train.py").write_text(source)
+    o.base = tmp_path / "project"
+    o.sites.update({"out/latest.txt": "train.py:6", "out/best.txt": "train.py:8" if under_if else "train.py:7"})
+    rep = _compare(o, m, stochastic=["batchnorm"])
+    (d,) = rep["differences"]
+    assert (d["kind"], d["severity"]) == (("missing", "warning") if under_if else ("missing", "problem")), d
+    if under_if:
+        assert "at train.py:8, where the migration writes out/latest.txt too (the same line, or the same function" in d["message"]
+
+
 def _with_optimizer(momentum_shift: float):
     """A checkpoint with a model and an SGD optimizer's state, its momentum buffer moved by
     ``momentum_shift`` (relative)."""

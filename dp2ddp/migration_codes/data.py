@@ -8,6 +8,22 @@ from typing import Tuple
 
 from dp2ddp.migration_codes.code import EVAL, IMPORTS, MigrationCode
 
+# a mixed script: a DataParallel path and its own distributed one, whose process group `{start}` starts
+_MIXED = (
+    "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
+    "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
+    "p = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int, default=16)\n"
+    "p.add_argument('--nodes', type=int, default=1)\np.add_argument('--nr', type=int, default=0)\nargs = p.parse_args()\n"
+    "{start}"
+    "ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+    "sampler = DistributedSampler(ds) if args.nodes > 1 else None\n"
+    "loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None)\n"
+    "model = nn.Linear(4, 1)\n"
+    "model = nn.parallel.DistributedDataParallel(model) if args.nodes > 1 else nn.DataParallel(model)\n"
+    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n"
+)
+
 CODES: Tuple[MigrationCode, ...] = (
     MigrationCode(
         "DDP105", "loader-not-sharded", "error",
@@ -130,19 +146,9 @@ CODES: Tuple[MigrationCode, ...] = (
         "divides the value there itself (DDP172). Otherwise divide it on that path (`args.batch_size //= world_size` "
         "where the process group starts), or pass `--keep-batch-size` to accept the per-process batch.",
         "No fix.",
-        "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
-        "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
-        "p = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int, default=16)\n"
-        "p.add_argument('--nodes', type=int, default=1)\np.add_argument('--nr', type=int, default=0)\nargs = p.parse_args()\n"
-        "def setup(args):\n    if args.nodes > 1:\n        dist.init_process_group('gloo', rank=args.nr, world_size=args.nodes)\n"
-        "setup(args)\n"
-        "ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
-        "sampler = DistributedSampler(ds) if args.nodes > 1 else None\n"
-        "loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None)\n"
-        "model = nn.Linear(4, 1)\n"
-        "model = nn.parallel.DistributedDataParallel(model) if args.nodes > 1 else nn.DataParallel(model)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n",
+        _MIXED.format(start=(
+            "def setup(args):\n    if args.nodes > 1:\n        dist.init_process_group('gloo', rank=args.nr, world_size=args.nodes)\n"
+            "setup(args)\n")),
     ),
     MigrationCode(
         "DDP172", "mixed-path-batch-divided", "info",
@@ -157,18 +163,7 @@ CODES: Tuple[MigrationCode, ...] = (
         "`if \"LOCAL_RANK\" not in os.environ:`, so the value is divided once. Launches without torchrun are unchanged.",
         "Safe: the global batch, the steps per epoch and what the loader reads are the DataParallel run's; everything "
         "after the division reads the per-process value, as the script's own distributed path expects.",
-        "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n"
-        "from torch.utils.data import DataLoader, TensorDataset\nfrom torch.utils.data.distributed import DistributedSampler\n\n"
-        "p = argparse.ArgumentParser()\np.add_argument('--batch_size', type=int, default=16)\n"
-        "p.add_argument('--nodes', type=int, default=1)\np.add_argument('--nr', type=int, default=0)\nargs = p.parse_args()\n"
-        "if args.nodes > 1:\n    dist.init_process_group('gloo', rank=args.nr, world_size=args.nodes)\n"
-        "ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
-        "sampler = DistributedSampler(ds) if args.nodes > 1 else None\n"
-        "loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None)\n"
-        "model = nn.Linear(4, 1)\n"
-        "model = nn.parallel.DistributedDataParallel(model) if args.nodes > 1 else nn.DataParallel(model)\n"
-        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-        "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n",
+        _MIXED.format(start="if args.nodes > 1:\n    dist.init_process_group('gloo', rank=args.nr, world_size=args.nodes)\n"),
     ),
     MigrationCode(
         "DDP143", "hand-batches-split", "info",

@@ -35,6 +35,9 @@ kinds).
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from dp2ddp.verify.checkpoint_diffs import compare_checkpoints
@@ -205,6 +208,27 @@ def _lines(orig: RunOutputs, mig: RunOutputs, a: Optional[str], b: str) -> str:
     return ""
 
 
+def _same_function_sites(base: Optional[Path], site: str) -> set:
+    """``site`` (``file.py:line``), and where its statement sits under an ``if`` of its
+    function, every line of that function as a site: the writes one call of it makes, some
+    of them decided by a test (``if is_best: shutil.copyfile(...)``)."""
+    name, _, line = site.rpartition(":")
+    found = {site}
+    if base is None or not line.isdigit():
+        return found
+    try:
+        tree = ast.parse((base / name).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return found
+    n = int(line)
+    funcs = [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.lineno <= n <= (f.end_lineno or 0)]
+    if not funcs:
+        return found
+    func = max(funcs, key=lambda f: f.lineno)  # the innermost
+    under_if = any(isinstance(s, ast.If) and s.lineno < n <= (s.end_lineno or 0) and s.lineno > func.lineno for s in ast.walk(func))
+    return {f"{name}:{k}" for k in range(func.lineno, (func.end_lineno or func.lineno) + 1)} if under_if else found
+
+
 def _count(rep: Report, pat: str, os_: List[str], ms: List[str], orig: RunOutputs, mig: RunOutputs, world: int) -> None:
     """A group of names (equal up to numbers) with a different number of files on each side."""
     tb = is_tensorboard(pat)
@@ -226,14 +250,17 @@ def _count(rep: Report, pat: str, os_: List[str], ms: List[str], orig: RunOutput
         written = next((orig.sites[p] for p in os_ if p in orig.sites), None)
         # the same line of the original wrote other files that the migration writes too: that
         # write runs on a rank, and this file was one call's decision (`if is_best:`)
+        # (or a line of the same function, where this write sits under an `if` there: a
+        # `save_checkpoint` that copies the best one with `if is_best:`)
+        near = _same_function_sites(orig.base, written) if written else {written}
         reached = sorted(p for p, site in orig.sites.items()
-                         if written and site == written and p not in os_ and p in mig.files)
+                         if written and site in near and p not in os_ and p in mig.files)
         if rep.decided and reached:
             entry["status"] = "not judged"
             rep.add(pat, "missing", "warning",
                     f"the migration does not write {names if len(os_) == 1 else what + ' (' + names + ')'}; the original "
-                    f"does, at {written}, where the migration writes {', '.join(reached[:MAX_LISTED])} too: the line "
-                    f"runs on a rank, and this file was one call's decision (a best checkpoint, `if is_best:`), which "
+                    f"does, at {written}, where the migration writes {', '.join(reached[:MAX_LISTED])} too (the same line, "
+                    f"or the same function with this write under an `if`): it runs on a rank, and this file was one call's decision (a best checkpoint, `if is_best:`), which "
                     f"a metric of a model with {rep.decided} decides; per-rank {rep.decided} moves such a metric "
                     "legitimately (the losses agree as a moving average), so its absence is not judged",
                     "check that the condition of this write (a best accuracy, say) is computed the same way on rank 0 "

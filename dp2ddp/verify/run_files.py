@@ -119,6 +119,7 @@ class RunOutputs:
     cwd: Optional[Path] = None  # where the run started
     syspath: List[str] = field(default_factory=list)  # what the project's own code would import from
     work: Optional[Path] = None  # where verify may put what it derives (flattened checkpoints)
+    base: Optional[Path] = None  # the run's copy of the project: the files of ``sites`` are relative to it
 
 
 class Watch:
@@ -141,7 +142,7 @@ class Watch:
         return Path(shown).as_posix()
 
     def after(self, run, work: Optional[Path] = None) -> RunOutputs:
-        out = RunOutputs(role=run.role, cwd=self.cwd, syspath=self.syspath, work=work)
+        out = RunOutputs(role=run.role, cwd=self.cwd, syspath=self.syspath, work=work, base=self.base)
         out.roots = [r.label or "." for r in self.roots]
         for r in self.roots:
             now, complete = snapshot(r.path)
