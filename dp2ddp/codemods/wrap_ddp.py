@@ -284,7 +284,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         early = None
         if target is not None:
             anchor = absorb_placement(m, stmt, target, w.module)
-            early = late_cuda(m, anchor, target, w.module)
+            early = late_cuda(m, anchor, target, w.module, everywhere=True)
             late = placed_late(ctx, w, anchor, target) if early is None else None
             if late is not None:
                 return [late]
@@ -311,7 +311,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not ctx.bridge.alone_on_line(anchor):
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
     anchor = absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
-    early = late_cuda(m, anchor, wrap_target, w.module)
+    early = late_cuda(m, anchor, wrap_target, w.module, everywhere=ran_on_every_gpu_machine(m, [c.test for c in w.conditions]))
     late = placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]

@@ -356,7 +356,8 @@ def absorb_placement(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module
     return best
 
 
-def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST]) -> Optional[ast.stmt]:
+def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optional[ast.AST],
+              everywhere: bool = False) -> Optional[ast.stmt]:
     """The one later placement of the module, when the wrap can do it first: ``net.cuda()``
     (no device: the current one, the rank's after ``set_device``), as a statement of the
     same function that runs on every path after the wrap point (no ``if``, loop, ``try`` or
@@ -365,7 +366,15 @@ def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optio
     if torch.cuda.is_available() else net, ...)`` then has its parameters on the device it
     needs, and the later ``net.cuda()`` moves nothing. ``None`` otherwise (a ``.to(device)``
     whose device may be the CPU on a GPU machine stays refused; one whose device is the
-    current GPU exactly when CUDA is available is the same placement: :func:`on_current_gpu`)."""
+    current GPU exactly when CUDA is available is the same placement: :func:`on_current_gpu`).
+
+    ``everywhere``: the wrap ran on every GPU machine (unconditional, or under a CUDA test:
+    :func:`~dp2ddp.model.cuda_only.ran_on_every_gpu_machine`). Then the later placement may
+    sit under any ``if`` (hendrycks' ``net = DataParallel(net, ...)``, a checkpoint loaded,
+    then ``if args.ngpu > 0: net.cuda()``): on a GPU machine DataParallel needs the module on
+    its first device at the first forward (it raises otherwise, or with one device puts it
+    there itself), so wherever the original runs on a GPU its module is on the GPU before it
+    is used, and placing it at the wrap changes nothing the original did."""
     late = late_placements(m, anchor, target, module)
     if len(late) != 1:
         return None
@@ -382,7 +391,7 @@ def late_cuda(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module: Optio
         if a is func or isinstance(a, ast.Module):
             break
         cuda_test = (isinstance(a, ast.If) and isinstance(a.test, ast.Call) and m.is_name(a.test.func, {"torch.cuda.is_available"})
-                     and any(b is child for b in a.body))
+                     and any(b is child for b in a.body)) or (everywhere and isinstance(a, ast.If))
         if (isinstance(a, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.AsyncWith))
                 and id(a) not in around and not cuda_test):
             return None
