@@ -70,7 +70,7 @@ def propose(ctx: Context) -> List[Finding]:
         helper.evaluation.extend(ld for ld in loaders(m) if not ld.held and not distributed_sampler(m, ld.sampler_value))
         return out
     wrapped: List[Tuple[ast.AST, str]] = []  # (expression that makes a training loader, its label)
-    divided: set = set()  # batch values divided by the world size where the process group starts (DDP172)
+    divided: Dict[str, ast.stmt] = {}  # batch value -> the process group's start it is divided after (DDP172)
     rebinds: List[Tuple[ast.stmt, List[str]]] = []  # (statement, the names to shard after it)
     for loader in loaders(m):
         label = loader.label or "DataLoader"
@@ -81,6 +81,8 @@ def propose(ctx: Context) -> List[Finding]:
                 grown = _batch_never_divided(m, loader, _switches(ctx)) if ctx.mode == "mixed" and loader.training else None
                 if grown is not None and not ctx.options.keep_batch_size:
                     division = division_site(m, loader.call, grown, lambda n: _conditional(m, n, _switches(ctx)))
+                    if not isinstance(division, str) and divided.get(m.source(grown), division.init) is not division.init:
+                        division = f"it is divided after another start of a process group already (line {divided[m.source(grown)].lineno})"
                     if isinstance(division, str):
                         out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
                                              "script's own distributed path, which does not divide it by the world size on every path that runs under torchrun, "
@@ -89,7 +91,7 @@ def propose(ctx: Context) -> List[Finding]:
                                              "it where the process group starts, or pass --keep-batch-size to accept it"))
                         continue
                     if m.source(grown) not in divided:
-                        divided.add(m.source(grown))
+                        divided[m.source(grown)] = division.init
                         out.append(_divide(ctx, label, grown, division))
                 if not (partly and loader.training):
                     continue
