@@ -89,3 +89,20 @@ def test_refused_with_where_the_division_cannot_go(change, why) -> None:
     assert "DDP152" in codes, codes
     assert why in codes["DDP152"], codes["DDP152"]
     assert not result.changed
+
+
+def test_a_second_training_loader_made_where_its_batch_cannot_be_read_is_refused() -> None:
+    """A loader the migration shards by its name after a statement (a dict of loaders per phase)
+    may read the batch that DDP172 divides: its global batch cannot be shown, so DDP152."""
+    source = _WORKER.replace(
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n",
+        "    phases = {p: DataLoader(ds, batch_size=args.batch_size, shuffle=True) for p in ['train', 'val']}\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in phases['train']:\n"
+        "        opt.zero_grad()\n"
+        "        nn.functional.mse_loss(model(x), y).backward()\n"
+        "        opt.step()\n")
+    result, codes = _codes(source)
+    assert "DDP152" in codes, codes
+    assert "per process (divided where the process group starts, DDP172)" in codes["DDP152"]
+    assert not result.changed

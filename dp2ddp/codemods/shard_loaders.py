@@ -153,6 +153,15 @@ def propose(ctx: Context) -> List[Finding]:
     out.extend(lost)
     out.extend(_foreign_training(ctx))
     rebinds.extend(named)
+    if divided and rebinds:
+        # a loader made elsewhere (a project function, a dict of loaders) may read the batch divided
+        # above: sliced again by shard_loader, or dealt whole, its global batch cannot be told here
+        stmt, names_ = rebinds[0]
+        out.append(ctx.block(stmt, "DDP152", (
+            f"{', '.join(names_)} trains with a batch size dp2ddp cannot read here, while the script's own distributed "
+            f"path reads `{next(iter(divided))}` per process (divided where the process group starts, DDP172): the global "
+            "batch of this loader under torchrun cannot be shown to be the DataParallel run's; build it with a DataLoader "
+            "in the script, or pass --keep-batch-size")))
     if not wrapped and not rebinds:
         return out
     if any(f.severity == "error" for f in out):
