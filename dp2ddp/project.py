@@ -188,7 +188,7 @@ def copy_project(root: str, dest: str) -> None:
     if os.path.exists(dest) and os.listdir(dest):
         from dp2ddp.source import InputError
 
-        raise InputError(f"{dest}: not empty; -o with --with-helpers needs a new or empty folder")
+        raise InputError(dest, None, "not empty; -o with --with-helpers needs a new or empty folder")
     for here, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and os.path.realpath(os.path.join(here, d)) != os.path.realpath(dest))
         out = os.path.join(dest, os.path.relpath(here, root))

@@ -44,6 +44,16 @@ def test_with_helpers_needs_an_output_mode(project: Path, capsys) -> None:
     assert "--in-place, --diff, or -o DIR" in capsys.readouterr().err
 
 
+def test_with_helpers_into_a_folder_that_is_not_empty_is_a_one_line_error(project: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine\n")
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(project / "train.py")]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: not empty; -o with --with-helpers needs a new or empty folder" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
 @pytest.mark.torchrun
 def test_project_copy_migrated_runs_and_its_evaluation_script_still_loads(project: Path, tmp_path: Path) -> None:
     """-o DIR: a copy of the project with the entry and its helper migrated; it trains under

@@ -212,7 +212,12 @@ def _rewrite_project(entry: str, options, output, in_place: bool, show_diff: boo
         if output:
             from dp2ddp.project import copy_project
 
-            copy_project(root, output)
+            try:
+                copy_project(root, output)
+            except InputError as e:
+                click.echo(f"error: {e}", err=True)
+                click.echo("error: nothing was written", err=True)
+                return EXIT_USAGE
         for dest, f in writes:
             atomic_write(dest, f.result.output, like=f.path)
         dests = {id(f): dest for dest, f in writes}
