@@ -182,6 +182,18 @@ def test_writers_exactly_one_of_each_per_run(tmp_path: Path) -> None:
     assert runs["torchrun"].checks["finished"] == {"0": "1", "1": "1"}
 
 
+def test_a_writer_kept_in_a_dict_writes_one_event_file(tmp_path: Path) -> None:
+    """HRNet's `writer_dict`: the writer's uses cannot be put under a rank test one by one,
+    so rank 0 makes the SummaryWriter and the other ranks a stand-in that writes nothing
+    (DDP173): one event file per run, and every rank finishes."""
+    runs = _runs("writer_in_a_dict", tmp_path)
+    for tag in ("original", "torchrun", "python"):
+        events = list((runs[tag].folder / "log").glob("events.out.tfevents.*"))
+        assert len(events) == 1, (tag, events)
+    assert runs["torchrun"].checks["finished"] == {"0": "1", "1": "1"}
+    assert b"else WritesNothing()" in _migrate("writer_in_a_dict")
+
+
 def test_positional_inline_dataset_is_sharded(tmp_path: Path) -> None:
     """verify: the migration's per-step global loss equals the original's, replicas in sync."""
     _runs("positional_inline_dataset", tmp_path)

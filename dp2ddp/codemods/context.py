@@ -67,6 +67,7 @@ class Context:
         self._fresh: set = set()
         self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
         self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
+        self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
         self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
 
@@ -279,6 +280,14 @@ class Context:
             self._load_either = self.fresh_name("load_either_keys")
             self.define_after_imports("load_either_keys.py.tmpl", helper=self._load_either, torch=self.name("torch"))
         return self._load_either
+
+    def writes_nothing(self) -> str:
+        """The name of a class, written once into the module, whose objects stand in for a
+        SummaryWriter on the ranks other than 0: its ``add_*``/``flush``/``close`` do nothing."""
+        if self._writes_nothing is None:
+            self._writes_nothing = self.fresh_name("WritesNothing")
+            self.define_after_imports("writes_nothing.py.tmpl", cls=self._writes_nothing)
+        return self._writes_nothing
 
     def module_of(self, text: str) -> str:
         """The bare model behind a wrapper named ``text``: ``text.module``; in a helper module

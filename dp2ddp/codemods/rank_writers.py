@@ -5,7 +5,9 @@ Each is restricted in the way that keeps every other rank's calls harmless:
 * ``SummaryWriter(...)`` is created on rank 0 only (``None`` elsewhere) and every use of
   it — followed through ``self.writer``, return values and parameters — is a statement
   that :mod:`rank_zero` puts under ``if dist.get_rank() == 0:``. When some use is not
-  such a statement, the writer is left on every rank with a warning.
+  such a statement (the writer kept in a dict, handed on as a value, used by a subclass in
+  another module), the other ranks get a stand-in whose ``add_*``/``flush``/``close`` do
+  nothing instead of ``None`` (DDP173); a writer-like object of the project's is refused.
 * ``wandb.init(...)`` gets ``mode="disabled"`` on other ranks: their ``wandb.log`` calls
   do nothing.
 * ``tqdm(...)`` gets ``disable=dist.get_rank() != 0`` (or'ed with the script's own).
@@ -394,10 +396,18 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
     call = w.call
     rank0 = ctx.env_rank0() if early else ctx.rank0()
     if w.kind == "tensorboard":
+        named = m.qualified_names(call.func) & SUMMARY_WRITERS
+        if problem is not None and named:
+            # its uses cannot all be guarded (kept in a dict, handed on as a value): on the other
+            # ranks a stand-in whose writing methods do nothing (and anything else stops loudly)
+            stand_in = ctx.writes_nothing()
+            new = f"{{c}} if {_paren_text(rank0)} else {stand_in}()"
+            return ctx.note(call, "DDP173", f"SummaryWriter created on rank 0 only; on the other ranks `{stand_in}()`, whose "
+                            f"`add_*`, `flush` and `close` do nothing ({problem}, so its uses cannot be put under a rank test)",
+                            [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u))])
         if problem is not None:
             return ctx.block(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
         new = f"{{c}} if {_paren_text(rank0)} else None"
-        named = m.qualified_names(call.func) & SUMMARY_WRITERS
         what = "SummaryWriter" if any(q.endswith("SummaryWriter") for q in named) else f"`{m.source(call.func)}`"
         return ctx.note(call, "DDP135", f"{what} created on rank 0 only; its uses run on rank 0", [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u))])
     if w.kind == "wandb":

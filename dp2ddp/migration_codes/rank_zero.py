@@ -148,6 +148,24 @@ CODES: Tuple[MigrationCode, ...] = (
         "Safe: calls on other ranks do nothing and do not raise.",
     ),
     MigrationCode(
+        "DDP173", "writer-stand-in-off-rank-zero", "info",
+        "a SummaryWriter whose uses cannot all be put under a rank test is made on rank 0, with a stand-in that writes "
+        "nothing on the other ranks",
+        "Kept in a dict (`writer_dict = {'writer': SummaryWriter(...), 'train_global_steps': 0}`, the HRNet family's "
+        "shape) or handed on as a value, the writer's uses happen in code the migration cannot guard line by line; left "
+        "on every rank, each rank would write its own event file.",
+        "`SummaryWriter(...) if dist.get_rank() == 0 else WritesNothing()`, with `WritesNothing` written once into the "
+        "script: its `add_*`, `flush` and `close` do nothing, and any other attribute raises an error that names it.",
+        "Safe: rank 0 writes what the original wrote; the other ranks write nothing, and a use of the writer other than "
+        "writing stops loudly there instead of going on with a wrong value.",
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.tensorboard import SummaryWriter\n\n"
+        "writer_dict = {'writer': SummaryWriter('runs'), 'steps': 0}\n\n\n"
+        "def log(writer_dict, value):\n    writer = writer_dict['writer']\n    writer.add_scalar('loss', value, writer_dict['steps'])\n"
+        "    writer_dict['steps'] += 1\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loss = model(torch.randn(8, 4)).sum()\nloss.backward()\nopt.step()\nlog(writer_dict, loss.item())\n",
+    ),
+    MigrationCode(
         "DDP136", "map-location", "info",
         "`torch.load` gets a `map_location`",
         "Without it every rank loads the checkpoint onto the GPU it was saved from (GPU 0).",
