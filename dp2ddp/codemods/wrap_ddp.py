@@ -60,7 +60,7 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel
-from dp2ddp.model.rebound_wrappers import rebound_trained, replaced_after_wrap
+from dp2ddp.model.rebound_wrappers import regrown_after_wrap, rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.wrap_context import fresh_each_pass
@@ -196,10 +196,20 @@ def _rebound_trained(ctx: Context, w: Wrap) -> Optional[Finding]:
 
 def _replaced(ctx: Context, w: Wrap) -> Optional[Finding]:
     """A layer of the wrapped model replaced after the wrap, then trained: DDP synchronises
-    only the parameters it was built with (:func:`dp2ddp.model.rebound_wrappers.replaced_after_wrap`)."""
+    only the parameters it was built with (:func:`dp2ddp.model.rebound_wrappers.replaced_after_wrap`),
+    also by a method of the model's class (:func:`~dp2ddp.model.rebound_wrappers.regrown_after_wrap`)."""
     m = ctx.m
     if w.stmt is None or w.target is None:
         return None
+    grown = regrown_after_wrap(m, w.outer, w.module)
+    if grown is not None:
+        where = f"{grown.where}:" if grown.where else "line "
+        change = grown.change
+        return ctx.block(grown.call, "DDP117", (
+            f"`{m.source(grown.call)[:60]}` changes the model's layers after it is wrapped (line {m.position(w.stmt)[0]}): "
+            f"`{ast.unparse(change).splitlines()[0][:50]}` ({where}{change.lineno}); DistributedDataParallel keeps "
+            "synchronising the parameters it was built with and the new ones would train apart on every rank; wrap the "
+            "model again after each change (a progressive model: a new DistributedDataParallel per stage), by hand"))
     found = replaced_after_wrap(m, w.stmt, w.target, w.module)
     if found is None:
         return None

@@ -115,10 +115,16 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP117", "parameters-replaced-after-wrap", "error",
-        "a method that replaces parameters (`resize_token_embeddings`) runs after the wrap; the file is left unchanged",
+        "a method that replaces parameters (`resize_token_embeddings`, a layer assigned into the wrapped model, a "
+        "method of the model's own class that changes its layers: a progressive GAN's `grow_network()`) runs after the "
+        "wrap; the file is left unchanged",
         "DataParallel replicates the module on every forward and sees new parameters; DistributedDataParallel "
-        "registers its parameters when it is built, so parameters that replace them later are never synchronised.",
-        "Call the method before the model is wrapped.",
+        "registers its parameters when it is built, so parameters that replace them later are never synchronised. "
+        "A method of the model's class counts where it deletes or rebinds a layer `__init__` made (`self.model = "
+        "new_model`) or calls `self.add_module`/`register_module`/`register_parameter`; the message names the call "
+        "and that line.",
+        "Call the method before the model is wrapped; a model that grows during training needs a new "
+        "DistributedDataParallel after each change, by hand.",
         "No fix: the file is left byte-for-byte as it was.",
         IMPORTS + "\ndef train(model, tokenizer):\n    model = nn.DataParallel(model)\n    model.module.resize_token_embeddings(len(tokenizer))\n    model(torch.randn(8, 4)).sum().backward()\n\n\nif __name__ == \"__main__\":\n    train(load_model(), load_tokenizer())\n",
     ),

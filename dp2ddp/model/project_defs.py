@@ -68,13 +68,13 @@ def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["Seman
         if found is None or len(classes) != 1:
             return None
         pm, cls, rel = found
-        method = _method_of(pm, cls, func.attr, 0)
+        method = method_of(pm, cls, func.attr, 0)
         return (pm, method, rel) if method is not None else None
     finally:
         _ACTIVE.discard(id(func))
 
 
-def _method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, depth: int) -> Optional[ast.AST]:
+def method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, depth: int) -> Optional[ast.AST]:
     """``cls``'s method ``name``, its own or one of its bases' of module ``pm``."""
     method = pm.methods(cls).get(name)
     if method is not None or depth > 4:
@@ -83,7 +83,7 @@ def _method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, depth: int) ->
         if isinstance(b, ast.Name):
             base = next((s for s in pm.tree.body if isinstance(s, ast.ClassDef) and s.name == b.id), None)
             if base is not None:
-                got = _method_of(pm, base, name, depth + 1)
+                got = method_of(pm, base, name, depth + 1)
                 if got is not None:
                     return got
     return None

@@ -250,3 +250,87 @@ def _new_layer(m: SemanticModel, value: ast.AST) -> bool:
     if any(q.startswith("torch.nn.") and not q.startswith(_NOT_LAYERS) for q in m.qualified_names(value.func)):
         return True
     return isinstance(value.func, ast.Name) and is_module_class(m, m.classes.get(value.func.id))
+
+
+class Regrown(NamedTuple):
+    call: ast.Call  # ``self.G.module.grow_network()``: a method of the wrapped model's class, after the wrap
+    change: ast.stmt  # what in that method changes the model's layers (``self.model = new_model``)
+    where: str  # the file of that method, relative to the script's folder ("" for the script)
+
+
+# methods that change which parameters a module holds, called on ``self`` in a method
+_STRUCTURE_CALLS = frozenset({"add_module", "register_module", "register_parameter"})
+
+
+def regrown_after_wrap(m: SemanticModel, wrapper: ast.AST, module: Optional[ast.AST]) -> Optional[Regrown]:
+    """A method of the wrapped model's class that changes its layers, called through the
+    wrapper after the wrap (``self.G.module.grow_network()`` in a progressive GAN's training
+    step: it builds a new ``self.model`` with more layers). DataParallel replicates the module
+    on every forward and sees the new layers; DistributedDataParallel keeps synchronising the
+    parameters it was built with, and the new ones train apart on every rank, silently.
+
+    The class is the one the wrapped module is made from (a class of the script or of a
+    project module, through names and ``self.x``: :func:`dp2ddp.model.flow.origins`); the
+    calls are ``W.module.method(...)`` on a variable that holds the wrapper
+    (:func:`dp2ddp.model.uses.wrapper_keys`); a method changes the layers where it deletes or
+    rebinds an attribute of ``self`` that ``__init__`` set from a call (``self.model =
+    new_model``, ``del self.model``), or calls ``self.add_module``/``register_module``/
+    ``register_parameter``."""
+    from dp2ddp.model.collectives import assigned_keys, var_key
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.project_defs import class_of_call
+    from dp2ddp.model.uses import wrapper_keys
+
+    if module is None:
+        return None
+    classes = []
+    for node, _path in origins(m, module):
+        got = class_of_call(m, node)
+        if got is not None:
+            classes.append(got)
+    if not classes:
+        return None
+    seeds = assigned_keys(m, wrapper)  # the wrapper as assigned: ``DataParallel(g).to(device)`` whole
+    keys = wrapper_keys(m, seeds) if seeds else set()
+    if not keys:
+        return None
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr == "module"
+                and var_key(m, f.value.value) in keys):
+            continue
+        for pm, cls, rel in classes:
+            method = _method_named(pm, cls, f.attr)
+            change = _changes_layers(pm, cls, method) if method is not None else None
+            if change is not None:
+                return Regrown(call, change, rel)
+    return None
+
+
+def _method_named(pm: SemanticModel, cls: ast.ClassDef, name: str) -> Optional[ast.AST]:
+    from dp2ddp.model.project_defs import method_of
+
+    return method_of(pm, cls, name, 0)
+
+
+def _changes_layers(pm: SemanticModel, cls: ast.ClassDef, method: ast.AST) -> Optional[ast.stmt]:
+    """The first statement of ``method`` that changes which layers ``self`` holds (see
+    :func:`regrown_after_wrap`)."""
+    init = _method_named(pm, cls, "__init__")
+    made = set()  # attributes __init__ sets from a call: its layers (and other objects)
+    for n in ast.walk(init) if init is not None else ():
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):
+            made.update(t.attr for t in n.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self")
+    for n in ast.walk(method):
+        if isinstance(n, ast.Delete) and any(isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+                                             and t.attr in made for t in n.targets):
+            return n
+        if isinstance(n, ast.Assign) and not isinstance(n.value, ast.Constant) and any(
+                isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr in made
+                for t in n.targets):
+            return n
+        if (isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                and n.value.func.attr in _STRUCTURE_CALLS and isinstance(n.value.func.value, ast.Name)
+                and n.value.func.value.id == "self"):
+            return n
+    return None
