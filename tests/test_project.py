@@ -55,6 +55,35 @@ def test_with_helpers_into_a_folder_that_is_not_empty_is_a_one_line_error(projec
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+def test_a_model_handed_to_a_library_engine_that_trains_on_its_own_data_is_refused(tmp_path: Path, capsys) -> None:
+    """deep-person-reid's shape: a data manager makes the loaders, an engine class of the
+    library (its loop in the base class's module, its backward in the subclass's) trains the
+    model it is handed on the manager's loader; the script never sees a loader. Migrated, every
+    rank would train on all of it: refused (DDP105) with the loop and the backward, nothing
+    written. A project function that loops over the loader it is handed is not refused so."""
+    d = tmp_path / "proj"
+    shutil.copytree(ROOT / "fixtures" / "project" / "trains_a_managers_loader", d)
+    out = tmp_path / "out.py"
+    assert main(["rewrite", str(d / "main.py"), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert ("main.py:11:12: DDP105 `RegressionEngine(...)` is handed the model and trains it in project code this migration "
+            "does not edit (a loop over data at engine.py:17, a backward pass at regression.py:12)") in err, err
+    assert not out.exists()
+    # an evaluation under attack in a project module (a loop over the loader it is handed, a
+    # backward pass for the attack's gradients) is not that: the caller's loader decides
+    (d / "attack.py").write_text(
+        "import torch\n\n\ndef eval_robust(model, loader):\n    total = 0.0\n    for x, y in loader:\n"
+        "        x = x.clone().requires_grad_(True)\n        model(x).sum().backward()\n        total += float(x.grad.abs().sum())\n"
+        "    return total\n")
+    main_py = (d / "main.py").read_text().replace("from regression import RegressionEngine\n",
+                                                  "from regression import RegressionEngine\nfrom attack import eval_robust\n")
+    main_py = main_py.replace("    engine.run(max_epoch=2)\n", "    print(eval_robust(model, datamanager.test_loader))\n")
+    main_py = main_py.replace("    engine = build_engine(datamanager, model, optimizer)\n", "")
+    (d / "main.py").write_text(main_py)
+    assert main(["rewrite", str(d / "main.py"), "-o", str(out)]) in (0, 1)
+    assert "is handed the model and trains it" not in capsys.readouterr().err
+
+
 @pytest.mark.torchrun
 def test_project_copy_migrated_runs_and_its_evaluation_script_still_loads(project: Path, tmp_path: Path) -> None:
     """-o DIR: a copy of the project with the entry and its helper migrated; it trains under

@@ -152,6 +152,7 @@ def propose(ctx: Context) -> List[Finding]:
     lost, named = _untraced_feeds(ctx, known)
     out.extend(lost)
     out.extend(_foreign_training(ctx))
+    out.extend(_handed_trainers(ctx, {id(n) for n, _ in wrapped}, {t for _, ts in rebinds for t in ts} | {t for _, ts in named for t in ts}))
     rebinds.extend(named)
     if divided and rebinds:
         # a loader made elsewhere (a project function, a dict of loaders) may read the batch divided
@@ -330,6 +331,29 @@ def _foreign_training(ctx: Context) -> List[Finding]:
                              f"`{f.value}`, made there ({f.made}) in a module this migration does not edit: every rank would "
                              "train on all of it; migrate that module with the script (`--with-helpers` shards the loader "
                              "there), or make the loader in the script and pass it in"))
+    return out
+
+
+def _handed_trainers(ctx: Context, sharded_calls: set, sharded_names: set) -> List[Finding]:
+    """The model handed to project code that trains it over data it finds there
+    (:func:`dp2ddp.model.training.handed_trainers`), in a module this migration does not
+    edit, with no loader this migration shards handed in beside it: refused, every rank
+    would train on all of that data."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.training import handed_trainers
+
+    m = ctx.m
+    out: List[Finding] = []
+    for h in handed_trainers(m):
+        if ctx.migrated_with(h.module):
+            continue
+        values = list(h.call.args) + [k.value for k in h.call.keywords]
+        if any(m.source(v) in sharded_names or any(id(n) in sharded_calls for n, _ in origins(m, v)) for v in values):
+            continue  # a loader this migration shards is handed in (a Trainer(model, train_loader) shape)
+        out.append(ctx.block(h.call, "DDP105", f"`{m.source(h.call.func)}(...)` is handed the model and trains it in project code "
+                             f"this migration does not edit (a loop over data at {h.loop}, a backward pass at {h.step}), "
+                             "on data it gets itself: no loader this migration shards is handed in, so every rank would "
+                             "train on all of it; hand it a loader the script makes, or shard its loader there by hand"))
     return out
 
 

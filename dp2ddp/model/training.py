@@ -661,3 +661,105 @@ def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
             if step is not None:
                 return TrainingSite(call.lineno, f"{path}:{step.lineno}")
     return None
+
+
+class HandedTrainer(NamedTuple):
+    """A call that hands the DataParallel model to project code that trains it over data it
+    gets elsewhere (a re-ID library's engine over its data manager's loader)."""
+
+    call: ast.Call  # the call in this module (``RegressionEngine(datamanager, model, optimizer)``)
+    module: str  # the path of the project module the call reaches
+    loop: str  # ``engine.py:17``: a loop over data in that code
+    step: str  # ``regression.py:11``: a backward pass in that code
+
+
+_NOT_DATA_LOOPS = frozenset({"range", "trange"})
+
+
+def handed_trainers(m: SemanticModel) -> List[HandedTrainer]:
+    """Calls of a project class or function (in another module) given the DataParallel
+    model, whose code (a class with its bases, across modules; a function with what it runs:
+    :func:`dp2ddp.model.project_defs.reach_across`) both loops over data (a ``for`` over
+    anything but ``range``) and runs a backward pass. The data it trains on is whatever it
+    finds there; the caller decides whether a loader it shards is handed in."""
+    from dp2ddp.model.project_defs import class_of_call, project_def
+    from dp2ddp.model.uses import dp_wrapper_uses
+
+    got = m.cache.get("training:handed_trainers")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[HandedTrainer] = []
+    seen: set = set()
+    for u in dp_wrapper_uses(m):
+        call = m.parent(u.node)
+        if isinstance(call, ast.keyword):
+            call = m.parent(call)
+        if not isinstance(call, ast.Call) or call.func is u.node or id(call) in seen:
+            continue
+        if not (any(a is u.node for a in call.args) or any(k.value is u.node for k in call.keywords)):
+            continue
+        seen.add(id(call))
+        found = class_of_call(m, call) or (project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None)
+        if found is None or not found[2]:
+            continue  # not a project module's (the script's own functions are read where they are)
+        pm, node, rel = found
+        functions = _class_functions(pm, node, rel, 0) if isinstance(node, ast.ClassDef) else _reached(pm, node, rel)
+        loop = next(((fm, n, path) for fm, fn, path in functions for n in ast.walk(fn)
+                     if isinstance(n, (ast.For, ast.AsyncFor)) and _data_it_finds(fm, n)), None)
+        step = next(((fm, n, path) for fm, fn, path in functions for n in ast.walk(fn)
+                     if isinstance(n, ast.Call) and is_backward(n)), None)
+        if loop is not None and step is not None:
+            out.append(HandedTrainer(call, pm.path, f"{loop[2]}:{loop[1].lineno}", f"{step[2]}:{step[1].lineno}"))
+    m.cache["training:handed_trainers"] = out
+    return out
+
+
+def _data_it_finds(mod: SemanticModel, loop: ast.AST) -> bool:
+    """``loop`` iterates data its own code finds, not data its caller hands in: a loader
+    read out of an object (``self.train_loader = self.datamanager.train_loader``) or made
+    there (a call of its module); not a parameter (``for x, y in test_loader``), nor a
+    ``range``, a ``zip`` or a dict's items (weights, settings)."""
+    from dp2ddp.model.flow import origins
+
+    it = loop.iter  # type: ignore[attr-defined]
+    while isinstance(it, ast.Call) and terminal(it.func) in ("enumerate", "tqdm") and it.args:
+        it = it.args[0]
+    if not isinstance(it, (ast.Name, ast.Attribute)):
+        return False
+    for node, _path in origins(mod, it):
+        if isinstance(node, ast.Attribute):
+            return True
+        if isinstance(node, ast.Call) and terminal(node.func) not in NOT_DATA and terminal(node.func) not in _NOT_DATA_LOOPS:
+            return True
+    return False
+
+
+def _reached(pm: SemanticModel, node: ast.AST, rel: str):
+    from dp2ddp.model.project_defs import reach_across
+
+    return reach_across(pm, node, rel)
+
+
+def _class_functions(pm: SemanticModel, cls: ast.ClassDef, rel: str, depth: int):
+    """Every method of ``cls`` and of its bases (in its module, or imported from another
+    project module), with what each runs, as ``(module, function, path)``."""
+    import os
+
+    from dp2ddp.model.project_defs import project_def
+
+    out = []
+    for s in cls.body:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.extend(_reached(pm, s, rel))
+    if depth >= 3:
+        return out
+    for b in cls.bases:
+        local = pm.classes.get(b.id) if isinstance(b, ast.Name) else None
+        if isinstance(local, ast.ClassDef):
+            out.extend(_class_functions(pm, local, rel, depth + 1))
+            continue
+        found = project_def(pm, b) if isinstance(b, (ast.Name, ast.Attribute)) else None
+        if found is not None and isinstance(found[1], ast.ClassDef):
+            path = os.path.normpath(os.path.join(os.path.dirname(rel), found[2]))
+            out.extend(_class_functions(found[0], found[1], path, depth + 1))
+    return out
