@@ -679,9 +679,10 @@ _NOT_DATA_LOOPS = frozenset({"range", "trange"})
 def handed_trainers(m: SemanticModel) -> List[HandedTrainer]:
     """Calls of a project class or function (in another module) given the DataParallel
     model, whose code (a class with its bases, across modules; a function with what it runs:
-    :func:`dp2ddp.model.project_defs.reach_across`) both loops over data (a ``for`` over
-    anything but ``range``) and runs a backward pass. The data it trains on is whatever it
-    finds there; the caller decides whether a loader it shards is handed in."""
+    :func:`dp2ddp.model.project_defs.reach_across`) both loops over data it finds itself
+    (:func:`_data_it_finds`: read out of an object, or made there) and runs a backward pass.
+    The caller decides whether a loader it shards is handed in beside the model
+    (``shard_loaders._handed_trainers``)."""
     from dp2ddp.model.project_defs import class_of_call, project_def
     from dp2ddp.model.uses import dp_wrapper_uses
 
