@@ -152,9 +152,9 @@ def propose(ctx: Context) -> List[Finding]:
     lost, named = _untraced_feeds(ctx, known)
     out.extend(lost)
     out.extend(_foreign_training(ctx))
-    out.extend(_handed_trainers(ctx, {id(n) for n, _ in wrapped}, {t for _, ts in rebinds for t in ts} | {t for _, ts in named for t in ts}))
-    out.extend(_read_outside_training(ctx, [(n, label) for n, label in wrapped if isinstance(n, ast.Call)]))
     rebinds.extend(named)
+    out.extend(_handed_trainers(ctx, {id(n) for n, _ in wrapped}, {t for _, ts in rebinds for t in ts}))
+    out.extend(_read_outside_training(ctx, [(n, label) for n, label in wrapped if isinstance(n, ast.Call)]))
     if divided and rebinds:
         # a loader made elsewhere (a project function, a dict of loaders) may read the batch divided
         # above: sliced again by shard_loader, or dealt whole, its global batch cannot be told here
@@ -336,61 +336,18 @@ def _foreign_training(ctx: Context) -> List[Finding]:
 
 
 def _read_outside_training(ctx: Context, sharded: List[Tuple[ast.Call, str]]) -> List[Finding]:
-    """A loader this migration shards, also read whole by a loop that trains nothing (class
-    weights or a mean computed over the training set before training: deep-person-reid's
-    attribute recognition sums its labels over ``trainloader``): sharded, each rank would
+    """A loader this migration shards, also read by a loop that only computes a statistic of
+    its batches (:func:`dp2ddp.model.training.statistic_loops`): sharded, each rank would
     compute it over its own share and the ranks would train with different values. Refused
-    with the loop. Not one: a training loop (its steps may be a model class's methods), a loop
-    that ``break``s (a peek at the first batch), or one that runs the model or runs under
-    ``no_grad`` (an evaluation over the training set, whose metric each rank reports over its
-    share: a number printed, not a value training uses)."""
-    from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import iterated, trains, training_loops, under_no_grad
-    from dp2ddp.model.uses import dp_wrapper_uses
+    with the loop."""
+    from dp2ddp.model.training import statistic_loops
 
-    m = ctx.m
-    calls = {id(c): label for c, label in sharded}
-    out: List[Finding] = []
-    training = {id(lp) for lp in training_loops(m)}
-    for loop in m.nodes(ast.For):
-        # the loader itself (not a value of its batches: ``for ref in ref_imgs``)
-        hit = next((calls[id(n)] for v in iterated(loop.iter) for n, path in origins(m, v) if id(n) in calls and not path), None)  # type: ignore[attr-defined]
-        if hit is None or id(loop) in training or trains(m, loop) or under_no_grad(m, loop):
-            continue
-        if any(isinstance(a, ast.For) and (id(a) in training or trains(m, a)) for a in m.ancestors(loop)):
-            continue
-        if any(isinstance(s, ast.Break) for s in loop.body):  # type: ignore[attr-defined]
-            continue  # a peek at the first batch
-        if any(u.kind == "forward" and m.contains(loop, u.node) for u in dp_wrapper_uses(m)):
-            continue  # an evaluation over the training set: a metric it reports over each rank's share, not a value training uses
-        if not _only_batch_arithmetic(m, loop):
-            continue  # it calls into objects of the script (a model's `optimize_parameters`): not a plain statistic
-        out.append(ctx.block(loop, "DDP105", f"{hit} is sharded between the ranks, but the loop at line {loop.lineno} also "
-                             "reads it and trains nothing (a statistic of the training set, such as class weights or a "
-                             "mean): each rank would compute it over its own share only, and the ranks would go on with "
-                             "different values; compute it over a loader of its own (kept whole), then migrate"))
-    return out
-
-
-def _only_batch_arithmetic(m, loop: ast.For) -> bool:
-    """Every call in ``loop`` is arithmetic on its batch: a method of a value the loop binds
-    (``attrs.sum(0)``), or a function of torch, numpy, math or the builtins."""
-    local = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    for c in ast.walk(loop):
-        if not isinstance(c, ast.Call):
-            continue
-        f = c.func
-        if isinstance(f, ast.Attribute):
-            root = f.value
-            while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
-                root = root.func if isinstance(root, ast.Call) else root.value
-            if isinstance(root, ast.Name) and root.id in local:
-                continue
-        q = m.qualified_names(f)
-        if q and all(x.split(".", 1)[0] in ("torch", "numpy", "math", "builtins") for x in q):
-            continue
-        return False
-    return True
+    labels = {id(c): label for c, label in sharded}
+    return [ctx.block(loop, "DDP105", f"{labels[id(call)]} is sharded between the ranks, but the loop at line {loop.lineno} also "
+                      "reads it and trains nothing (a statistic of the training set, such as class weights or a "
+                      "mean): each rank would compute it over its own share only, and the ranks would go on with "
+                      "different values; compute it over a loader of its own (kept whole), then migrate")
+            for loop, call in statistic_loops(ctx.m, [c for c, _ in sharded])]
 
 
 def _handed_trainers(ctx: Context, sharded_calls: set, sharded_names: set) -> List[Finding]:

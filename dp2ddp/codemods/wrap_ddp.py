@@ -321,7 +321,8 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not ctx.bridge.alone_on_line(anchor):
         return [ctx.block(call, "DDP101", "DataParallel under a one-line condition; migrate this by hand")]
     anchor = absorb_placement(m, anchor, wrap_target, w.module if partial_root is None else None)
-    early = late_cuda(m, anchor, wrap_target, w.module, everywhere=ran_on_every_gpu_machine(m, [c.test for c in w.conditions]))
+    cuda_guard = ran_on_every_gpu_machine(m, [c.test for c in w.conditions])  # it ran on every GPU machine
+    early = late_cuda(m, anchor, wrap_target, w.module, everywhere=cuda_guard)
     late = placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]
@@ -334,7 +335,6 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     unplaced = (early is None and not w.functional and partial_root is None
                 and placed_by_dataparallel(m, stmt, w.module, wrap_target, w.outer, until=anchor)
                 and not late_placements(m, anchor, wrap_target, w.module))
-    cuda_guard = ran_on_every_gpu_machine(m, [c.test for c in w.conditions])
     hoist = hoist_at(hoists, anchor, wrap_target)
     hoist.guarded = bool(w.conditions)
     hoist.late_cuda = hoist.late_cuda or early

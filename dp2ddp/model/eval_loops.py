@@ -202,11 +202,11 @@ def _cap(m: SemanticModel, loop: ast.For, index: Optional[str], stored: Set[str]
             return None
     test = first.test
     terms = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
-    bounds = [b for b in (_index_bound(t, index) for t in terms) if b is not None]
-    if len(bounds) != 1:
+    bounds = [(t, _index_bound(t, index)) for t in terms]
+    if sum(b is not None for _, b in bounds) != 1:
         return None
-    for t in terms:
-        fixed = bounds[0] if _index_bound(t, index) is not None else t
+    for t, bound in bounds:
+        fixed = bound if bound is not None else t  # the bound's other side, or a term that is not the bound
         names = {n.id for n in ast.walk(fixed) if isinstance(n, ast.Name)}
         if names & stored or not same_on_every_rank(m, fixed):
             return None

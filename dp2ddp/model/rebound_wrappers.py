@@ -278,7 +278,7 @@ def regrown_after_wrap(m: SemanticModel, wrapper: ast.AST, module: Optional[ast.
     ``register_parameter``."""
     from dp2ddp.model.collectives import assigned_keys, var_key
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.project_defs import class_of_call
+    from dp2ddp.model.project_defs import class_of_call, method_of
     from dp2ddp.model.uses import wrapper_keys
 
     if module is None:
@@ -300,23 +300,19 @@ def regrown_after_wrap(m: SemanticModel, wrapper: ast.AST, module: Optional[ast.
                 and var_key(m, f.value.value) in keys):
             continue
         for pm, cls, rel in classes:
-            method = _method_named(pm, cls, f.attr)
+            method = method_of(pm, cls, f.attr, 0)
             change = _changes_layers(pm, cls, method) if method is not None else None
             if change is not None:
                 return Regrown(call, change, rel)
     return None
 
 
-def _method_named(pm: SemanticModel, cls: ast.ClassDef, name: str) -> Optional[ast.AST]:
-    from dp2ddp.model.project_defs import method_of
-
-    return method_of(pm, cls, name, 0)
-
-
 def _changes_layers(pm: SemanticModel, cls: ast.ClassDef, method: ast.AST) -> Optional[ast.stmt]:
     """The first statement of ``method`` that changes which layers ``self`` holds (see
     :func:`regrown_after_wrap`)."""
-    init = _method_named(pm, cls, "__init__")
+    from dp2ddp.model.project_defs import method_of
+
+    init = method_of(pm, cls, "__init__", 0)
     made = set()  # attributes __init__ sets from a call: its layers (and other objects)
     for n in ast.walk(init) if init is not None else ():
         if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):

@@ -683,7 +683,7 @@ def handed_trainers(m: SemanticModel) -> List[HandedTrainer]:
     (:func:`_data_it_finds`: read out of an object, or made there) and runs a backward pass.
     The caller decides whether a loader it shards is handed in beside the model
     (``shard_loaders._handed_trainers``)."""
-    from dp2ddp.model.project_defs import class_of_call, project_def
+    from dp2ddp.model.project_defs import class_of_call, project_def, reach_across
     from dp2ddp.model.uses import dp_wrapper_uses
 
     got = m.cache.get("training:handed_trainers")
@@ -704,7 +704,7 @@ def handed_trainers(m: SemanticModel) -> List[HandedTrainer]:
         if found is None or not found[2]:
             continue  # not a project module's (the script's own functions are read where they are)
         pm, node, rel = found
-        functions = _class_functions(pm, node, rel, 0) if isinstance(node, ast.ClassDef) else _reached(pm, node, rel)
+        functions = _class_functions(pm, node, rel, 0) if isinstance(node, ast.ClassDef) else reach_across(pm, node, rel)
         loop = next(((fm, n, path) for fm, fn, path in functions for n in ast.walk(fn)
                      if isinstance(n, (ast.For, ast.AsyncFor)) and _data_it_finds(fm, n)), None)
         step = next(((fm, n, path) for fm, fn, path in functions for n in ast.walk(fn)
@@ -735,23 +735,17 @@ def _data_it_finds(mod: SemanticModel, loop: ast.AST) -> bool:
     return False
 
 
-def _reached(pm: SemanticModel, node: ast.AST, rel: str):
-    from dp2ddp.model.project_defs import reach_across
-
-    return reach_across(pm, node, rel)
-
-
 def _class_functions(pm: SemanticModel, cls: ast.ClassDef, rel: str, depth: int):
     """Every method of ``cls`` and of its bases (in its module, or imported from another
     project module), with what each runs, as ``(module, function, path)``."""
     import os
 
-    from dp2ddp.model.project_defs import project_def
+    from dp2ddp.model.project_defs import project_def, reach_across
 
     out = []
     for s in cls.body:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out.extend(_reached(pm, s, rel))
+            out.extend(reach_across(pm, s, rel))
     if depth >= 3:
         return out
     for b in cls.bases:
@@ -764,3 +758,55 @@ def _class_functions(pm: SemanticModel, cls: ast.ClassDef, rel: str, depth: int)
             path = os.path.normpath(os.path.join(os.path.dirname(rel), found[2]))
             out.extend(_class_functions(found[0], found[1], path, depth + 1))
     return out
+
+
+def statistic_loops(m: SemanticModel, loaders: List[ast.Call]) -> List[Tuple[ast.For, ast.Call]]:
+    """Loops over one of ``loaders`` (the DataLoader calls the migration shards; the loader
+    itself, not a value of its batches: ``for ref in ref_imgs``) that only compute a statistic
+    of its batches (class weights or a mean over the training set before training:
+    deep-person-reid's attribute recognition sums its labels over ``trainloader``), with the
+    loader each reads. Not one: a training loop or one inside it (its steps may be a model
+    class's methods), a loop that ``break``s (a peek at the first batch), one that runs the
+    model or runs under ``no_grad`` (an evaluation over the training set, whose metric each
+    rank reports over its share: a number printed, not a value training uses), or one that
+    calls anything but arithmetic on its batch (:func:`_only_batch_arithmetic`)."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.uses import dp_wrapper_uses
+
+    calls = {id(c): c for c in loaders}
+    training = {id(lp) for lp in training_loops(m)}
+    out: List[Tuple[ast.For, ast.Call]] = []
+    for loop in m.nodes(ast.For):
+        hit = next((calls[id(n)] for v in iterated(loop.iter) for n, path in origins(m, v) if id(n) in calls and not path), None)  # type: ignore[attr-defined]
+        if hit is None or id(loop) in training or trains(m, loop) or under_no_grad(m, loop):
+            continue
+        if any(isinstance(a, ast.For) and (id(a) in training or trains(m, a)) for a in m.ancestors(loop)):
+            continue
+        if any(isinstance(s, ast.Break) for s in loop.body):  # type: ignore[attr-defined]
+            continue
+        if any(u.kind == "forward" and m.contains(loop, u.node) for u in dp_wrapper_uses(m)):
+            continue
+        if _only_batch_arithmetic(m, loop):  # type: ignore[arg-type]
+            out.append((loop, hit))  # type: ignore[arg-type]
+    return out
+
+
+def _only_batch_arithmetic(m: SemanticModel, loop: ast.For) -> bool:
+    """Every call in ``loop`` is arithmetic on its batch: a method of a value the loop binds
+    (``attrs.sum(0)``), or a function of torch, numpy, math or the builtins."""
+    local = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for c in ast.walk(loop):
+        if not isinstance(c, ast.Call):
+            continue
+        f = c.func
+        if isinstance(f, ast.Attribute):
+            root = f.value
+            while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                root = root.func if isinstance(root, ast.Call) else root.value
+            if isinstance(root, ast.Name) and root.id in local:
+                continue
+        q = m.qualified_names(f)
+        if q and all(x.split(".", 1)[0] in ("torch", "numpy", "math", "builtins") for x in q):
+            continue
+        return False
+    return True
