@@ -2,7 +2,8 @@
 DataParallel wraps, migrated as one plan (``dp2ddp rewrite train.py --with-helpers``).
 
 * :func:`project_modules`: the modules of the project a script imports (beside it, or up
-  to three folders above for absolute names, as :func:`dp2ddp.model.module_files.module_file`
+  to three folders above for absolute names, or in a folder a module beside it puts on
+  ``sys.path``, as :func:`dp2ddp.model.module_files.module_file`
   finds them), transitively, each read once.
 * :func:`helpers_with_dp`: those that use DataParallel, with the call of the script that
   reaches them — a script without DataParallel of its own is then not "nothing to

@@ -434,3 +434,66 @@ def test_project_copy_to_a_folder_named_with_a_trailing_slash(project: Path, tmp
     assert main(["rewrite", "-q", "--with-helpers", "-o", str(out) + "/", str(project / "train.py")]) == 0
     assert (out / "train.py").is_file() and (out / "models" / "__init__.py").is_file()
     assert not (out / "train.py" / "train.py").exists()
+
+
+LIB_ON_PATH = ROOT / "fixtures" / "project" / "lib_on_sys_path"
+
+
+def test_project_packages_put_on_sys_path_by_a_module_beside_the_script_are_found(tmp_path: Path) -> None:
+    """``import _paths`` first, which puts ``../lib`` on ``sys.path``: the script's imports
+    of ``engine.loop`` are the project's own files, read like any module beside it."""
+    from dp2ddp.model.module_files import module_file, path_roots
+
+    d = tmp_path / "proj"
+    shutil.copytree(LIB_ON_PATH, d)
+    assert path_roots(str(d / "tools")) == (str(d / "lib"),)
+    assert module_file(str(d / "tools"), "engine.loop") == str(d / "lib" / "engine" / "loop.py")
+    # only what can be read without running anything: a relative folder (the working
+    # directory's), one read from the environment, or a folder that is not there count not
+    (d / "tools" / "_paths.py").write_text(
+        "import os, sys\nsys.path.insert(0, '../lib')\nsys.path.append(os.environ['LIB'])\n"
+        "sys.path.append(os.path.join(os.path.dirname(__file__), 'missing'))\n"
+    )
+    from dp2ddp.model import module_files
+
+    module_files._ROOTS.clear()
+    assert path_roots(str(d / "tools")) == ()
+    assert module_file(str(d / "tools"), "engine.loop") is None
+
+
+def test_a_project_training_function_that_writes_what_each_rank_saw_further_down_is_refused(tmp_path: Path, capsys) -> None:
+    """``run_epoch`` (lib/engine/loop.py) trains and calls ``dump_batch`` (lib/utils/dump.py),
+    which saves the batch it was given: under DDP every rank would save its own share under
+    one name. The write is two modules down, on a folder only ``sys.path`` names."""
+    d = tmp_path / "proj"
+    shutil.copytree(LIB_ON_PATH, d)
+    before = (d / "tools" / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "tools" / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"train\.py:21:9: DDP110 run_epoch writes a file \(\.\./lib/utils/dump\.py:8\) on every rank.*"
+                     r"it also trains \(\.\./lib/engine/loop\.py:8\)", err), err
+    assert (d / "tools" / "train.py").read_bytes() == before and not (d / "tools" / "train_ddp.py").exists()
+    # without the dump the same project migrates, its loader sharded where it is made
+    (d / "lib" / "engine" / "loop.py").write_text(
+        (d / "lib" / "engine" / "loop.py").read_text().replace(
+            '            dump_batch(x, out, "epoch%d" % epoch)  # the batch this process saw, as a file\n', "            pass\n"))
+    assert main(["rewrite", str(d / "tools" / "train.py")]) == 0
+    assert "shard_loader(torch.utils.data.DataLoader(" in (d / "tools" / "train_ddp.py").read_text()
+
+
+@pytest.mark.torchrun
+def test_verify_runs_a_script_whose_imports_come_from_a_folder_put_on_sys_path(tmp_path: Path) -> None:
+    """verify mirrors the folder ``_paths.py`` puts on ``sys.path`` (``../lib``) with the
+    script's own: both runs import ``engine.loop`` from there, and the migration passes."""
+    from dp2ddp.verify.scratch import project_root
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(LIB_ON_PATH, d)
+    loop = d / "lib" / "engine" / "loop.py"
+    loop.write_text(loop.read_text().replace('            dump_batch(x, out, "epoch%d" % epoch)  # the batch this process saw, as a file\n', "            pass\n"))
+    assert project_root(d / "tools" / "train.py") == d.resolve()
+    assert main(["rewrite", str(d / "tools" / "train.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(d / "tools" / "train.py"), "--migrated", str(d / "tools" / "train_ddp.py"), "--steps", "0")
+    assert code == 0, text
+    assert rep["replicas_in_sync"] and rep["losses_agree"], text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 from dp2ddp.model.positions import decode
 
@@ -35,7 +35,8 @@ def _file_exports(path: str, qual: Optional[str]) -> Optional[Dict[str, str]]:
 
 def module_file(base: str, module: str, level: int = 0) -> Optional[str]:
     """The file of a project module imported by a script in folder ``base``: beside it
-    (or up to three folders above it for absolute names); ``None`` when not found."""
+    (or up to three folders above it for absolute names, then in the folders the modules
+    beside it put on ``sys.path``: :func:`path_roots`); ``None`` when not found."""
     parts = module.split(".") if module else []
     roots = []
     if level:
@@ -48,11 +49,126 @@ def module_file(base: str, module: str, level: int = 0) -> Optional[str]:
         for _ in range(4):
             roots.append(d)
             d = os.path.dirname(d)
+        roots += [r for r in path_roots(base) if r not in roots]
     for root in roots:
         for cand in (os.path.join(root, *parts) + ".py", os.path.join(root, *parts, "__init__.py")):
             if os.path.isfile(cand):
                 return cand
     return None
+
+
+_ROOTS: Dict[str, Tuple[str, ...]] = {}
+_PATH_FUNCS = frozenset({"join", "dirname", "abspath", "realpath", "normpath"})
+
+
+def path_roots(folder: str) -> Tuple[str, ...]:
+    """The folders the modules in ``folder`` put on ``sys.path`` when they are imported:
+    ``sys.path.insert(0, path)`` / ``sys.path.append(path)`` run by a module's own top-level
+    code, directly or through a function of that module (the ``_init_paths.py`` a script
+    imports first, which adds ``../lib``). Only paths that can be read without running
+    anything count: string constants, ``__file__``, the module's own top-level names, and
+    ``os.path``'s ``join``/``dirname``/``abspath``/``realpath``/``normpath``; a relative path
+    (the working directory's) is not followed. Existing folders only; read once per folder."""
+    key = os.path.realpath(folder)
+    if key not in _ROOTS:
+        found: List[str] = []
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            names = []
+        for name in names:
+            if name.endswith(".py"):
+                for root in _module_path_edits(os.path.join(folder, name)):
+                    if root not in found and os.path.isdir(root):
+                        found.append(root)
+        _ROOTS[key] = tuple(found)
+    return _ROOTS[key]
+
+
+def _module_path_edits(path: str) -> List[str]:
+    """The absolute folders the module at ``path`` adds to ``sys.path`` at import (see
+    :func:`path_roots`)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+        if b"sys.path" not in data:
+            return []
+        tree = ast.parse(decode(data))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
+        return []
+    env: Dict[str, Optional[str]] = {"__file__": os.path.abspath(path)}
+    path_mods = {"os.path"}  # names that are os.path: `os.path`, `osp`, `path`
+    path_funcs: Dict[str, str] = {}  # `from os.path import join` -> join
+    adders: Dict[str, int] = {}  # top-level function -> index of the parameter it adds
+    out: List[str] = []
+
+    def value(e: ast.AST) -> Optional[str]:
+        if isinstance(e, ast.Constant) and isinstance(e.value, str):
+            return e.value
+        if isinstance(e, ast.Name):
+            return env.get(e.id)
+        if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Add):
+            a, b = value(e.left), value(e.right)
+            return a + b if a is not None and b is not None else None
+        if isinstance(e, ast.Call) and not e.keywords:
+            f = e.func
+            fname = None
+            if isinstance(f, ast.Attribute) and ast.unparse(f.value) in path_mods and f.attr in _PATH_FUNCS:
+                fname = f.attr
+            elif isinstance(f, ast.Name) and f.id in path_funcs:
+                fname = path_funcs[f.id]
+            args = [value(a) for a in e.args]
+            if fname is None or not args or any(a is None for a in args):
+                return None
+            if fname == "join":
+                return os.path.join(*args)  # type: ignore[arg-type]
+            if len(args) != 1:
+                return None
+            return getattr(os.path, fname)(args[0])
+        return None
+
+    def added(call: ast.Call) -> Optional[ast.AST]:
+        f = call.func
+        if isinstance(f, ast.Attribute) and ast.unparse(f.value) == "sys.path":
+            if f.attr == "insert" and len(call.args) == 2:
+                return call.args[1]
+            if f.attr == "append" and len(call.args) == 1:
+                return call.args[0]
+        return None
+
+    def run(stmts: List[ast.stmt]) -> None:
+        for st in stmts:
+            if isinstance(st, ast.Import):
+                for a in st.names:
+                    if a.name == "os.path" and a.asname:
+                        path_mods.add(a.asname)
+            elif isinstance(st, ast.ImportFrom) and st.module == "os" and not st.level:
+                path_mods.update(a.asname or a.name for a in st.names if a.name == "path")
+            elif isinstance(st, ast.ImportFrom) and st.module == "os.path" and not st.level:
+                path_funcs.update({a.asname or a.name: a.name for a in st.names if a.name in _PATH_FUNCS})
+            elif isinstance(st, ast.FunctionDef):
+                params = [a.arg for a in st.args.args]
+                for call in (n for n in ast.walk(st) if isinstance(n, ast.Call)):
+                    arg = added(call)
+                    if isinstance(arg, ast.Name) and arg.id in params:
+                        adders[st.name] = params.index(arg.id)
+            elif isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                env[st.targets[0].id] = value(st.value)
+            elif isinstance(st, ast.Expr) and isinstance(st.value, ast.Call):
+                call = st.value
+                arg = added(call)
+                if arg is None and isinstance(call.func, ast.Name) and call.func.id in adders:
+                    i = adders[call.func.id]
+                    arg = call.args[i] if i < len(call.args) else None
+                got = value(arg) if arg is not None else None
+                if got is not None and os.path.isabs(got):
+                    out.append(os.path.normpath(got))
+            elif isinstance(st, (ast.If, ast.Try)):
+                run(st.body)  # an `if __package__ is None:` or a `try:` around the edit
+                run(getattr(st, "orelse", []))
+
+    run(tree.body)
+    return out
 
 
 def _read_exports(path: str, qual: Optional[str]) -> Optional[Dict[str, str]]:

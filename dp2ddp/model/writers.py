@@ -302,14 +302,23 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
     for call, (pm, func, rel) in project_calls(m):
         if isinstance(func, ast.ClassDef):
             continue
+        # what it runs, in its module and up to three project modules further
+        reached = reach_across(pm, func, rel)
+        trains = next((t for mod, f, path in reached for t in [_trains_where(mod, f, path)] if t is not None), None)
         line = _writes_in(pm, func)
-        if line is None:
+        where = f"{rel}:{line}" if line is not None else None
+        if where is None and trains is not None:
+            # a call that trains writes what it computes from this rank's own batches: a write
+            # further down counts too (``train()`` in core/function.py -> ``save_debug_images()``
+            # in utils/vis.py, an image of the batch per rank, under one name)
+            where = next((f"{path}:{line}" for mod, f, path in reached for line in [_writes_in(mod, f)] if line is not None), None)
+        if where is None:
             continue
         owner = pm.parent(func)
         name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
         gone = removes_in(pm, func)
-        out.append(CompanionRace(call, name, f"{rel}:{line}", f"{rel}:{gone}" if gone else None, writes_only(pm, func),
-                                 module=pm.path, trains=_trains_where(pm, func, rel)))
+        out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None, writes_only(pm, func) and trains is None,
+                                 module=pm.path, trains=trains))
     m.cache["companion_writes"] = out
     return out
 

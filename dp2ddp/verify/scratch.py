@@ -44,7 +44,17 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
     above = folder
     for _ in range(up):
         above = above.parent
-    return above if up and (found == above or above in found.parents) else found
+    if up and not (found == above or above in found.parents):
+        found = above
+    # a module beside the script that puts a folder on sys.path (``_init_paths.py`` adding
+    # ``../lib``): the project reaches over that folder too (the fact is module_files')
+    from dp2ddp.model.module_files import path_roots
+
+    for extra in map(Path, path_roots(str(folder))):
+        common = Path(os.path.commonpath([found, extra]))
+        if common != found and common in list(folder.parents)[:3]:  # up to three folders above, as above
+            found = common
+    return found
 
 
 _DIRNAME = re.compile(r"dirname\(")
