@@ -108,8 +108,10 @@ def uses_dp(file: str) -> bool:
 
 def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     """``(call in the script, helper path relative to it, line of its first DataParallel)``
-    for the project modules with DataParallel that the script's calls reach (directly, or
-    through the project modules they import)."""
+    for the project modules with DataParallel that the script's calls reach: a function
+    the call runs (in its module, or up to three project modules further) names
+    DataParallel, or a class the script makes does (its methods are called later), or a
+    module the call's module imports names it at its top level."""
     if m.path in ("<string>", "<stdin>", "-"):
         return []
     mods = project_modules(m.path, m.tree)
@@ -118,19 +120,44 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
         return []
     from dp2ddp.model.project_defs import project_calls
 
-    out = []
+    from dp2ddp.model.project_defs import reach_across
+    from dp2ddp.model.wraps import dp_nodes
+
     base = os.path.dirname(os.path.abspath(m.path))
-    for call, (pm, _def, rel) in project_calls(m):
+    out = []
+    for call, (pm, node, rel) in project_calls(m):
         reach = {os.path.realpath(pm.path)} | set(project_modules(pm.path, pm.tree))
-        for real in dp_files:
-            if real in reach:
-                out.append((call, mods[real][0], _first_dp_line(real)))
-                break
-    if not out:
-        return []
+        if not any(real in reach for real in dp_files):
+            continue
+        # what the call runs (a class: all of it, its methods are called later) holds a
+        # DataParallel; a module that only has one elsewhere (``misc.make_empty_object()``
+        # beside ``misc.wrap(model)``) is not reached by it
+        runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _path in reach_across(pm, node, rel)]
+        hit = next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
+        if hit is None and not _module_level_dp(reach, dp_files):
+            continue
+        real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
+        out.append((call, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
     out.sort(key=lambda t: (t[0].lineno, t[0].col_offset))
-    del base
     return out
+
+
+def _module_level_dp(reach, dp_files) -> bool:
+    """A module the call's module imports names DataParallel at its top level (outside any
+    function or class): importing it runs that."""
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.wraps import dp_nodes
+
+    for real in dp_files:
+        if real not in reach:
+            continue
+        pm = file_model(real)
+        if pm is None:
+            return True
+        for n in dp_nodes(pm):
+            if not any(isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)) for a in (n, *pm.ancestors(n))):
+                return True
+    return False
 
 
 def _first_dp_line(file: str) -> int:

@@ -447,7 +447,11 @@ def test_project_packages_put_on_sys_path_by_a_module_beside_the_script_are_foun
     d = tmp_path / "proj"
     shutil.copytree(LIB_ON_PATH, d)
     assert path_roots(str(d / "tools")) == (str(d / "lib"),)
+    assert path_roots(str(d / "tools"), importer=str(d / "tools" / "train.py")) == (str(d / "lib"),)
     assert module_file(str(d / "tools"), "engine.loop") == str(d / "lib" / "engine" / "loop.py")
+    # a script beside it that does not import _paths gets nothing from it
+    (d / "tools" / "other.py").write_text("import torch\n")
+    assert path_roots(str(d / "tools"), importer=str(d / "tools" / "other.py")) == ()
     # only what can be read without running anything: a relative folder (the working
     # directory's), one read from the environment, or a folder that is not there count not
     (d / "tools" / "_paths.py").write_text(
@@ -497,3 +501,27 @@ def test_verify_runs_a_script_whose_imports_come_from_a_folder_put_on_sys_path(t
     code, rep, text, _ = verify(tmp_path, str(d / "tools" / "train.py"), "--migrated", str(d / "tools" / "train_ddp.py"), "--steps", "0")
     assert code == 0, text
     assert rep["replicas_in_sync"] and rep["losses_agree"], text
+
+
+def test_a_script_that_calls_only_the_plain_functions_of_a_module_that_wraps_elsewhere_is_not_a_project_to_migrate(tmp_path: Path, capsys) -> None:
+    """``misc.seed_all()`` runs nothing that names DataParallel, though ``misc.parallel()``
+    beside it wraps: the script has nothing to migrate (no DDP151). Calling a function that
+    reaches the wrap through another function of the module is still one (DDP151)."""
+    d = tmp_path / "proj"
+    (d / "utils").mkdir(parents=True)
+    (d / "utils" / "__init__.py").write_text("")
+    (d / "utils" / "misc.py").write_text(
+        "import random\n\nimport torch\n\n\n"
+        "def seed_all(seed):\n    random.seed(seed)\n    torch.manual_seed(seed)\n\n\n"
+        "def _wrap(model):\n    return torch.nn.DataParallel(model)\n\n\n"
+        "def parallel(model):\n    return _wrap(model)\n"
+    )
+    (d / "prepare.py").write_text("from utils import misc\n\nmisc.seed_all(0)\nprint('ready')\n")
+    assert main(["rewrite", str(d / "prepare.py")]) == 0
+    out = capsys.readouterr()
+    assert "DDP151" not in out.err + out.out and not (d / "prepare_ddp.py").exists(), out
+    (d / "train.py").write_text(
+        "import torch\nfrom utils import misc\n\nmodel = misc.parallel(torch.nn.Linear(2, 2))\nprint(model(torch.ones(4, 2)).sum())\n"
+    )
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert re.search(r"train\.py:4:9: DDP151 misc\.parallel\(\) reaches DataParallel in the project module utils/misc\.py:12", capsys.readouterr().err)

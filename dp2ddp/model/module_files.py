@@ -57,45 +57,63 @@ def module_file(base: str, module: str, level: int = 0) -> Optional[str]:
     return None
 
 
-_ROOTS: Dict[str, Tuple[str, ...]] = {}
+_ROOTS: Dict[str, Tuple[Dict[str, List[str]], Dict[str, frozenset]]] = {}
 _PATH_FUNCS = frozenset({"join", "dirname", "abspath", "realpath", "normpath"})
 
 
-def path_roots(folder: str) -> Tuple[str, ...]:
-    """The folders the modules in ``folder`` put on ``sys.path`` when they are imported:
-    ``sys.path.insert(0, path)`` / ``sys.path.append(path)`` run by a module's own top-level
-    code, directly or through a function of that module (the ``_init_paths.py`` a script
-    imports first, which adds ``../lib``). Only paths that can be read without running
-    anything count: string constants, ``__file__``, the module's own top-level names, and
-    ``os.path``'s ``join``/``dirname``/``abspath``/``realpath``/``normpath``; a relative path
-    (the working directory's) is not followed. Existing folders only; read once per folder."""
-    key = os.path.realpath(folder)
+def path_roots(folder: str, importer: Optional[str] = None) -> Tuple[str, ...]:
+    """The folders that modules in ``folder`` put on ``sys.path`` when a script beside them
+    imports them: ``sys.path.insert(0, path)`` / ``sys.path.append(path)`` run by such a
+    module's own top-level code, directly or through a function of that module (the
+    ``_init_paths.py`` a script imports first, which adds ``../lib``). Only the modules that
+    ``importer`` imports count (a file in ``folder``); without one, those any file of the
+    folder imports. Only paths that can be read without running anything count: string
+    constants, ``__file__``, the module's own top-level names, and ``os.path``'s
+    ``join``/``dirname``/``abspath``/``realpath``/``normpath``; a relative path (the working
+    directory's) is not followed. Existing folders only; each folder read once (again when
+    a file is added to it or removed)."""
+    try:
+        key = f"{os.path.realpath(folder)}:{os.stat(folder).st_mtime_ns}"  # a file added since: read again
+    except OSError:
+        return ()
     if key not in _ROOTS:
-        found: List[str] = []
+        edits: Dict[str, List[str]] = {}
+        imports: Dict[str, frozenset] = {}
         try:
             names = sorted(os.listdir(folder))
         except OSError:
             names = []
         for name in names:
             if name.endswith(".py"):
-                for root in _module_path_edits(os.path.join(folder, name)):
-                    if root not in found and os.path.isdir(root):
-                        found.append(root)
-        _ROOTS[key] = tuple(found)
-    return _ROOTS[key]
+                edits[name[:-3]], imports[name[:-3]] = _module_path_edits(os.path.join(folder, name))
+        _ROOTS[key] = (edits, imports)
+    edits, imports = _ROOTS[key]
+    if importer is not None:
+        stem = os.path.splitext(os.path.basename(importer))[0]
+        wanted = imports.get(stem, frozenset())
+    else:
+        wanted = frozenset().union(*imports.values()) if imports else frozenset()
+    found: List[str] = []
+    for stem in sorted(wanted):
+        for root in edits.get(stem, []):
+            if root not in found and os.path.isdir(root):
+                found.append(root)
+    return tuple(found)
 
 
-def _module_path_edits(path: str) -> List[str]:
+def _module_path_edits(path: str) -> Tuple[List[str], frozenset]:
     """The absolute folders the module at ``path`` adds to ``sys.path`` at import (see
-    :func:`path_roots`)."""
+    :func:`path_roots`), and the top-level names of the modules it imports."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
-        if b"sys.path" not in data:
-            return []
-        tree = ast.parse(decode(data))
+            tree = ast.parse(decode(fh.read()))
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, LookupError):
-        return []
+        return [], frozenset()
+    imported = frozenset(
+        [a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        + [n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level])
+    if "sys" not in imported:
+        return [], imported
     env: Dict[str, Optional[str]] = {"__file__": os.path.abspath(path)}
     path_mods = {"os.path"}  # names that are os.path: `os.path`, `osp`, `path`
     path_funcs: Dict[str, str] = {}  # `from os.path import join` -> join
@@ -168,7 +186,7 @@ def _module_path_edits(path: str) -> List[str]:
                 run(getattr(st, "orelse", []))
 
     run(tree.body)
-    return out
+    return out, imported
 
 
 def _read_exports(path: str, qual: Optional[str]) -> Optional[Dict[str, str]]:

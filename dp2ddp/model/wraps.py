@@ -289,6 +289,12 @@ def _defined_here(m: SemanticModel, qualified: str) -> bool:
     return "<locals>" in qualified or "." not in qualified
 
 
+def dp_nodes(m: SemanticModel) -> List[ast.AST]:
+    """Every place the module names DataParallel in code (:func:`uses_dataparallel`'s
+    wraps, type tests, other references and spellings), for asking which function holds one."""
+    return [w.call for w in dp_wraps(m)] + dp_type_refs(m) + dp_other_refs(m) + unresolved_dp(m)
+
+
 def uses_dataparallel(m: SemanticModel) -> bool:
     """The module names DataParallel in code (a wrap, a type test, another reference, or a
     spelling that may be it), not only in a docstring or comment: what a migration acts on."""

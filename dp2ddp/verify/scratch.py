@@ -44,13 +44,13 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
     above = folder
     for _ in range(up):
         above = above.parent
-    if up and not (found == above or above in found.parents):
+    if up and (found == above or above in found.parents):
         found = above
     # a module beside the script that puts a folder on sys.path (``_init_paths.py`` adding
     # ``../lib``): the project reaches over that folder too (the fact is module_files')
     from dp2ddp.model.module_files import path_roots
 
-    for extra in map(Path, path_roots(str(folder))):
+    for extra in map(Path, path_roots(str(folder), importer=str(script))):
         common = Path(os.path.commonpath([found, extra]))
         if common != found and common in list(folder.parents)[:3]:  # up to three folders above, as above
             found = common
