@@ -525,3 +525,25 @@ def test_a_script_that_calls_only_the_plain_functions_of_a_module_that_wraps_els
     )
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert re.search(r"train\.py:4:9: DDP151 misc\.parallel\(\) reaches DataParallel in the project module utils/misc\.py:12", capsys.readouterr().err)
+
+
+LOADER_FROM_THE_HELPER = ROOT / "fixtures" / "project" / "loader_from_the_helper_that_wraps"
+
+
+@pytest.mark.torchrun
+def test_a_loader_the_migrated_helper_shards_and_returns_is_not_sharded_again_by_the_entry(tmp_path: Path) -> None:
+    """``make_loader()`` of the helper (in the plan: it also wraps) shards its loader, and the
+    entry, which would shard what a project function returns when migrated alone, leaves it as
+    it is: each of 2 ranks takes 4 of every batch of 8 and the ranks see all 64 samples per
+    epoch between them (sharded twice, each would take 2 and half the data would be lost)."""
+    d = tmp_path / "proj"
+    shutil.copytree(LOADER_FROM_THE_HELPER, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 0
+    assert "shard_loader(torch.utils.data.DataLoader(" in (out / "setup_utils.py").read_text()
+    r = retry_exit_abort(lambda: run_script(["train.py"], out, env=_env(), nproc=2), "project")
+    assert r.returncode == 0, r.stdout[-3000:]
+    sizes = [int(line.split()[-1]) for line in r.stdout.splitlines() if re.search(r"\bbatch \d+$", line)]
+    assert sizes and set(sizes) == {4}, r.stdout[-2000:]
+    r = run_script(["train.py"], out, env=_env())
+    assert r.returncode == 0 and "samples 128 distinct 64" in r.stdout, r.stdout[-2000:]
