@@ -25,6 +25,8 @@ import ast
 from typing import Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.flow import container_mutations
+from dp2ddp.model.handles import expr_handle
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.project_defs import class_of_call
 from dp2ddp.model.steps import binding_values, kind_of_value
@@ -166,6 +168,9 @@ def _optimized_modules(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST]]:
         for a in list(parts):
             if isinstance(a, (ast.Name, ast.Attribute)):
                 parts.extend(binding_values(m, a) or [])
+                # and what is put into it later (``param_groups.append({'params': criterion.parameters()})``)
+                h = expr_handle(m, a)
+                parts.extend(container_mutations(m).get(h, []) if h is not None else [])
         for part in parts:
             for n in ast.walk(part):
                 if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _PARAMETERS
