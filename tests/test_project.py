@@ -547,3 +547,50 @@ def test_a_loader_the_migrated_helper_shards_and_returns_is_not_sharded_again_by
     assert sizes and set(sizes) == {4}, r.stdout[-2000:]
     r = run_script(["train.py"], out, env=_env())
     assert r.returncode == 0 and "samples 128 distinct 64" in r.stdout, r.stdout[-2000:]
+
+
+MIXED_PROJECT_LOADER = ROOT / "fixtures" / "project" / "mixed_loader_from_a_project_function"
+
+
+@pytest.mark.torchrun
+def test_a_mixed_scripts_loader_a_project_function_gives_its_own_distributed_sampler_is_left_to_it(tmp_path: Path) -> None:
+    """yolov5's shape: ``build_loader(..., rank=rank)`` in data_utils.py makes a DataLoader
+    subclass with ``DistributedSampler(dataset) if rank != -1 else None``, and the script's own
+    distributed path calls its ``set_epoch``. The migration hands the run to that path: no
+    shard_loader on top; under torchrun each of 2 ranks reads 16 of the 32 samples per epoch,
+    as plain python reads all 32; verify passes. (Its dataset's debugging branch, switched off
+    by ``dump_subset = False``, deletes a folder: code that never runs is no refusal.)"""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(MIXED_PROJECT_LOADER, d)
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    migrated = (d / "train_ddp.py").read_text()
+    assert "shard_loader" not in migrated and "DataParallel(" not in migrated.replace("DistributedDataParallel(", "")
+    r = retry_exit_abort(lambda: run_script(["train_ddp.py"], d, env=_env(), nproc=2), "mixed project loader")
+    assert r.returncode == 0 and "rank 0 epoch 1 samples 16 steps 4" in r.stdout, r.stdout[-3000:]
+    r = run_script(["train_ddp.py"], d, env=_env())
+    assert r.returncode == 0 and "rank 0 epoch 1 samples 32 steps 4" in r.stdout, r.stdout[-3000:]
+    code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(d / "train_ddp.py"), "--steps", "0")
+    assert code == 0, text
+    assert rep["replicas_in_sync"] and rep["losses_agree"], text
+
+
+def test_a_mixed_scripts_batch_a_project_function_reads_per_process_and_no_one_divides_is_refused(tmp_path: Path, capsys) -> None:
+    """The same project, its script not dividing ``--batch-size`` on its own path: the loader
+    ``build_loader(n, opt.batch_size)`` makes reads it per process (bound by the function's
+    signature), so under torchrun the global batch would double. The process group starts in
+    the ``__main__`` block, not in ``train()`` that builds the loader, so the migration cannot
+    divide it where the group starts: refused (DDP152), the file left as it was."""
+    d = tmp_path / "proj"
+    shutil.copytree(MIXED_PROJECT_LOADER, d)
+    script = d / "train.py"
+    text = script.read_text()
+    for line in ("        assert opt.batch_size % opt.world_size == 0\n", "        opt.batch_size = opt.batch_size // opt.world_size\n"):
+        assert line in text
+        text = text.replace(line, "")
+    script.write_text(text)
+    assert main(["rewrite", str(script)]) == 1
+    assert re.search(r"train\.py:22:40: DDP152 the loader build_loader\(\) returns reads `batch_size=opt.batch_size` per process",
+                     capsys.readouterr().err)
+    assert script.read_text() == text and not (d / "train_ddp.py").exists()

@@ -55,6 +55,9 @@ class MixedPlan:
     edits_nodes: list = field(default_factory=list)
     overrides: list = field(default_factory=list)  # (assignment, init argument): computed by the script, env under torchrun
     predicates: list = field(default_factory=list)  # (test, branch) that switch the distributed path on
+    # (test, branch) that torchrun's environment switches on already (``if opt.local_rank != -1:``
+    # once --local_rank defaults to LOCAL_RANK): not edited, but on under torchrun like the others
+    env_switched: list = field(default_factory=list)
     spawn_targets: dict = field(default_factory=dict)  # mp.spawn target function -> the spawn call
 
 
@@ -136,6 +139,7 @@ def detect_mode(ctx: Context) -> List[Finding]:
     for init in inits:
         for test, branch in activation_tests(m, init):
             if spellings(m, test) & derived:
+                plan.env_switched.append((test, branch))
                 continue
             if any(isinstance(n, ast.Call) for n in ast.walk(test)):
                 return [ctx.block(test, "DDP104", f"the distributed path is switched on by `{m.source(test)}`, which torchrun's environment does not decide; switch it on from RANK/WORLD_SIZE by hand")]

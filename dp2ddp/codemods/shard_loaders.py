@@ -42,7 +42,7 @@ from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
-from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
+from dp2ddp.model.loader_makers import loaders_returned_by, returned_batch, returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
@@ -78,21 +78,11 @@ def propose(ctx: Context) -> List[Finding]:
             partly = _partly_distributed(m, loader)
             if ctx.mode == "mixed" or not partly:
                 shared.append(loader)  # already sharded (a script's own distributed path)
-                grown = _batch_never_divided(m, loader, _switches(ctx)) if ctx.mode == "mixed" and loader.training else None
-                if grown is not None and not ctx.options.keep_batch_size:
-                    division = division_site(m, loader.call, grown, lambda n: _conditional(m, n, _switches(ctx)))
-                    if not isinstance(division, str) and divided.get(m.source(grown), division.init) is not division.init:
-                        division = f"it is divided after another start of a process group already (line {divided[m.source(grown)].lineno})"
-                    if isinstance(division, str):
-                        out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
-                                             "script's own distributed path, which does not divide it by the world size on every path that runs under torchrun, "
-                                             f"and dp2ddp cannot divide it there ({division}): under "
-                                             "torchrun the global batch would be world-size times the DataParallel run's; divide "
-                                             "it where the process group starts, or pass --keep-batch-size to accept it"))
-                        continue
-                    if m.source(grown) not in divided:
-                        divided[m.source(grown)] = division.init
-                        out.append(_divide(ctx, label, grown, division))
+                given = kwarg(loader.call, "batch_size")
+                grown = (_batch_never_divided(m, given.value if given is not None else None, _switches(ctx))
+                         if ctx.mode == "mixed" and loader.training else None)
+                if grown is not None and not ctx.options.keep_batch_size and _divide_once(ctx, label, loader.call, grown, divided, out):
+                    continue
                 if not (partly and loader.training):
                     continue
                 # the mixed script's own flag (``if args.nodes > 1``) may leave it None under
@@ -138,6 +128,13 @@ def propose(ctx: Context) -> List[Finding]:
         if training:
             wrapped.append((call, label))
     for r in returned_loaders(m):
+        if ctx.mode == "mixed" and r.own:
+            own.append(r.call)  # the project function gives it the own path's DistributedSampler
+            # the batch it reads per process there: ``getData(train_bs=args.batch_size)``
+            grown = _batch_never_divided(m, returned_batch(m, r.call), _switches(ctx))
+            if grown is not None and not ctx.options.keep_batch_size:
+                _divide_once(ctx, f"the loader {m.source(r.call.func)}() returns", r.call, grown, divided, out)
+            continue
         if r.lost is not None:
             out.append(ctx.block(r.call, "DDP105", r.lost))
             continue
@@ -460,16 +457,37 @@ def _partly_distributed(m, loader: Loader) -> bool:
     return any(not m.call_is(v, DISTRIBUTED_SAMPLER) for v in sampler_values(m, loader.sampler_value))
 
 
-def _batch_never_divided(m, loader: Loader, on: Dict[int, str]) -> Optional[ast.AST]:
-    """The batch size of a mixed script's DistributedSampler loader (``args.batch_size``) when
-    no statement of the script scales that value on every path of its function: HF's
+def _divide_once(ctx: Context, label: str, loader_call: ast.Call, grown: ast.AST, divided: Dict[str, ast.stmt],
+                 out: List[Finding]) -> bool:
+    """DDP172 for ``grown`` (the batch a mixed script's own-path loader made by
+    ``loader_call`` reads per process), once per value; DDP152 where it cannot be divided
+    (then True: the loader is refused)."""
+    m = ctx.m
+    division = division_site(m, loader_call, grown, lambda n: _conditional(m, n, _switches(ctx)))
+    if not isinstance(division, str) and divided.get(m.source(grown), division.init) is not division.init:
+        division = f"it is divided after another start of a process group already (line {divided[m.source(grown)].lineno})"
+    if isinstance(division, str):
+        out.append(ctx.block(grown, "DDP152", f"{label} reads `batch_size={m.source(grown)}` per process on the "
+                             "script's own distributed path, which does not divide it by the world size on every path that runs under torchrun, "
+                             f"and dp2ddp cannot divide it there ({division}): under "
+                             "torchrun the global batch would be world-size times the DataParallel run's; divide "
+                             "it where the process group starts, or pass --keep-batch-size to accept it"))
+        return True
+    if m.source(grown) not in divided:
+        divided[m.source(grown)] = division.init
+        out.append(_divide(ctx, label, grown, division))
+    return False
+
+
+def _batch_never_divided(m, value: Optional[ast.AST], on: Dict[int, str]) -> Optional[ast.AST]:
+    """The batch size ``value`` of a mixed script's DistributedSampler loader (``args.batch_size``)
+    when no statement of the script scales that value on every path of its function: HF's
     ``train_batch_size = per_gpu_train_batch_size * max(1, n_gpu)`` is the script's own
     answer; imagenet's ``args.batch_size = int(args.batch_size / ngpus_per_node)`` under
     ``if args.gpu is not None:`` is not (torchrun leaves ``--gpu`` unset)."""
-    given = kwarg(loader.call, "batch_size")
-    if given is None or not isinstance(given.value, (ast.Name, ast.Attribute)):
+    if value is None or not isinstance(value, (ast.Name, ast.Attribute)):
         return None
-    text = m.source(given.value)
+    text = m.source(value)
     for node in m.nodes(ast.Assign, ast.AugAssign):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         if not any(m.source(t) == text for t in targets):
@@ -480,7 +498,7 @@ def _batch_never_divided(m, loader: Loader, on: Dict[int, str]) -> Optional[ast.
             return None
         if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult)) for b in ast.walk(node.value)):
             return None
-    return given.value
+    return value
 
 
 def _divide(ctx: Context, label: str, value: ast.AST, division: Division) -> Finding:
@@ -515,7 +533,7 @@ def _switches(ctx: Context) -> Dict[int, str]:
         plan = ctx.need(MixedPlan)
     except Exception:  # noqa: BLE001 - a plain script has no plan
         return {}
-    return {id(t): b for t, b in switch_tests(ctx.m, plan.predicates)}
+    return {id(t): b for t, b in switch_tests(ctx.m, plan.predicates + plan.env_switched)}
 
 
 def _on_some_paths(m, stmt: ast.AST) -> bool:
@@ -531,6 +549,8 @@ def _conditional(m, node: ast.AST, on: Dict[int, str]) -> bool:
     it does not run on every path there."""
     for a, where in m.branches(node):
         if isinstance(a, ast.If):
+            if is_main_test(a.test) and m.parent(a) is m.tree:
+                continue  # the ``__main__`` guard: the script that runs
             if where != "test" and on.get(id(a.test)) != where:
                 return True
         elif isinstance(a, ast.Try) or (isinstance(a, ast.IfExp) and where != "test"):

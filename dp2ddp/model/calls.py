@@ -160,6 +160,8 @@ class Calls:
         """Functions of this module reachable from ``func`` by calls (``func`` included); a
         method reached through ``self.`` brings the overrides of its subclasses too (a base
         class's ``train()`` calls the ``_train_epoch`` a subclass defines)."""
+        from dp2ddp.model.dead_code import never_runs
+
         seen: Set[ast.AST] = set()
         todo = [func]
         while todo:
@@ -168,6 +170,8 @@ class Calls:
                 continue
             seen.add(f)
             for call in self.calls_in(f):
+                if never_runs(self, call):  # type: ignore[arg-type]
+                    continue  # under ``if create_subset:`` with ``create_subset = False``
                 t = self.resolve_call(call)
                 if t is not None and t not in seen:
                     todo.append(t)

@@ -90,11 +90,13 @@ def loaders_returned_by(pm: SemanticModel, func: ast.AST) -> Optional[Dict[objec
     """The loaders ``func`` (a function of ``pm``) returns: index in the returned tuple (or
     ``None`` for the value itself, or a dict key) -> the loader; ``None`` when it returns
     none."""
-    by_call = {id(ld.call): ld for ld in loaders(pm)}
+    made = list(loaders(pm)) + [_Subclassed(pm, call, training) for call, _label, training in subclass_calls(pm)]
+    by_call = {id(ld.call): ld for ld in made}
     by_name: Dict[str, Loader] = {}
-    for ld in loaders(pm):
-        if ld.function is func and isinstance(ld.target, ast.Name):
-            by_name[ld.target.id] = ld
+    for ld in made:
+        target = assign_target(pm, ld.call)
+        if pm.enclosing_function(ld.call) is func and isinstance(target, ast.Name):
+            by_name[target.id] = ld  # type: ignore[assignment]
 
     def loader_of(v: ast.AST) -> Optional[Loader]:
         if isinstance(v, ast.Call):
@@ -125,6 +127,26 @@ def loaders_returned_by(pm: SemanticModel, func: ast.AST) -> Optional[Dict[objec
     return out or None
 
 
+class _Subclassed:
+    """A loader a DataLoader subclass makes (``InfiniteDataLoader(dataset, sampler=...)``), as
+    :func:`loaders_returned_by` reports it: its call, whether it trains, its sampler."""
+
+    def __init__(self, pm: SemanticModel, call: ast.Call, training: bool) -> None:
+        self.call = call
+        self.training = training
+        given = kwarg(call, "sampler")
+        self.sampler_value = given.value if given is not None else None
+
+
+def own_sampler(pm: SemanticModel, ld) -> bool:
+    """The returned loader ``ld`` (of module ``pm``) is given a ``DistributedSampler`` on some
+    path (``sampler = DistributedSampler(dataset) if rank != -1 else None``): the sampler of a
+    mixed script's own distributed path, which shards it there."""
+    from dp2ddp.model.loaders import distributed_sampler
+
+    return ld.sampler_value is not None and distributed_sampler(pm, ld.sampler_value)
+
+
 def _returned_name(m: SemanticModel, target: Optional[ast.AST], key: object) -> Optional[str]:
     """The expression that holds the returned loader ``key`` after ``target = call``."""
     if target is None:
@@ -145,6 +167,7 @@ class Returned(NamedTuple):
     names: List[str]  # the names here that hold its training loaders (``train_loader``, ``loaders['train']``)
     lost: Optional[str]  # why a training loader it returns cannot be named here
     inline: bool  # the call's value is itself the training loader, used in place (``Trainer(data.loader(), cfg)``)
+    own: bool = False  # every training loader it returns has a DistributedSampler on some path (:func:`own_sampler`)
 
 
 def returned_loaders(m: SemanticModel) -> List[Returned]:
@@ -170,12 +193,14 @@ def returned_loaders(m: SemanticModel) -> List[Returned]:
         names: List[str] = []
         lost = None
         inline = False
+        owned = []
         for key, ld in returned.items():
             text = _returned_name(m, target, key)
             label = text if text is not None else (m.source(target) if target is not None else "")
             fed = feeds_training(m, call, () if key is None else (key,))
             if not (ld.training or _training_label(label.rsplit(".", 1)[-1]) or fed):
                 continue
+            owned.append(own_sampler(pm, ld))
             if text is None and key is None and target is None and not isinstance(parent, ast.Expr):
                 inline = True  # the value itself, where it is used: shard it there
             elif text is None:
@@ -183,6 +208,43 @@ def returned_loaders(m: SemanticModel) -> List[Returned]:
                                 "dp2ddp cannot shard it; unpack it into names first")
             else:
                 names.append(text)
-        out.append(Returned(call, names, lost, inline))
+        out.append(Returned(call, names, lost, inline, bool(owned) and all(owned)))
     m.cache["returned_loaders"] = out
     return out
+
+
+def returned_batch(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    """The expression of this script that is the batch size of the training loader the
+    project function ``call`` calls returns: the argument bound to the function's parameter
+    the loader reads as ``batch_size`` (``getData(train_bs=args.batch_size)`` whose loader
+    is ``DataLoader(trainset, batch_size=train_bs)``: ``args.batch_size``). ``None`` where the
+    loader reads anything else (a constant, a value the function computes or sets again)."""
+    from dp2ddp.model.call_args import argument
+    from dp2ddp.model.project_defs import project_def
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None or not isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    pm, func = found[0], found[1]
+    if isinstance(pm.parent(func), ast.ClassDef):
+        return None  # a method: its first parameter is the object, not an argument
+    values = set()
+    for key, ld in (loaders_returned_by(pm, func) or {}).items():
+        if not ld.training:
+            continue
+        given = kwarg(ld.call, "batch_size")
+        batch = given.value if given is not None else (ld.call.args[1] if len(ld.call.args) > 1 else None)
+        if not isinstance(batch, ast.Name):
+            return None
+        _, bindings = pm.lookup(batch.id, pm.scope_of(batch))
+        if not bindings or any(b.kind != "param" for b in bindings) or pm.enclosing_function(ld.call) is not func:
+            return None  # set again inside (``batch_size = min(batch_size, len(dataset))``), or not a parameter
+        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+        if batch.id not in params:
+            return None
+        arg = argument(call, params, batch.id)
+        if arg is None:
+            return None
+        values.add(arg)
+    return values.pop() if len(values) == 1 else None
+

@@ -27,6 +27,7 @@ from typing import List, Optional, Set
 
 from dp2ddp.model.call_args import COPY_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.dead_code import never_runs
 from dp2ddp.model.names import (
     COPY,
     FILE_WRITES,
@@ -86,6 +87,8 @@ def writers(m: SemanticModel) -> List[Writer]:
         return got  # type: ignore[return-value]
     out: List[Writer] = []
     for call in m.nodes(ast.Call):
+        if never_runs(m, call):
+            continue  # under ``if create_subset:`` with ``create_subset = False``: writes nothing
         q = m.qualified_names(call.func)
         if not q and isinstance(call.func, ast.Attribute) and call.func.attr == "SummaryWriter":
             # __import__(module, fromlist=['SummaryWriter']).SummaryWriter(log_dir) (pytorch-template)
@@ -179,7 +182,7 @@ def lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """A folder listed (``glob``, ``listdir``, ``Path.iterdir``): names picked from what
     already exists differ between ranks that run one after the other."""
     for call in ast.walk(func):
-        if isinstance(call, ast.Call) and (pm.is_name(call.func, LISTS) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("iterdir", "glob", "rglob"))):
+        if isinstance(call, ast.Call) and not never_runs(pm, call) and (pm.is_name(call.func, LISTS) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("iterdir", "glob", "rglob"))):
             return call.lineno
     return None
 
@@ -189,7 +192,7 @@ REMOVES = frozenset({"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.
 
 def removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     for call in ast.walk(func):
-        if isinstance(call, ast.Call) and (pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES))):
+        if isinstance(call, ast.Call) and not never_runs(pm, call) and (pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES))):
             return call.lineno
     return None
 
@@ -201,7 +204,7 @@ def renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """A file or folder moved away (``mkdir_and_rename``: the old run's folder renamed to an
     archive): a rank that runs it after another moves the other's new folder."""
     for call in ast.walk(func):
-        if isinstance(call, ast.Call) and pm.is_name(call.func, RENAMES):
+        if isinstance(call, ast.Call) and not never_runs(pm, call) and pm.is_name(call.func, RENAMES):
             return call.lineno
     return None
 
