@@ -44,3 +44,39 @@ def test_code_under_a_test_false_on_every_run_never_runs(src: str) -> None:
 def test_code_that_may_run_is_not_dead(src: str) -> None:
     m, call = _marked(src)
     assert not never_runs(m, call)
+
+
+@pytest.mark.parametrize("src, found", [
+    ("loss.backward(create_graph=True)\n", 1),
+    ("loss.backward(create_graph=flag)\n", 1),
+    ("g = torch.autograd.grad(loss, model.parameters(), create_graph=True)\n", 1),
+    ("g = torch.autograd.grad(loss, list(model.parameters()), None, True, True)\n", 1),
+    ("loss.backward(None, True, True)\n", 1),
+    ("loss.backward(create_graph=False)\n", 0),
+    ("loss.backward()\n", 0),
+    ("g = torch.autograd.grad(loss, params)\n", 0),
+    ("def f(loss):\n    hessian = False\n    loss.backward(create_graph=hessian)\n", 0),
+], ids=["true", "a_flag", "autograd_grad", "autograd_grad_positional", "backward_positional", "false", "plain",
+        "first_order_grad", "local_false"])
+def test_second_order_backward_passes_are_those_whose_create_graph_may_be_true(src: str, found: int) -> None:
+    """The fact DDP174 refuses on (:func:`dp2ddp.model.steps.second_order`): a flag that may be
+    true counts, a false one (constant, or a local set only to False) does not."""
+    from dp2ddp.model.steps import second_order
+
+    m = build(("import torch\n" + src).encode(), "t.py")
+    assert len(second_order(m)) == found
+
+
+@pytest.mark.parametrize("src, found", [
+    ("g = torch.autograd.grad(loss, model.parameters(), create_graph=True)\n", 1),
+    ("params = [p for p in model.parameters()]\ng = torch.autograd.grad(loss, params, create_graph=True)\n", 1),
+    ("g = torch.autograd.grad(outputs=d, inputs=interpolates, create_graph=True, only_inputs=True)\n", 0),
+    ("g = torch.autograd.grad(loss, delta, create_graph=True)[0]\n", 0),
+], ids=["parameters", "a_list_of_parameters", "wgan_gp_penalty", "adversarial_delta"])
+def test_a_graph_of_gradients_counts_for_parameters_not_for_inputs(src: str, found: int) -> None:
+    """A gradient with respect to an input (a gradient penalty, an adversarial perturbation)
+    never meets DDP's hooks, which fire for parameters: those migrate (SAGAN's did, verified)."""
+    from dp2ddp.model.steps import second_order
+
+    m = build(("import torch\n" + src).encode(), "t.py")
+    assert len(second_order(m)) == found

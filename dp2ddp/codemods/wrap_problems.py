@@ -41,7 +41,27 @@ def problems(ctx: Context) -> List[Finding]:
     out.extend(_forward_through_module(ctx))
     out.extend(_data_parallel_attributes(ctx))
     out.extend(_dtype_after_wrap(ctx))
+    out.extend(_second_order(ctx))
     return out
+
+
+def _second_order(ctx: Context) -> List[Finding]:
+    """DDP174: a backward pass that may build a graph of the gradients (``create_graph``) in
+    a script that trains the wrapped model. DDP's gradient hooks all-reduce during the first
+    backward; the second-order gradients through it are not synchronised across ranks (torch
+    warns: "not well-supported"), and its reducer may reject the double backward altogether."""
+    from dp2ddp.model.steps import second_order
+    from dp2ddp.model.training import training_site
+
+    m = ctx.m
+    if not dp_wraps(m) or training_site(m) is None:
+        return []
+    return [ctx.block(call, "DDP174", (
+        f"`{m.source(call)[:70]}` may build a graph of the gradients (create_graph) for a second derivative: "
+        "DistributedDataParallel all-reduces the first-order gradients in its hooks and does not synchronise "
+        "higher-order ones across ranks (torch: \"not well-supported\"; it can also fail outright), so the replicas would "
+        "train apart; keep DataParallel for this script, or migrate its second-order step by hand"))
+        for call in second_order(m)]
 
 
 # conversions that give the parameters new storage of another dtype (``.float()`` leaves a

@@ -9,6 +9,23 @@ from dp2ddp.migration_codes.code import IMPORTS, MigrationCode, script
 
 CODES: Tuple[MigrationCode, ...] = (
     MigrationCode(
+        "DDP174", "second-order-backward", "error",
+        "a backward pass that builds a graph of the gradients (`create_graph`) in a script that trains the wrapped "
+        "model; the file is left unchanged",
+        "Second-order methods (a Hessian-vector product in a second-order optimizer, a gradient penalty) call "
+        "`loss.backward(create_graph=True)` or `torch.autograd.grad(..., create_graph=True)`. DistributedDataParallel "
+        "all-reduces the first-order gradients in hooks during the backward; the higher-order gradients that flow "
+        "through it are not synchronised across ranks (torch warns that DDP with `create_graph=True` is not "
+        "well-supported), and its reducer can fail outright (\"a leaf Variable that requires grad is being used in an "
+        "in-place operation\"). The replicas would train apart. A flag that may be true on some run counts "
+        "(`create_graph=create_graph` from the optimizer's choice); `create_graph=False` does not.",
+        "Keep DataParallel for this script, or migrate the second-order step by hand (compute the Hessian-vector "
+        "products on the bare module, `model.module`, and all-reduce what they feed).",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loss = model(torch.randn(8, 4)).pow(2).mean()\nloss.backward(create_graph=True)\nopt.step()\n",
+    ),
+    MigrationCode(
         "DDP162", "per-sample-noise", "info",
         "noise a training step draws per item of the batch: each rank keeps its rows of the global batch's draw",
         "A GAN's `noise = torch.randn(b_size, nz, 1, 1)` in the training loop drew one row per item of the global "

@@ -169,3 +169,55 @@ def grad_reads(m: SemanticModel, nodes: List[ast.AST]) -> List[ast.AST]:
 
 
 # ----------------------------------------------------------------------- accumulation
+
+
+AUTOGRAD_GRAD = frozenset({"torch.autograd.grad"})
+
+
+def second_order(m: SemanticModel) -> List[ast.Call]:
+    """Backward passes that build a graph of the parameters' gradients for a second
+    derivative: ``loss.backward(create_graph=x)``, and ``torch.autograd.grad(..., inputs,
+    create_graph=x)`` whose inputs are parameters (``model.parameters()``, an optimizer's
+    ``param_groups``), where ``x`` may be true on some run (a second-order optimizer's
+    ``create_graph`` flag, a Hessian-vector product). ``create_graph=False`` (or a local name
+    set only to a false constant) is not one, nor a gradient with respect to an input (WGAN-GP's
+    penalty, an adversarial perturbation's gradient): DDP's hooks see parameters only."""
+    from dp2ddp.model.dead_code import constant_truth
+
+    got = m.cache.get("steps:second_order")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out = []
+    for call in m.nodes(ast.Call):
+        if not (is_backward(m, call) or m.is_name(call.func, AUTOGRAD_GRAD)):
+            continue
+        flag = kwarg(call, "create_graph")
+        if flag is None and m.is_name(call.func, AUTOGRAD_GRAD) and len(call.args) > 4:
+            flag_value: Optional[ast.AST] = call.args[4]  # grad(outputs, inputs, grad_outputs, retain_graph, create_graph)
+        elif flag is None and is_backward(m, call) and isinstance(call.func, ast.Attribute) and len(call.args) > 2:
+            flag_value = call.args[2]  # tensor.backward(gradient, retain_graph, create_graph)
+        else:
+            flag_value = flag.value if flag is not None else None
+        if flag_value is None or constant_truth(m, flag_value) is False:
+            continue
+        if m.is_name(call.func, AUTOGRAD_GRAD) and not _of_parameters(m, call):
+            continue  # a gradient penalty: the graph of d(out)/d(input), which DDP's hooks never see
+        out.append(call)
+    m.cache["steps:second_order"] = out
+    return out
+
+
+def _of_parameters(m: SemanticModel, call: ast.Call) -> bool:
+    """``torch.autograd.grad``'s inputs are parameters: the expression (or what a name of it
+    is bound to) calls ``.parameters()``/``.named_parameters()`` or reads ``param_groups``."""
+    inputs = kwarg(call, "inputs")
+    value = inputs.value if inputs is not None else (call.args[1] if len(call.args) > 1 else None)
+    if value is None:
+        return True  # hidden in **kwargs: not shown to be an input
+    exprs = [value] + [v for n in ast.walk(value) if isinstance(n, ast.Name) for v in (binding_values(m, n) or [])]
+    for e in exprs:
+        for n in ast.walk(e):
+            if isinstance(n, ast.Attribute) and n.attr in ("parameters", "named_parameters", "param_groups"):
+                return True
+    return False
+
