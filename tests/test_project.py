@@ -594,3 +594,27 @@ def test_a_mixed_scripts_batch_a_project_function_reads_per_process_and_no_one_d
     assert re.search(r"train\.py:22:40: DDP152 the loader build_loader\(\) returns reads `batch_size=opt.batch_size` per process",
                      capsys.readouterr().err)
     assert script.read_text() == text and not (d / "train_ddp.py").exists()
+
+
+MIXED_FALLBACK = ROOT / "fixtures" / "project" / "mixed_fallback_checkpoint"
+
+
+@pytest.mark.torchrun
+def test_a_mixed_scripts_dataparallel_fallback_keeps_its_checkpoint_keys_in_a_world_of_one(tmp_path: Path) -> None:
+    """Under plain python the mixed script's own DDP path is off and its DataParallel fallback
+    wrapped the model: the migration wraps it in DDP over a world of one there (wrap_alone), so
+    the checkpoint keeps its ``module.`` keys. The original's checkpoint resumes in the
+    migration and the migration's in the original, under python and under torchrun. (Taking
+    the fallback off left a bare model: its keys lost ``module.`` and neither resumed the other.)"""
+    d = tmp_path / "proj"
+    shutil.copytree(MIXED_FALLBACK, d)
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    assert "wrap_alone(model)" in (d / "train_ddp.py").read_text()
+    r = run_script(["train.py", "--out", "o.pt"], d, env=_env())
+    assert r.returncode == 0 and "keys module.0.bias" in r.stdout, r.stdout[-2000:]
+    r = run_script(["train_ddp.py", "--resume", "o.pt", "--out", "m.pt"], d, env=_env())
+    assert r.returncode == 0 and "resumed" in r.stdout and "keys module.0.bias" in r.stdout, r.stdout[-2000:]
+    r = run_script(["train.py", "--resume", "m.pt", "--out", "o2.pt"], d, env=_env())
+    assert r.returncode == 0 and "resumed" in r.stdout, r.stdout[-2000:]
+    r = retry_exit_abort(lambda: run_script(["train_ddp.py", "--resume", "o.pt", "--out", "t.pt"], d, env=_env(), nproc=2), "fallback")
+    assert r.returncode == 0 and "resumed" in r.stdout and "keys module.0.bias" in r.stdout, r.stdout[-2000:]

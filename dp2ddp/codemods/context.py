@@ -68,6 +68,7 @@ class Context:
         self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
         self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
         self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
+        self._wrap_alone: Optional[str] = None  # the name of the function wrap_alone() writes
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
         self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
 
@@ -288,6 +289,16 @@ class Context:
             self._writes_nothing = self.fresh_name("WritesNothing")
             self.define_after_imports("writes_nothing.py.tmpl", cls=self._writes_nothing)
         return self._writes_nothing
+
+    def wrap_alone(self) -> str:
+        """The name of a function, written once into the module, that wraps a model in
+        DistributedDataParallel over a world of one process, starting that world where no
+        process group exists (a mixed script's DataParallel fallback under plain python)."""
+        if self._wrap_alone is None:
+            self._wrap_alone = self.fresh_name("wrap_alone")
+            self.define_after_imports("wrap_alone.py.tmpl", fn=self._wrap_alone, dist=self.name("dist"), torch=self.name("torch"),
+                                      atexit=self.name("atexit"), DDP=self.name("DDP"))
+        return self._wrap_alone
 
     def module_of(self, text: str) -> str:
         """The bare model behind a wrapper named ``text``: ``text.module``; in a helper module

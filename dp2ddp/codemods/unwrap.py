@@ -71,6 +71,14 @@ def remove_wrap(ctx: Context, w: Wrap) -> Finding:
         return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
     inner_text = unwrapped_text(ctx, w)
     edits = []
+    if ctx.mode == "mixed" and _whole_model(m, w) and (w.function is None or _trains(m, w.function)):
+        # the fallback stays a wrap where the original's was one: without a process group
+        # (plain python) a DDP over a world of one, so checkpoints keep DataParallel's keys
+        fn = ctx.wrap_alone()
+        return ctx.note(w.call, "DDP122", "DataParallel fallback: the script's own DDP path runs under torchrun; without a process "
+                        f"group (plain python) `{fn}` wraps the model in DistributedDataParallel over a world of one, so its "
+                        "checkpoints keep DataParallel's `module.` keys",
+                        [Replace(ctx.cst(w.outer), ctx.expr(f"{fn}({{inner}})", inner=ctx.expr(inner_text)))])
     if w.target is not None and inner_text == m.source(w.target) and ctx.bridge.alone_on_line(w.stmt):
         stmt = w.stmt
         owner = m.parent(stmt)
@@ -91,6 +99,17 @@ def remove_wrap(ctx: Context, w: Wrap) -> Finding:
         "DataParallel fallback removed: the script's own DDP path runs under torchrun"
     )
     return ctx.note(w.call, "DDP122", why, edits)
+
+
+def _whole_model(m: SemanticModel, w: Wrap) -> bool:
+    """The wrap's value replaces the model it wraps (``model = DataParallel(model).cuda()``),
+    not a part of it (``model.features = DataParallel(model.features)``: a DDP inside the
+    DDP the own path makes of the whole model would nest). Only a fallback where the model
+    trains becomes a wrap over a world of one; one in an evaluation function (HF's
+    ``evaluate()``, which rank 0 alone may run) is taken off: the model it gets is wrapped
+    already where it trained."""
+    return (w.target is not None and w.module is not None and isinstance(w.target, ast.Name)
+            and isinstance(w.module, ast.Name) and w.target.id == w.module.id)
 
 
 def _block_keeps_other(m: SemanticModel, stmt: ast.stmt) -> bool:

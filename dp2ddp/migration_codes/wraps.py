@@ -164,11 +164,17 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP122", "dp-wrap-removed", "info",
-        "a DataParallel wrap that DDP does not need is removed",
+        "a DataParallel wrap that DDP does not need is removed, or a mixed script's fallback wraps over a world of one",
         "An evaluation-only re-wrap (`if n_gpu > 1 and not isinstance(model, DataParallel)`) or the DataParallel "
-        "fallback of a script that has its own DDP path: under DDP each rank evaluates with its own module.",
-        "The wrap (and an `if` left empty by it) is removed.",
-        "Safe.",
+        "fallback of a script that has its own DDP path: under DDP each rank evaluates with its own module, and under "
+        "torchrun the script's own path wraps. Where the fallback wraps the whole model where it trains, plain `python` "
+        "(no process group: the own path is off) still reaches it, and a bare model there would save checkpoints "
+        "without the `module.` keys the original's wrapper wrote (its `--resume` of one would fail).",
+        "The wrap (and an `if` left empty by it) is removed; a training fallback of the whole model "
+        "(`model = DataParallel(model)`) becomes `model = wrap_alone(model)`: written once into the script, it leaves "
+        "the model as it is under the script's own process group, and otherwise starts a world of one and wraps the "
+        "model in DistributedDataParallel there.",
+        "Safe: the checkpoints keep the original's keys on every path.",
     ),
     MigrationCode(
         "DDP123", "functional-data-parallel", "info",
