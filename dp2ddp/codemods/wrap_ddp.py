@@ -88,6 +88,11 @@ def propose(ctx: Context) -> List[Finding]:
     if ctx.mode == "mixed":
         out.extend(type_refs(ctx))
         out.extend(remove_imports(ctx))
+        # the variables the fallback wrapped hold a wrapper under the migration too (the own
+        # path's DDP, or wrap_alone's): a whole-object save of one saves its module
+        seeds = {k for w in wraps if w.target is not None for k in [var_key(m, w.target)] if k is not None}
+        wrappers.seeds = seeds
+        wrappers.keys = wrapper_keys(m, seeds) if seeds else set()
         return out
 
     hoists: Dict[Tuple[int, str], Hoist] = {}
