@@ -532,3 +532,24 @@ def test_peak_gpu_memory_per_rank_is_reported_where_the_probe_saw_cuda() -> None
     row = next(line for line in out.getvalue().splitlines() if line.startswith("peak GPU memory"))
     assert row.split() == "peak GPU memory (MiB, per rank) 3072.0 1536.0 / 1280.0".split(), out.getvalue()
     assert "peak GPU memory (NVIDIA H100, MiB per rank): original 3072.0, migrated 1536.0 / 1280.0" in report.caption(rep)
+
+
+def test_a_failed_torchrun_run_is_quoted_by_what_the_script_printed_not_by_the_launchers_box():
+    """A migrated script that stops with SystemExit("dp2ddp: ...") under torchrun: the report
+    quotes the script's message, which comes before torchrun's own account of the failure."""
+    from dp2ddp.verify.failures import _script_tail
+
+    log = "\n".join([
+        "epoch 0",
+        "dp2ddp: batch size 1 does not split evenly between 2 processes; pass a multiple of the number of processes",
+        "E1127 09:59:01.123000 42 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1) local_rank: 0 (pid: 7) of binary: python",
+        "Traceback (most recent call last):",
+        '  File "torchrun", line 8, in <module>',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "============================================================",
+        "main_ddp.py FAILED",
+    ])
+    tail = _script_tail(log)
+    assert tail[-1].startswith("dp2ddp: batch size 1 does not split evenly") and not any("ChildFailedError" in t for t in tail)
+    plain = "Traceback (most recent call last):\nValueError: boom"
+    assert _script_tail(plain) == plain.splitlines()

@@ -67,13 +67,23 @@ def describe_failure(run: RunResult, opts: Options, problems: List[str], details
             problems.append(f"{label} run crashed (exit code {run.exit_code}): rank {fatal[0]} died of a fatal signal")
         else:
             problems.append(f"{label} run failed (exit code {run.exit_code}); its output ends with:")
-            problems.extend("  " + line for line in tail.splitlines()[-8:])
+            problems.extend("  " + line for line in _script_tail(strip_ansi(run.log_tail(200)))[-8:])
         crash["log_tail"] = tail
         text = tail + (fatal[1] if fatal else "")
     tips = advise(text, distributed=distributed)
     crash["advice"] = tips
     problems.extend("  advice: " + t for t in tips)
     details.setdefault("crashes", []).append(crash)
+
+
+def _script_tail(log: str) -> List[str]:
+    """The lines the script printed last: under torchrun, those before the launcher's own
+    report of the failure (``... failed (exitcode: 1) local_rank: 0 ...``, its traceback and
+    the ``ChildFailedError`` box), where a script's ``SystemExit("...")`` message is."""
+    lines = log.splitlines()
+    cut = next((i for i, line in enumerate(lines) if "failed (exitcode:" in line and "local_rank" in line), None)
+    kept = [line for line in (lines[:cut] if cut else lines) if line.strip()]
+    return kept or lines
 
 
 # libstdc++'s message when std::terminate runs with no exception in flight
