@@ -553,3 +553,27 @@ def test_a_failed_torchrun_run_is_quoted_by_what_the_script_printed_not_by_the_l
     assert tail[-1].startswith("dp2ddp: batch size 1 does not split evenly") and not any("ChildFailedError" in t for t in tail)
     plain = "Traceback (most recent call last):\nValueError: boom"
     assert _script_tail(plain) == plain.splitlines()
+
+
+def test_project_root_reaches_a_folder_the_script_adds_relative_to_where_it_runs(tmp_path, monkeypatch):
+    """``sys.path.append(os.path.dirname(os.path.abspath(os.path.dirname("optimizers"))))``:
+    the folder above the working directory, which a run started in the script's folder makes
+    the one above the script. It is read as from there, never from dp2ddp's own working
+    directory."""
+    from dp2ddp.model.module_files import path_roots
+    from dp2ddp.verify.scratch import project_root
+
+    (tmp_path / "optimizers").mkdir()
+    (tmp_path / "image_classification").mkdir()
+    script = tmp_path / "image_classification" / "train.py"
+    script.write_text("import os\nimport sys\n"
+                      "sys.path.append(os.path.dirname(os.path.abspath(os.path.dirname('optimizers'))))\n"
+                      "from optimizers import get_optimizer\n")
+    elsewhere = tmp_path / "elsewhere" / "deeper"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)  # a relative path is not this process's
+    assert project_root(script) == tmp_path.resolve()
+    # a module beside a script that adds a path relative to the working directory adds none
+    (tmp_path / "image_classification" / "_paths.py").write_text("import os, sys\nsys.path.insert(0, os.path.abspath('..'))\n")
+    (tmp_path / "image_classification" / "other.py").write_text("import _paths\n")
+    assert path_roots(str(tmp_path / "image_classification")) == ()

@@ -101,9 +101,11 @@ def path_roots(folder: str, importer: Optional[str] = None) -> Tuple[str, ...]:
     return tuple(found)
 
 
-def _module_path_edits(path: str) -> Tuple[List[str], frozenset]:
+def _module_path_edits(path: str, cwd: Optional[str] = None) -> Tuple[List[str], frozenset]:
     """The absolute folders the module at ``path`` adds to ``sys.path`` at import (see
-    :func:`path_roots`), and the top-level names of the modules it imports."""
+    :func:`path_roots`), and the top-level names of the modules it imports. A path relative
+    to the working directory (``os.path.abspath("..")``) counts only where ``cwd`` says
+    which folder that is."""
     try:
         with open(path, "rb") as fh:
             tree = ast.parse(decode(fh.read()))
@@ -142,7 +144,13 @@ def _module_path_edits(path: str) -> Tuple[List[str], frozenset]:
                 return os.path.join(*args)  # type: ignore[arg-type]
             if len(args) != 1:
                 return None
+            if fname in ("abspath", "realpath") and not os.path.isabs(args[0]):  # type: ignore[arg-type]
+                # the working directory's: the run's, not this process's
+                return os.path.normpath(os.path.join(cwd, args[0])) if cwd is not None else None  # type: ignore[arg-type]
             return getattr(os.path, fname)(args[0])
+        if (isinstance(e, ast.Call) and not e.args and not e.keywords and isinstance(e.func, ast.Attribute)
+                and e.func.attr == "getcwd" and ast.unparse(e.func.value) == "os"):
+            return cwd
         return None
 
     def added(call: ast.Call) -> Optional[ast.AST]:
@@ -245,3 +253,11 @@ def _nested_star(path: str, package: Optional[str], stmt: ast.ImportFrom) -> Opt
         return None
     cand = module_file(os.path.dirname(path), stmt.module)
     return _file_exports(cand, stmt.module) if cand is not None else None
+
+
+def script_path_edits(script: str, cwd: str) -> List[str]:
+    """The folders the script itself adds to ``sys.path`` at its top level, read as from
+    working directory ``cwd`` (``sys.path.append(os.path.dirname(os.path.abspath(
+    os.path.dirname("optimizers"))))``: the folder above ``cwd``)."""
+    return [r for r in _module_path_edits(script, cwd)[0] if os.path.isdir(r)]
+

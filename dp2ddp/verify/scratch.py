@@ -48,9 +48,12 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
         found = above
     # a module beside the script that puts a folder on sys.path (``_init_paths.py`` adding
     # ``../lib``): the project reaches over that folder too (the fact is module_files')
-    from dp2ddp.model.module_files import path_roots
+    from dp2ddp.model.module_files import path_roots, script_path_edits
 
-    for extra in map(Path, path_roots(str(folder), importer=str(script))):
+    # and the script's own edits read from its folder, where a run starts by default
+    # (``sys.path.append(dirname(abspath(dirname("optimizers"))))``: the folder above it)
+    own = script_path_edits(str(script.resolve()), str(folder))
+    for extra in map(Path, list(path_roots(str(folder), importer=str(script))) + own):
         common = Path(os.path.commonpath([found, extra]))
         if common != found and common in list(folder.parents)[:3]:  # up to three folders above, as above
             found = common
