@@ -134,12 +134,40 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
         # beside ``misc.wrap(model)``) is not reached by it
         runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _path in reach_across(pm, node, rel)]
         hit = next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
-        if hit is None and not _module_level_dp(reach, dp_files):
+        if hit is None and not _module_level_dp(reach, dp_files) and not _dp_function_as_value(reach, dp_files):
             continue
         real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
         out.append((call, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
     out.sort(key=lambda t: (t[0].lineno, t[0].col_offset))
     return out
+
+
+def _dp_function_as_value(reach, dp_files) -> bool:
+    """A function of a module the call's module imports that names DataParallel is handed on
+    as a value in its module (``NETS = {"resnet": resnet}``, ``getattr``'s target, a callback):
+    a call may reach it by a path the call graph does not follow, so the module counts."""
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.wraps import dp_nodes
+
+    for real in dp_files:
+        if real not in reach:
+            continue
+        pm = file_model(real)
+        if pm is None:
+            return True
+        owners = set()
+        for n in dp_nodes(pm):
+            top = next((a for a in (n, *pm.ancestors(n)) if pm.parent(a) is pm.tree), None)
+            if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                owners.add(top.name)
+        for name in pm.nodes(ast.Name):
+            if name.id in owners and isinstance(name.ctx, ast.Load):
+                parent = pm.parent(name)
+                if not (isinstance(parent, ast.Call) and parent.func is name):
+                    return True
+        if any(isinstance(c.func, ast.Name) and c.func.id == "getattr" or isinstance(c.func, ast.Subscript) for c in pm.nodes(ast.Call)):
+            return True  # a dispatch by name or by table: not followed
+    return False
 
 
 def _module_level_dp(reach, dp_files) -> bool:

@@ -618,3 +618,20 @@ def test_a_mixed_scripts_dataparallel_fallback_keeps_its_checkpoint_keys_in_a_wo
     assert r.returncode == 0 and "resumed" in r.stdout, r.stdout[-2000:]
     r = retry_exit_abort(lambda: run_script(["train_ddp.py", "--resume", "o.pt", "--out", "t.pt"], d, env=_env(), nproc=2), "fallback")
     assert r.returncode == 0 and "resumed" in r.stdout and "keys module.0.bias" in r.stdout, r.stdout[-2000:]
+
+
+def test_a_factory_that_dispatches_through_a_table_to_a_function_that_wraps_is_still_a_project_to_migrate(tmp_path: Path, capsys) -> None:
+    """``nets.create("small")`` looks its builder up in a dict; the builder wraps in
+    DataParallel. The call graph does not follow the table, so the module counts as reached
+    (DDP151), never "nothing to migrate"."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "nets.py").write_text(
+        "import torch.nn as nn\n\n\n"
+        "def small():\n    return nn.DataParallel(nn.Linear(2, 2))\n\n\n"
+        "BUILDERS = {'small': small}\n\n\n"
+        "def create(name):\n    return BUILDERS[name]()\n"
+    )
+    (d / "train.py").write_text("import torch\nimport nets\n\nmodel = nets.create('small')\nprint(model(torch.ones(4, 2)).sum())\n")
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert "DDP151 nets.create() reaches DataParallel" in capsys.readouterr().err
