@@ -4,6 +4,7 @@ library module whose callers set up the process group and the device)."""
 from __future__ import annotations
 
 import ast
+from typing import Optional
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import FUNCTIONS, is_docstring
@@ -24,7 +25,7 @@ def has_entry_point(m: SemanticModel) -> bool:
             for s in ([stmt] if False else stmt.body) for n in ast.walk(s)
         ) and not any(isinstance(n, ast.Call) and not _harmless(n) for n in ast.walk(stmt)):
             continue
-        if isinstance(stmt, ast.Assign) and all(_harmless(c) for c in ast.walk(stmt.value) if isinstance(c, ast.Call)):
+        if isinstance(stmt, ast.Assign) and all(_harmless(c, m) for c in ast.walk(stmt.value) if isinstance(c, ast.Call)):
             continue
         return True
     return False
@@ -35,7 +36,18 @@ _HARMLESS = {"logging.getLogger", "os.path.join", "os.path.dirname", "os.path.ab
              "warnings.filterwarnings", "torch.device", "torch.cuda.is_available"}
 
 
-def _harmless(call: ast.Call) -> bool:
+# calls that only build a value (a lookup table at module level: ``lookup = torch.tensor(mapping)``)
+_VALUE_BUILDERS = frozenset(
+    [f"torch.{n}" for n in ("tensor", "as_tensor", "zeros", "ones", "arange", "linspace", "full", "eye", "empty", "Tensor",
+                            "LongTensor", "FloatTensor")]
+    + [f"numpy.{n}" for n in ("array", "asarray", "zeros", "ones", "arange", "linspace", "full", "eye", "empty")]
+    + [f"builtins.{n}" for n in ("range", "len", "list", "dict", "set", "frozenset", "tuple", "zip", "enumerate", "sorted",
+                                 "int", "float", "str", "min", "max", "sum", "abs", "round")])
+
+
+def _harmless(call: ast.Call, m: Optional[SemanticModel] = None) -> bool:
+    if m is not None and m.qualified_names(call.func) & _VALUE_BUILDERS:
+        return True
     f = call.func
     parts = []
     while isinstance(f, ast.Attribute):
