@@ -142,17 +142,21 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     return out
 
 
+def _dp_models(reach, dp_files):
+    """The models of the modules with DataParallel among those ``reach`` holds (``None`` for
+    one that cannot be parsed)."""
+    from dp2ddp.model.project_defs import file_model
+
+    return [file_model(real) for real in dp_files if real in reach]
+
+
 def _dp_function_as_value(reach, dp_files) -> bool:
     """A function of a module the call's module imports that names DataParallel is handed on
     as a value in its module (``NETS = {"resnet": resnet}``, ``getattr``'s target, a callback):
     a call may reach it by a path the call graph does not follow, so the module counts."""
-    from dp2ddp.model.project_defs import file_model
     from dp2ddp.model.wraps import dp_nodes
 
-    for real in dp_files:
-        if real not in reach:
-            continue
-        pm = file_model(real)
+    for pm in _dp_models(reach, dp_files):
         if pm is None:
             return True
         owners = set()
@@ -173,19 +177,11 @@ def _dp_function_as_value(reach, dp_files) -> bool:
 def _module_level_dp(reach, dp_files) -> bool:
     """A module the call's module imports names DataParallel at its top level (outside any
     function or class): importing it runs that."""
-    from dp2ddp.model.project_defs import file_model
     from dp2ddp.model.wraps import dp_nodes
 
-    for real in dp_files:
-        if real not in reach:
-            continue
-        pm = file_model(real)
-        if pm is None:
-            return True
-        for n in dp_nodes(pm):
-            if not any(isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)) for a in (n, *pm.ancestors(n))):
-                return True
-    return False
+    outside = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
+    return any(pm is None or any(not any(isinstance(a, outside) for a in (n, *pm.ancestors(n))) for n in dp_nodes(pm))
+               for pm in _dp_models(reach, dp_files))
 
 
 def _first_dp_line(file: str) -> int:
