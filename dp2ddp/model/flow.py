@@ -33,8 +33,9 @@ from dp2ddp.model.syntax import FUNCTIONS, terminal
 
 Origin = Tuple[ast.AST, Tuple[object, ...]]
 
-# iterator wrappers: the value they return iterates like their first argument
-WRAPPERS = {"enumerate", "tqdm", "iter", "trange", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar",
+# iterator wrappers: the value they return iterates like their first argument (not
+# ``trange(a, b)``: that is ``tqdm(range(a, b))``, numbers, whatever its arguments are)
+WRAPPERS = {"enumerate", "tqdm", "iter", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar",
             "ProgressBar", "IncrementalBar", "list", "tuple", "sorted", "reversed"}
 # iterator wrappers whose elements come from every argument
 ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
