@@ -281,8 +281,19 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     m = ctx.m
     edits = []
     first = None
+    blocked = []
     for w in writers(m):
-        if w.kind != "mkdir" or w.idempotent or rank_guarded(m, w.call):
+        if w.kind != "mkdir" or rank_guarded(m, w.call):
+            continue
+        clock = _clock_named(m, w.path)
+        if clock is not None:
+            blocked.append(ctx.block(w.call, "DDP110", (
+                f"the folder `{m.source(w.path)}` is named by the clock (`{m.source(clock)}`, line {clock.lineno}): each rank "
+                "would read its own time and make a folder of its own, or find another rank's under the same name (a "
+                "check that it does not exist yet then stops that rank); make the name on rank 0 and send it to the "
+                "others (dist.broadcast_object_list), then migrate")))
+            continue
+        if w.idempotent:
             continue
         call = w.call
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
@@ -300,6 +311,26 @@ def _mkdirs(ctx: Context) -> List[Finding]:
 
                 edits.append(Replace(ctx.cst(call), lambda u: add_kwarg(u, "exist_ok", "True")))
         first = first or call
+    if blocked:
+        return blocked
     if not edits:
         return []
     return [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
+
+
+def _clock_named(m: SemanticModel, path: Optional[ast.AST]) -> Optional[ast.Call]:
+    """The clock read (``datetime.now()``, ``time.strftime(...)``) a folder's name is made
+    from, in the script: in the path expression or in what made the names it reads."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.writers_setup import CLOCK
+
+    if path is None:
+        return None
+    made = [path] + [node for node, _ in origins(m, path)]
+    for n in list(made):
+        made += [node for name in ast.walk(n) if isinstance(name, ast.Name) and name is not n for node, _ in origins(m, name)]
+    for e in made:
+        for c in ast.walk(e):
+            if isinstance(c, ast.Call) and m.is_name(c.func, CLOCK):
+                return c
+    return None
