@@ -52,11 +52,14 @@ def test_code_that_may_run_is_not_dead(src: str) -> None:
     ("g = torch.autograd.grad(loss, model.parameters(), create_graph=True)\n", 1),
     ("g = torch.autograd.grad(loss, list(model.parameters()), None, True, True)\n", 1),
     ("loss.backward(None, True, True)\n", 1),
+    ("torch.autograd.backward(loss, None, True, True)\n", 1),
+    ("torch.autograd.backward(loss, None, True)\n", 0),
     ("loss.backward(create_graph=False)\n", 0),
     ("loss.backward()\n", 0),
     ("g = torch.autograd.grad(loss, params)\n", 0),
     ("def f(loss):\n    hessian = False\n    loss.backward(create_graph=hessian)\n", 0),
-], ids=["true", "a_flag", "autograd_grad", "autograd_grad_positional", "backward_positional", "false", "plain",
+], ids=["true", "a_flag", "autograd_grad", "autograd_grad_positional", "backward_positional",
+        "autograd_backward_positional", "autograd_backward_retain_graph_only", "false", "plain",
         "first_order_grad", "local_false"])
 def test_second_order_backward_passes_are_those_whose_create_graph_may_be_true(src: str, found: int) -> None:
     """The fact DDP174 refuses on (:func:`dp2ddp.model.steps.second_order`): a flag that may be

@@ -38,6 +38,12 @@ SUMMARY_WRITER_PARAMS = ("log_dir", "comment", "purge_step", "max_queue", "flush
 TO_CSV_PARAMS = ("path_or_buf", "sep")
 # shutil.copyfile/copy/copy2/copytree/move(src, dst, ...)
 COPY_PARAMS = ("src", "dst")
+# torch.autograd.grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
+AUTOGRAD_GRAD_PARAMS = ("outputs", "inputs", "grad_outputs", "retain_graph", "create_graph")
+# torch.autograd.backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+AUTOGRAD_BACKWARD_PARAMS = ("tensors", "grad_tensors", "retain_graph", "create_graph")
+# Tensor.backward(gradient, retain_graph, create_graph, inputs)
+TENSOR_BACKWARD_PARAMS = ("gradient", "retain_graph", "create_graph", "inputs")
 
 
 def argument(call: ast.Call, params: Sequence[str], name: str) -> Optional[ast.AST]:

@@ -182,6 +182,7 @@ def second_order(m: SemanticModel) -> List[ast.Call]:
     ``create_graph`` flag, a Hessian-vector product). ``create_graph=False`` (or a local name
     set only to a false constant) is not one, nor a gradient with respect to an input (WGAN-GP's
     penalty, an adversarial perturbation's gradient): DDP's hooks see parameters only."""
+    from dp2ddp.model.call_args import AUTOGRAD_BACKWARD_PARAMS, AUTOGRAD_GRAD_PARAMS, TENSOR_BACKWARD_PARAMS, argument
     from dp2ddp.model.dead_code import constant_truth
 
     got = m.cache.get("steps:second_order")
@@ -189,31 +190,30 @@ def second_order(m: SemanticModel) -> List[ast.Call]:
         return got  # type: ignore[return-value]
     out = []
     for call in m.nodes(ast.Call):
-        if not (is_backward(m, call) or m.is_name(call.func, AUTOGRAD_GRAD)):
-            continue
-        flag = kwarg(call, "create_graph")
-        if flag is None and m.is_name(call.func, AUTOGRAD_GRAD) and len(call.args) > 4:
-            flag_value: Optional[ast.AST] = call.args[4]  # grad(outputs, inputs, grad_outputs, retain_graph, create_graph)
-        elif flag is None and is_backward(m, call) and isinstance(call.func, ast.Attribute) and len(call.args) > 2:
-            flag_value = call.args[2]  # tensor.backward(gradient, retain_graph, create_graph)
+        grad = m.is_name(call.func, AUTOGRAD_GRAD)
+        if grad:
+            params = AUTOGRAD_GRAD_PARAMS
+        elif m.is_name(call.func, AUTOGRAD_BACKWARD):
+            params = AUTOGRAD_BACKWARD_PARAMS
+        elif is_backward(m, call):
+            params = TENSOR_BACKWARD_PARAMS
         else:
-            flag_value = flag.value if flag is not None else None
-        if flag_value is None or constant_truth(m, flag_value) is False:
             continue
-        if m.is_name(call.func, AUTOGRAD_GRAD) and not _of_parameters(m, call):
+        flag = argument(call, params, "create_graph")
+        if flag is None or constant_truth(m, flag) is False:
+            continue
+        if grad and not _of_parameters(m, argument(call, params, "inputs")):
             continue  # a gradient penalty: the graph of d(out)/d(input), which DDP's hooks never see
         out.append(call)
     m.cache["steps:second_order"] = out
     return out
 
 
-def _of_parameters(m: SemanticModel, call: ast.Call) -> bool:
-    """``torch.autograd.grad``'s inputs are parameters: the expression (or what a name of it
-    is bound to) calls ``.parameters()``/``.named_parameters()`` or reads ``param_groups``."""
-    inputs = kwarg(call, "inputs")
-    value = inputs.value if inputs is not None else (call.args[1] if len(call.args) > 1 else None)
+def _of_parameters(m: SemanticModel, value: Optional[ast.AST]) -> bool:
+    """``torch.autograd.grad``'s ``inputs`` are parameters: the expression (or what a name of
+    it is bound to) calls ``.parameters()``/``.named_parameters()`` or reads ``param_groups``."""
     if value is None:
-        return True  # hidden in **kwargs: not shown to be an input
+        return True  # hidden in *args/**kwargs: not shown to be an input
     exprs = [value] + [v for n in ast.walk(value) if isinstance(n, ast.Name) for v in (binding_values(m, n) or [])]
     for e in exprs:
         for n in ast.walk(e):
