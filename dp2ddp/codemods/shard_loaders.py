@@ -42,7 +42,7 @@ from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
-from dp2ddp.model.loader_makers import loaders_returned_by, returned_batch, returned_loaders, subclass_calls
+from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
@@ -131,7 +131,7 @@ def propose(ctx: Context) -> List[Finding]:
         if ctx.mode == "mixed" and r.own:
             own.append(r.call)  # the project function gives it the own path's DistributedSampler
             # the batch it reads per process there: ``getData(train_bs=args.batch_size)``
-            grown = _batch_never_divided(m, returned_batch(m, r.call), _switches(ctx))
+            grown = _batch_never_divided(m, r.batch, _switches(ctx))
             if grown is not None and not ctx.options.keep_batch_size:
                 _divide_once(ctx, f"the loader {m.source(r.call.func)}() returns", r.call, grown, divided, out)
             continue

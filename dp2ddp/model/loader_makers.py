@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
+from dp2ddp.model.call_args import DATALOADER_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loaders import (
     EVAL_WORDS,
@@ -90,7 +91,7 @@ def loaders_returned_by(pm: SemanticModel, func: ast.AST) -> Optional[Dict[objec
     """The loaders ``func`` (a function of ``pm``) returns: index in the returned tuple (or
     ``None`` for the value itself, or a dict key) -> the loader; ``None`` when it returns
     none."""
-    made = list(loaders(pm)) + [_Subclassed(pm, call, training) for call, _label, training in subclass_calls(pm)]
+    made = list(loaders(pm)) + [_Subclassed(call, training) for call, _label, training in subclass_calls(pm)]
     by_call = {id(ld.call): ld for ld in made}
     by_name: Dict[str, Loader] = {}
     for ld in made:
@@ -129,13 +130,14 @@ def loaders_returned_by(pm: SemanticModel, func: ast.AST) -> Optional[Dict[objec
 
 class _Subclassed:
     """A loader a DataLoader subclass makes (``InfiniteDataLoader(dataset, sampler=...)``), as
-    :func:`loaders_returned_by` reports it: its call, whether it trains, its sampler."""
+    :func:`loaders_returned_by` reports it: its call, whether it trains, its batch size and
+    sampler (read by DataLoader's signature, as :func:`dp2ddp.model.loaders.loaders` reads them)."""
 
-    def __init__(self, pm: SemanticModel, call: ast.Call, training: bool) -> None:
+    def __init__(self, call: ast.Call, training: bool) -> None:
         self.call = call
         self.training = training
-        given = kwarg(call, "sampler")
-        self.sampler_value = given.value if given is not None else None
+        self.batch_size = argument(call, DATALOADER_PARAMS, "batch_size")
+        self.sampler_value = argument(call, DATALOADER_PARAMS, "sampler")
 
 
 def own_sampler(pm: SemanticModel, ld) -> bool:
@@ -168,6 +170,7 @@ class Returned(NamedTuple):
     lost: Optional[str]  # why a training loader it returns cannot be named here
     inline: bool  # the call's value is itself the training loader, used in place (``Trainer(data.loader(), cfg)``)
     own: bool = False  # every training loader it returns has a DistributedSampler on some path (:func:`own_sampler`)
+    batch: Optional[ast.AST] = None  # what this script passes as their batch size (:func:`_bound_batch`)
 
 
 def returned_loaders(m: SemanticModel) -> List[Returned]:
@@ -193,14 +196,14 @@ def returned_loaders(m: SemanticModel) -> List[Returned]:
         names: List[str] = []
         lost = None
         inline = False
-        owned = []
+        trained = []
         for key, ld in returned.items():
             text = _returned_name(m, target, key)
             label = text if text is not None else (m.source(target) if target is not None else "")
             fed = feeds_training(m, call, () if key is None else (key,))
             if not (ld.training or _training_label(label.rsplit(".", 1)[-1]) or fed):
                 continue
-            owned.append(own_sampler(pm, ld))
+            trained.append(ld)
             if text is None and key is None and target is None and not isinstance(parent, ast.Expr):
                 inline = True  # the value itself, where it is used: shard it there
             elif text is None:
@@ -208,43 +211,31 @@ def returned_loaders(m: SemanticModel) -> List[Returned]:
                                 "dp2ddp cannot shard it; unpack it into names first")
             else:
                 names.append(text)
-        out.append(Returned(call, names, lost, inline, bool(owned) and all(owned)))
+        own = bool(trained) and all(own_sampler(pm, ld) for ld in trained)
+        out.append(Returned(call, names, lost, inline, own, _bound_batch(call, pm, func, trained)))
     m.cache["returned_loaders"] = out
     return out
 
 
-def returned_batch(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
-    """The expression of this script that is the batch size of the training loader the
-    project function ``call`` calls returns: the argument bound to the function's parameter
-    the loader reads as ``batch_size`` (``getData(train_bs=args.batch_size)`` whose loader
-    is ``DataLoader(trainset, batch_size=train_bs)``: ``args.batch_size``). ``None`` where the
-    loader reads anything else (a constant, a value the function computes or sets again)."""
-    from dp2ddp.model.call_args import argument
-    from dp2ddp.model.project_defs import project_def
-
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-    if found is None or not isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
-    pm, func = found[0], found[1]
-    if isinstance(pm.parent(func), ast.ClassDef):
+def _bound_batch(call: ast.Call, pm: SemanticModel, func: ast.AST, trained: list) -> Optional[ast.AST]:
+    """The expression of this script that is the batch size of the training loaders ``trained``
+    that ``func`` (called by ``call``) returns: the argument bound to the function's parameter
+    the loaders read as ``batch_size`` (``getData(train_bs=args.batch_size)`` whose loader is
+    ``DataLoader(trainset, batch_size=train_bs)``: ``args.batch_size``). ``None`` where they
+    read anything else (a constant, a value the function computes or sets again)."""
+    if not trained or isinstance(pm.parent(func), ast.ClassDef):
         return None  # a method: its first parameter is the object, not an argument
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]  # type: ignore[attr-defined]
     values = set()
-    for key, ld in (loaders_returned_by(pm, func) or {}).items():
-        if not ld.training:
-            continue
-        given = kwarg(ld.call, "batch_size")
-        batch = given.value if given is not None else (ld.call.args[1] if len(ld.call.args) > 1 else None)
-        if not isinstance(batch, ast.Name):
+    for ld in trained:
+        batch = ld.batch_size
+        if not isinstance(batch, ast.Name) or batch.id not in params or pm.enclosing_function(ld.call) is not func:
             return None
         _, bindings = pm.lookup(batch.id, pm.scope_of(batch))
-        if not bindings or any(b.kind != "param" for b in bindings) or pm.enclosing_function(ld.call) is not func:
-            return None  # set again inside (``batch_size = min(batch_size, len(dataset))``), or not a parameter
-        params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
-        if batch.id not in params:
-            return None
+        if not bindings or any(b.kind != "param" for b in bindings):
+            return None  # set again inside (``batch_size = min(batch_size, len(dataset))``)
         arg = argument(call, params, batch.id)
         if arg is None:
             return None
         values.add(arg)
     return values.pop() if len(values) == 1 else None
-
