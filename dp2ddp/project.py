@@ -111,19 +111,19 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     for the project modules with DataParallel that the script's calls reach: a function
     the call runs (in its module, or up to three project modules further) names
     DataParallel, or a class the script makes does (its methods are called later), or a
-    module the call's module imports names it at its top level."""
+    module the call's module imports may run its DataParallel by a path no call graph
+    follows (:func:`_reached_by_import_or_dispatch`)."""
     if m.path in ("<string>", "<stdin>", "-"):
         return []
     mods = project_modules(m.path, m.tree)
     dp_files = [real for real in mods if uses_dp(real)]
     if not dp_files:
         return []
-    from dp2ddp.model.project_defs import project_calls
-
-    from dp2ddp.model.project_defs import reach_across
+    from dp2ddp.model.project_defs import project_calls, reach_across
     from dp2ddp.model.wraps import dp_nodes
 
     base = os.path.dirname(os.path.abspath(m.path))
+    opaque = {real: _reached_by_import_or_dispatch(real) for real in dp_files}
     out = []
     for call, (pm, node, rel) in project_calls(m):
         reach = {os.path.realpath(pm.path)} | set(project_modules(pm.path, pm.tree))
@@ -134,7 +134,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
         # beside ``misc.wrap(model)``) is not reached by it
         runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _path in reach_across(pm, node, rel)]
         hit = next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
-        if hit is None and not _module_level_dp(reach, dp_files) and not _dp_function_as_value(reach, dp_files):
+        if hit is None and not any(opaque[real] for real in dp_files if real in reach):
             continue
         real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
         out.append((call, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
@@ -142,46 +142,32 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     return out
 
 
-def _dp_models(reach, dp_files):
-    """The models of the modules with DataParallel among those ``reach`` holds (``None`` for
-    one that cannot be parsed)."""
+def _reached_by_import_or_dispatch(real: str) -> bool:
+    """The project module at ``real`` (which names DataParallel) may run its DataParallel by
+    a path no call graph follows: it cannot be parsed; it names DataParallel at its top level
+    (outside any function or class: importing it runs that); it hands a function that names
+    DataParallel on as a value (``NETS = {"resnet": resnet}``, a callback); or it dispatches
+    by name or by table (``getattr(...)(...)``, ``BUILDERS[name]()``)."""
     from dp2ddp.model.project_defs import file_model
-
-    return [file_model(real) for real in dp_files if real in reach]
-
-
-def _dp_function_as_value(reach, dp_files) -> bool:
-    """A function of a module the call's module imports that names DataParallel is handed on
-    as a value in its module (``NETS = {"resnet": resnet}``, ``getattr``'s target, a callback):
-    a call may reach it by a path the call graph does not follow, so the module counts."""
     from dp2ddp.model.wraps import dp_nodes
 
-    for pm in _dp_models(reach, dp_files):
-        if pm is None:
-            return True
-        owners = set()
-        for n in dp_nodes(pm):
-            top = next((a for a in (n, *pm.ancestors(n)) if pm.parent(a) is pm.tree), None)
-            if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                owners.add(top.name)
-        for name in pm.nodes(ast.Name):
-            if name.id in owners and isinstance(name.ctx, ast.Load):
-                parent = pm.parent(name)
-                if not (isinstance(parent, ast.Call) and parent.func is name):
-                    return True
-        if any(isinstance(c.func, ast.Name) and c.func.id == "getattr" or isinstance(c.func, ast.Subscript) for c in pm.nodes(ast.Call)):
-            return True  # a dispatch by name or by table: not followed
-    return False
-
-
-def _module_level_dp(reach, dp_files) -> bool:
-    """A module the call's module imports names DataParallel at its top level (outside any
-    function or class): importing it runs that."""
-    from dp2ddp.model.wraps import dp_nodes
-
+    pm = file_model(real)
+    if pm is None:
+        return True
     outside = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)
-    return any(pm is None or any(not any(isinstance(a, outside) for a in (n, *pm.ancestors(n))) for n in dp_nodes(pm))
-               for pm in _dp_models(reach, dp_files))
+    owners = set()
+    for n in dp_nodes(pm):
+        if not any(isinstance(a, outside) for a in (n, *pm.ancestors(n))):
+            return True  # at the module's top level
+        top = next((a for a in (n, *pm.ancestors(n)) if pm.parent(a) is pm.tree), None)
+        if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            owners.add(top.name)
+    for name in pm.nodes(ast.Name):
+        if name.id in owners and isinstance(name.ctx, ast.Load):
+            parent = pm.parent(name)
+            if not (isinstance(parent, ast.Call) and parent.func is name):
+                return True  # handed on as a value
+    return any(isinstance(c.func, ast.Name) and c.func.id == "getattr" or isinstance(c.func, ast.Subscript) for c in pm.nodes(ast.Call))
 
 
 def _first_dp_line(file: str) -> int:
