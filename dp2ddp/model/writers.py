@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import List, Optional, Set
+from typing import Iterator, List, Optional, Set
 
 from dp2ddp.model.call_args import COPY_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
@@ -178,11 +178,16 @@ class CompanionRace:
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
 
 
+def _live_calls(pm: SemanticModel, func: ast.AST) -> Iterator[ast.Call]:
+    """The calls in ``func`` that may run (not under a test false on every run)."""
+    return (c for c in ast.walk(func) if isinstance(c, ast.Call) and not never_runs(pm, c))
+
+
 def lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """A folder listed (``glob``, ``listdir``, ``Path.iterdir``): names picked from what
     already exists differ between ranks that run one after the other."""
-    for call in ast.walk(func):
-        if isinstance(call, ast.Call) and not never_runs(pm, call) and (pm.is_name(call.func, LISTS) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("iterdir", "glob", "rglob"))):
+    for call in _live_calls(pm, func):
+        if pm.is_name(call.func, LISTS) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("iterdir", "glob", "rglob")):
             return call.lineno
     return None
 
@@ -191,8 +196,8 @@ REMOVES = frozenset({"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.
 
 
 def removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
-    for call in ast.walk(func):
-        if isinstance(call, ast.Call) and not never_runs(pm, call) and (pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES))):
+    for call in _live_calls(pm, func):
+        if pm.is_name(call.func, REMOVES) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("unlink", "rmdir") and not pm.is_name(call.func, REMOVES)):
             return call.lineno
     return None
 
@@ -203,8 +208,8 @@ RENAMES = frozenset({"os.rename", "os.replace", "shutil.move"})
 def renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     """A file or folder moved away (``mkdir_and_rename``: the old run's folder renamed to an
     archive): a rank that runs it after another moves the other's new folder."""
-    for call in ast.walk(func):
-        if isinstance(call, ast.Call) and not never_runs(pm, call) and pm.is_name(call.func, RENAMES):
+    for call in _live_calls(pm, func):
+        if pm.is_name(call.func, RENAMES):
             return call.lineno
     return None
 
