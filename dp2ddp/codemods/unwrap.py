@@ -71,7 +71,7 @@ def remove_wrap(ctx: Context, w: Wrap) -> Finding:
         return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
     inner_text = unwrapped_text(ctx, w)
     edits = []
-    if ctx.mode == "mixed" and _whole_model(m, w) and (w.function is None or _trains(m, w.function)):
+    if ctx.mode == "mixed" and _kept_over_a_world_of_one(m, w):
         # the fallback stays a wrap where the original's was one: without a process group
         # (plain python) a DDP over a world of one, so checkpoints keep DataParallel's keys
         fn = ctx.wrap_alone()
@@ -101,15 +101,15 @@ def remove_wrap(ctx: Context, w: Wrap) -> Finding:
     return ctx.note(w.call, "DDP122", why, edits)
 
 
-def _whole_model(m: SemanticModel, w: Wrap) -> bool:
-    """The wrap's value replaces the model it wraps (``model = DataParallel(model).cuda()``),
-    not a part of it (``model.features = DataParallel(model.features)``: a DDP inside the
-    DDP the own path makes of the whole model would nest). Only a fallback where the model
-    trains becomes a wrap over a world of one; one in an evaluation function (HF's
-    ``evaluate()``, which rank 0 alone may run) is taken off: the model it gets is wrapped
-    already where it trained."""
-    return (w.target is not None and w.module is not None and isinstance(w.target, ast.Name)
-            and isinstance(w.module, ast.Name) and w.target.id == w.module.id)
+def _kept_over_a_world_of_one(m: SemanticModel, w: Wrap) -> bool:
+    """A mixed script's fallback that becomes ``wrap_alone(model)``: the wrap's value replaces
+    the model it wraps (``model = DataParallel(model).cuda()``), not a part of it
+    (``model.features = DataParallel(model.features)``: a DDP inside the DDP the own path
+    makes of the whole model would nest), where the model trains. One in an evaluation
+    function (HF's ``evaluate()``, which rank 0 alone may run) is taken off: the model it
+    gets is wrapped already where it trained."""
+    whole = (isinstance(w.target, ast.Name) and isinstance(w.module, ast.Name) and w.target.id == w.module.id)
+    return whole and (w.function is None or _trains(m, w.function))
 
 
 def _block_keeps_other(m: SemanticModel, stmt: ast.stmt) -> bool:

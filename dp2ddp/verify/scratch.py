@@ -46,12 +46,12 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
         above = above.parent
     if up and (found == above or above in found.parents):
         found = above
-    # a module beside the script that puts a folder on sys.path (``_init_paths.py`` adding
-    # ``../lib``): the project reaches over that folder too (the fact is module_files')
+    # a folder a module beside the script puts on sys.path (``_init_paths.py`` adding
+    # ``../lib``), and one the script adds relative to its folder, where a run starts by
+    # default (``sys.path.append(dirname(abspath(dirname("optimizers"))))``: the folder
+    # above it): the project reaches over those too (the facts are module_files')
     from dp2ddp.model.module_files import path_roots, script_path_edits
 
-    # and the script's own edits read from its folder, where a run starts by default
-    # (``sys.path.append(dirname(abspath(dirname("optimizers"))))``: the folder above it)
     own = script_path_edits(str(script.resolve()), str(folder))
     for extra in map(Path, list(path_roots(str(folder), importer=str(script))) + own):
         common = Path(os.path.commonpath([found, extra]))
