@@ -61,13 +61,14 @@ def describe_failure(run: RunResult, opts: Options, problems: List[str], details
             crash["other_ranks"] = [f"{e['type']}: {first_line(e['message'])}" for e in others]
     else:
         fatal = next(((rank, r.fatal) for rank, r in sorted(run.ranks.items()) if r.fatal.strip()), None)
-        tail = strip_ansi(run.log_tail(30))
+        log = strip_ansi(run.log_tail(200))  # read once: the last 30 lines are the tail kept in the report
+        tail = "\n".join(log.splitlines()[-30:])
         if fatal:
             crash.update(rank=fatal[0], traceback=fatal[1])
             problems.append(f"{label} run crashed (exit code {run.exit_code}): rank {fatal[0]} died of a fatal signal")
         else:
             problems.append(f"{label} run failed (exit code {run.exit_code}); its output ends with:")
-            problems.extend("  " + line for line in _script_tail(strip_ansi(run.log_tail(200)))[-8:])
+            problems.extend("  " + line for line in _script_tail(log)[-8:])
         crash["log_tail"] = tail
         text = tail + (fatal[1] if fatal else "")
     tips = advise(text, distributed=distributed)
