@@ -361,7 +361,7 @@ def test_a_folder_moved_away_two_modules_below_the_script_is_a_race(tmp_path):
     m = build((project / "train.py").read_text(), str(project / "train.py"))
     (race,) = companion_folder_races(m)
     assert (race.call.lineno, race.name, race.where, race.deletes, race.checked) == (
-        13, "parse", "utils/util.py:8", "utils/util.py:7", False)
+        13, "parse", "utils/util.py:12", "utils/util.py:11", False)
 
 
 def test_a_project_dataparallel_that_only_adds_replication_callbacks_is_a_sync_bn_wrap(tmp_path):
