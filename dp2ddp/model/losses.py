@@ -56,7 +56,8 @@ def what_sums(m: SemanticModel, arg: ast.AST) -> str:
 
 def _made_sums(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool]]:
     """(where a summing loss is made, what makes it sum, functional): ``torch.nn`` losses
-    with ``reduction="sum"``/``size_average=False``, and instances of this module's loss
+    with ``reduction="sum"``/``size_average=False``, any other callee outside torch given
+    ``reduction="sum"`` (a loss function held on ``self``, a project's loss), and instances of this module's loss
     classes whose ``forward`` returns the total of an elementwise expression of its inputs
     (``torch.sum(torch.sqrt(diff * diff + self.eps))``, the Charbonnier loss of
     super-resolution code)."""
@@ -70,6 +71,10 @@ def _made_sums(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool]]:
         names = m.qualified_names(made.func)
         if arg is not None and any(q.startswith("torch.nn.") for q in names):
             out.append((made, arg, any(q.startswith("torch.nn.functional.") for q in names)))
+        elif arg is not None and kwarg(made, "reduction") is arg and not any(q.startswith("torch.") for q in names):
+            # a callee dp2ddp cannot name (``loss_func = self.loss_func``, a project's loss)
+            # given torch's ``reduction="sum"``: a sum; called on data, it computes the loss
+            out.append((made, arg, bool(made.args)))
         elif isinstance(made.func, ast.Name) and made.func.id in totals:
             cls = totals[made.func.id]
             _, bindings = m.lookup(made.func.id, m.scope_of(made))

@@ -27,7 +27,10 @@ RULE = Rule(
     code="DDP015",
     name="sum-reduction-loss-under-ddp",
     message="`reduction=\"sum\"` loss under DDP: gradients are averaged across ranks, so their scale changes by 1/world_size",
-    what="In DDP code, checks for `torch.nn` losses and `torch.nn.functional` calls with `reduction=\"sum\"`.",
+    what=(
+        "In DDP code, checks for `torch.nn` losses and `torch.nn.functional` calls with `reduction=\"sum\"`, and for "
+        "calls of a loss dp2ddp cannot name (one held on `self`, a project's own) given `reduction=\"sum\"`."
+    ),
     why=(
         "DDP averages gradients over ranks. Under DataParallel a summed loss gives the gradient of the sum over "
         "the whole batch; under DDP each rank sums its share and the all-reduce divides by the world size, so "
@@ -47,6 +50,10 @@ RULE = Rule(
             "import torch.distributed as dist\nimport torch.nn.functional as F\n\nloss = F.mse_loss(out, y, reduction=\"sum\")\n", 4, 27, end=(4, 42)
         ),
         Valid("import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss()\n"),
+        Invalid(  # a loss function held on the object, picked by name: torch's reduction keyword says it sums
+            "import torch.distributed as dist\n\n\ndef step(self, out, y):\n    return self.loss_func(out, y, reduction=\"sum\")\n",
+            5, 35, end=(5, 50),
+        ),
         Valid("import torch.nn as nn\n\ncriterion = nn.CrossEntropyLoss(reduction=\"sum\")  # not DDP code\n"),
         Valid(  # a sum divided by its batch's size is a mean: the ranks' shares are equal
             "import torch.distributed as dist\nimport torch.nn as nn\n\ncriterion = nn.MSELoss(reduction=\"sum\")\n"
