@@ -417,6 +417,25 @@ def test_in_batch_loss_gathers_every_ranks_share_and_trains_as_the_original(tmp_
         assert abs(float(py.values(f"loss{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))
 
 
+def test_a_dice_loss_over_the_whole_batch_is_gathered_and_trains_as_the_original(tmp_path: Path) -> None:
+    """A soft Dice loss of the project (a ratio of totals over the whole batch, in a helper
+    method of the loss class): its inputs are gathered from every rank (DDP154), so every
+    rank computes the original's Dice loss over the global batch, step after step; the
+    cross-entropy beside it stays each rank's mean. Ungathered, each rank's Dice over its
+    half differs from the original's at the first step."""
+    migrated = _migrate("dice_gathered").decode()
+    assert "dice(GatherBatch.apply(outputs), GatherBatch.apply(label_batch))" in migrated
+    assert "ce(outputs, label_batch)" in migrated
+    runs = _runs("dice_gathered", tmp_path)
+    orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
+    assert tr.checks["finished"] == {"0": "1", "1": "1"}
+    for step in range(6):
+        want = float(orig.values(f"dice{step}")[0])
+        for rank in ("0", "1"):
+            assert abs(float(tr.checks[f"dice{step}"][rank]) - want) <= 1e-4 * max(1.0, abs(want)), (step, rank)
+        assert abs(float(py.values(f"dice{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))
+
+
 def test_loaders_by_phase_shard_the_training_key_and_keep_the_others_whole(tmp_path: Path) -> None:
     """A dict of loaders by phase (a comprehension, a literal walked by ``.items()``): under
     torchrun the two ranks serve disjoint halves of the training key's epoch, together the

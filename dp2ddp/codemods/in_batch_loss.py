@@ -1,4 +1,5 @@
-"""A loss that compares the samples of a batch with each other: gathered, or refused (DDP153).
+"""A loss that couples the samples of a batch (compares them with each other, divides totals
+over the whole batch): gathered, or refused (DDP153).
 
 See :mod:`dp2ddp.model.batch_coupling`: under DDP such a loss sees each process's share of
 the batch, not the batch, so the migration would train with another loss. Where the loss
@@ -28,13 +29,13 @@ PROVIDES = (GatherHelper,)
 def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
     ctx.provide(GatherHelper())
-    for node, rel, line, name in in_batch_losses(ctx.m):
+    for node, rel, line, name, how in in_batch_losses(ctx.m):
         where = f"{rel}:{line}" if rel else f"line {line}"
         calls = loss_calls(ctx.m, node) if ctx.mode == "plain" else None
         if not calls:
-            out.append(ctx.block(node, "DDP153", f"{name} compares the samples of a batch with each other ({where}): under "
-                                 "DDP each process would compute it on its own share of the batch (fewer negatives, another "
-                                 "loss), and dp2ddp cannot gather what it is given (an argument that is not a value of the "
+            out.append(ctx.block(node, "DDP153", f"{name} {how} ({where}): under "
+                                 "DDP each process would compute it on its own share of the batch (another loss: fewer negatives, "
+                                 "other totals), and dp2ddp cannot gather what it is given (an argument that is not a value of the "
                                  "training step); gather every rank's features before it (dist.all_gather with gradients), "
                                  "then migrate"))
             continue
@@ -43,7 +44,7 @@ def propose(ctx: Context) -> List[Finding]:
             edits = gathered(ctx, [a for a in list(call.args) + [k.value for k in call.keywords]
                                    if not isinstance(a, ast.Constant)])
             out.append(ctx.note(call, "DDP154", (
-                f"{name} compares the samples of a batch with each other ({where}): its inputs are gathered from every "
+                f"{name} {how} ({where}): its inputs are gathered from every "
                 f"rank first ({gather}), so every rank computes the original's loss over the global batch"), edits))
     return out
 

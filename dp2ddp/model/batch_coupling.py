@@ -15,6 +15,13 @@ or instantiated in it) whose body multiplies a tensor by the transpose of a loca
 ``torch.cdist`` between local tensors. Only callables whose name says they are a loss
 (``...loss...``, ``criterion``, ``NTXent``/``nt_xent``, ``contrastive``, ``InfoNCE``) are
 read: a model's own ``x @ self.weight.T`` is not a comparison of samples.
+
+A loss that divides totals over the whole batch (a Dice, IoU or Tversky loss:
+``(2 * torch.sum(p * t) + s) / (torch.sum(p * p) + torch.sum(t * t) + s)``) couples the
+samples the same way: the ratio of the batch's totals is not the mean of the ranks'
+ratios. A total is a ``sum``/``mean`` over every element (no ``dim``) of a tensor of the
+call (not of ``self``); per-sample ratios (``.sum(dim=(1, 2))``) averaged over the batch are
+means and are not reported.
 """
 
 from __future__ import annotations
@@ -59,7 +66,64 @@ def _pairwise(node: ast.AST) -> bool:
     return False
 
 
-def _comparison_in(func: ast.AST) -> Optional[ast.AST]:
+_TOTALS = {"sum", "mean"}
+
+
+def _whole_total(node: ast.AST) -> bool:
+    """``torch.sum(x)``, ``x.sum()``, ``torch.mean(x)``, ``x.mean()``: every element, no
+    ``dim``, of a tensor that is not the module's own state (``self.weight.sum()``)."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) or node.func.attr not in _TOTALS:
+        return False
+    if any(k.arg in ("dim", "axis") for k in node.keywords):
+        return False
+    on = node.func.value
+    if isinstance(on, ast.Name) and on.id in ("torch", "np", "numpy"):
+        if len(node.args) != 1:
+            return False
+        on = node.args[0]
+    elif node.args:
+        return False
+    base = on
+    while isinstance(base, (ast.Attribute, ast.Subscript)):
+        base = base.value
+    return not (isinstance(base, ast.Name) and base.id == "self")
+
+
+def _holds_total(e: ast.AST, assigned: dict, depth: int = 0) -> bool:
+    """A total over the batch is in ``e``, or in what a local name of it was assigned once."""
+    if depth > 6:
+        return False
+    for n in ast.walk(e):
+        if _whole_total(n):
+            return True
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in assigned:
+            if _holds_total(assigned[n.id], assigned, depth + 1):
+                return True
+    return False
+
+
+def _ratio_of_totals(func: ast.AST) -> Optional[ast.AST]:
+    """The first ``a / b`` in ``func`` whose numerator and denominator each hold a total over
+    the whole batch (:func:`_whole_total`, followed through local names assigned once)."""
+    counts: dict = {}
+    values: dict = {}
+    for n in ast.walk(func):
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
+            counts[n.targets[0].id] = counts.get(n.targets[0].id, 0) + 1
+            values[n.targets[0].id] = n.value
+        elif isinstance(n, (ast.AugAssign, ast.AnnAssign)) and isinstance(n.target, ast.Name):
+            counts[n.target.id] = counts.get(n.target.id, 0) + 2
+    assigned = {k: v for k, v in values.items() if counts[k] == 1}
+    for n in ast.walk(func):
+        if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)
+                and _holds_total(n.left, assigned) and _holds_total(n.right, assigned)):
+            return n
+    return None
+
+
+def _comparison_in(func: ast.AST) -> Optional[Tuple[ast.AST, str]]:
+    """Where ``func`` couples the samples of its batch, and how (for a message); ``None``
+    where it gathers every rank's share itself."""
     src_gathers = False
     found = None
     for n in ast.walk(func):
@@ -68,18 +132,36 @@ def _comparison_in(func: ast.AST) -> Optional[ast.AST]:
             if _GATHER.search(text):
                 src_gathers = True
         if found is None and _pairwise(n):
-            found = n
+            found = (n, COMPARES)
+    if found is None:
+        ratio = _ratio_of_totals(func)
+        found = None if ratio is None else (ratio, DIVIDES)
     return None if src_gathers else found
 
 
+COMPARES = "compares the samples of a batch with each other"
+DIVIDES = "divides totals over the whole batch (a ratio of sums, as a Dice or IoU loss takes)"
+
+
 def _bodies(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
-    """The function itself, or a class's ``forward`` / ``__call__``."""
-    if isinstance(node, ast.ClassDef):
-        for stmt in node.body:
-            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name in ("forward", "__call__"):
-                yield stmt
-    else:
+    """The function itself, or a class's ``forward`` / ``__call__`` and the methods of the
+    class they call (``self._dice_loss(...)``), followed through the methods those call."""
+    if not isinstance(node, ast.ClassDef):
         yield node
+        return
+    methods = {s.name: s for s in node.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    todo = [methods[n] for n in ("forward", "__call__") if n in methods]
+    done: Set[str] = set()
+    while todo:
+        f = todo.pop(0)
+        if f.name in done:
+            continue
+        done.add(f.name)
+        yield f
+        for n in ast.walk(f):
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                    and n.func.value.id == "self" and n.func.attr in methods):
+                todo.append(methods[n.func.attr])
 
 
 def _project_callable(m: SemanticModel, call: ast.Call):
@@ -101,15 +183,16 @@ def _project_callable(m: SemanticModel, call: ast.Call):
     return None
 
 
-def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str]]:
-    """``(call in the script, file, line, name)`` for each loss the training loops reach that
-    compares the samples of the batch with each other without gathering every rank's."""
+def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str, str]]:
+    """``(call in the script, file, line, name, how)`` for each loss the training loops reach
+    that couples the samples of the batch (compares them with each other, or divides totals
+    over the whole batch; ``how`` says which) without gathering every rank's."""
     from dp2ddp.model.training import training_loops
 
     got = m.cache.get("batch_coupling:in_batch_losses")
     if got is not None:
         return got  # type: ignore[return-value]
-    out: List[Tuple[ast.AST, str, int, str]] = []
+    out: List[Tuple[ast.AST, str, int, str, str]] = []
     seen: Set[int] = set()
     for loop in training_loops(m):
         for func in m.reach(loop):
@@ -118,7 +201,7 @@ def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str]]:
                 hit = _comparison_in(func)
                 if hit is not None and id(func) not in seen:
                     seen.add(id(func))
-                    out.append((func, "", hit.lineno, name))
+                    out.append((func, "", hit[0].lineno, name, hit[1]))
         for call in m.reached_calls(loop):
             found = _project_callable(m, call)
             if found is None:
@@ -130,7 +213,7 @@ def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str]]:
                 hit = _comparison_in(body)
                 if hit is not None:
                     seen.add(id(node))
-                    out.append((call, rel, hit.lineno, node.name))  # type: ignore[attr-defined]
+                    out.append((call, rel, hit[0].lineno, node.name, hit[1]))  # type: ignore[attr-defined]
                     break
     m.cache["batch_coupling:in_batch_losses"] = out
     return out
