@@ -20,7 +20,7 @@ from typing import List
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GatherHelper
 from dp2ddp.engine import Edit, Finding, Replace
-from dp2ddp.model.batch_coupling import in_batch_losses, loss_calls
+from dp2ddp.model.batch_coupling import in_batch_losses, loss_calls, ungatherable
 
 
 PROVIDES = (GatherHelper,)
@@ -29,9 +29,16 @@ PROVIDES = (GatherHelper,)
 def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
     ctx.provide(GatherHelper())
-    for node, rel, line, name, how in in_batch_losses(ctx.m):
-        where = f"{rel}:{line}" if rel else f"line {line}"
+    for loss in in_batch_losses(ctx.m):
+        node, name, how = loss.node, loss.name, loss.how
+        where = f"{loss.rel}:{loss.line}" if loss.rel else f"line {loss.line}"
         calls = loss_calls(ctx.m, node) if ctx.mode == "plain" else None
+        apart = next((why for why in (ungatherable(loss, c) for c in calls or []) if why), None)
+        if apart is not None:
+            out.append(ctx.block(node, "DDP153", f"{name} {how} ({where}): under DDP each process would compute it on its "
+                                 f"own share of the batch (another loss), and dp2ddp cannot gather its inputs: {apart}; "
+                                 "gather every rank's share inside the loss (or all-reduce its totals), then migrate"))
+            continue
         if not calls:
             out.append(ctx.block(node, "DDP153", f"{name} {how} ({where}): under "
                                  "DDP each process would compute it on its own share of the batch (another loss: fewer negatives, "

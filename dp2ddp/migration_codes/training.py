@@ -141,10 +141,11 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP154", "in-batch-loss-gathered", "info",
-        "a loss that compares the samples of a batch with each other gets every rank's share of the batch",
+        "a loss that couples the samples of a batch gets every rank's share of the batch",
         "A contrastive loss (SupCon, NT-Xent, InfoNCE with in-batch negatives) compares every sample of the batch with "
-        "every other. Under DataParallel it ran on the gathered outputs; under DDP each process would compute it on "
-        "its own share (fewer negatives: another loss, another model).",
+        "every other; a Dice or IoU loss divides totals over the whole batch. Under DataParallel it ran on the "
+        "gathered outputs; under DDP each process would compute it on its own share (fewer negatives, other totals: "
+        "another loss, another model).",
         "Each input of the loss call (names the training step assigns) goes through `GatherBatch.apply(...)`, a small "
         "autograd function written once into the script: forward, `all_gather` of every rank's share in rank order "
         "(the original's global batch, since each rank holds a contiguous slice of it); backward, the gradients of "
@@ -181,12 +182,17 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP153", "in-batch-loss", "error",
-        "a loss the training reaches compares the samples of a batch with each other (`features @ features.T`) and gathers nothing from the other ranks",
+        "a loss the training reaches couples the samples of a batch (`features @ features.T`, a ratio of totals over the batch) and gathers nothing from the other ranks, where dp2ddp cannot gather its inputs",
         "Under DataParallel a contrastive loss (SupCon, NT-Xent, InfoNCE) runs on the gathered outputs: every sample "
-        "meets every other. Under DDP each process computes it on its own share, so each sample meets a fraction of "
-        "the negatives: another loss, and a migration that trains a different model while exiting 0.",
+        "meets every other; a Dice, IoU or count-normalised detection loss (`loss_l /= num_pos.sum()`) divides totals "
+        "over the whole batch. Under DDP each process computes it on its own share: fewer negatives, other totals, "
+        "another loss, and a migration that trains a different model while exiting 0. Where the loss's inputs are "
+        "values of the training step that are one tensor of the batch each, the migration gathers them (DDP154); "
+        "an input that is state (a queue of negatives) or that the loss takes apart as a sequence (a tuple of "
+        "outputs, a list of per-image targets) cannot be gathered that way, and the file is refused.",
         "Gather every rank's features before the loss (an all_gather that keeps the gradients, as SimCLR's "
-        "GatherLayer), then migrate.",
+        "GatherLayer), or all-reduce the totals the loss divides (a count of positives summed over the ranks, "
+        "divided by the world size), then migrate.",
         "No fix.",
         "import torch\nimport torch.nn as nn\n\n\ndef contrastive_loss(z):\n    sim = torch.matmul(z, z.T)\n"
         "    return -torch.log_softmax(sim, dim=1).diagonal().mean()\n\n\n"

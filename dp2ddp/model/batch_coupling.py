@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.project_defs import project_def
+from dp2ddp.model.call_args import argument
+from dp2ddp.model.syntax import summing_keyword
 
 _LOSS_NAME = re.compile(r"loss|criterion|xent|contrast|infonce|simclr|supcon|triplet|ntx", re.I)
 _MATMUL = {"matmul", "mm", "einsum_pairs"}
@@ -71,7 +73,10 @@ _TOTALS = {"sum", "mean"}
 
 def _whole_total(node: ast.AST) -> bool:
     """``torch.sum(x)``, ``x.sum()``, ``torch.mean(x)``, ``x.mean()``: every element, no
-    ``dim``, of a tensor that is not the module's own state (``self.weight.sum()``)."""
+    ``dim``, of a tensor that is not the module's own state (``self.weight.sum()``); or a
+    loss summed over its samples (``F.smooth_l1_loss(p, t, size_average=False)``)."""
+    if isinstance(node, ast.Call) and summing_keyword(node) is not None:
+        return True
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute) or node.func.attr not in _TOTALS:
         return False
     if any(k.arg in ("dim", "axis") for k in node.keywords):
@@ -96,27 +101,35 @@ def _holds_total(e: ast.AST, assigned: dict, depth: int = 0) -> bool:
     for n in ast.walk(e):
         if _whole_total(n):
             return True
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in assigned:
+        if isinstance(n, ast.Name) and n.id in assigned:
             if _holds_total(assigned[n.id], assigned, depth + 1):
                 return True
     return False
 
 
 def _ratio_of_totals(func: ast.AST) -> Optional[ast.AST]:
-    """The first ``a / b`` in ``func`` whose numerator and denominator each hold a total over
-    the whole batch (:func:`_whole_total`, followed through local names assigned once)."""
+    """The first ``a / b`` (or ``a /= b``) in ``func`` whose numerator and denominator each
+    hold a total over the whole batch (:func:`_whole_total`, followed through local names
+    assigned once: ``loss_l = F.smooth_l1_loss(..., size_average=False)``, ``N =
+    num_pos.sum()``, ``loss_l /= N``, the count normalisation of a detection loss)."""
     counts: dict = {}
     values: dict = {}
     for n in ast.walk(func):
-        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
-            counts[n.targets[0].id] = counts.get(n.targets[0].id, 0) + 1
-            values[n.targets[0].id] = n.value
-        elif isinstance(n, (ast.AugAssign, ast.AnnAssign)) and isinstance(n.target, ast.Name):
-            counts[n.target.id] = counts.get(n.target.id, 0) + 2
-    assigned = {k: v for k, v in values.items() if counts[k] == 1}
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AnnAssign, ast.For)) else []
+        for t in targets:
+            for name in ast.walk(t):
+                if isinstance(name, ast.Name):
+                    counts[name.id] = counts.get(name.id, 0) + 1
+                    values[name.id] = n.value if isinstance(t, ast.Name) and not isinstance(n, ast.For) else None
+    assigned = {k: v for k, v in values.items() if counts[k] == 1 and v is not None}
     for n in ast.walk(func):
-        if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div)
-                and _holds_total(n.left, assigned) and _holds_total(n.right, assigned)):
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div):
+            top, bottom = n.left, n.right
+        elif isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div):
+            top, bottom = n.target, n.value
+        else:
+            continue
+        if _holds_total(top, assigned) and _holds_total(bottom, assigned):
             return n
     return None
 
@@ -165,34 +178,95 @@ def _bodies(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
 
 
 def _project_callable(m: SemanticModel, call: ast.Call):
-    """The project's def or class a call runs: named directly (``SupConLoss(...)(x)``,
-    ``losses.nt_xent(z)``) or through the value it calls (``criterion = SupConLoss(...)``,
-    also returned by a setup function of the script)."""
+    """The project's def or class a call runs, or a class of this module: named directly
+    (``SupConLoss(...)(x)``, ``losses.nt_xent(z)``) or through the value it calls
+    (``criterion = SupConLoss(...)``, also returned by a setup function of the script)."""
     from dp2ddp.model.flow import origins
 
-    found = project_def(m, call.func)
+    found = project_def(m, call.func) or _own_class(m, call.func)
     if found is not None:
         return found
     if not isinstance(call.func, (ast.Name, ast.Attribute)):
         return None
     for node, path in origins(m, call.func):
         if isinstance(node, ast.Call) and not path:
-            found = project_def(m, node.func)
+            found = project_def(m, node.func) or _own_class(m, node.func)
             if found is not None and isinstance(found[1], ast.ClassDef):
                 return found
     return None
 
 
-def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str, str]]:
-    """``(call in the script, file, line, name, how)`` for each loss the training loops reach
-    that couples the samples of the batch (compares them with each other, or divides totals
-    over the whole batch; ``how`` says which) without gathering every rank's."""
+def _own_class(m: SemanticModel, func: ast.AST):
+    """``(m, class, "")`` where ``func`` names a class of this module (one binding)."""
+    if not isinstance(func, ast.Name):
+        return None
+    _, bindings = m.lookup(func.id, m.scope_of(func))
+    if len(bindings) == 1 and isinstance(bindings[0].node, ast.ClassDef):
+        return m, bindings[0].node, ""
+    return None
+
+
+class InBatchLoss(NamedTuple):
+    """A loss the training reaches that couples the samples of its batch."""
+
+    node: ast.AST  # the call in the script (a project loss), or the loss function of this module
+    rel: str  # the project module that defines it ("" for this module)
+    line: int  # the comparison or the ratio of totals
+    name: str
+    how: str  # COMPARES or DIVIDES
+    entry: ast.AST  # the def the call binds its arguments to: the function, or the class's forward/__call__
+
+
+def _positional(entry: ast.AST) -> List[str]:
+    args = [a.arg for a in getattr(entry, "args", ast.arguments(args=[])).args]
+    return args[1:] if args and args[0] == "self" else args
+
+
+def taken_apart(entry: ast.AST) -> Dict[str, int]:
+    """Parameters of a loss's ``entry`` that it takes apart as a sequence, not one tensor of
+    the batch: unpacked (``loc, conf, priors = predictions``) or indexed by a constant
+    (``predictions[0]``); name -> line. (Looping over a tensor or taking its ``len()`` reads
+    its samples: a tensor of the batch still.)"""
+    params = set(_positional(entry))
+    out: Dict[str, int] = {}
+
+    def mark(node: ast.AST, line: int) -> None:
+        if isinstance(node, ast.Name) and node.id in params:
+            out.setdefault(node.id, line)
+
+    for n in ast.walk(entry):
+        if isinstance(n, ast.Assign) and any(isinstance(t, (ast.Tuple, ast.List)) for t in n.targets):
+            mark(n.value, n.lineno)
+        elif isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, int):
+            mark(n.value, n.lineno)
+    return out
+
+
+def ungatherable(loss: InBatchLoss, call: ast.Call) -> Optional[str]:
+    """Why ``call``'s inputs cannot each be gathered as one tensor of the batch: an argument
+    the loss takes apart as a sequence (a tuple of outputs, a list of per-image targets)."""
+    params = _positional(loss.entry)
+    apart = taken_apart(loss.entry)
+    for p in params:
+        line = apart.get(p)
+        a = argument(call, params, p)
+        if line is not None and a is not None:
+            where = f"{loss.rel}:{line}" if loss.rel else f"line {line}"
+            return (f"its `{p}` (`{ast.unparse(a)}` here) is taken apart as a sequence ({where}), not one tensor of "
+                    "the batch that could be gathered")
+    return None
+
+
+def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
+    """Each loss the training loops reach that couples the samples of the batch (compares
+    them with each other, or divides totals over the whole batch; ``how`` says which)
+    without gathering every rank's."""
     from dp2ddp.model.training import training_loops
 
     got = m.cache.get("batch_coupling:in_batch_losses")
     if got is not None:
         return got  # type: ignore[return-value]
-    out: List[Tuple[ast.AST, str, int, str, str]] = []
+    out: List[InBatchLoss] = []
     seen: Set[int] = set()
     for loop in training_loops(m):
         for func in m.reach(loop):
@@ -201,7 +275,7 @@ def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str, str]
                 hit = _comparison_in(func)
                 if hit is not None and id(func) not in seen:
                     seen.add(id(func))
-                    out.append((func, "", hit[0].lineno, name, hit[1]))
+                    out.append(InBatchLoss(func, "", hit[0].lineno, name, hit[1], func))
         for call in m.reached_calls(loop):
             found = _project_callable(m, call)
             if found is None:
@@ -213,7 +287,8 @@ def in_batch_losses(m: SemanticModel) -> List[Tuple[ast.AST, str, int, str, str]
                 hit = _comparison_in(body)
                 if hit is not None:
                     seen.add(id(node))
-                    out.append((call, rel, hit[0].lineno, node.name, hit[1]))  # type: ignore[attr-defined]
+                    entry = next(_bodies(pm, node))
+                    out.append(InBatchLoss(call, rel, hit[0].lineno, node.name, hit[1], entry))  # type: ignore[attr-defined]
                     break
     m.cache["batch_coupling:in_batch_losses"] = out
     return out

@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, shared_binding, trains_here
-from dp2ddp.model.syntax import first_dim_of, kwarg
+from dp2ddp.model.syntax import first_dim_of, kwarg, summing_keyword as _summing
 from dp2ddp.model.training import under_no_grad
 
 
@@ -33,17 +33,6 @@ class SumLoss(NamedTuple):
     use: ast.Call  # the call that computes it
     scalable: bool
     reason: str
-
-
-def _summing(call: ast.Call) -> Optional[ast.keyword]:
-    arg = kwarg(call, "reduction")
-    if arg is not None and isinstance(arg.value, ast.Constant) and arg.value.value == "sum":
-        return arg
-    legacy = kwarg(call, "size_average")  # deprecated spelling of the same sum
-    if (legacy is not None and isinstance(legacy.value, ast.Constant) and legacy.value.value is False
-            and kwarg(call, "reduce") is None):
-        return legacy
-    return None
 
 
 def what_sums(m: SemanticModel, arg: ast.AST) -> str:

@@ -73,6 +73,19 @@ def kwarg(call: ast.Call, name: str) -> Optional[ast.keyword]:
     return None
 
 
+def summing_keyword(call: ast.Call) -> Optional[ast.keyword]:
+    """The keyword that makes a loss call sum over its samples: ``reduction="sum"``, or the
+    deprecated ``size_average=False`` (without ``reduce``)."""
+    arg = kwarg(call, "reduction")
+    if arg is not None and isinstance(arg.value, ast.Constant) and arg.value.value == "sum":
+        return arg
+    legacy = kwarg(call, "size_average")  # deprecated spelling of the same sum
+    if (legacy is not None and isinstance(legacy.value, ast.Constant) and legacy.value.value is False
+            and kwarg(call, "reduce") is None):
+        return legacy
+    return None
+
+
 def is_const(node: Optional[ast.AST], value) -> bool:
     return isinstance(node, ast.Constant) and node.value is value if value in (True, False, None) else (
         isinstance(node, ast.Constant) and node.value == value
