@@ -635,3 +635,57 @@ def test_a_factory_that_dispatches_through_a_table_to_a_function_that_wraps_is_s
     (d / "train.py").write_text("import torch\nimport nets\n\nmodel = nets.create('small')\nprint(model(torch.ones(4, 2)).sum())\n")
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert "DDP151 nets.create() reaches DataParallel" in capsys.readouterr().err
+
+
+_FACTORY = '''import torch
+import torch.nn as nn
+
+
+def define_net(cuda=True):
+    net = nn.Linear(4, 2)
+{wrap}
+    return net
+'''
+_KD_ENTRY = '''import torch
+from network import define_net
+from utils import load_filtered
+
+net = define_net(cuda=torch.cuda.is_available())
+load_filtered(net, torch.load("teacher.pth")["net"])
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for step in range(2):
+    opt.zero_grad()
+    net(torch.randn(8, 4)).sum().backward()
+    opt.step()
+torch.save({"net": net.state_dict()}, "student.pth")
+'''
+_FILTERED = '''def load_filtered(model, pretrained):
+    own = model.state_dict()
+    own.update({k: v for k, v in pretrained.items() if k in own})  # keys that differ are dropped, silently
+    model.load_state_dict(own)
+'''
+
+
+@pytest.mark.parametrize("wrap,keys", [
+    # Knowledge-Distillation-Zoo's define_tsnet: DataParallel on both branches of ``if cuda:``
+    ("    if cuda:\n        net = torch.nn.DataParallel(net).cuda()\n    else:\n        net = torch.nn.DataParallel(net)\n",
+     "with `module.`"),
+    ("    if torch.cuda.device_count() > 1:\n        net = torch.nn.DataParallel(net)\n", "without `module.`"),
+], ids=["wrapped-on-every-branch-keeps-module-keys", "wrapped-only-with-several-gpus-writes-plain-keys"])
+def test_the_keys_of_a_wrapper_a_project_factory_returns_are_the_ones_it_wrote(tmp_path: Path, capsys, wrap, keys) -> None:
+    """A factory of the project returns the wrapper: where it wraps on every path, the
+    original's checkpoints had ``module.`` keys and the migration keeps them (a loader that
+    drops the keys it does not know would load nothing from plain keys); where only several
+    GPUs wrapped, one GPU wrote plain keys, and the migration writes those."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "network.py").write_text(_FACTORY.format(wrap=wrap))
+    (d / "utils.py").write_text(_FILTERED)
+    (d / "train.py").write_text(_KD_ENTRY)
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out"), str(d / "train.py")]) == 0
+    said = "".join(capsys.readouterr())
+    assert re.search(rf"state_dict keys of net {re.escape(keys)}", said), said
+    text = (tmp_path / "out" / "train.py").read_text()
+    saved = 'torch.save({"net": net.state_dict()}, "student.pth")' if keys.startswith("with ") else \
+        'torch.save({"net": net.module.state_dict()}, "student.pth")'
+    assert saved in text, text
