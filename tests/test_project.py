@@ -689,3 +689,31 @@ def test_the_keys_of_a_wrapper_a_project_factory_returns_are_the_ones_it_wrote(t
     saved = 'torch.save({"net": net.state_dict()}, "student.pth")' if keys.startswith("with ") else \
         'torch.save({"net": net.module.state_dict()}, "student.pth")'
     assert saved in text, text
+
+
+def test_a_script_whose_own_path_starts_the_process_group_in_a_project_module_is_refused(tmp_path: Path, capsys) -> None:
+    """KAIR's shape: ``if opt['dist']: init_dist('pytorch')``, a function of ``utils/dist.py``
+    that calls ``init_process_group``. The script has its own distributed path; a migration
+    that starts the process group at the top would start it twice on that path. Refused
+    with the line of the call and of the init, nothing written."""
+    d = tmp_path / "proj"
+    (d / "utils").mkdir(parents=True)
+    (d / "utils" / "__init__.py").write_text("")
+    (d / "utils" / "dist.py").write_text(
+        "import os\nimport torch.distributed as dist\n\n\ndef init_dist(launcher, backend='nccl'):\n"
+        "    if launcher == 'pytorch':\n        _init_pytorch(backend)\n\n\ndef _init_pytorch(backend):\n"
+        "    dist.init_process_group(backend=backend)\n"
+    )
+    (d / "train.py").write_text(
+        "import argparse\nimport torch\nimport torch.nn as nn\nfrom utils.dist import init_dist\n\n"
+        "parser = argparse.ArgumentParser()\nparser.add_argument('--dist', action='store_true')\nargs = parser.parse_args()\n"
+        "if args.dist:\n    init_dist('pytorch')\nmodel = nn.DataParallel(nn.Linear(4, 2))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4):\n"
+        "    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n"
+    )
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"train\.py:10:5: DDP104 init_dist\(\) starts the process group in a project module "
+                     r"\(utils/dist\.py:11\)", err), err
+    assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()

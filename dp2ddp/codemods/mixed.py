@@ -39,7 +39,7 @@ from dp2ddp.codemods.mixed_edits import (apex_ddp, cuda_call, cuda_device, ddp_d
                                          master_env, paren)
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.cuda_only import cuda_asserts, cuda_calls, rank_devices
-from dp2ddp.model.launch import spawn_parameters, spawns as launch_spawns
+from dp2ddp.model.launch import inits_elsewhere, spawn_parameters, spawns as launch_spawns
 from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, INIT, LAUNCH_MODULES, SPAWN
 from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, master_env_stores, namespace_origin,
                                    option_stores, rank_env_reads, spawn_flags, spellings, switch_tests)
@@ -68,6 +68,16 @@ def detect_mode(ctx: Context) -> List[Finding]:
     spawns = m.calls(SPAWN)
     launch = m.refs(LAUNCH_MODULES)
     if not (inits or spawns or launch):
+        elsewhere = inits_elsewhere(m)
+        if elsewhere:
+            # its own distributed path starts the process group in a project module: the
+            # migration's own start would meet that one (initialised twice) on that path
+            call, rel, line = elsewhere[0]
+            return [ctx.block(call, "DDP104", (
+                f"{m.source(call.func)}() starts the process group in a project module ({rel}:{line}): the script "
+                "has its own distributed path, which dp2ddp completes only where the process group starts in this "
+                "file; a second start would fail on that path. Run that path under torchrun as it is, or migrate "
+                "by hand"))]
         # DistributedDataParallel alone (a branch for a launcher this file does not set up):
         # a DataParallel script; its own DDP branch stays as it is
         return []

@@ -63,6 +63,7 @@ from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements,
 from dp2ddp.model.rebound_wrappers import regrown_after_wrap, rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.names import DDP
 from dp2ddp.model.wrap_context import fresh_each_pass
 from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps
 
@@ -272,6 +273,25 @@ def _module_like(m: SemanticModel, name: str) -> bool:
     return False
 
 
+def _beside_own_ddp(m, w: Wrap) -> Optional[ast.If]:
+    """The ``if`` around the wrap whose other branch assigns the same target a
+    DistributedDataParallel of the script's own (``if opt['dist']: net = DDP(net) else: net =
+    DataParallel(net)``, KAIR's ``model_to_device``); ``None`` where there is none."""
+    if w.target is None or w.stmt is None:
+        return None
+    want = m.source(w.target)
+    for c in w.conditions:
+        if not isinstance(c, ast.If):
+            continue
+        other = c.orelse if any(m.contains(b, w.stmt) or b is w.stmt for b in c.body) else c.body
+        for stmt in other:
+            for n in ast.walk(stmt):
+                if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and m.call_is(n.value, DDP)
+                        and any(m.source(t) == want for t in n.targets)):
+                    return c
+    return None
+
+
 def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
     m = ctx.m
     call, stmt, target = w.call, w.stmt, w.target
@@ -319,6 +339,17 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
                          + (PLACED_NOTE if place else ""),
                          [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
+    beside = _beside_own_ddp(m, w)
+    if beside is not None and partial_root is None:
+        # ``if opt['dist']: net = DDP(net) else: net = DataParallel(net)``: moved out of the
+        # ``if``, the wrap would wrap the script's own DDP again on that path
+        place = not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer)
+        module_text = placed_at_wrap(ctx, inner_text, w.module) if place else inner_text
+        return [ctx.note(call, "DDP100", (
+            f"DataParallel -> DistributedDataParallel on its own branch: the other branch of `if {m.source(beside.test)}:` "
+            "wraps in DistributedDataParallel already (the script's own path), and a wrap after the `if` would wrap that "
+            "one again") + (PLACED_NOTE if place else ""),
+            [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
     if target is None:
         return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
     wrap_target = partial_root if partial_root is not None else target

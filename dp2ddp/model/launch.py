@@ -62,3 +62,24 @@ def spawn_argument(m: SemanticModel, spawn: Spawn, param: str) -> Optional[ast.A
         if name == param:
             return None if isinstance(el, ast.Starred) else el
     return None
+
+
+def inits_elsewhere(m: SemanticModel) -> List[Tuple[ast.Call, str, int]]:
+    """Calls of this script into its project's modules that start the process group there
+    (KAIR's ``if opt['dist']: init_dist('pytorch')`` -> ``utils/utils_dist.py``:
+    ``dist.init_process_group(...)``), up to three modules down: ``(call, module, line of
+    the init_process_group)``. A script with its own distributed path started that way."""
+    from dp2ddp.model.names import INIT
+    from dp2ddp.model.project_defs import project_calls, reach_across
+
+    got = m.cache.get("launch:inits_elsewhere")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, str, int]] = []
+    for call, (pm, node, rel) in project_calls(m):
+        found = [(path, c.lineno) for mod, fn, path in reach_across(pm, node, rel)
+                 for c in mod.calls(INIT) if mod.contains(fn, c)]
+        if found:
+            out.append((call, *min(found)))
+    m.cache["launch:inits_elsewhere"] = out
+    return out
