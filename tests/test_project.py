@@ -717,3 +717,30 @@ def test_a_script_whose_own_path_starts_the_process_group_in_a_project_module_is
     assert re.search(r"train\.py:10:5: DDP104 init_dist\(\) starts the process group in a project module "
                      r"\(utils/dist\.py:11\)", err), err
     assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
+
+
+def test_a_file_a_project_function_writes_on_rank_zero_and_another_hands_to_a_program_gets_a_barrier(tmp_path: Path, capsys) -> None:
+    """RepBERT's evaluation: ``generate_rank(scores, ranking)`` (a project function that only
+    writes) runs on rank 0, then ``eval_results(ranking)`` runs a scorer program on that file
+    on every rank: a barrier after the write, or rank 1 scores a file not written yet."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "utils.py").write_text(
+        "import subprocess\n\n\ndef generate_rank(scores, ranking):\n    with open(ranking, 'w') as f:\n"
+        "        f.write(open(scores).read())\n\n\ndef eval_results(ranking):\n"
+        "    return float(subprocess.check_output(['python', 'score.py', ranking]))\n"
+    )
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom utils import eval_results, generate_rank\n\n\n"
+        "def evaluate(model):\n    scores = 'scores.tsv'\n    ranking = 'ranking.tsv'\n"
+        "    with open(scores, 'w') as f:\n        f.write(str(model(torch.ones(1, 4)).sum().item()))\n"
+        "    generate_rank(scores, ranking)\n    return eval_results(ranking)\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4):\n"
+        "    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\nprint(evaluate(model))\n"
+    )
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    said = "".join(capsys.readouterr())
+    assert re.search(r"11 +dist\.barrier\(\) after the rank-0 write: line 12 reads the file on every rank", said), said
+    text = (d / "train_ddp.py").read_text()
+    assert "        generate_rank(scores, ranking)\n    dist.barrier()\n    return eval_results(ranking)\n" in text, text

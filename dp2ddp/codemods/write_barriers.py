@@ -4,8 +4,8 @@
 A file that only rank 0 writes (a save :mod:`rank_zero` guarded, or a file a function of
 the script opens for writing that :mod:`rank_writers` routes to rank 0) may not exist yet
 when another rank reads it: :func:`barriers` puts a barrier after the write where a read
-of the same path follows (directly, or through a function of the script that reads the
-path it is given); :func:`routed_write_sites` gives the calls of such writing functions.
+of the same path follows (directly, or through a function of the script or of a project
+module that reads the path it is given); :func:`routed_write_sites` gives the calls of such writing functions.
 """
 
 from __future__ import annotations
@@ -44,6 +44,10 @@ def routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
 
 
 READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yaml.load", "pandas.read_csv"}
+# a function that hands a path to another program reads that file too (RepBERT's
+# ``eval_results(path)`` runs the MS MARCO scorer on the ranking it was given)
+RUNS = frozenset({"subprocess.check_output", "subprocess.run", "subprocess.call", "subprocess.check_call",
+                  "subprocess.Popen", "os.system"})
 
 
 def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
@@ -127,12 +131,27 @@ def _writes(call: ast.Call) -> bool:
 
 
 def _reads_files(m: SemanticModel, func) -> bool:
-    """The function (or one it calls) reads a file: torch.load, open for reading, np.load ..."""
+    """The function (or one it calls) reads a file: torch.load, open for reading, np.load ...,
+    or runs another program (which reads what it is given)."""
     for call in m.reached_calls(func):
         q = m.qualified_names(call.func)
-        if q & READS or (q & OPEN and not _writes(call)):
+        if q & READS or q & RUNS or (q & OPEN and not _writes(call)):
             return True
     return False
+
+
+def _callee_reads(m: SemanticModel, call: ast.Call) -> bool:
+    """``call`` runs a function that reads a file: one of the script's, or of the project's
+    own modules (``mrr = eval_results(rank_output)``, utils.py opening the path it is given)."""
+    from dp2ddp.model.project_defs import project_def
+
+    t = m.resolve_call(call)
+    if t is not None:
+        return _reads_files(m, t)
+    found = project_def(m, call.func)
+    if found is None or not isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    return _reads_files(found[0], found[1])
 
 
 def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> ast.stmt:
@@ -178,8 +197,7 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
                     continue
                 if routed and m.enclosing_function(call) is not m.enclosing_function(stmt):
                     continue
-                t = m.resolve_call(call)
-                if t is not None and any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _reads_files(m, t):
+                if any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _callee_reads(m, call):
                     later.append(call)
             if not later:
                 continue
