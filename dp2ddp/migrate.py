@@ -276,7 +276,34 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     plan_modules = frozenset(real for _, real in helpers + trainers)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
+    _left_behind(entry, out)
     return out
+
+
+def _left_behind(entry: str, out) -> None:
+    """DDP175 on each rewritten helper that other scripts beside the entry import: they
+    start no process group, and the rewritten helper gives them the bare model where the
+    original gave a DataParallel wrapper (``module.`` keys lost) — where a wrap of the helper
+    ran on one GPU or the CPU too (not only under a count of the devices)."""
+    import os
+
+    from dp2ddp.findings import Finding
+    from dp2ddp.project import importers_of, wraps_without_a_device_count
+
+    helpers = {os.path.realpath(f.path): f for f in out.files if f.role == "helper" and f.result.changed}
+    if not helpers:
+        return
+    for real, scripts in importers_of(entry, set(helpers)).items():
+        if not wraps_without_a_device_count(real):
+            continue  # one GPU had the bare model from it too: the other scripts see what they saw there
+        names = ", ".join(f"{os.path.basename(p)}:{line}" for p, line in scripts[:6]) + (
+            f" and {len(scripts) - 6} more" if len(scripts) > 6 else "")
+        f = helpers[real]
+        f.result.migration.findings.append(Finding(
+            "DDP175", f"{f.rel} is also imported by scripts this migration leaves as they were ({names}): with the "
+            "rewritten module they get the bare model where they had a DataParallel wrapper, so their checkpoints lose "
+            "`module.` (a loader that keeps only the keys it knows would load nothing); migrate them too "
+            "(rewrite OTHER.py --with-helpers), or keep the original module for them", line=1))
 
 
 def _trainers(entry: str, helpers: set) -> list:

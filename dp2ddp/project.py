@@ -72,6 +72,49 @@ def project_modules(path: str, tree: Optional[ast.Module] = None) -> Dict[str, T
     return out
 
 
+def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
+    """The other scripts beside ``entry`` (its folder, not below) that import one of
+    ``modules`` (real paths) directly: module -> [(script path, line of the import)]."""
+    folder = os.path.dirname(os.path.abspath(entry))
+    me = os.path.realpath(entry)
+    out: Dict[str, List[Tuple[str, int]]] = {}
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(folder, name)
+        if not name.endswith(".py") or os.path.realpath(path) == me or os.path.realpath(path) in modules:
+            continue
+        tree = _parse(path)
+        if tree is None:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for mod, level in _imported_modules(ast.Module(body=[node], type_ignores=[])):
+                found = module_file(folder, mod, level)
+                real = os.path.realpath(found) if found else None
+                if real in modules and path not in [p for p, _ in out.get(real, [])]:
+                    out.setdefault(real, []).append((path, node.lineno))
+    return out
+
+
+def wraps_without_a_device_count(path: str) -> bool:
+    """A DataParallel wrap of the module at ``path`` runs without a count of the devices
+    around it (unconditional, on both branches of ``if cuda:``, under a flag or a CUDA
+    test): there, a process with one GPU or none got a wrapper from it too."""
+    from dp2ddp.model.cuda_only import count_test, ran_on_every_gpu_machine
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.wraps import dp_wraps
+
+    pm = file_model(path)
+    if pm is None:
+        return False
+    return any(not any(count_test(pm, c.test) for c in w.conditions)
+               or ran_on_every_gpu_machine(pm, [c.test for c in w.conditions]) for w in dp_wraps(pm))
+
+
 def _parse(file: str) -> Optional[ast.Module]:
     try:
         with open(file, "rb") as fh:

@@ -744,3 +744,24 @@ def test_a_file_a_project_function_writes_on_rank_zero_and_another_hands_to_a_pr
     assert re.search(r"11 +dist\.barrier\(\) after the rank-0 write: line 12 reads the file on every rank", said), said
     text = (d / "train_ddp.py").read_text()
     assert "        generate_rank(scores, ranking)\n    dist.barrier()\n    return eval_results(ranking)\n" in text, text
+
+
+def test_a_rewritten_helper_that_other_scripts_import_is_named_with_each_of_them(tmp_path: Path, capsys) -> None:
+    """``define_net()`` (network.py) wraps in DataParallel; train.py and distill.py both
+    import it. Migrating train.py rewrites network.py, which then gives distill.py (no process
+    group) the bare model: DDP175 names distill.py and its import line, the exit code says
+    there is something to read; a project whose helper no other script imports gets none."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "network.py").write_text(_FACTORY.format(
+        wrap="    if cuda:\n        net = torch.nn.DataParallel(net).cuda()\n    else:\n        net = torch.nn.DataParallel(net)\n"))
+    (d / "utils.py").write_text(_FILTERED)
+    (d / "train.py").write_text(_KD_ENTRY)
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "alone"), str(d / "train.py")]) == 0
+    assert "DDP175" not in "".join(capsys.readouterr())
+    (d / "distill.py").write_text("import torch\n\nfrom network import define_net\n\nteacher = define_net(cuda=False)\n")
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out"), str(d / "train.py")]) == 1
+    said = "".join(capsys.readouterr())
+    assert re.search(r"network\.py:1:1: DDP175 network\.py is also imported by scripts this migration leaves as they "
+                     r"were \(distill\.py:3\)", said), said
+    assert (tmp_path / "out" / "network.py").exists()  # written: a warning, not a refusal

@@ -249,6 +249,17 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix.",
     ),
     MigrationCode(
+        "DDP175", "migrated-helper-shared-with-other-scripts", "warning",
+        "a project module this migration rewrites is imported by other scripts of the project that it does not migrate",
+        "A helper such as `define_net()` that returned a DataParallel wrapper returns a DDP wrapper where a process "
+        "group runs and the bare model elsewhere. The other scripts that import it (an evaluation script, the second "
+        "stage of a distillation) start no process group: with the rewritten helper they get the bare model, whose "
+        "checkpoint keys lose `module.`, and a loader that keeps only the keys it knows loads nothing, silently.",
+        "Migrate each of those scripts too (`dp2ddp rewrite OTHER.py --with-helpers`), or keep the original helper for "
+        "them. The warning names each script and the line that imports the helper.",
+        "No fix: the helper is rewritten as the entry needs; the warning says which scripts it leaves behind.",
+    ),
+    MigrationCode(
         "DDP165", "dp-unwrapping-helper-handed-module", "info",
         "a project function that unwraps only a DataParallel is handed `model.module`",
         "A helper such as `save_model(model, opt, path)` that starts with `if isinstance(model, nn.DataParallel): "
