@@ -36,8 +36,46 @@ def conditional_submodules(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.Cal
             for attr in sorted(set(here) ^ set(there)):
                 if attr not in held or attr in _tested(node.test):
                     continue  # a method, or a module the test checks is there
+                if _built_only_where_called(m, cls, node.test, attr, attr in here):
+                    continue  # each instance builds it exactly where its forward calls it
                 out.append((cls, (here.get(attr) or there.get(attr)), attr))
     return out
+
+
+def _built_only_where_called(m: SemanticModel, cls: ast.ClassDef, test: ast.AST, attr: str, when: bool) -> bool:
+    """``__init__`` builds ``self.<attr>`` under the same test as ``forward`` calls it on, on
+    the same branch (``when``: the test's true branch), and sets it to ``None`` (or leaves it
+    unset) on the other, the test reading only attributes of ``self`` that only ``__init__``
+    assigns (KD-Zoo's ``self.downsample = in_channels != out_channels``, then ``if
+    self.downsample: self.ds = ...`` in both): each instance takes the same branch in every
+    forward, and has the sub-module exactly where it calls it, so no parameter goes unused."""
+    init = m.methods(cls).get("__init__")
+    tested = _tested(test)
+    if init is None or not tested:
+        return False
+    if any(isinstance(n, ast.Name) and n.id != "self" for n in ast.walk(test)):
+        return False  # a global or a parameter decides: not shown to be the same in both
+    for name, fn in m.methods(cls).items():
+        if name == "__init__":
+            continue
+        for n in ast.walk(fn):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AugAssign, ast.AnnAssign)) else []
+            if any(isinstance(t, ast.Attribute) and t.attr in tested | {attr} for t in targets):
+                return False  # the switch or the sub-module changes after __init__
+    same = [n for n in ast.walk(init) if isinstance(n, ast.If) and ast.dump(n.test) == ast.dump(test)]
+    if len(same) != 1:
+        return False
+    branch, other = (same[0].body, same[0].orelse) if when else (same[0].orelse, same[0].body)
+
+    def assigns(stmts, none: bool) -> bool:
+        return any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == attr for t in n.targets)
+                   and (isinstance(n.value, ast.Constant) and n.value.value is None) == none
+                   for s in stmts for n in ast.walk(s))
+
+    outside = [n for n in ast.walk(init) if isinstance(n, ast.Assign)
+               and any(isinstance(t, ast.Attribute) and t.attr == attr for t in n.targets)
+               and not m.contains(same[0], n)]
+    return assigns(branch, none=False) and not assigns(other, none=False) and not outside
 
 
 def _calls(stmts: List[ast.stmt]) -> dict:
