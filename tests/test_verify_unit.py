@@ -577,3 +577,31 @@ def test_project_root_reaches_a_folder_the_script_adds_relative_to_where_it_runs
     (tmp_path / "image_classification" / "_paths.py").write_text("import os, sys\nsys.path.insert(0, os.path.abspath('..'))\n")
     (tmp_path / "image_classification" / "other.py").write_text("import _paths\n")
     assert path_roots(str(tmp_path / "image_classification")) == ()
+
+
+def test_a_file_above_the_projects_copy_is_named_with_the_project_root_advice_not_a_barrier(tmp_path):
+    """TransUNet reads ``../model/vit_checkpoint/...`` above its folder: missing in every run's
+    copy. The crash names the path and --project-root; the barrier advice (a file rank 0
+    writes late) is not given for it. A file inside the copy that is missing keeps it."""
+    from dp2ddp.verify.failures import describe_failure
+    from dp2ddp.verify.options import Options
+    from dp2ddp.verify.runner import Rank, RunResult
+
+    root = tmp_path / "pair0" / "migrated"
+    root.mkdir(parents=True)
+
+    def crash(message):
+        rank = Rank(0)
+        rank.error = {"type": "FileNotFoundError", "message": message, "traceback": "FileNotFoundError: " + message, "t": 1.0}
+        run = RunResult(role="migrated", exit_code=1, wall_s=1.0, ranks={0: rank}, logs=[], root=root)
+        problems, details = [], {}
+        describe_failure(run, Options(steps=0, warmup=1, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0.0, timeout=60.0,
+                                      user_dirs=[], nproc=2, nnodes=1), problems, details)
+        return details["crashes"][0]["advice"]
+
+    for missing in ("../model/vit_checkpoint/R50+ViT-B_16.npz", str(tmp_path / "pair0" / "data" / "train.txt")):
+        advice = crash(f"[Errno 2] No such file or directory: '{missing}'")
+        assert advice[0].startswith(f"The script reads `{missing}`, outside the project folder") and "--project-root" in advice[0]
+        assert not any("dist.barrier()" in a for a in advice), advice
+    inside = crash(f"[Errno 2] No such file or directory: '{root / 'vocab.txt'}'")
+    assert not any("outside the project folder" in a for a in inside) and any("dist.barrier()" in a for a in inside)

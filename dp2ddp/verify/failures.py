@@ -5,7 +5,10 @@ failure (:func:`exit_race`)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 from dp2ddp.verify import stacks
 from dp2ddp.verify.advice import advise
@@ -71,10 +74,40 @@ def describe_failure(run: RunResult, opts: Options, problems: List[str], details
             problems.extend("  " + line for line in _script_tail(log)[-8:])
         crash["log_tail"] = tail
         text = tail + (fatal[1] if fatal else "")
-    tips = advise(text, distributed=distributed)
+    outside = outside_the_copy(text, run.root)
+    # a file above the project's copy is missing from every run, not written late by rank 0
+    tips = ([OUTSIDE_ADVICE.format(path=outside)] if outside else []) + advise(text, distributed=distributed and not outside)
     crash["advice"] = tips
     problems.extend("  advice: " + t for t in tips)
     details.setdefault("crashes", []).append(crash)
+
+
+_MISSING = re.compile(r"No such file or directory: '([^']+)'")
+
+OUTSIDE_ADVICE = (
+    "The script reads `{path}`, outside the project folder verify copies for each run: nothing is there in "
+    "a run's scratch folder. Pass --project-root a folder above that holds both the script and that file "
+    "(verify mirrors it, read-only), or give the script the file's absolute path."
+)
+
+
+def outside_the_copy(text: str, root) -> Optional[str]:
+    """The path a ``FileNotFoundError`` in ``text`` names where it lies outside the run's copy
+    of the project: relative and climbing out of it (``../data/Synapse/...``, the working
+    directory being inside the copy), or absolute under the run's scratch folder but not
+    under the copy; ``None`` otherwise."""
+    found = _MISSING.search(text)
+    if found is None:
+        return None
+    path = found.group(1)
+    if not os.path.isabs(path):
+        return path if path.replace("\\", "/").startswith("../") else None
+    if root is None:
+        return None
+    p = Path(path)
+    if p == Path(root) or Path(root) in p.parents:
+        return None
+    return path if Path(root).parent in p.parents else None
 
 
 def _script_tail(log: str) -> List[str]:
