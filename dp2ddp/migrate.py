@@ -255,7 +255,7 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     import os
     from dataclasses import replace
 
-    from dp2ddp.project import FileResult, ProjectResult, project_modules, uses_dp
+    from dp2ddp.project import FileResult, ProjectResult, only_checks_dp, project_modules, uses_dp
     from dp2ddp.source import read_source
 
     options = options or Options()
@@ -272,7 +272,10 @@ def migrate_project(entry: str, options: Optional[Options] = None):
                                                             shared_attrs=saving.get((rel, real), frozenset())))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
-    role = "entry" if helpers or trainers else "script"
+    # helpers that only test for DataParallel wrap nothing: an entry without wraps of its own
+    # needs no process group for them (an inference script that prints a model's description)
+    wrapping = [h for h in helpers if not only_checks_dp(h[1])]
+    role = "entry" if wrapping or trainers else "script"
     plan_modules = frozenset(real for _, real in helpers + trainers)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))

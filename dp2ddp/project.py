@@ -149,6 +149,25 @@ def uses_dp(file: str) -> bool:
     return uses_dataparallel(pm) and not dp_library(pm)
 
 
+def only_checks_dp(file: str) -> bool:
+    """The project module names DataParallel only to test for it (``isinstance(model,
+    torch.nn.DataParallel)``, an import): it calls no DataParallel, ``data_parallel`` or
+    class of its own derived from one, so it wraps nothing. KAIR's ``utils_model.py``."""
+    from dp2ddp.model.names import DP, DP_FUNCTIONAL
+    from dp2ddp.model.project_defs import file_model
+
+    pm = file_model(file)
+    if pm is None:
+        return False
+    for node in pm.nodes(ast.ClassDef):
+        if any("DataParallel" in pm.source(b) for b in node.bases):
+            return False
+    for call in pm.nodes(ast.Call):
+        if pm.is_name(call.func, DP | DP_FUNCTIONAL) or pm.source(call.func).endswith("DataParallel"):
+            return False
+    return True
+
+
 def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     """``(call in the script, helper path relative to it, line of its first DataParallel)``
     for the project modules with DataParallel that the script's calls reach: a function
@@ -159,7 +178,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     if m.path in ("<string>", "<stdin>", "-"):
         return []
     mods = project_modules(m.path, m.tree)
-    dp_files = [real for real in mods if uses_dp(real)]
+    dp_files = [real for real in mods if uses_dp(real) and not only_checks_dp(real)]
     if not dp_files:
         return []
     from dp2ddp.model.project_defs import project_calls, reach_across

@@ -765,3 +765,23 @@ def test_a_rewritten_helper_that_other_scripts_import_is_named_with_each_of_them
     assert re.search(r"network\.py:1:1: DDP175 network\.py is also imported by scripts this migration leaves as they "
                      r"were \(distill\.py:3\)", said), said
     assert (tmp_path / "out" / "network.py").exists()  # written: a warning, not a refusal
+
+
+def test_an_entry_whose_helpers_only_test_for_dataparallel_gets_no_process_group(tmp_path: Path, capsys) -> None:
+    """KAIR's test scripts: no wrap of their own, and ``utils_model.describe_model`` only tests
+    ``isinstance(model, torch.nn.DataParallel)``. The helper's test is migrated; the script,
+    which wraps nothing, gets no process group (under torchrun it would only repeat itself)."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "utils_model.py").write_text(
+        "import torch\n\n\ndef describe_model(model):\n    if isinstance(model, torch.nn.DataParallel):\n"
+        "        model = model.module\n    return type(model).__name__\n"
+    )
+    (d / "main_test.py").write_text(
+        "import torch\nimport torch.nn as nn\nimport utils_model\n\nmodel = nn.Linear(4, 2)\n"
+        "print(utils_model.describe_model(model))\nwith torch.no_grad():\n    print(model(torch.ones(1, 4)))\n"
+    )
+    main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out"), str(d / "main_test.py")])
+    out = tmp_path / "out"
+    assert (out / "main_test.py").read_text() == (d / "main_test.py").read_text()
+    assert "isinstance(model, DistributedDataParallel)" in (out / "utils_model.py").read_text()
