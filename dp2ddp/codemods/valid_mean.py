@@ -31,6 +31,16 @@ def propose(ctx: Context) -> List[Finding]:
     if not found:
         return out
     m = ctx.m
+    shared = [v for v in found if v.shared is not None]
+    if shared:
+        for v in shared:
+            other = " ".join(m.source(v.shared).split())[:60]
+            out.append(ctx.block(v.call, "DDP176", (
+                f"`{' '.join(m.source(v.call).split())[:60]}` averages over the valid targets (ignore_index="
+                f"{m.source(v.ignore)}) where `{' '.join(m.source(v.made).split())[:50]}` computes it, but the same name "
+                f"also holds the loss bound at line {v.shared.lineno} (`{other}`), which may not: weighting every call by "
+                "its share of valid targets would change that loss's step; give each loss a name of its own, then migrate")))
+        return out
     name = ctx.fresh_name("valid_mean")
     ctx.define_after_imports("valid_mean.py.tmpl", valid_mean=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
     for v in found:

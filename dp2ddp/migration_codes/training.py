@@ -49,6 +49,21 @@ CODES: Tuple[MigrationCode, ...] = (
         "    z = torch.randn(n * dist.get_world_size(), 4).chunk(dist.get_world_size())[dist.get_rank()]\n",
     ),
     MigrationCode(
+        "DDP176", "valid-count-mean-shared-name", "error",
+        "a loss averaged over its valid targets (`ignore_index`) shares its name with another loss the configuration picks",
+        "`criterion = nn.CTCLoss()` on one branch and `criterion = nn.CrossEntropyLoss(ignore_index=0)` on another (a "
+        "text recogniser's CTC and attention heads): every call of `criterion` may compute either. DDP163 weights "
+        "each rank's mean by its share of the valid targets, which is right for the cross-entropy and wrong for the "
+        "CTC loss (a mean of per-sample losses, the same on equal shares): weighting it would change its step.",
+        "Give each loss a name of its own (`ctc_loss`, `attn_loss`), so that only the ignore_index loss's calls are "
+        "weighted, then migrate.",
+        "No fix.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 3))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ctc = False\nif ctc:\n    criterion = nn.CTCLoss(zero_infinity=True)\nelse:\n"
+        "    criterion = nn.CrossEntropyLoss(ignore_index=0)\nx, y = torch.randn(8, 4), torch.randint(0, 3, (8,))\n"
+        "loss = criterion(model(x), y)\nloss.backward()\nopt.step()\n",
+    ),
+    MigrationCode(
         "DDP163", "valid-count-mean", "info",
         "a loss averaged over the valid targets (`ignore_index`) of the batch: each rank's mean is weighted by its share of them",
         "`nn.CrossEntropyLoss(ignore_index=pad)` computed on DataParallel's gathered outputs averaged over the valid "

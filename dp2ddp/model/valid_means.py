@@ -6,11 +6,11 @@ shares weighted alike. The count of valid targets of a loss with ``ignore_index`
 from __future__ import annotations
 
 import ast
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.loss_calls import class_uses, in_forward, trains_here
+from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.training import under_no_grad
 
@@ -74,6 +74,7 @@ class ValidMean(NamedTuple):
     target: ast.AST  # its target argument
     ignore: ast.AST  # the ignore_index expression
     made: ast.Call  # where the loss is made (the class's construction, or the functional call)
+    shared: Optional[ast.AST] = None  # another loss bound to the same name (``criterion = CTCLoss()`` on another branch)
 
 
 def valid_count_means(m: SemanticModel) -> List[ValidMean]:
@@ -109,7 +110,7 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
             if not (_constant(ignore.value) or m.enclosing_function(use) is m.enclosing_function(made)
                     or _same_binding(m, ignore.value, made, use)):
                 continue  # ``ignore_index=self.ignore`` read where the loss is made, not where it is used
-            out.append(ValidMean(use, value, ignore.value, made))
+            out.append(ValidMean(use, value, ignore.value, made, None if functional else shared_binding(m, made)))
     m.cache["losses:valid"] = out
     return out
 
