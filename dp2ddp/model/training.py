@@ -168,9 +168,15 @@ def updates(m: SemanticModel, loop: ast.AST) -> bool:
     return False
 
 
+# methods that hand a training loop its next batch from loaders an object keeps
+BATCH_GETTERS = frozenset({"get_batch", "next_batch", "get_next_batch", "sample_batch"})
+
+
 def fed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.AST]]:
     """``(value, training loop)``: each value a training loop iterates (``for``) or pulls
-    batches from (``next(iter(x))``, ``next(it)`` of ``it = iter(x)``) inside its body."""
+    batches from (``next(iter(x))``, ``next(it)`` of ``it = iter(x)``, ``x.get_batch()``:
+    deep-text-recognition's ``Batch_Balanced_Dataset``, whose loaders live inside it) inside
+    its body."""
     got = m.cache.get("training:fed")
     if got is not None:
         return got  # type: ignore[return-value]
@@ -187,6 +193,9 @@ def fed_values(m: SemanticModel) -> List[Tuple[ast.AST, ast.AST]]:
                     if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "iter" and inner.args:
                         inner = inner.args[0]
                     out.extend((v, loop) for v in iterated(inner))
+                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in BATCH_GETTERS
+                      and not n.args and not n.keywords):
+                    out.extend((v, loop) for v in iterated(n.func.value))
     m.cache["training:fed"] = out
     return out
 
