@@ -272,10 +272,10 @@ def migrate_project(entry: str, options: Optional[Options] = None):
                                                             shared_attrs=saving.get((rel, real), frozenset())))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
-    # helpers that only test for DataParallel wrap nothing: an entry without wraps of its own
-    # needs no process group for them (an inference script that prints a model's description)
+    # helpers that only test for DataParallel wrap nothing: an entry that names no DataParallel
+    # of its own needs no process group for them (an inference script printing a model's description)
     wrapping = [h for h in helpers if not only_checks_dp(h[1])]
-    role = "entry" if wrapping or trainers else "script"
+    role = "entry" if wrapping or trainers or (helpers and not quick_reject(src.data)) else "script"
     plan_modules = frozenset(real for _, real in helpers + trainers)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
