@@ -297,10 +297,12 @@ def _shared_forward(ctx: Context) -> List[Finding]:
         if not loops or id(loops[0]) in done:
             continue
         loop = loops[0]
-        forwards = [c for c in m.calls_in(loop) if var_key(m, c.func) in keys]
-        if len(forwards) != 1:
-            continue
-        done.add(id(loop))
+        key = var_key(m, call.func)
+        forwards = sorted((c for c in m.calls_in(loop) if var_key(m, c.func) == key), key=lambda c: (c.lineno, c.col_offset))
+        # each forward's outputs are followed up to the next forward of the same model in the
+        # loop (a GAN's discriminator runs on real, fake and interpolated images in turn)
+        later = [c.lineno for c in forwards if c.lineno > call.lineno]
+        until = min(later) if later else float("inf")
         stmt = m.statement_of(call)
         tainted: Set[str] = set()
         if isinstance(stmt, ast.Assign):
@@ -309,14 +311,18 @@ def _shared_forward(ctx: Context) -> List[Finding]:
         if not tainted:
             continue
         backwards = []
-        for s in ast.walk(loop):
-            if isinstance(s, ast.Assign) and s is not stmt and _uses_tainted(s.value, tainted):
+        window = sorted((s for s in ast.walk(loop) if isinstance(s, ast.Assign) and s is not stmt
+                         and stmt.lineno < s.lineno < until), key=lambda s: s.lineno)
+        for s in window:
+            if _uses_tainted(s.value, tainted):
                 for t in s.targets:
                     tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
         for c in m.calls_in(loop):
-            if isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and _uses_tainted(c.func.value, tainted):
+            if (isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and stmt.lineno <= c.lineno < until
+                    and _uses_tainted(c.func.value, tainted)):
                 backwards.append(c)
         if len(backwards) >= 2:
+            done.add(id(loop))
             lines = ", ".join(str(b.lineno) for b in backwards)
             out.append(
                 ctx.block(
