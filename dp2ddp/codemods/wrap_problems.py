@@ -279,6 +279,15 @@ def _uses_tainted(expr: ast.AST, tainted: Set[str]) -> bool:
     return False
 
 
+def _exclusive(m, a: ast.AST, b: ast.AST) -> bool:
+    """``a`` and ``b`` stand on different branches of one ``if`` (body and ``else``/``elif``)."""
+    for node in m.ancestors(a):
+        if isinstance(node, ast.If) and m.contains(node, b):
+            in_body = lambda x: any(s is x or m.contains(s, x) for s in node.body)  # noqa: E731
+            return in_body(a) != in_body(b)
+    return False
+
+
 def _shared_forward(ctx: Context) -> List[Finding]:
     """One forward of a wrapped model whose output feeds two or more ``.backward()`` calls
     in the same loop (pix2pixHD: the generator and discriminator losses of one forward):
@@ -311,16 +320,23 @@ def _shared_forward(ctx: Context) -> List[Finding]:
         if not tainted:
             continue
         backwards = []
-        window = sorted((s for s in ast.walk(loop) if isinstance(s, ast.Assign) and s is not stmt
-                         and stmt.lineno < s.lineno < until), key=lambda s: s.lineno)
-        for s in window:
-            if _uses_tainted(s.value, tainted):
-                for t in s.targets:
-                    tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-        for c in m.calls_in(loop):
-            if (isinstance(c.func, ast.Attribute) and c.func.attr == "backward" and stmt.lineno <= c.lineno < until
-                    and _uses_tainted(c.func.value, tainted)):
-                backwards.append(c)
+        # in the order they run: an assignment from the outputs taints its names, one from
+        # anything else clears them (``d_loss = lambda_gp * penalty`` is another loss)
+        events = sorted([s for s in ast.walk(loop) if isinstance(s, ast.Assign) and s is not stmt
+                         and stmt.lineno < s.lineno < until]
+                        + [c for c in m.calls_in(loop) if isinstance(c.func, ast.Attribute) and c.func.attr == "backward"
+                           and stmt.lineno <= c.lineno < until], key=lambda n: (n.lineno, n.col_offset))
+        for e in events:
+            if isinstance(e, ast.Assign):
+                names = {n.id for t in e.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                if _uses_tainted(e.value, tainted):
+                    tainted |= names
+                elif all(isinstance(t, ast.Name) for t in e.targets):
+                    tainted -= names
+            elif _uses_tainted(e.func.value, tainted):
+                backwards.append(e)
+        # backward passes on the exclusive branches of one ``if``/``elif`` chain never run together
+        backwards = next(([a, b] for i, a in enumerate(backwards) for b in backwards[i + 1:] if not _exclusive(m, a, b)), [])
         if len(backwards) >= 2:
             done.add(id(loop))
             lines = ", ".join(str(b.lineno) for b in backwards)
