@@ -43,7 +43,7 @@ from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
-from dp2ddp.model.loaders import Loader, distributed_sampler, loaders, sampler_values
+from dp2ddp.model.loaders import Loader, distributed_sampler, evaluated_apart, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
 from dp2ddp.model.training import NOT_DATA
@@ -96,6 +96,11 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
+        apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
+        if apart is not None:
+            why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: sharding it would shard "
+                   "that evaluation too (each rank's own metric; an early stop or a best-model choice that differs between "
+                   "the ranks stops one of them in a collective); build the training loader apart, then migrate")
         if why is not None:
             out.append(ctx.block(loader.call, "DDP105", f"{label} {why}"))
             continue

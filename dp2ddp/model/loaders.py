@@ -324,6 +324,43 @@ def loaders(m: SemanticModel) -> List[Loader]:
     return out
 
 
+def evaluated_apart(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    """A loop that never trains and iterates what the DataLoader construction ``call`` makes,
+    under another name than any training loop iterates: the construction makes evaluation
+    loaders too (Informer's ``_get_data(flag)`` builds the train, validation and test
+    loaders at one call). Sharding it would shard the evaluation as well: per-rank metrics,
+    and an early stop that one rank takes and the other does not. The loop, or ``None``."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.training import fed_values, iterated, training_loops
+
+    from dp2ddp.model.training import under_no_grad
+
+    factory = m.enclosing_function(call)
+    fed = [(v, loop) for v, loop in fed_values(m)  # the loops that take the training batches (not epochs)
+           if not (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "range")]
+    batch_loops = [loop for _, loop in fed]
+    if factory is None or not batch_loops or any(m.contains(factory, loop) for loop in training_loops(m)):
+        return None  # made where it trains, or at the top level: a loader of its own
+    trained = {id(loop) for loop in batch_loops}
+    reached = {id(f) for loop in batch_loops for f in m.reach(loop)}  # the training step's helpers
+    trained_names = {m.source(v) for v, _ in fed}
+    for loop in m.nodes(ast.For):
+        func = m.enclosing_function(loop)
+        if id(loop) in trained or any(id(a) in trained for a in m.ancestors(loop)) or id(func) in reached:
+            continue
+        evaluates = under_no_grad(m, loop) or any(
+            isinstance(c.func, ast.Attribute) and c.func.attr == "eval" and not c.args and c.lineno <= loop.lineno
+            for c in m.calls_in(func)) if func is not None else under_no_grad(m, loop)
+        if not evaluates:
+            continue  # an evaluation: gradients off, or the model in eval mode
+        for v in iterated(loop.iter):
+            if m.source(v) in trained_names or not isinstance(v, ast.Name):
+                continue  # the training loader itself, evaluated (train accuracy)
+            if any(node is call for node, _ in origins(m, v)):
+                return loop
+    return None
+
+
 def feeds_training(m: SemanticModel, node: ast.AST, path: tuple = ()) -> bool:
     """What ``node`` makes (item ``path`` of it) is iterated by a training loop
     (:func:`dp2ddp.model.training.trained_origins`)."""
