@@ -407,14 +407,7 @@ def test_in_batch_loss_gathers_every_ranks_share_and_trains_as_the_original(tmp_
     gradient each rank keeps makes DDP's average the original's step)."""
     migrated = _migrate("contrastive_gathered").decode()
     assert "nt_xent_loss(GatherBatch.apply(p1), GatherBatch.apply(p2))" in migrated
-    runs = _runs("contrastive_gathered", tmp_path)
-    orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
-    assert tr.checks["finished"] == {"0": "1", "1": "1"}
-    for step in range(8):
-        want = float(orig.values(f"loss{step}")[0])
-        for rank in ("0", "1"):
-            assert abs(float(tr.checks[f"loss{step}"][rank]) - want) <= 1e-4 * max(1.0, abs(want)), (step, rank)
-        assert abs(float(py.values(f"loss{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))
+    _every_rank_steps_as_the_original(_runs("contrastive_gathered", tmp_path), "loss", 8)
 
 
 def test_a_dice_loss_over_the_whole_batch_is_gathered_and_trains_as_the_original(tmp_path: Path) -> None:
@@ -426,14 +419,19 @@ def test_a_dice_loss_over_the_whole_batch_is_gathered_and_trains_as_the_original
     migrated = _migrate("dice_gathered").decode()
     assert "dice(GatherBatch.apply(outputs), GatherBatch.apply(label_batch))" in migrated
     assert "ce(outputs, label_batch)" in migrated
-    runs = _runs("dice_gathered", tmp_path)
+    _every_rank_steps_as_the_original(_runs("dice_gathered", tmp_path), "dice", 6)
+
+
+def _every_rank_steps_as_the_original(runs, name: str, steps: int) -> None:
+    """The value ``name<step>`` each rank reports under torchrun, and the world of one's, is
+    the original's at every step (a gathered loss: every rank computes the global batch's)."""
     orig, tr, py = runs["original"], runs["torchrun"], runs["python"]
     assert tr.checks["finished"] == {"0": "1", "1": "1"}
-    for step in range(6):
-        want = float(orig.values(f"dice{step}")[0])
+    for step in range(steps):
+        want = float(orig.values(f"{name}{step}")[0])
         for rank in ("0", "1"):
-            assert abs(float(tr.checks[f"dice{step}"][rank]) - want) <= 1e-4 * max(1.0, abs(want)), (step, rank)
-        assert abs(float(py.values(f"dice{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))
+            assert abs(float(tr.checks[f"{name}{step}"][rank]) - want) <= 1e-4 * max(1.0, abs(want)), (step, rank)
+        assert abs(float(py.values(f"{name}{step}")[0]) - want) <= 1e-5 * max(1.0, abs(want))
 
 
 def test_loaders_by_phase_shard_the_training_key_and_keep_the_others_whole(tmp_path: Path) -> None:

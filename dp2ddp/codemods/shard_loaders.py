@@ -211,6 +211,19 @@ def _returned_paths(m, call: ast.Call) -> List[tuple]:
 
 
 
+def _keeps_sharded_loaders(m, node: ast.AST) -> bool:
+    """``node`` makes an object of a class of this script that builds training DataLoaders
+    itself (deep-text-recognition's ``Batch_Balanced_Dataset``, one loader per data source,
+    pulled with ``get_batch()``): they are sharded where the class makes them."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return False
+    _, bindings = m.lookup(node.func.id, m.scope_of(node))
+    if len(bindings) != 1 or not isinstance(bindings[0].node, ast.ClassDef):
+        return False
+    cls = bindings[0].node
+    return any(ld.training and m.contains(cls, ld.call) for ld in loaders(m))
+
+
 def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple[ast.stmt, List[str]]]]:
     """Values training loops iterate that are not a loader sharded above. Each is
 
@@ -254,6 +267,8 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                 continue
             if _handed_by_entry(ctx, node):
                 continue  # the entry script's migration shards what it hands this parameter
+            if _keeps_sharded_loaders(m, node):
+                continue  # an object of this script's class whose own loaders are sharded where it makes them
             seen.add(id(node))
             unknown.append((node, value, loop))
     rebinds: List[Tuple[ast.stmt, List[str]]] = []
