@@ -104,15 +104,14 @@ def wraps_without_a_device_count(path: str) -> bool:
     """A DataParallel wrap of the module at ``path`` runs without a count of the devices
     around it (unconditional, on both branches of ``if cuda:``, under a flag or a CUDA
     test): there, a process with one GPU or none got a wrapper from it too."""
-    from dp2ddp.model.cuda_only import count_test, ran_on_every_gpu_machine
+    from dp2ddp.model.cuda_only import one_gpu_ran_bare
     from dp2ddp.model.project_defs import file_model
     from dp2ddp.model.wraps import dp_wraps
 
     pm = file_model(path)
     if pm is None:
         return False
-    return any(not any(count_test(pm, c.test) for c in w.conditions)
-               or ran_on_every_gpu_machine(pm, [c.test for c in w.conditions]) for w in dp_wraps(pm))
+    return any(not one_gpu_ran_bare(pm, [c.test for c in w.conditions]) for w in dp_wraps(pm))
 
 
 def _parse(file: str) -> Optional[ast.Module]:

@@ -76,6 +76,16 @@ def ran_on_every_gpu_machine(m: SemanticModel, tests) -> bool:
     return bool(tests) and all(holds(t) for t in tests)
 
 
+def one_gpu_ran_bare(m: SemanticModel, tests) -> bool:
+    """A wrap under these tests (its ``if`` conditions) did not run on a machine with one GPU
+    or none: one of them counts the devices (:func:`count_test`) and they do not all hold
+    wherever CUDA is (:func:`ran_on_every_gpu_machine`). Such a run saved its model's keys
+    without ``module.``; any other wrap (unconditional, on both branches of ``if cuda:``,
+    under a flag of the user's) gave every run a wrapper."""
+    tests = list(tests)
+    return any(count_test(m, t) for t in tests) and not ran_on_every_gpu_machine(m, tests)
+
+
 def under_cuda_test(m: SemanticModel, node: ast.AST) -> bool:
     """``node`` only runs with CUDA: in the body of an ``if``/conditional expression whose test
     holds only with CUDA (or the ``else`` of ``if not <that>:``), or after such a test in an

@@ -41,9 +41,9 @@ def project_wrapper_returns(m: SemanticModel) -> List[ast.Call]:
     wrapper (``model = models.build(args)``), with whether one GPU ran without it:
     ``[(call, guarded)]``, guarded where every wrap it returns stands under a count of the
     devices (``if torch.cuda.device_count() > 1:``) that a one-GPU machine fails, as a wrap of
-    the script is judged (:func:`~dp2ddp.model.cuda_only.count_test`). A wrap on both branches
+    the script is judged (:func:`~dp2ddp.model.cuda_only.one_gpu_ran_bare`). A wrap on both branches
     of ``if cuda:`` ran everywhere: its checkpoints had ``module.`` keys."""
-    from dp2ddp.model.cuda_only import count_test, ran_on_every_gpu_machine
+    from dp2ddp.model.cuda_only import one_gpu_ran_bare
 
     got = m.cache.get("wraps:project_returns")
     if got is not None:
@@ -54,9 +54,7 @@ def project_wrapper_returns(m: SemanticModel) -> List[ast.Call]:
             continue
         ws = returned_wraps(pm, func)
         if ws:
-            out.append((call, all(
-                any(count_test(pm, c.test) for c in w.conditions)
-                and not ran_on_every_gpu_machine(pm, [c.test for c in w.conditions]) for w in ws)))
+            out.append((call, all(one_gpu_ran_bare(pm, [c.test for c in w.conditions]) for w in ws)))
     m.cache["wraps:project_returns"] = out
     return out  # type: ignore[return-value]
 
