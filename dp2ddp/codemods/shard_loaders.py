@@ -215,13 +215,10 @@ def _keeps_sharded_loaders(m, node: ast.AST) -> bool:
     """``node`` makes an object of a class of this script that builds training DataLoaders
     itself (deep-text-recognition's ``Batch_Balanced_Dataset``, one loader per data source,
     pulled with ``get_batch()``): they are sharded where the class makes them."""
-    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
-        return False
-    _, bindings = m.lookup(node.func.id, m.scope_of(node))
-    if len(bindings) != 1 or not isinstance(bindings[0].node, ast.ClassDef):
-        return False
-    cls = bindings[0].node
-    return any(ld.training and m.contains(cls, ld.call) for ld in loaders(m))
+    from dp2ddp.model.project_defs import class_of_call
+
+    found = class_of_call(m, node)
+    return found is not None and found[0] is m and any(ld.training and m.contains(found[1], ld.call) for ld in loaders(m))
 
 
 def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple[ast.stmt, List[str]]]]:

@@ -31,7 +31,7 @@ import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.project_defs import project_def
+from dp2ddp.model.project_defs import class_of_call, project_def
 from dp2ddp.model.call_args import argument
 from dp2ddp.model.syntax import summing_keyword
 
@@ -183,26 +183,16 @@ def _project_callable(m: SemanticModel, call: ast.Call):
     (``criterion = SupConLoss(...)``, also returned by a setup function of the script)."""
     from dp2ddp.model.flow import origins
 
-    found = project_def(m, call.func) or _own_class(m, call.func)
+    found = project_def(m, call.func) or class_of_call(m, call)
     if found is not None:
         return found
     if not isinstance(call.func, (ast.Name, ast.Attribute)):
         return None
     for node, path in origins(m, call.func):
         if isinstance(node, ast.Call) and not path:
-            found = project_def(m, node.func) or _own_class(m, node.func)
+            found = project_def(m, node.func) or class_of_call(m, node)
             if found is not None and isinstance(found[1], ast.ClassDef):
                 return found
-    return None
-
-
-def _own_class(m: SemanticModel, func: ast.AST):
-    """``(m, class, "")`` where ``func`` names a class of this module (one binding)."""
-    if not isinstance(func, ast.Name):
-        return None
-    _, bindings = m.lookup(func.id, m.scope_of(func))
-    if len(bindings) == 1 and isinstance(bindings[0].node, ast.ClassDef):
-        return m, bindings[0].node, ""
     return None
 
 
