@@ -59,11 +59,11 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.names import DDP
 from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel
 from dp2ddp.model.rebound_wrappers import regrown_after_wrap, rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
-from dp2ddp.model.names import DDP
 from dp2ddp.model.wrap_context import fresh_each_pass
 from dp2ddp.model.wraps import Wrap, dp_subclasses, dp_wraps
 
@@ -292,6 +292,19 @@ def _beside_own_ddp(m, w: Wrap) -> Optional[ast.If]:
     return None
 
 
+def _in_place(ctx: Context, w: Wrap, inner_text: str, find_unused: bool, what: str,
+              early: Optional[ast.stmt] = None) -> List[Finding]:
+    """The DataParallel call replaced by DistributedDataParallel where it stands, the module
+    placed on its device first where DataParallel placed it (or, ``early``, where a later
+    ``.cuda()`` would come too late)."""
+    m = ctx.m
+    place = early is None and not w.functional and placed_by_dataparallel(m, w.stmt, w.module, w.target, w.outer)
+    module_text = (cuda_first(ctx, inner_text) if early is not None
+                   else placed_at_wrap(ctx, inner_text, w.module) if place else inner_text)
+    return [ctx.note(w.call, "DDP100", what + early_note(m, early) + (PLACED_NOTE if place else ""),
+                     [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
+
+
 def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
     m = ctx.m
     call, stmt, target = w.call, w.stmt, w.target
@@ -332,24 +345,16 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
                 edits = unwrap_in_place(ctx, w, inner_text, hoist)
                 return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel, after the module is placed on its device"
                                  + early_note(m, early), edits)]
-        place = early is None and not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer)
-        module_text = (cuda_first(ctx, inner_text) if early is not None
-                       else placed_at_wrap(ctx, inner_text, w.module) if place else inner_text)
-        return [ctx.note(call, "DDP100", "DataParallel -> DistributedDataParallel" + early_note(m, early)
-                         + (PLACED_NOTE if place else ""),
-                         [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
+        return _in_place(ctx, w, inner_text, find_unused, "DataParallel -> DistributedDataParallel", early)
 
     beside = _beside_own_ddp(m, w)
     if beside is not None and partial_root is None:
         # ``if opt['dist']: net = DDP(net) else: net = DataParallel(net)``: moved out of the
         # ``if``, the wrap would wrap the script's own DDP again on that path
-        place = not w.functional and placed_by_dataparallel(m, stmt, w.module, target, w.outer)
-        module_text = placed_at_wrap(ctx, inner_text, w.module) if place else inner_text
-        return [ctx.note(call, "DDP100", (
+        return _in_place(ctx, w, inner_text, find_unused, (
             f"DataParallel -> DistributedDataParallel on its own branch: the other branch of `if {m.source(beside.test)}:` "
             "wraps in DistributedDataParallel already (the script's own path), and a wrap after the `if` would wrap that "
-            "one again") + (PLACED_NOTE if place else ""),
-            [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
+            "one again"))
     if target is None:
         return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
     wrap_target = partial_root if partial_root is not None else target
