@@ -280,10 +280,12 @@ def _uses_tainted(expr: ast.AST, tainted: Set[str]) -> bool:
 
 
 def _exclusive(m, a: ast.AST, b: ast.AST) -> bool:
-    """``a`` and ``b`` stand on different branches of one ``if`` (body and ``else``/``elif``)."""
+    """``a`` and ``b`` stand on different branches of one ``if`` (body and ``else``/``elif``):
+    the innermost ``if`` that holds both decides."""
     for node in m.ancestors(a):
         if isinstance(node, ast.If) and m.contains(node, b):
-            in_body = lambda x: any(s is x or m.contains(s, x) for s in node.body)  # noqa: E731
+            def in_body(x: ast.AST, body=node.body) -> bool:
+                return any(s is x or m.contains(s, x) for s in body)
             return in_body(a) != in_body(b)
     return False
 
@@ -307,11 +309,10 @@ def _shared_forward(ctx: Context) -> List[Finding]:
             continue
         loop = loops[0]
         key = var_key(m, call.func)
-        forwards = sorted((c for c in m.calls_in(loop) if var_key(m, c.func) == key), key=lambda c: (c.lineno, c.col_offset))
         # each forward's outputs are followed up to the next forward of the same model in the
         # loop (a GAN's discriminator runs on real, fake and interpolated images in turn)
-        later = [c.lineno for c in forwards if c.lineno > call.lineno]
-        until = min(later) if later else float("inf")
+        until = min((c.lineno for c in m.calls_in(loop) if c.lineno > call.lineno and var_key(m, c.func) == key),
+                    default=float("inf"))
         stmt = m.statement_of(call)
         tainted: Set[str] = set()
         if isinstance(stmt, ast.Assign):

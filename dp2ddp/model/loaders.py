@@ -331,13 +331,12 @@ def evaluated_apart(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     loaders at one call). Sharding it would shard the evaluation as well: per-rank metrics,
     and an early stop that one rank takes and the other does not. The loop, or ``None``."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import fed_values, iterated, training_loops
-
-    from dp2ddp.model.training import under_no_grad
+    from dp2ddp.model.syntax import terminal
+    from dp2ddp.model.training import NOT_DATA, fed_values, iterated, training_loops, under_no_grad
 
     factory = m.enclosing_function(call)
     fed = [(v, loop) for v, loop in fed_values(m)  # the loops that take the training batches (not epochs)
-           if not (isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "range")]
+           if not (isinstance(v, ast.Call) and terminal(v.func) in NOT_DATA)]
     batch_loops = [loop for _, loop in fed]
     if factory is None or not batch_loops or any(m.contains(factory, loop) for loop in training_loops(m)):
         return None  # made where it trains, or at the top level: a loader of its own
@@ -348,11 +347,11 @@ def evaluated_apart(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
         func = m.enclosing_function(loop)
         if id(loop) in trained or any(id(a) in trained for a in m.ancestors(loop)) or id(func) in reached:
             continue
-        evaluates = under_no_grad(m, loop) or any(
+        evaluates = under_no_grad(m, loop) or (func is not None and any(
             isinstance(c.func, ast.Attribute) and c.func.attr == "eval" and not c.args and c.lineno <= loop.lineno
-            for c in m.calls_in(func)) if func is not None else under_no_grad(m, loop)
+            for c in m.calls_in(func)))
         if not evaluates:
-            continue  # an evaluation: gradients off, or the model in eval mode
+            continue  # not an evaluation: gradients on, and no model put in eval mode before it
         for v in iterated(loop.iter):
             if m.source(v) in trained_names or not isinstance(v, ast.Name):
                 continue  # the training loader itself, evaluated (train accuracy)

@@ -17,7 +17,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, shared_binding, trains_here
-from dp2ddp.model.syntax import first_dim_of, kwarg, summing_keyword as _summing
+from dp2ddp.model.syntax import first_dim_of, kwarg, summing_keyword
 from dp2ddp.model.training import under_no_grad
 
 
@@ -56,7 +56,7 @@ def _made_sums(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool]]:
     totals = _total_classes(m)
     out: List[Tuple[ast.Call, ast.AST, bool]] = []
     for made in m.nodes(ast.Call):
-        arg = _summing(made)
+        arg = summing_keyword(made)
         names = m.qualified_names(made.func)
         if arg is not None and any(q.startswith("torch.nn.") for q in names):
             out.append((made, arg, any(q.startswith("torch.nn.functional.") for q in names)))
@@ -306,7 +306,7 @@ def _terms(m: SemanticModel, e: ast.AST, out: List[ast.AST], seen: Set[int], dep
             if isinstance(value, ast.Constant) and value.value == 0:
                 continue  # ``loss = 0`` before ``loss += ...``
             _terms(m, value, out, seen, depth + 1, means)
-    elif isinstance(e, ast.Call) and m.resolve_call(e) is not None and not _summing(e):
+    elif isinstance(e, ast.Call) and m.resolve_call(e) is not None and not summing_keyword(e):
         from dp2ddp.model.steps import own_nodes
 
         func = m.resolve_call(e)

@@ -100,6 +100,7 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
             continue
         functional = any(q.startswith("torch.nn.functional.") for q in names)
         uses = [made] if functional else class_uses(m, made)
+        shared = None if functional else shared_binding(m, made)
         for use in uses:
             if in_forward(m, use) or under_no_grad(m, use) or not trains_here(m, use):
                 continue
@@ -110,7 +111,7 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
             if not (_constant(ignore.value) or m.enclosing_function(use) is m.enclosing_function(made)
                     or _same_binding(m, ignore.value, made, use)):
                 continue  # ``ignore_index=self.ignore`` read where the loss is made, not where it is used
-            out.append(ValidMean(use, value, ignore.value, made, None if functional else shared_binding(m, made)))
+            out.append(ValidMean(use, value, ignore.value, made, shared))
     m.cache["losses:valid"] = out
     return out
 
