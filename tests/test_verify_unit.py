@@ -353,6 +353,19 @@ def test_project_root_reaches_the_folder_a_script_puts_on_sys_path(tmp_path):
     assert project_root(plain) == (tmp_path / "CIFAR").resolve()
 
 
+@pytest.mark.parametrize("edit", ['sys.path.insert(0, "..")', 'sys.path.append(os.path.join(os.path.dirname(__file__), ".."))',
+                                  'if True:\n    sys.path.insert(0, os.path.abspath(".."))'])
+def test_project_root_reaches_the_folder_above_by_each_spelling(tmp_path, edit):
+    """The script's own sys.path edits are read once (module_files), whatever the spelling:
+    a relative "..", read from the folder the run starts in, counts like ``dirname(__file__)``."""
+    from dp2ddp.verify.scratch import project_root
+
+    (tmp_path / "tools").mkdir()
+    script = tmp_path / "tools" / "train.py"
+    script.write_text(f"import os, sys\n{edit}\n")
+    assert project_root(script) == tmp_path.resolve()
+
+
 def test_progress_names_the_envelope_run_not_the_original_its_probe_reports_as():
     """The envelope run is the original script again, and its probe reports as "original";
     the progress lines still say which run they follow."""

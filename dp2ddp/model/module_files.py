@@ -187,6 +187,8 @@ def _module_path_edits(path: str, cwd: Optional[str] = None) -> Tuple[List[str],
                     i = adders[call.func.id]
                     arg = call.args[i] if i < len(call.args) else None
                 got = value(arg) if arg is not None else None
+                if got is not None and not os.path.isabs(got) and cwd is not None:
+                    got = os.path.join(cwd, got)  # ``sys.path.insert(0, "..")``: from where the run starts
                 if got is not None and os.path.isabs(got):
                     out.append(os.path.normpath(got))
             elif isinstance(st, (ast.If, ast.Try)):

@@ -14,7 +14,6 @@ writes through it, and refuses writes into the project itself; after the run,
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,15 +37,8 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
         if any((d / m).exists() for m in MARKERS):
             found = d
             break
-    # a script that puts a folder above its own on sys.path (``sys.path.append(
-    # dirname(dirname(abspath(__file__))))``, ``sys.path.insert(0, "..")``) imports from there
-    up = _path_levels_up(script)
-    above = folder
-    for _ in range(up):
-        above = above.parent
-    if up and (found == above or above in found.parents):
-        found = above
-    # a folder a module beside the script puts on sys.path (``_init_paths.py`` adding
+    # a folder the script puts on sys.path (``sys.path.append(dirname(dirname(abspath(__file__))))``,
+    # ``sys.path.insert(0, "..")``), one a module beside it puts there (``_init_paths.py`` adding
     # ``../lib``), and one the script adds relative to its folder, where a run starts by
     # default (``sys.path.append(dirname(abspath(dirname("optimizers"))))``: the folder
     # above it): the project reaches over those too (the facts are module_files')
@@ -55,28 +47,9 @@ def project_root(script: Path, given: Optional[Path] = None) -> Path:
     own = script_path_edits(str(script.resolve()), str(folder))
     for extra in map(Path, list(path_roots(str(folder), importer=str(script))) + own):
         common = Path(os.path.commonpath([found, extra]))
-        if common != found and common in list(folder.parents)[:3]:  # up to three folders above, as above
+        if common != found and common in list(folder.parents)[:3]:  # up to three folders above
             found = common
     return found
-
-
-_DIRNAME = re.compile(r"dirname\(")
-_SYS_PATH = re.compile(r"sys\.path\.(?:append|insert)\((.*)\)")
-
-
-def _path_levels_up(script: Path) -> int:
-    """How many folders above the script's own its ``sys.path`` edits reach."""
-    try:
-        text = script.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return 0
-    levels = 0
-    for m in _SYS_PATH.finditer(text):
-        arg = m.group(1)
-        if "__file__" in arg:
-            levels = max(levels, len(_DIRNAME.findall(arg)) - 1)
-        levels = max(levels, arg.count(".."))
-    return min(levels, 3)
 
 
 def run_cwd(root: Path, script: Path, cwd: Path) -> Path:
