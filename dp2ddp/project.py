@@ -44,16 +44,16 @@ def _imported_modules(tree: ast.Module) -> List[Tuple[str, int]]:
     return [(name, level) for name, level in out if level or name.split(".")[0] not in _NOT_PROJECT]
 
 
-def project_modules(path: str, tree: Optional[ast.Module] = None) -> Dict[str, Tuple[str, int]]:
-    """Project module files reachable by imports from ``path``: real path -> (path relative
-    to ``path``'s folder, depth)."""
+def project_modules(path: str, tree: Optional[ast.Module] = None, depth_limit: int = _DEPTH) -> Dict[str, Tuple[str, int]]:
+    """Project module files reachable by imports from ``path``, up to ``depth_limit`` imports
+    away: real path -> (path relative to ``path``'s folder, depth)."""
     base = os.path.dirname(os.path.abspath(path))
     me = os.path.realpath(path)
     out: Dict[str, Tuple[str, int]] = {}
     todo: List[Tuple[str, Optional[ast.Module], int]] = [(os.path.abspath(path), tree, 0)]
     while todo:
         file, t, depth = todo.pop()
-        if depth >= _DEPTH:
+        if depth >= depth_limit:
             continue
         if t is None:
             t = _parse(file)
@@ -112,6 +112,58 @@ def wraps_without_a_device_count(path: str) -> bool:
     if pm is None:
         return False
     return any(not one_gpu_ran_bare(pm, [c.test for c in w.conditions]) for w in dp_wraps(pm))
+
+
+# libraries that train a model handed to them without a backward pass in the user's code
+_TRAINING_LIBRARIES = frozenset({"pytorch_lightning", "lightning", "ignite", "fastai", "accelerate", "deepspeed", "skorch",
+                                 "catalyst", "poutyne", "torchbearer", "mmcv", "mmengine", "detectron2", "composer"})
+# libraries known to train nothing they are given: data, input and output, logging, configuration
+_TRAIN_NOTHING = _NOT_PROJECT | frozenset({
+    "h5py", "cv2", "skimage", "imageio", "nibabel", "SimpleITK", "tensorboard", "torchaudio", "torchtext", "seaborn",
+    "einops", "tokenizers", "sentencepiece", "nltk", "librosa", "soundfile", "albumentations", "pycocotools", "termcolor",
+    "easydict", "omegaconf", "hydra", "munch", "addict", "ml_collections", "tabulate", "requests", "packaging", "visdom",
+    "lmdb", "toml", "tomli", "prettytable", "colorama", "importlib", "glob", "re", "copy", "datetime", "shutil",
+    "functools", "itertools", "warnings", "pickle", "csv", "io", "enum", "dataclasses", "abc", "concurrent", "subprocess",
+    "multiprocessing", "threading", "queue", "heapq", "bisect", "string", "struct", "zipfile", "tarfile", "gzip",
+    "hashlib", "uuid", "platform", "socket", "signal", "traceback", "inspect", "types", "contextlib", "operator",
+    "numbers", "statistics", "fractions", "decimal", "textwrap", "pprint", "getpass", "tempfile", "fnmatch", "errno",
+    "__future__", "builtins", "ast", "codecs", "locale", "gc", "weakref", "atexit", "unittest", "urllib", "http",
+    "argparse", "configparser", "distutils", "setuptools", "pkg_resources", "importlib_metadata", "typing_extensions"})
+_FOLLOWED = 64  # imports followed from a module at most (a whole project, not a chain of three)
+
+
+def trains_nowhere(path: str, tree: Optional[ast.Module] = None) -> bool:
+    """Nothing the module at ``path`` can run trains a model: no backward pass in it or in
+    any project module it reaches by imports (all of them, however deep), and every import
+    of theirs is a project module or a library known to train nothing it is given. False
+    where that cannot be shown (a module that does not parse or is not found, a library
+    dp2ddp does not know, Lightning or another library that trains what it is given)."""
+    reached = project_modules(path, tree, depth_limit=_FOLLOWED)
+    if any(depth >= _FOLLOWED for _, depth in reached.values()):
+        return False
+    base = os.path.dirname(os.path.abspath(path))
+    for file, t in [(os.path.abspath(path), tree)] + [(real, None) for real in reached]:
+        t = t if t is not None else _parse(file)
+        if t is None:
+            return False
+        here = os.path.dirname(file)
+        for node in ast.walk(t):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+                return False
+            if isinstance(node, ast.Import):
+                imported = [(a.name, 0) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if (node.module or "").split(".")[0] == "transformers" and any(a.name.endswith("Trainer") for a in node.names):
+                    return False
+                imported = [(node.module or "", node.level)]
+            else:
+                continue
+            for name, level in imported:
+                if not level and name.split(".")[0] in _TRAIN_NOTHING:
+                    continue
+                if module_file(here, name, level) is None and (level or module_file(base, name) is None):
+                    return False  # a training library, or code dp2ddp cannot read
+    return True
 
 
 def _parse(file: str) -> Optional[ast.Module]:

@@ -3,7 +3,9 @@
 * A **library module** (no ``if __name__ == "__main__":`` and no module-level code that
   runs: every DataParallel wrap sits in a function or class other scripts call) cannot
   set up a process group for its callers: the script that runs is what needs the
-  migration. Refused (DDP116), with that advice.
+  migration. Refused (DDP116), with that advice; so is a library module that only tests
+  for DataParallel (``isinstance(model, nn.DataParallel)``): its callers' models change
+  with their scripts, not with it.
 * An **inference-only script** (no ``.backward()`` or optimizer ``.step()`` anywhere, and
   the wrapped model only ever called: :func:`dp2ddp.model.inference.inference_only`)
   gains from DDP's processes only where its evaluation is shared out between them: it
@@ -23,14 +25,23 @@ from dp2ddp.model.entry_points import has_entry_point
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.uses import dp_wrapper_uses
-from dp2ddp.model.wraps import dp_wraps
+from dp2ddp.model.wraps import dp_type_refs, dp_wraps
 
 
 def check_entry(ctx: Context) -> List[Finding]:
     m = ctx.m
     wraps = dp_wraps(m)
-    if not wraps or ctx.role == "helper":
+    if ctx.role == "helper":
         return []  # a project's helper module: the entry script sets up the group and trains
+    if not wraps:
+        checks = dp_type_refs(m)
+        if checks and not has_entry_point(m):
+            return [ctx.block(checks[0], "DDP116", (
+                "library module (no `if __name__ == \"__main__\":` and no module-level code that runs) that tests "
+                "for DataParallel and wraps nothing: its callers hand it their model, and alone its checks cannot "
+                "change without theirs; migrate the script that runs with its helpers "
+                "(`dp2ddp rewrite train.py --with-helpers`)"))]
+        return []
     if not has_entry_point(m):
         first = wraps[0].call
         return [

@@ -107,9 +107,13 @@ CODES: Tuple[MigrationCode, ...] = (
     MigrationCode(
         "DDP116", "library-module", "error",
         "a library module: the process group belongs to the script that runs; the file is left unchanged",
-        "A module with no entry point (no `__main__` guard, no module-level code that runs) is imported by scripts; "
-        "setting up a process group at import would surprise every caller.",
-        "Migrate the entry script; here, build `DistributedDataParallel` only when `torch.distributed.is_initialized()`.",
+        "A module with no entry point (no `__main__` guard, no module-level code that runs: a package's `__init__.py`, "
+        "a module that only settles its environment at import, `matplotlib.use(\"Agg\")` or `sys.path.append(...)`) "
+        "is imported by scripts; setting up a process group at import would surprise every caller. One that only "
+        "tests for DataParallel (`isinstance(model, nn.DataParallel)`) and wraps nothing is refused too: its callers "
+        "hand it their models, and its checks change with their scripts, in one project migration.",
+        "Migrate the entry script with its helpers (`dp2ddp rewrite train.py --with-helpers`); here, build "
+        "`DistributedDataParallel` only when `torch.distributed.is_initialized()`.",
         "No fix: the file is left byte-for-byte as it was.",
         IMPORTS + "\ndef build(model):\n    return nn.DataParallel(model).cuda()\n",
     ),

@@ -4,6 +4,7 @@ library module whose callers set up the process group and the device)."""
 from __future__ import annotations
 
 import ast
+import os
 from typing import Optional
 
 from dp2ddp.model.core import SemanticModel
@@ -15,6 +16,8 @@ def has_entry_point(m: SemanticModel) -> bool:
     other than imports, definitions, assignments of plain values and docstrings."""
     if m.main_guard is not None:
         return True
+    if os.path.basename(m.path) == "__init__.py":
+        return False  # a package's __init__ runs on import, never as a script
     for stmt in m.tree.body:
         if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.ClassDef) + FUNCTIONS) or is_docstring(stmt):
             continue
@@ -27,6 +30,8 @@ def has_entry_point(m: SemanticModel) -> bool:
             continue
         if isinstance(stmt, ast.Assign) and all(_harmless(c, m) for c in ast.walk(stmt.value) if isinstance(c, ast.Call)):
             continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and m.qualified_names(stmt.value.func) & _SETTINGS:
+            continue
         return True
     return False
 
@@ -34,6 +39,14 @@ def has_entry_point(m: SemanticModel) -> bool:
 _HARMLESS = {"logging.getLogger", "os.path.join", "os.path.dirname", "os.path.abspath", "os.environ.get", "os.getenv",
              "collections.namedtuple", "typing.TypeVar", "re.compile", "sys.path.append", "sys.path.insert",
              "warnings.filterwarnings", "torch.device", "torch.cuda.is_available"}
+
+
+# module-level calls that only settle the environment the module's code will run in
+_SETTINGS = frozenset({
+    "matplotlib.use", "matplotlib.pyplot.switch_backend", "warnings.filterwarnings", "warnings.simplefilter",
+    "sys.path.append", "sys.path.insert", "cv2.setNumThreads", "cv2.ocl.setUseOpenCL", "numpy.set_printoptions",
+    "torch.set_printoptions", "torch.multiprocessing.set_sharing_strategy", "os.environ.setdefault",
+    "logging.captureWarnings"})
 
 
 # calls that only build a value (a lookup table at module level: ``lookup = torch.tensor(mapping)``)
@@ -48,12 +61,16 @@ _VALUE_BUILDERS = frozenset(
 def _harmless(call: ast.Call, m: Optional[SemanticModel] = None) -> bool:
     if m is not None and m.qualified_names(call.func) & _VALUE_BUILDERS:
         return True
-    f = call.func
+    name = _dotted(call.func)
+    return name in _HARMLESS or name.endswith(("getLogger", "namedtuple", "compile", "path.join", "path.dirname", "path.abspath"))
+
+
+def _dotted(f: ast.AST) -> str:
+    """``a.b.c`` for an attribute chain on a name, as spelled."""
     parts = []
     while isinstance(f, ast.Attribute):
         parts.append(f.attr)
         f = f.value
     if isinstance(f, ast.Name):
         parts.append(f.id)
-    name = ".".join(reversed(parts))
-    return name in _HARMLESS or name.endswith(("getLogger", "namedtuple", "compile", "path.join", "path.dirname", "path.abspath"))
+    return ".".join(reversed(parts))

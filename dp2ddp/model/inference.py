@@ -3,7 +3,11 @@
 :func:`inference_only` is true for a module that runs (:func:`has_entry_point`), wraps a
 model in DataParallel, has no training step of its own or reached through the project's
 code (:func:`dp2ddp.model.training.training_site`), and never hands the wrapper, after
-the wrap, to code of another module that might train it (``trainer.fit(model)``).
+the wrap, to code of another module that might train it (``trainer.fit(model)``); code
+that cannot is any where nothing the script reaches trains (no backward pass in the
+project's modules it imports, however deep, and no library but those known to train
+nothing: :func:`dp2ddp.project.trains_nowhere`; pytorch-3dunet's ``predict.py`` hands its
+model to a predictor class picked by name).
 
 In such a script nothing trains, so no loader is a training loader
 (:mod:`dp2ddp.model.loaders` asks), and the migration is worth making only where every
@@ -35,7 +39,17 @@ def _inference_only(m: SemanticModel) -> bool:
     wraps = dp_wraps(m)
     if not wraps or not has_entry_point(m) or training_site(m) is not None:
         return False
-    return not any(trains_elsewhere(m, u, wraps) for u in dp_wrapper_uses(m, functional=True))
+    # handed to other code (``trainer.fit(model)``), it trains only where that code can:
+    # not where nothing the script reaches trains (project.trains_nowhere)
+    return not any(trains_elsewhere(m, u, wraps) for u in dp_wrapper_uses(m, functional=True)) or _trains_nowhere(m)
+
+
+def _trains_nowhere(m: SemanticModel) -> bool:
+    import os
+
+    from dp2ddp.project import trains_nowhere
+
+    return os.path.isfile(m.path) and trains_nowhere(m.path, m.tree)
 
 
 def trains_elsewhere(m: SemanticModel, use, wraps) -> bool:

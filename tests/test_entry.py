@@ -1,0 +1,131 @@
+"""Is a file a training script to migrate (dp2ddp.codemods.entry)? An inference script that
+hands its model to the project's own code is still inference when nothing it reaches trains
+(project.trains_nowhere); a library module is refused alone (DDP116), also one that only
+tests for DataParallel and a package ``__init__`` that settles matplotlib at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dp2ddp.cli import main
+
+PREDICT = """\
+import torch
+import torch.nn as nn
+from models import Net
+from predictor import Predictor
+
+
+def get_predictor(model, out):
+    return Predictor(model, out)
+
+
+def main():
+    model = Net()
+    model.load_state_dict(torch.load("net.pth"))
+    if torch.cuda.device_count() > 1:
+        model = nn.DataParallel(model)
+    predictor = get_predictor(model, "out")
+    predictor.run()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+MODELS = "import torch.nn as nn\n\n\nclass Net(nn.Linear):\n    def __init__(self):\n        super().__init__(4, 2)\n"
+
+PREDICTOR = """\
+import torch
+{extra}
+
+class Predictor:
+    def __init__(self, model, out):
+        self.model, self.out = model, out
+
+    def run(self):
+        with torch.no_grad():
+            for x in torch.randn(8, 3, 4):
+                torch.save(self.model(x), self.out)
+"""
+
+
+def _write(tmp_path: Path, predictor_extra: str = "") -> Path:
+    (tmp_path / "models.py").write_text(MODELS)
+    (tmp_path / "predictor.py").write_text(PREDICTOR.format(extra=predictor_extra))
+    script = tmp_path / "predict.py"
+    script.write_text(PREDICT)
+    return script
+
+
+def test_an_inference_script_handing_its_model_to_a_project_predictor_is_refused(tmp_path: Path, capsys) -> None:
+    """pytorch-3dunet's predict.py: the wrapped model goes to a predictor class of the project
+    that never trains. Every rank would repeat the whole inference: DDP115, nothing written."""
+    script = _write(tmp_path)
+    assert main(["rewrite", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "predict.py:15:17: DDP115 no training step in this file" in err
+    assert not (tmp_path / "predict_ddp.py").exists()
+
+
+@pytest.mark.parametrize("extra,why", [
+    ("import pytorch_lightning as pl\n", "a library that trains what it is given"),
+    ("from mystery_engine import fit\n", "a library dp2ddp does not know"),
+    ("from trainer import train\n", "a project module with a backward pass"),
+], ids=["lightning_imported", "unknown_library_imported", "project_module_trains"])
+def test_what_keeps_a_handed_model_a_training_one(tmp_path: Path, capsys, extra: str, why: str) -> None:
+    """Where something the script reaches may train the model handed to it, the script is
+    not judged inference-only (no DDP115): it migrates as a training script would."""
+    (tmp_path / "trainer.py").write_text("def train(model, x):\n    model(x).sum().backward()\n")
+    script = _write(tmp_path, extra)
+    main(["rewrite", str(script)])
+    assert "DDP115" not in capsys.readouterr().err, why
+
+
+LIBRARY_CHECKS = """\
+import torch.nn as nn
+
+
+def unwrap(model):
+    if isinstance(model, nn.DataParallel):
+        return model.module
+    return model
+"""
+
+PACKAGE_INIT = """\
+import matplotlib
+import torch.nn as nn
+
+matplotlib.use("Agg")
+
+
+class Losses:
+    def __init__(self, n_gpus):
+        self.loss = nn.L1Loss()
+        if n_gpus > 1:
+            self.loss = nn.DataParallel(self.loss, range(n_gpus))
+
+    def __call__(self, sr, hr):
+        return self.loss(sr, hr)
+"""
+
+
+@pytest.mark.parametrize("rel,source,where", [
+    ("utils.py", LIBRARY_CHECKS, "utils.py:5:26"),
+    ("loss/__init__.py", PACKAGE_INIT, "loss/__init__.py:11:25"),
+    ("losses.py", PACKAGE_INIT, "losses.py:11:25"),
+], ids=["only_tests_for_dataparallel", "package_init", "settles_matplotlib_at_import"])
+def test_a_library_module_alone_is_refused_with_no_process_group_started_at_import(
+        tmp_path: Path, capsys, rel: str, source: str, where: str) -> None:
+    """RCAN's loss/__init__.py (a wrap in a class, ``matplotlib.use`` at import) and
+    torchreid's utils (an isinstance test only): alone, either would have started a process
+    group whenever it was imported. DDP116, with the advice to migrate the script that runs."""
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    assert main(["rewrite", "-o", "-", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert f"{where}: DDP116 library module" in err and "--with-helpers" in err
+    assert out == source  # left as it was
