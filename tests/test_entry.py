@@ -129,3 +129,64 @@ def test_a_library_module_alone_is_refused_with_no_process_group_started_at_impo
     out, err = capsys.readouterr()
     assert f"{where}: DDP116 library module" in err and "--with-helpers" in err
     assert out == source  # left as it was
+
+
+LOADED_WHOLE = """\
+import torch
+import torch.nn as nn
+
+model = torch.load("model.pt", map_location="cpu")
+if isinstance(model, nn.DataParallel):
+    model = model.module
+print(model.recognize(torch.randn(2, 4)))
+"""
+
+BUILDER = "import torch.nn as nn\n\n\ndef build(n):\n    model = nn.Linear(4, 2)\n    if n > 1:\n        model = nn.DataParallel(model)\n    return model\n"
+
+TRAINS_A_BUILT_MODEL = """\
+import torch
+import torch.nn as nn
+from builder import build
+
+
+def main():
+    model = build(torch.cuda.device_count())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    net = model.module if isinstance(model, nn.DataParallel) else model
+    torch.save(net.state_dict(), "w.pt")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_script_that_only_unwraps_a_model_loaded_whole_is_left_as_it_was(tmp_path: Path, capsys) -> None:
+    """kospeech's inference script: the model is unpickled as the DataParallel the training
+    saved. Rewriting its test to name DDP left the loaded wrapper in place (``recognize``
+    then fails) and started a process group for nothing: DDP177, nothing written."""
+    script = tmp_path / "inference.py"
+    script.write_text(LOADED_WHOLE)
+    assert main(["rewrite", "-o", "-", str(script)]) == 1
+    out, err = capsys.readouterr()
+    assert "inference.py:5:22: DDP177 this script wraps no model in DataParallel" in err
+    assert out == LOADED_WHOLE
+
+
+def test_a_script_whose_model_a_project_module_wraps_is_refused_alone_and_migrates_with_it(tmp_path: Path, capsys) -> None:
+    """Alone, the script's test would name DDP while the helper still made a DataParallel
+    (every rank training the whole of it, keys gaining ``module.``): DDP151. With its helpers
+    the two migrate together."""
+    (tmp_path / "builder.py").write_text(BUILDER)
+    script = tmp_path / "train.py"
+    script.write_text(TRAINS_A_BUILT_MODEL)
+    assert main(["rewrite", "-o", "-", str(script)]) == 1
+    out, err = capsys.readouterr()
+    assert "train.py:7:13: DDP151 build() reaches DataParallel in the project module builder.py:7" in err
+    assert out == TRAINS_A_BUILT_MODEL
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out"), str(script)]) == 0
+    migrated = (tmp_path / "out" / "train.py").read_text()
+    assert "isinstance(model, DistributedDataParallel)" in migrated
+    assert "DistributedDataParallel(" in (tmp_path / "out" / "builder.py").read_text()

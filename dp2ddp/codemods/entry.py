@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import ast
+import os
 from typing import List
 
 from dp2ddp.codemods.context import Context
@@ -35,13 +36,16 @@ def check_entry(ctx: Context) -> List[Finding]:
         return []  # a project's helper module: the entry script sets up the group and trains
     if not wraps:
         checks = dp_type_refs(m)
-        if checks and not has_entry_point(m):
+        if not checks:
+            return []
+        if not has_entry_point(m):
             return [ctx.block(checks[0], "DDP116", (
                 "library module (no `if __name__ == \"__main__\":` and no module-level code that runs) that tests "
                 "for DataParallel and wraps nothing: its callers hand it their model, and alone its checks cannot "
                 "change without theirs; migrate the script that runs with its helpers "
                 "(`dp2ddp rewrite train.py --with-helpers`)"))]
-        return []
+        # an entry of a project migration: its helpers' wraps migrate with it
+        return [_tests_only(ctx, checks[0])] if ctx.role == "script" else []
     if not has_entry_point(m):
         first = wraps[0].call
         return [
@@ -82,3 +86,25 @@ def _only_saved(m: SemanticModel, wraps, uses):
             "that trains on these weights is the one to migrate"
         )
     return None
+
+
+def _tests_only(ctx: Context, check: ast.AST) -> Finding:
+    """A script that wraps nothing and only tests for DataParallel: its model comes from a
+    project module that wraps it (refused: that module migrates with the script, DDP151),
+    or from elsewhere (a model loaded whole, pickled by the original's DataParallel run):
+    then nothing here runs DataParallel, and its test must go on matching what it loads
+    (DDP177). Either way the file is left as it was."""
+    from dp2ddp.project import helpers_with_dp
+
+    found = helpers_with_dp(ctx.m)
+    if found:
+        call, rel, line = found[0]
+        return ctx.block(call, "DDP151", (
+            f"{ctx.m.source(call.func)}() reaches DataParallel in the project module {rel}:{line}, and this script "
+            f"tests for it (line {check.lineno}): migrate the script and its helpers together with "
+            f"`dp2ddp rewrite {os.path.basename(ctx.m.path)} --with-helpers`"))
+    return ctx.block(check, "DDP177", (
+        "this script wraps no model in DataParallel, and no project module it calls does: it only tests for one "
+        "(a model loaded whole, pickled by a DataParallel run, or handed in), so nothing here runs DataParallel "
+        "and there is nothing to migrate; the test stays, to go on matching what it is given. Migrate the script "
+        "that trains"))

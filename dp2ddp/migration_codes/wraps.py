@@ -118,6 +118,21 @@ CODES: Tuple[MigrationCode, ...] = (
         IMPORTS + "\ndef build(model):\n    return nn.DataParallel(model).cuda()\n",
     ),
     MigrationCode(
+        "DDP177", "dataparallel-only-tested", "error",
+        "a script that wraps no model in DataParallel, and calls no project module that does, only tests for one; "
+        "the file is left unchanged",
+        "Its model comes from elsewhere: loaded whole (`model = torch.load(path)`, pickled by a DataParallel run, as "
+        "kospeech's inference script loads it) or handed in. Nothing in it runs DataParallel, so a process group "
+        "would buy nothing, and a test rewritten to name DistributedDataParallel would no longer match the "
+        "DataParallel object it loads: the model stays wrapped (`model.recognize(...)` then fails). A script whose "
+        "model comes from a project module that wraps it is refused with DDP151 instead.",
+        "Nothing to migrate here: migrate the script that trains. A checkpoint its migration writes whole holds the "
+        "bare module (dp2ddp saves `.module`), which this test lets through as it is.",
+        "No fix: the file is left byte-for-byte as it was.",
+        IMPORTS + "model = torch.load(\"model.pt\")\nif isinstance(model, nn.DataParallel):\n    model = model.module\n"
+        "print(model(torch.randn(2, 4)))\n",
+    ),
+    MigrationCode(
         "DDP117", "parameters-replaced-after-wrap", "error",
         "a method that replaces parameters (`resize_token_embeddings`, a layer assigned into the wrapped model, a "
         "method of the model's own class that changes its layers: a progressive GAN's `grow_network()`) runs after the "
