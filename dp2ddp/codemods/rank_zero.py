@@ -28,10 +28,11 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.rank_writers import is_writer_use
-from dp2ddp.codemods.write_barriers import barriers, routed_write_sites
+from dp2ddp.codemods.write_barriers import barriers, removal_barriers, routed_write_sites
 from dp2ddp.engine import Finding, Guard, Hoist, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.dp_idioms import is_elif
 from dp2ddp.model.names import DUMPS, PRINT
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
@@ -106,9 +107,10 @@ def _hoistable(m: SemanticModel, call: ast.Call, stmt: ast.stmt) -> bool:
 class _Plan:
     """What rank_zero decided for one statement."""
 
-    def __init__(self, kind: str, split: Optional[List[ast.Call]] = None) -> None:
+    def __init__(self, kind: str, split: Optional[List[ast.Call]] = None, removes: bool = False) -> None:
         self.kind = kind  # print | save | writer | block
         self.split = split or []
+        self.removes = removes  # a save that deletes files (rmtree, ``rm -r``): a barrier follows it
 
 
 def _path_open_for_write(expr: ast.AST) -> bool:
@@ -152,10 +154,10 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
                 return None
             return _Plan("print", calls)
         w = writer_of(m, call)
-        if w is not None and w.kind in ("save", "copy", "logconfig"):
+        if w is not None and w.kind in ("save", "copy", "logconfig", "remove"):
             if reaches_collective(m, call, dp=True):
                 return None
-            return _Plan("save")
+            return _Plan("save", removes=w.kind == "remove")
         if is_writer_use(ctx, stmt):
             if reaches_collective(m, call, dp=True):
                 return None
@@ -172,7 +174,7 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             return None
         body = stmt.body + stmt.orelse
         if body and all(_statement_plan(ctx, s, memo) is not None and not _statement_plan(ctx, s, memo).split for s in body):  # type: ignore[union-attr]
-            return _Plan("block")
+            return _Plan("block", removes=any(_statement_plan(ctx, s, memo).removes for s in body))  # type: ignore[union-attr]
         return None
     if isinstance(stmt, (ast.For,)) and not stmt.orelse:
         if impure_calls(m, stmt.iter):
@@ -201,8 +203,11 @@ def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
     memo: Dict[ast.AST, Optional[_Plan]] = {}
     guarded_writes: List[Tuple[ast.stmt, ast.stmt]] = []  # (save statement, last statement of its guard run)
+    removals: List[Tuple[ast.stmt, ast.stmt]] = []  # the same for the removals among them
     for block in _blocks(m):
         owner = m.parent(block[0])
+        while isinstance(owner, ast.If) and is_elif(m, owner):
+            owner = m.parent(owner)  # an ``elif`` is guarded with its ``if``, where that is
         if owner is not None and isinstance(owner, ast.stmt) and _statement_plan(ctx, owner, memo) is not None and _eligible(ctx, owner):
             continue  # the whole compound statement is guarded as one
         run: List[ast.stmt] = []
@@ -210,15 +215,16 @@ def propose(ctx: Context) -> List[Finding]:
             plan = _statement_plan(ctx, stmt, memo) if stmt is not None else None
             if stmt is not None and plan is not None and _eligible(ctx, stmt) and ctx.bridge.alone_on_line(stmt):
                 if plan.split and run:
-                    out.extend(_guard(ctx, run, memo, guarded_writes))
+                    out.extend(_guard(ctx, run, memo, guarded_writes, removals))
                     run = []
                 run.append(stmt)
                 continue
             if run:
-                out.extend(_guard(ctx, run, memo, guarded_writes))
+                out.extend(_guard(ctx, run, memo, guarded_writes, removals))
             run = []
     out.extend(_mkdirs(ctx))
     out.extend(barriers(ctx, guarded_writes))
+    out.extend(removal_barriers(ctx, removals))
     out.extend(barriers(ctx, routed_write_sites(ctx), routed=True))
     return out
 
@@ -226,10 +232,12 @@ def propose(ctx: Context) -> List[Finding]:
 def _eligible(ctx: Context, stmt: ast.stmt) -> bool:
     if ctx.mode == "plain" and not ctx.in_setup_region(stmt):
         return False
+    if isinstance(stmt, ast.If) and is_elif(ctx.m, stmt):
+        return False  # an ``elif`` cannot go under a guard of its own: its body is guarded instead
     return not rank_guarded(ctx.m, stmt)
 
 
-def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Finding]:
+def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes, removals) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
     edits = []
@@ -241,6 +249,8 @@ def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Find
             out.append(_split(ctx, stmt, plan.split))
         if plan.kind in ("save", "block"):
             guarded_writes.append((stmt, run[-1]))
+        if plan.removes:
+            removals.append((stmt, run[-1]))
     edits.append(Guard(tuple(ctx.bridge.statement(s) for s in run), ctx.expr(ctx.rank0())))
     if kinds & {"save", "block", "writer"} and kinds != {"block"} or any(_has_save(ctx, s, memo) for s in run):
         f = ctx.note(run[0], "DDP132", "checkpoint and file writing runs on rank 0 only", edits)

@@ -211,3 +211,22 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
                          [InsertAfter(ctx.bridge.statement(anchor), (barrier,))])
             )
     return out
+
+
+def removal_barriers(ctx: Context, removals: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
+    """``dist.barrier()`` after a rank-0 removal (``shutil.rmtree(log_dir)``, ``os.system("rm -r
+    ...")``): every rank goes on once the files are gone. Without it another rank makes the
+    folder again, or opens a file in it, before rank 0 deletes it (the log rank 0 opened
+    next lost, an ``exists()`` test passed on one rank and ``rmtree`` failing on the other)."""
+    m = ctx.m
+    out = []
+    done: Set[int] = set()
+    for stmt, last in removals:
+        anchor = _barrier_anchor(m, last, [])
+        if id(anchor) in done or not ctx.bridge.alone_on_line(anchor):
+            continue
+        done.add(id(anchor))
+        barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
+        out.append(ctx.note(stmt, "DDP132", "dist.barrier() after the rank-0 removal: every rank goes on once the files "
+                            "are gone", [InsertAfter(ctx.bridge.statement(anchor), (barrier,))]))
+    return out

@@ -113,6 +113,8 @@ def writers(m: SemanticModel) -> List[Writer]:
             out.append(Writer("save", call, first))
         elif q & COPY:
             out.append(Writer("copy", call, argument(call, COPY_PARAMS, "dst")))
+        elif q & REMOVES or shell_removal(m, call):
+            out.append(Writer("remove", call, first))
         elif q & MKDIR:
             ok = kwarg(call, "exist_ok")
             idem = ok is not None and _truthy(ok.value)
@@ -193,6 +195,25 @@ def lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
 
 
 REMOVES = frozenset({"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.removedirs"})
+SHELL_RUNS = frozenset({"os.system", "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.Popen"})
+
+
+def shell_removal(m: SemanticModel, call: ast.Call) -> bool:
+    """``os.system("rm -r %s" % folder)``, ``subprocess.call(f"rm -rf {d}", shell=True)``:
+    another program that deletes files, told by the command's literal start."""
+    if not call.args or not m.is_name(call.func, SHELL_RUNS):
+        return False
+    cmd = call.args[0]
+    if isinstance(cmd, ast.BinOp):  # "rm -r %s" % path, "rm -r " + path
+        cmd = cmd.left
+    elif isinstance(cmd, ast.Call) and isinstance(cmd.func, ast.Attribute) and cmd.func.attr == "format":
+        cmd = cmd.func.value
+    elif isinstance(cmd, ast.JoinedStr):
+        cmd = cmd.values[0] if cmd.values else cmd
+    elif isinstance(cmd, (ast.List, ast.Tuple)) and cmd.elts:  # ["rm", "-rf", path]
+        cmd = cmd.elts[0]
+        return isinstance(cmd, ast.Constant) and cmd.value == "rm"
+    return isinstance(cmd, ast.Constant) and isinstance(cmd.value, str) and cmd.value.lstrip().startswith("rm ")
 
 
 def removes_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:

@@ -66,6 +66,9 @@ MUTATORS = frozenset({"append", "extend", "insert", "update", "pop", "popitem", 
                       "setdefault", "sort", "reverse", "add_argument", "add_argument_group", "set_defaults", "__setitem__"})
 
 
+PROMPTS = frozenset({"builtins.input", "getpass.getpass"})
+
+
 @dataclass
 class SetupCall:
     call: ast.Call  # the call in the script
@@ -88,6 +91,11 @@ def setup_calls(m: SemanticModel) -> List[SetupCall]:
         if why is None:
             continue
         out.append(SetupCall(call, getattr(node, "name", "?"), why, _refusal(m, call, node, pm, reach), pm.path))
+    for call in m.nodes(ast.Call):
+        if m.is_name(call.func, PROMPTS):
+            # torchrun hands its stdin to every rank: each would wait for a line of its own
+            out.append(SetupCall(call, m.source(call.func), "asks at the terminal (every rank would wait for an answer "
+                                 "of its own)"))
     m.cache["setup_calls"] = out
     return out
 
