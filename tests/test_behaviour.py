@@ -296,6 +296,21 @@ def test_whole_model_checkpoints_load_without_a_process_group(tmp_path: Path) ->
     assert seen["original"][0] == "DataParallel (2, 1)"  # the original pickled its wrapper
 
 
+def test_a_helpers_log_holds_each_line_once_and_its_whole_save_loads_without_a_process_group(tmp_path: Path) -> None:
+    """pt.darts: ``utils.get_logger(path)`` gives a logger a file handler on every rank, and
+    ``utils.save_checkpoint(model, ...)`` pickles what it is handed. The migration's log has
+    the original's lines, once each; its file holds the bare model, loadable anywhere."""
+    runs = _runs("helpers_logger_and_whole_save", tmp_path)
+    probe = "import torch\nm = torch.load('model.pth', weights_only=False)\nprint(type(m).__name__, tuple(m(torch.zeros(2, 4)).shape))\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    original_log = (runs["original"].folder / "augment.log").read_text()
+    assert original_log == "epoch 0 done\nepoch 1 done\n"
+    for tag in ("torchrun", "python"):
+        assert (runs[tag].folder / "augment.log").read_text() == original_log, tag
+        r = subprocess.run([sys.executable, "-c", probe], cwd=runs[tag].folder, env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout == "Sequential (2, 1)\n", (tag, r.stdout, r.stderr[-2000:])
+
+
 def test_checkpoint_keys_as_the_projects_evaluation_script_reads_them(tmp_path: Path) -> None:
     """The checkpoint policy (model/checkpoint_keys.py key_policy): evaluate.py beside the script
     loads into the bare model, so the migration writes plain keys; evaluate.py reads the

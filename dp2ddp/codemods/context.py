@@ -223,6 +223,10 @@ class Context:
         """Rank 0 before the process group exists: torchrun's RANK (absent: a world of one)."""
         return f'int({self.name("os")}.environ.get("RANK", 0)) == 0'
 
+    def env_not_rank0(self) -> str:
+        """Not rank 0, before the process group exists (see :meth:`env_rank0`)."""
+        return f'int({self.name("os")}.environ.get("RANK", 0)) != 0'
+
     def not_rank0(self) -> str:
         return f"{self._rank()} != 0"
 

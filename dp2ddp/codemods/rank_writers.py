@@ -35,7 +35,8 @@ from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import wrapper_keys
-from dp2ddp.model.writers import Writer, companion_folder_races, companion_writes, training_class_saves, writers, writing_class
+from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
+                                   training_class_saves, writers, writing_class)
 from dp2ddp.model.writers_setup import setup_calls
 
 
@@ -257,7 +258,20 @@ def propose(ctx: Context) -> List[Finding]:
     for w in companion_writes(m):
         if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
             out.extend(_companion_write(ctx, w))
+    for lm in logger_makers(m):
+        if not rank_guarded(m, lm.stmt) and ctx.bridge.alone_on_line(lm.stmt):
+            out.append(_logger_on_rank_zero(ctx, lm))
     return out
+
+
+def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
+    """``logger = utils.get_logger(path)``, a logger with a file handler a project function
+    made: disabled on the other ranks, as their prints are (every line once in the file)."""
+    early = ctx.mode == "plain" and not ctx.in_setup_region(lm.stmt)
+    other = ctx.env_not_rank0() if early else ctx.not_rank0()
+    stmt = ctx.stmt(f"if {other}:\n    {lm.name}.disabled = True\n")
+    return ctx.note(lm.stmt, "DDP135", f"`{lm.name}` logs to a file ({lm.where}) and the console: it logs on rank 0 only "
+                    "(disabled on the other ranks), so each line is written once", [InsertAfter(ctx.bridge.statement(lm.stmt), (stmt,))])
 
 
 def _rank_zero_first(ctx: Context, race) -> Finding:

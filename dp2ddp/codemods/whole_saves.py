@@ -19,7 +19,7 @@ from typing import List
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.engine import Finding, InsertAfter, Replace
-from dp2ddp.model.checkpoints import restored_before, whole_wrapper_saves, wrapper_restored
+from dp2ddp.model.checkpoints import helper_whole_saves, restored_before, whole_wrapper_saves, wrapper_restored
 
 NEEDS = (Wrappers,)
 
@@ -54,6 +54,14 @@ def propose(ctx: Context) -> List[Finding]:
         seen.add(id(part))
         edits.append(Replace(ctx.cst(part), ctx.expr(ctx.module_of(m.source(part)))))
         first = first or call
+    for call, arg, where in helper_whole_saves(m, keys):
+        if id(arg) in seen:
+            continue
+        seen.add(id(arg))
+        out.append(ctx.note(call, "DDP137", f"{m.source(call.func)}() saves the `{m.source(arg)}` it is handed whole "
+                            f"({where}): it is handed the bare module (`.module`), so the file loads without "
+                            "DistributedDataParallel or a process group, as one device's checkpoint",
+                            [Replace(ctx.cst(arg), ctx.expr(ctx.module_of(m.source(arg))))]))
     if not edits:
         return out
     return out + [ctx.note(first, "DDP137", "the wrapped model is saved as its bare module (`.module`): the file loads without "

@@ -59,7 +59,9 @@ CODES: Tuple[MigrationCode, ...] = (
         "A pickled `DistributedDataParallel` object only loads where its class and a process group exist: the project's "
         "evaluation script could no longer read the file.",
         "`torch.save(model, p)` -> `torch.save(model.module, p)`; a wrapper inside the saved dict, list or tuple (also one "
-        "built earlier, `state = {\"net\": net}`) -> `net.module`. The file holds the model as on one device.",
+        "built earlier, `state = {\"net\": net}`) -> `net.module`; a project function that saves the wrapper it is "
+        "handed whole and uses it for nothing else (`utils.save_checkpoint(model, path)` with `torch.save(state, "
+        "filename)`) is handed `model.module`. The file holds the model as on one device.",
         "Safe where the file's readers use the model (`model = torch.load(p); model(x)`); a reader that takes `.module` of "
         "the loaded object needs `.module` dropped.",
         script("model = nn.DataParallel(model)\ntorch.save(model, \"model.pth\")\n"),

@@ -87,6 +87,33 @@ def whole_wrapper_saves(m: SemanticModel, wrappers: Set[VarKey]) -> List[Tuple[a
     return out
 
 
+def helper_whole_saves(m: SemanticModel, wrappers: Set[VarKey]) -> List[Tuple[ast.Call, ast.AST, str]]:
+    """``(call of a project function, the wrapper it is handed, where it saves it)``: a helper
+    such as ``utils.save_checkpoint(model, path, is_best)`` whose parameter is saved whole
+    (``torch.save(state, filename)``) and used for nothing else (pt.darts' augment.py)."""
+    from dp2ddp.model.project_defs import project_calls
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    out = []
+    for call, (pm, func, rel) in project_calls(m):
+        if not isinstance(func, FUNCTIONS):
+            continue
+        a = func.args
+        for param in [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]:
+            arg = pm.argument_for(func, call, param)
+            if not isinstance(arg, (ast.Name, ast.Attribute)) or var_key(m, arg) not in wrappers:
+                continue
+            uses = {id(n) for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == param}
+            for save in pm.calls(SAVE):
+                if not pm.contains(func, save):
+                    continue
+                parts = {id(x) for x in saved_parts(pm, save) if isinstance(x, ast.Name) and x.id == param}
+                if parts and parts == uses:
+                    out.append((call, arg, f"{rel}:{save.lineno}"))
+                    break
+    return out
+
+
 def loaded_values(m: SemanticModel) -> Set[int]:
     """ids of the ``torch.load(...)`` calls of the module."""
     return {id(c) for c in m.calls(LOAD)}

@@ -496,3 +496,49 @@ def training_class_saves(m: SemanticModel) -> List[CompanionRace]:
                                  leaves_early=_leaves_early(family), shared_attrs=shared))
     m.cache["training_class_saves"] = out
     return out
+
+
+@dataclass
+class LoggerMaker:
+    """``logger = utils.get_logger(path)``: a project function that gives a named logger a
+    file handler and returns the logger. Run on every rank, each would append the same
+    lines to the one file (and print them)."""
+
+    stmt: ast.Assign  # the script's statement
+    name: str  # the name it binds
+    where: str  # ``utils.py:49``: the file handler
+
+
+def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
+    got = m.cache.get("logger_makers")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[LoggerMaker] = []
+    for call, (pm, func, rel) in project_calls(m):
+        stmt = m.parent(call)
+        if (isinstance(func, ast.ClassDef) or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1
+                or not isinstance(stmt.targets[0], ast.Name)):
+            continue
+        handler = next((w for w in writers(pm) if w.kind == "logfile" and pm.contains(func, w.call)
+                        and pm.is_name(w.call.func, LOGGING_FILE)), None)
+        if handler is not None and _returns_a_logger(pm, func):
+            out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}"))
+    m.cache["logger_makers"] = out
+    return out
+
+
+def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
+    """Every ``return`` of ``func`` gives a name bound only to ``logging.getLogger(...)``."""
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    returns = [r for r in ast.walk(func) if isinstance(r, ast.Return) and pm.enclosing_function(r) is func]
+    if not isinstance(func, FUNCTIONS) or not returns:
+        return False
+    for r in returns:
+        if not isinstance(r.value, ast.Name):
+            return False
+        bindings = pm.bindings_of(r.value)
+        if not bindings or not all(b.kind == "assign" and isinstance(b.value, ast.Call)
+                                   and pm.is_name(b.value.func, {"logging.getLogger"}) for b in bindings):
+            return False
+    return True
