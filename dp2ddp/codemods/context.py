@@ -223,6 +223,20 @@ class Context:
         """Rank 0 before the process group exists: torchrun's RANK (absent: a world of one)."""
         return f'int({self.name("os")}.environ.get("RANK", 0)) == 0'
 
+    def barrier(self, on: str = "", comment: str = ""):
+        """A ``dist.barrier()`` statement; ``on``: ``"rank0"`` or ``"others"`` for one that
+        only those ranks pass. In a script with its own distributed path, or a helper module
+        an evaluation script may import, the process group may not exist: there the barrier
+        waits only where it does."""
+        dist = self.name("dist")
+        rank = {"rank0": f"{dist}.get_rank() == 0", "others": f"{dist}.get_rank() != 0", "": ""}[on]
+        if self.mode == "mixed" or self.role == "helper":
+            test = f"{dist}.is_initialized()" + (f" and {rank}" if rank else "")
+        else:
+            test = rank
+        call = f"{dist}.barrier()" + (f"  # {comment}" if comment else "")
+        return self.stmt(f"if {test}:\n    {call}\n" if test else call + "\n")
+
     def env_not_rank0(self) -> str:
         """Not rank 0, before the process group exists (see :meth:`env_rank0`)."""
         return f'int({self.name("os")}.environ.get("RANK", 0)) != 0'

@@ -43,13 +43,15 @@ from dp2ddp.model.writers_setup import setup_calls
 PROVIDES = (GuardedWriters,)
 
 
-def guarded_writers(m: SemanticModel, shared: frozenset = frozenset()) -> GuardedWriters:
+def guarded_writers(m: SemanticModel, shared: frozenset = frozenset(), early=None) -> GuardedWriters:
     """Variables holding a SummaryWriter (or a writer-like object) whose every use can be
     guarded. The writers are followed together: a function called once with each of two
     writers (``train(logger=train_logger)``, ``train(logger=val_logger)``) holds one of them.
     ``shared``: ``self.`` attributes that classes in other modules read (a project's
     ``BaseTrainer`` whose ``Trainer`` subclass writes through ``self.writer``): a writer kept
-    in one has uses this migration cannot see or guard, so it cannot be ``None`` elsewhere."""
+    in one has uses this migration cannot see or guard, so it cannot be ``None`` elsewhere.
+    ``early(node)``: the node runs before the process group exists, where rank_zero guards
+    nothing (pt.darts' module-level ``writer.add_text(...)``)."""
     bad: List = []
     made: List = []
     creations = []
@@ -76,7 +78,7 @@ def guarded_writers(m: SemanticModel, shared: frozenset = frozenset()) -> Guarde
     for _, keys in creations:
         seeds.update(keys)
     got = wrapper_keys(m, seeds) if seeds else set()
-    problem = _unguardable_use(m, got) if got else None
+    problem = _unguardable_use(m, got, early) if got else None
     outside = sorted(k[2] for k in got if k[0] == "attr" and k[2][5:] in shared)
     if problem is None and outside:
         problem = f"`{outside[0]}` is also used by a subclass in another module, whose uses dp2ddp cannot guard"
@@ -167,7 +169,7 @@ def _followed(m: SemanticModel, call: ast.Call, node: ast.AST, keys: Set[VarKey]
     return any(("local", func, p) in keys for p in m.params(func) if m.argument_for(func, call, p) is node)
 
 
-def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
+def _unguardable_use(m: SemanticModel, keys: Set[VarKey], early=None) -> Optional[str]:
     names = {k[2] for k in keys if k[0] != "attr"} | {k[2][5:] for k in keys if k[0] == "attr"}
     for node in m.nodes(ast.Name, ast.Attribute):
         ident = node.id if isinstance(node, ast.Name) else node.attr
@@ -177,6 +179,8 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
             continue
         if var_key(m, node) not in keys:
             continue
+        if early is not None and early(node) and not rank_guarded(m, node):
+            return f"line {node.lineno} uses it before the process group is set up, where no rank test is added"
         parent = m.parent(node)
         if isinstance(parent, ast.Attribute) and parent.value is node:
             call = m.parent(parent)
@@ -212,7 +216,8 @@ def _unguardable_use(m: SemanticModel, keys: Set[VarKey]) -> Optional[str]:
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
-    guarded = guarded_writers(m, getattr(ctx.options, "shared_attrs", frozenset()))
+    early = (lambda node: not ctx.in_setup_region(node)) if ctx.mode == "plain" else None
+    guarded = guarded_writers(m, getattr(ctx.options, "shared_attrs", frozenset()), early)
     ctx.provide(guarded)
     bad = {id(w): why for w, why in guarded.bad}
     listed = {id(w.call) for w in writers(m)}
@@ -300,10 +305,9 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, under a "
                          "loop or a test that dp2ddp cannot show takes the same passes on every rank (so barriers around it "
                          "would not pair up): create it on rank 0 first, then migrate")
-    dist = ctx.name("dist")
     line = ctx.bridge.statement(stmt)
-    before = ctx.stmt(f"if {ctx.not_rank0()}:\n    {dist}.barrier()  # rank 0 creates {race.name}'s folders first\n")
-    after = ctx.stmt(f"if {ctx.rank0()}:\n    {dist}.barrier()\n")
+    before = ctx.barrier("others", comment=f"rank 0 creates {race.name}'s folders first")
+    after = ctx.barrier("rank0")
     return ctx.note(race.call, "DDP132", f"{race.name} runs on rank 0 first, then on the other ranks ({race.where} creates a "
                     "folder without exist_ok: no race)", [InsertBefore(line, (before,)), InsertAfter(line, (after,))])
 

@@ -205,7 +205,7 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
             if id(anchor) in done or not ctx.bridge.alone_on_line(anchor):
                 continue
             done.add(id(anchor))
-            barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
+            barrier = ctx.barrier()
             out.append(
                 ctx.note(stmt, "DDP132", f"dist.barrier() after the rank-0 write: line {later[0].lineno} reads the file on every rank",
                          [InsertAfter(ctx.bridge.statement(anchor), (barrier,))])
@@ -226,7 +226,7 @@ def removal_barriers(ctx: Context, removals: List[Tuple[ast.stmt, ast.stmt]]) ->
         if id(anchor) in done or not ctx.bridge.alone_on_line(anchor):
             continue
         done.add(id(anchor))
-        barrier = ctx.stmt("{dist}.barrier()", dist=ctx.name("dist"))
+        barrier = ctx.barrier()
         out.append(ctx.note(stmt, "DDP132", "dist.barrier() after the rank-0 removal: every rank goes on once the files "
                             "are gone", [InsertAfter(ctx.bridge.statement(anchor), (barrier,))]))
     return out

@@ -48,6 +48,8 @@ WRITE_MODES = ("w", "a", "x", "+")
 LOGGING_CONFIG = frozenset({"logging.config.dictConfig", "logging.config.fileConfig"})
 # pandas' writers of a frame to a file: methods of a value, so told by name
 FRAME_WRITES = frozenset({"to_csv", "to_json", "to_pickle", "to_parquet", "to_excel", "to_hdf", "to_feather"})
+# transformers' (and its older names') writers of a model, tokenizer or config to a folder
+PRETRAINED_SAVES = frozenset({"save_pretrained", "save_vocabulary"})
 
 
 @dataclass
@@ -97,6 +99,11 @@ def writers(m: SemanticModel) -> List[Writer]:
         if isinstance(call.func, ast.Attribute) and call.func.attr in FRAME_WRITES and not q & (SAVE | FILE_WRITES):
             # ``data_frame.to_csv(path)``: a pandas frame written to a file by name
             out.append(Writer("save", call, argument(call, TO_CSV_PARAMS, "path_or_buf")))
+            continue
+        if isinstance(call.func, ast.Attribute) and call.func.attr in PRETRAINED_SAVES and not q & (SAVE | FILE_WRITES):
+            # ``model_to_save.save_pretrained(args.output_dir)``: a transformers model, tokenizer
+            # or config writes its files into the folder it is given
+            out.append(Writer("save", call, call.args[0] if call.args else None))
             continue
         if q & LOGGING_CONFIG:
             out.append(Writer("logconfig", call))
