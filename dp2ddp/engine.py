@@ -139,6 +139,7 @@ class _Applier(cst.CSTTransformer):
         self.guard_members: Dict[cst.CSTNode, Union[Guard, Enclose]] = {}
         # original statement -> the objects it became in the updated tree
         self.results: Dict[cst.CSTNode, List[cst.CSTNode]] = {}
+        self.placed: set = set()  # ids of the guards and encloses put around their statements
         for e in edits:
             if isinstance(e, Replace):
                 self.replace.setdefault(e.node, []).append(e.new)
@@ -226,6 +227,16 @@ class _Applier(cst.CSTTransformer):
             result = self._apply_guards(result)
         return result
 
+    def unplaced(self) -> Optional[cst.CSTNode]:
+        """A statement whose guard (or enclosing block) was never put around it: it stands
+        where no block holds it as a statement (an ``elif``), and would run unguarded."""
+        for g in self.guards + [e for es in self.enclosing.values() for e in es]:
+            if id(g) not in self.placed:
+                kept = [s for s in g.stmts if self.results.get(s)]
+                if kept:
+                    return kept[0]
+        return None
+
     def _keep_removed_comments(self, original, block):
         """The comment lines above each removed statement of ``original``'s body, moved
         above the next statement that stays (or to the block's end)."""
@@ -285,6 +296,7 @@ class _Applier(cst.CSTTransformer):
                         body=cst.IndentedBlock(body=inner), leading_lines=list(leading) + list(g.block.leading_lines)
                     )
                 body[lo : hi + 1] = [grouped]
+                self.placed.add(id(g))
                 # a larger Enclose over these statements now finds the block they became
                 for s in g.stmts:
                     if s in self.enclosing and any(e is not g for e in self.enclosing[s]):
@@ -332,10 +344,15 @@ def apply_edits(
                             break
                         on_path.add(a)
         before = module
-        module = before.visit(_Applier(tree_edits, on_path))
+        applier = _Applier(tree_edits, on_path)
+        module = before.visit(applier)
         lost = _lost_comments(before, module, [e.stmt for e in tree_edits if isinstance(e, Remove)])
         if lost:
-            module = before.visit(_Applier(tree_edits, on_path, lost))
+            applier = _Applier(tree_edits, on_path, lost)
+            module = before.visit(applier)
+        stray = applier.unplaced()
+        if stray is not None:
+            raise OverlappingEdits(f"a rank test for `{_code(stray)}` could not be put around it")
     if before_imports is not None:
         module = before_imports(module)
     adds = [e for e in edits if isinstance(e, AddImport)]

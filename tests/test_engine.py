@@ -6,7 +6,7 @@ import libcst as cst
 import libcst.matchers as cm
 import pytest
 
-from dp2ddp.engine import Hoist, InsertBefore, OverlappingEdits, Replace, apply_edits
+from dp2ddp.engine import Guard, Hoist, InsertBefore, OverlappingEdits, Replace, apply_edits
 
 SOURCE = "x = 1\n# the result\nprint(load(path), 2)\n"
 
@@ -39,6 +39,19 @@ def test_a_replacement_made_from_the_original_node_over_an_edited_child_fails_in
     out = apply_edits(module, [Replace(call, _add_kwarg),
                                Replace(outer, lambda u: cst.parse_expression("guard(0)").with_changes(args=u.args))]).code
     assert "guard(load(path, map_location = cpu), 2)" in out
+
+
+def test_a_guard_that_cannot_be_put_around_its_statement_fails_instead_of_vanishing() -> None:
+    """An ``elif`` sits in its ``if``'s ``orelse``, in no block of statements: a rank test put
+    around it was dropped without a word, and the save it held ran on every rank."""
+    module = cst.parse_module("if a:\n    f()\nelif b:\n    save()\n")
+    elif_ = module.body[0].orelse
+    test = cst.parse_expression("rank == 0")
+    with pytest.raises(OverlappingEdits, match="elif b:|if b:"):
+        apply_edits(module, [Guard((elif_,), test)])
+    inner = elif_.body.body[0]  # the statement inside the branch can be guarded
+    out = apply_edits(module, [Guard((inner,), test)]).code
+    assert out == "if a:\n    f()\nelif b:\n    if rank == 0:\n        save()\n"
 
 
 # RemoveImportIfUnused runs LibCST's RemoveImportsVisitor over the module with the top-level
