@@ -32,7 +32,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.noise import per_sample_draws
+from dp2ddp.model.noise import batch_permutations, per_sample_draws
 
 _COMMENT = "# dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)"
 
@@ -68,4 +68,15 @@ def propose(ctx: Context) -> List[Finding]:
         out.append(ctx.note(d.call, "DDP162", (
             f"`{m.source(d.call)}` {what} (otherwise every rank would draw the same noise)"
         ), edits))
+    warned = set()
+    for call in batch_permutations(m):
+        func = m.enclosing_function(call)
+        if id(func) in warned:
+            continue  # one line per function (``randperm(n).cuda()`` on one branch, ``randperm(n)`` on the other)
+        warned.add(id(func))
+        out.append(ctx.warn(call, "DDP178", (
+            f"`{m.source(call)}` pairs each sample with another of the same batch (mixup, CutMix): under DDP the "
+            "batch is this rank's share, so the pairs come from that share, not from the whole batch as under "
+            "DataParallel; the same training in law (as distributed mixup does), but the losses are not the "
+            "original's, and verify compares them: judge this run by its metrics, or gather the batch first")))
     return out

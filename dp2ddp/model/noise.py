@@ -167,3 +167,46 @@ def _per_step(m: SemanticModel, count: ast.AST, bound: Set[str]) -> bool:
         made = origins(m, count)
         return bool(made) and all(not path and _size_of_step_value(m, node, bound) for node, path in made)
     return False
+
+
+def batch_permutations(m: SemanticModel) -> List[ast.Call]:
+    """``torch.randperm(x.size(0))`` (or of a name bound to a batch's first dimension) in a
+    function of a module that trains: mixup's and CutMix's ``index``, pairing every sample
+    with another of the same batch. Under DDP the batch is the rank's share, so the pairs
+    come from that share: the same training in law, not the original's numbers. A
+    Dataset's or Sampler's permutation (in a class that defines ``__getitem__`` or
+    ``__iter__``) shuffles data, not a batch: left out."""
+    got = m.cache.get("noise:perms")
+    if got is None:
+        got = []
+        for call in m.calls(frozenset({"torch.randperm"})):
+            if not call.args or _in_data_class(m, call):
+                continue
+            size = call.args[0]
+            if isinstance(size, ast.Name):
+                bound = [b.value for b in m.bindings_of(size) if b.kind == "assign" and b.value is not None]
+                size = bound[0] if len(bound) == 1 else size
+            if first_dim_of(size) is not None and not _sliced(m, call):
+                got.append(call)
+        m.cache["noise:perms"] = got
+    return got  # type: ignore[return-value]
+
+
+def _sliced(m: SemanticModel, call: ast.Call) -> bool:
+    """The permutation is cut into slices (``idx = perm[start:start + bs]``): a shuffle of
+    the whole data batched by hand, not a pairing within a batch."""
+    stmt = m.parent(call)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return False
+    name = stmt.targets[0].id
+    scope = m.enclosing_function(call) or m.tree
+    return any(isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == name
+               and isinstance(n.slice, ast.Slice) for n in ast.walk(scope))
+
+
+def _in_data_class(m: SemanticModel, node: ast.AST) -> bool:
+    for a in m.ancestors(node):
+        if isinstance(a, ast.ClassDef):
+            names = {f.name for f in a.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+            return bool(names & {"__getitem__", "__iter__", "__len__"})
+    return False
