@@ -146,23 +146,33 @@ def trains_nowhere(path: str, tree: Optional[ast.Module] = None) -> bool:
         t = t if t is not None else _parse(file)
         if t is None:
             return False
-        here = os.path.dirname(file)
-        for node in ast.walk(t):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward" for n in ast.walk(t)):
+            return False
+        if not imports_train_nothing(file, t, base):
+            return False
+    return True
+
+
+def imports_train_nothing(file: str, tree: ast.Module, base: Optional[str] = None) -> bool:
+    """Every import of the module is a project module (found from its folder or ``base``)
+    or a library known to train nothing it is given: no Lightning, no library dp2ddp does
+    not know."""
+    here = os.path.dirname(os.path.abspath(file))
+    base = base or here
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported = [(a.name, 0) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if (node.module or "").split(".")[0] == "transformers" and any(a.name.endswith("Trainer") for a in node.names):
                 return False
-            if isinstance(node, ast.Import):
-                imported = [(a.name, 0) for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if (node.module or "").split(".")[0] == "transformers" and any(a.name.endswith("Trainer") for a in node.names):
-                    return False
-                imported = [(node.module or "", node.level)]
-            else:
+            imported = [(node.module or "", node.level)]
+        else:
+            continue
+        for name, level in imported:
+            if not level and name.split(".")[0] in _TRAIN_NOTHING:
                 continue
-            for name, level in imported:
-                if not level and name.split(".")[0] in _TRAIN_NOTHING:
-                    continue
-                if module_file(here, name, level) is None and (level or module_file(base, name) is None):
-                    return False  # a training library, or code dp2ddp cannot read
+            if module_file(here, name, level) is None and (level or module_file(base, name) is None):
+                return False  # a training library, or code dp2ddp cannot read
     return True
 
 

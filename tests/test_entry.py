@@ -49,12 +49,12 @@ class Predictor:
         with torch.no_grad():
             for x in torch.randn(8, 3, 4):
                 torch.save(self.model(x), self.out)
-"""
+{step}"""
 
 
-def _write(tmp_path: Path, predictor_extra: str = "") -> Path:
+def _write(tmp_path: Path, predictor_extra: str = "", step: str = "") -> Path:
     (tmp_path / "models.py").write_text(MODELS)
-    (tmp_path / "predictor.py").write_text(PREDICTOR.format(extra=predictor_extra))
+    (tmp_path / "predictor.py").write_text(PREDICTOR.format(extra=predictor_extra, step=step))
     script = tmp_path / "predict.py"
     script.write_text(PREDICT)
     return script
@@ -70,18 +70,29 @@ def test_an_inference_script_handing_its_model_to_a_project_predictor_is_refused
     assert not (tmp_path / "predict_ddp.py").exists()
 
 
-@pytest.mark.parametrize("extra,why", [
-    ("import pytorch_lightning as pl\n", "a library that trains what it is given"),
-    ("from mystery_engine import fit\n", "a library dp2ddp does not know"),
-    ("from trainer import train\n", "a project module with a backward pass"),
+@pytest.mark.parametrize("extra,step,why", [
+    ("import pytorch_lightning as pl\n", "", "a library that trains what it is given, imported where it runs"),
+    ("from mystery_engine import fit\n", "", "a library dp2ddp does not know, imported where it runs"),
+    ("from trainer import train\n", "\n    def tune(self):\n        train(self.model, torch.randn(2, 4))\n",
+     "a method of the predictor reaches a backward pass in another project module"),
 ], ids=["lightning_imported", "unknown_library_imported", "project_module_trains"])
-def test_what_keeps_a_handed_model_a_training_one(tmp_path: Path, capsys, extra: str, why: str) -> None:
-    """Where something the script reaches may train the model handed to it, the script is
-    not judged inference-only (no DDP115): it migrates as a training script would."""
+def test_what_keeps_a_handed_model_a_training_one(tmp_path: Path, capsys, extra: str, step: str, why: str) -> None:
+    """Where the code the model is handed to may train it, the script is not judged
+    inference-only (no DDP115): it migrates as a training script would."""
     (tmp_path / "trainer.py").write_text("def train(model, x):\n    model(x).sum().backward()\n")
-    script = _write(tmp_path, extra)
+    script = _write(tmp_path, extra, step)
     main(["rewrite", str(script)])
     assert "DDP115" not in capsys.readouterr().err, why
+
+
+def test_a_model_handed_to_project_code_that_never_reaches_a_backward_is_inference(tmp_path: Path, capsys) -> None:
+    """GAN_stability's test.py: the project has a training module (gan_training/train.py,
+    imported through config.py), but what the script hands its models to (an evaluator, a
+    checkpoint registry, a deep copy given to the evaluator) never reaches it: DDP115."""
+    (tmp_path / "trainer.py").write_text("def train(model, x):\n    model(x).sum().backward()\n")
+    script = _write(tmp_path, "from trainer import train\n")
+    assert main(["rewrite", str(script)]) == 1
+    assert "predict.py:15:17: DDP115" in capsys.readouterr().err
 
 
 LIBRARY_CHECKS = """\

@@ -18,6 +18,7 @@ otherwise every rank would repeat the whole inference (DDP115).
 from __future__ import annotations
 
 import ast
+import os
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import DDP, DP, DP_FUNCTIONAL
@@ -45,8 +46,6 @@ def _inference_only(m: SemanticModel) -> bool:
 
 
 def _trains_nowhere(m: SemanticModel) -> bool:
-    import os
-
     from dp2ddp.project import trains_nowhere
 
     return os.path.isfile(m.path) and trains_nowhere(m.path, m.tree)
@@ -67,7 +66,71 @@ def trains_elsewhere(m: SemanticModel, use, wraps) -> bool:
     q = m.qualified_names(call.func)
     if q & (DP | DP_FUNCTIONAL | DDP):
         return False  # the wrap itself
-    return not any(x.startswith("builtins.") for x in q)
+    if any(x.startswith("builtins.") for x in q):
+        return False
+    if q & {"copy.deepcopy", "copy.copy"}:
+        return _copy_handed_on(m, call)
+    return not _project_code_that_never_trains(m, call)
+
+
+def _copy_handed_on(m: SemanticModel, call: ast.Call) -> bool:
+    """``generator_test = copy.deepcopy(generator)``: the copy may train where it is handed
+    to code that may (the same test as for the wrapper itself); kept in no name, it may."""
+    stmt = m.parent(call)
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+        return True
+    name = stmt.targets[0].id
+    for other in m.nodes(ast.Call):
+        args = list(other.args) + [k.value for k in other.keywords]
+        if not any(isinstance(a, ast.Name) and a.id == name for a in args):
+            continue
+        q = m.qualified_names(other.func)
+        if q & (DP | DP_FUNCTIONAL | DDP) or any(x.startswith("builtins.") for x in q):
+            continue
+        if not _project_code_that_never_trains(m, other):
+            return True
+    return False
+
+
+def _project_code_that_never_trains(m: SemanticModel, call: ast.Call) -> bool:
+    """``call`` runs the project's own code, and nothing that code may run reaches a backward
+    pass: a function with what it calls (three project modules deep), or a class with every
+    method of it and of its project bases (called later on the object: GAN_stability's
+    ``Evaluator(generator)``, ``checkpoint_io.register_modules(generator=...)``). A call
+    that also reaches code of another library, or that dp2ddp cannot follow, may train."""
+    from dp2ddp.model.project_defs import method_of, project_def, reach_across
+    from dp2ddp.model.steps import is_backward
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None:
+        return False
+    pm, node, rel = found
+    starts = [node]
+    if isinstance(node, ast.ClassDef):
+        starts = [f for f in node.body if isinstance(f, FUNCTIONS)]
+        for base in node.bases:  # a project base class's methods run too
+            name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
+            if name is None:
+                return False
+            if name in ("object", "Module") or pm.qualified_names(base) & {"torch.nn.Module", "builtins.object"}:
+                continue
+            hit = project_def(pm, base)
+            if hit is None or not isinstance(hit[1], ast.ClassDef):
+                return False  # a base dp2ddp cannot read: it may train
+            starts += [f for f in hit[1].body if isinstance(f, FUNCTIONS)]
+    from dp2ddp.project import imports_train_nothing
+
+    base = os.path.dirname(os.path.abspath(m.path))
+    modules = {}
+    for start in starts:
+        for mod, fn, _ in reach_across(pm, start, rel):
+            if any(isinstance(c, ast.Call) and is_backward(mod, c) for c in ast.walk(fn)):
+                return False
+            modules[id(mod)] = mod
+    # what it reaches in other libraries is not followed: each module it runs code of may
+    # import only project modules and libraries that train nothing they are given
+    return all(imports_train_nothing(mod.path, mod.tree, base) for mod in modules.values())
 
 
 def before_every_wrap(m: SemanticModel, node: ast.AST, wraps) -> bool:

@@ -648,7 +648,7 @@ def training_site(m: SemanticModel) -> Optional[TrainingSite]:
 
 def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.project_defs import project_calls, reach_across
+    from dp2ddp.model.project_defs import class_of_call, method_of, project_calls, reach_across
 
     found = [(call, hit) for call, hit in project_calls(m)]
     seen = {id(call) for call, _ in found}
@@ -660,6 +660,14 @@ def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
             if hit is not None and not isinstance(hit[1], ast.ClassDef):
                 found.append((call, hit))
                 break
+            made = class_of_call(m, node) if not path and isinstance(node, ast.Call) else None
+            if made is not None and made[2]:  # an object of a project class, called: its ``__call__``
+                # (``compute_loss_fct = MultipleChoiceLossCompute(crit, crit, coef, opt)``, then
+                # ``compute_loss_fct(X, Y, M, logits)`` backward and steps in loss.py)
+                method = method_of(made[0], made[1], "__call__", 0)
+                if method is not None:
+                    found.append((call, (made[0], method, made[2])))
+                    break
     from dp2ddp.model.steps import is_backward as backward
 
     for call, (pm, node, rel) in sorted(found, key=lambda t: (t[0].lineno, t[0].col_offset)):

@@ -128,8 +128,8 @@ def writers(m: SemanticModel) -> List[Writer]:
             out.append(Writer("mkdir", call, first, idempotent=idem))
         elif q & OPEN:
             mode = open_mode(call)
-            if mode is None or writes_mode(mode):
-                out.append(Writer("open", call, first))
+            if (mode is None or writes_mode(mode)) and not (first is not None and m.is_name(first, {"os.devnull"})):
+                out.append(Writer("open", call, first))  # (``open(os.devnull, "w")`` writes nothing)
         elif q & SUMMARY_WRITERS:
             out.append(Writer("tensorboard", call, argument(call, SUMMARY_WRITER_PARAMS, "log_dir")))
         elif q & WANDB_INIT:
