@@ -31,11 +31,11 @@ def propose(ctx: Context, sc: SetupCall) -> Finding:
     head = f"{sc.name} {sc.why}"
     if sc.refusal is not None:
         return ctx.block(call, "DDP110", f"{head}; it cannot run on rank 0 alone with its result sent to the others: "
-                         f"{sc.refusal}; make the folder on rank 0 yourself, then migrate")
+                         f"{sc.refusal}; {sc.advice}, then migrate")
     where = _unordered(ctx, call)
     if where is not None:
         return ctx.block(call, "DDP110", f"{head}; dp2ddp would run it on rank 0 alone and send its result to the others, "
-                         f"but {where}; make the folder on rank 0 yourself, then migrate")
+                         f"but {where}; {sc.advice}, then migrate")
     helper = _helper(ctx)
     edit = Replace(ctx.cst(call), lambda u: u.with_changes(func=cst.Name(helper), args=[cst.Arg(u.func), *u.args]))
     return ctx.note(call, "DDP114", f"{head}: it runs on rank 0 only and every rank gets its result "

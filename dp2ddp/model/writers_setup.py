@@ -76,6 +76,7 @@ class SetupCall:
     why: str  # why every rank cannot run it: ``names its folder by the clock (parse_config.py:28) ...``
     refusal: Optional[str] = None  # why rank 0 cannot run it alone (``None``: it can), with the place
     module: str = ""  # the project module the call enters
+    advice: str = "make the folder on rank 0 yourself"  # what to do by hand where it is refused
 
 
 def setup_calls(m: SemanticModel) -> List[SetupCall]:
@@ -95,7 +96,8 @@ def setup_calls(m: SemanticModel) -> List[SetupCall]:
         if m.is_name(call.func, PROMPTS):
             # torchrun hands its stdin to every rank: each would wait for a line of its own
             out.append(SetupCall(call, m.source(call.func), "asks at the terminal (every rank would wait for an answer "
-                                 "of its own)"))
+                                 "of its own)", advice="ask on rank 0 and send the answer to the others "
+                                 "(dist.broadcast_object_list)"))
     m.cache["setup_calls"] = out
     return out
 
