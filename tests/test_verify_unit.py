@@ -618,3 +618,23 @@ def test_a_file_above_the_projects_copy_is_named_with_the_project_root_advice_no
         assert not any("dist.barrier()" in a for a in advice), advice
     inside = crash(f"[Errno 2] No such file or directory: '{root / 'vocab.txt'}'")
     assert not any("outside the project folder" in a for a in inside) and any("dist.barrier()" in a for a in inside)
+
+
+@pytest.mark.parametrize("steps,agree,compared,in_sync,losses_line,replicas_line", [
+    (0, False, False, False, "not compared (no step of both runs to compare)",
+     "not compared (a rank of the migrated run reported no parameters: it did not finish)"),
+    (5, True, True, True, "yes (within 1e-05)", "yes"),
+    (5, False, True, False, "no (within 1e-05)", "no"),
+], ids=["both_crashed_nothing_compared", "compared_and_agree", "compared_and_differ"])
+def test_the_summary_says_not_compared_where_nothing_was(steps, agree, compared, in_sync, losses_line, replicas_line):
+    """A run that crashed before its first step left nothing to compare: the summary said
+    "losses agree: no" and "replicas in sync: no" (CutMix-PyTorch's own crash under current
+    torch), which reads as a finding about the migration."""
+    from dp2ddp.verify.report import summary
+
+    report = {"migrated": {"nproc": 2}, "steps_compared": steps, "losses_agree": agree, "tolerance": {"rule": "within 1e-05"},
+              "max_rel_loss_diff": None if not steps else 0.0, "replicas_in_sync": in_sync, "replicas_compared": compared,
+              "speedup": None, "min_speedup": 1.0}
+    lines = dict(summary(report))
+    assert lines["losses agree"] == losses_line
+    assert lines["replicas in sync"] == replicas_line

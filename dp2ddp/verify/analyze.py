@@ -160,7 +160,8 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
     # replicas
     ends = {rank: r.end for rank, r in sorted(mig.ranks.items())}
     hashes = {rank: e.get("hash") for rank, e in ends.items() if e}
-    replicas_in_sync = bool(hashes) and len(ends) == len(hashes) and None not in hashes.values() and len(set(hashes.values())) == 1
+    replicas_compared = bool(hashes) and len(ends) == len(hashes) and None not in hashes.values()
+    replicas_in_sync = replicas_compared and len(set(hashes.values())) == 1
     mig_failed = failed(mig)
     if hashes and None not in hashes.values() and len(set(hashes.values())) > 1 and not mig_failed:
         norms = ", ".join(f"rank {k}: {ends[k].get('norm', 0):.9g}" for k in hashes)
@@ -209,6 +210,7 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
         "max_rel_loss_diff": max_rel,
         "steps_compared": steps_compared,
         "replicas_in_sync": replicas_in_sync,
+        "replicas_compared": replicas_compared,
         "speedup": speedup,
         "min_speedup": opts.min_speedup,
         "tolerance": judged["tolerance"],

@@ -56,11 +56,15 @@ def summary(report: Dict[str, Any]) -> list:
         noise = f", {inference['noise']} lines that vary between runs of the original not compared" if inference["noise"] else ""
         lines.append(("printed output", f"{'the original' if inference['agree'] else 'NOT the original'}'s "
                       f"{inference['lines']} line{'s' if inference['lines'] != 1 else ''} on the migration's rank 0{noise} (inference only: no optimizer step)"))
+    compared = bool(report["steps_compared"])
+    # no step compared (a run crashed first): nothing was found either way
     lines += [] if inference else [
         ("steps compared", _fmt(report["steps_compared"]) + shown),
-        ("losses agree", f"{_fmt(report['losses_agree'])} ({report['tolerance']['rule']})"),
+        ("losses agree", f"{_fmt(report['losses_agree'])} ({report['tolerance']['rule']})" if compared
+         else "not compared (no step of both runs to compare)"),
         ("max relative loss difference", _fmt(report["max_rel_loss_diff"], ".3g")),
-        ("replicas in sync", _fmt(report["replicas_in_sync"])),
+        ("replicas in sync", _fmt(report["replicas_in_sync"]) if report.get("replicas_compared", True)
+         else "not compared (a rank of the migrated run reported no parameters: it did not finish)"),
     ]
     sp = report.get("speed")
     if sp:
