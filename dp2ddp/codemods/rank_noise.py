@@ -74,9 +74,9 @@ def propose(ctx: Context) -> List[Finding]:
         if id(func) in warned:
             continue  # one line per function (``randperm(n).cuda()`` on one branch, ``randperm(n)`` on the other)
         warned.add(id(func))
-        out.append(ctx.warn(call, "DDP178", (
+        out.append(ctx.note(call, "DDP178", (
             f"`{m.source(call)}` pairs each sample with another of the same batch (mixup, CutMix): under DDP the "
             "batch is this rank's share, so the pairs come from that share, not from the whole batch as under "
-            "DataParallel; the same training in law (as distributed mixup does), but the losses are not the "
-            "original's, and verify compares them: judge this run by its metrics, or gather the batch first")))
+            "DataParallel; the same training in law (as distributed mixup does), with losses that agree with the "
+            "original's only statistically (verify judges them as a moving average)")))
     return out

@@ -213,6 +213,23 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
     return out
 
 
+def _every_rank_passes(m: SemanticModel, stmt: ast.stmt) -> bool:
+    """``stmt`` runs in the script's main flow: at module level (the main guard included), or
+    in a function called only from there; not in a method or a helper a rank test may keep
+    to rank 0 (timm's ``CheckpointSaver.save_checkpoint``, called on rank 0 alone)."""
+    func = m.enclosing_function(stmt)
+    seen = set()
+    while func is not None:
+        if id(func) in seen:
+            return False
+        seen.add(id(func))
+        sites = m.call_sites(func)
+        if not sites or len({id(m.enclosing_function(s)) for s in sites}) != 1 or any(rank_guarded(m, s) for s in sites):
+            return False
+        func = m.enclosing_function(sites[0])
+    return True
+
+
 def removal_barriers(ctx: Context, removals: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
     """``dist.barrier()`` after a rank-0 removal (``shutil.rmtree(log_dir)``, ``os.system("rm -r
     ...")``): every rank goes on once the files are gone. Without it another rank makes the
@@ -222,6 +239,8 @@ def removal_barriers(ctx: Context, removals: List[Tuple[ast.stmt, ast.stmt]]) ->
     out = []
     done: Set[int] = set()
     for stmt, last in removals:
+        if not _every_rank_passes(m, stmt):
+            continue  # rank 0 deletes alone, and no rank waits (a method only rank 0 may call would hang the others)
         anchor = _barrier_anchor(m, last, [])
         if id(anchor) in done or not ctx.bridge.alone_on_line(anchor):
             continue

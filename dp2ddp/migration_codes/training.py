@@ -26,18 +26,19 @@ CODES: Tuple[MigrationCode, ...] = (
         "loss = model(torch.randn(8, 4)).pow(2).mean()\nloss.backward(create_graph=True)\nopt.step()\n",
     ),
     MigrationCode(
-        "DDP178", "in-batch-permutation", "warning",
+        "DDP178", "in-batch-permutation", "info",
         "a permutation of the batch (mixup's or CutMix's `index = torch.randperm(x.size(0))`) pairs samples within "
         "each rank's share",
         "Under DataParallel the step's batch was the global one, so mixup mixed every sample with another of the "
         "whole batch. Under DDP each rank permutes its own share: every sample is still mixed with a random other "
         "one, the same training in law (it is what distributed mixup does), but the numbers are not the "
-        "original's, so verify's per-step losses differ from it by more than float noise.",
-        "Judge the migration by its metrics over epochs, or gather the batch (inputs and targets) from every rank "
-        "before permuting it if the pairs must be the original's. A permutation inside a Dataset or Sampler class "
-        "shuffles data and is not reported.",
+        "original's: verify sees the draws in the step and judges the losses as a moving average within "
+        "`--stochastic-rtol`, not against the float-noise envelope.",
+        "Nothing to do where the pairs may come from each rank's share; gather the batch (inputs and targets) from "
+        "every rank before permuting it if they must be the original's. A permutation inside a Dataset or Sampler "
+        "class shuffles data and is not reported.",
         "No fix: the draw is left as it was (it draws alike on every rank, from the streams the migration keeps "
-        "alike).",
+        "alike); the summary says so.",
         IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
         "    index = torch.randperm(x.size(0))\n    model(0.5 * x + 0.5 * x[index]).sum().backward()\n    opt.step()\n",
