@@ -206,8 +206,18 @@ def uses_dp(file: str) -> bool:
         return True  # unparsable: the helper's own migration says so
     from dp2ddp.model.wraps import uses_dataparallel
 
-    # named in code, not only in a docstring or comment; and not only as the sync-BN package
-    return uses_dataparallel(pm) and not dp_library(pm)
+    # named in code, not only in a docstring or comment; and not only as the sync-BN package;
+    # and not only in its own ``if __name__ == "__main__":`` block, which an import never runs
+    # (pytorch-semseg's icnet.py converts weights there)
+    return uses_dataparallel(pm) and not dp_library(pm) and not _only_in_main_block(pm)
+
+
+def _only_in_main_block(pm) -> bool:
+    from dp2ddp.model.wraps import dp_nodes
+
+    guard = pm.main_guard
+    nodes = dp_nodes(pm)
+    return guard is not None and bool(nodes) and all(pm.contains(guard, n) or isinstance(pm.parent(n), (ast.alias,)) for n in nodes)
 
 
 def only_checks_dp(file: str) -> bool:
