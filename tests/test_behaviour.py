@@ -296,6 +296,16 @@ def test_whole_model_checkpoints_load_without_a_process_group(tmp_path: Path) ->
     assert seen["original"][0] == "DataParallel (2, 1)"  # the original pickled its wrapper
 
 
+def test_a_training_step_in_a_closure_trains_through_ddp(tmp_path: Path) -> None:
+    """reid-strong-baseline's ``create_supervised_trainer``: the wrap is local to the factory
+    and the step is a closure handed to an Engine. _runs checks DDP exists at the first step
+    on both ranks and the replicas end in sync; the evaluator's wrap is gone."""
+    migrated = _migrate("closure_trainer").decode()
+    assert migrated.count("DistributedDataParallel(model") == 1 and "DataParallel(model)" not in migrated
+    runs = _runs("closure_trainer", tmp_path)
+    assert runs["torchrun"].checks["finished"] == {"0": "1", "1": "1"}
+
+
 def test_a_helpers_log_holds_each_line_once_and_its_whole_save_loads_without_a_process_group(tmp_path: Path) -> None:
     """pt.darts: ``utils.get_logger(path)`` gives a logger a file handler on every rank, and
     ``utils.save_checkpoint(model, ...)`` pickles what it is handed. The migration's log has

@@ -41,10 +41,15 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
             return False
     # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
     # train() of another module) may be trained there
+    # a function it defines (a closure: ignite's ``_update``/``_inference`` handed to an
+    # ``Engine``) counts as part of it: its uses are judged alike, and its training is its
+    own = {id(func)} | {id(n) for n in ast.walk(func) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))}
     for use in wrapper_uses(m, {key}):
+        if id(m.enclosing_function(use.node)) not in own:
+            return False
         if use.kind in ("state_dict", "module") and not before_every_wrap(m, use.node, [w]):
             return False  # `module.` keys (`load_state_dict` of a DataParallel checkpoint), `.module`: the wrapper's own
-        if use.kind in ("passed", "other", "store") and m.enclosing_function(use.node) is func:
+        if use.kind in ("passed", "other", "store"):
             parent = m.parent(use.node)
             if isinstance(parent, ast.Call) and m.is_name(parent.func, {"builtins.isinstance", "builtins.type"}):
                 continue  # `if n_gpu > 1 and not isinstance(model, DataParallel)`: a type check
@@ -54,7 +59,11 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
 
 
 def _trains(m: SemanticModel, func: ast.AST) -> bool:
-    for call in m.reached_calls(func):
+    """A backward pass or a step in what ``func`` runs, or in a function it defines (a
+    closure it hands on: ignite's ``_update``)."""
+    nested = [n for n in ast.walk(func) if n is not func and isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    calls = list(m.reached_calls(func)) + [c for f in nested for c in ast.walk(f) if isinstance(c, ast.Call)]
+    for call in calls:
         fn = call.func
         if isinstance(fn, ast.Attribute) and fn.attr in ("backward", "step"):
             return True
