@@ -3,11 +3,12 @@
 :func:`inference_only` is true for a module that runs (:func:`has_entry_point`), wraps a
 model in DataParallel, has no training step of its own or reached through the project's
 code (:func:`dp2ddp.model.training.training_site`), and never hands the wrapper, after
-the wrap, to code of another module that might train it (``trainer.fit(model)``); code
-that cannot is any where nothing the script reaches trains (no backward pass in the
-project's modules it imports, however deep, and no library but those known to train
-nothing: :func:`dp2ddp.project.trains_nowhere`; pytorch-3dunet's ``predict.py`` hands its
-model to a predictor class picked by name).
+the wrap, to code of another module that might train it (``trainer.fit(model)``). Code
+that cannot: the project's own, where nothing it may run backs a loss and the modules it
+runs import no library but those known to train nothing (a class: every method, and its
+project bases'; a deep copy followed where it goes: GAN_stability's ``Evaluator``); and
+any code at all where nothing the script reaches trains (:func:`dp2ddp.project.trains_nowhere`:
+pytorch-3dunet's ``predict.py`` hands its model to a predictor class picked by name).
 
 In such a script nothing trains, so no loader is a training loader
 (:mod:`dp2ddp.model.loaders` asks), and the migration is worth making only where every
@@ -92,13 +93,17 @@ def _copy_handed_on(m: SemanticModel, call: ast.Call) -> bool:
     return False
 
 
+# bases whose methods train nothing
+_PLAIN_BASES = frozenset({"builtins.object", "torch.nn.Module", "torch.nn.modules.module.Module"})
+
+
 def _project_code_that_never_trains(m: SemanticModel, call: ast.Call) -> bool:
     """``call`` runs the project's own code, and nothing that code may run reaches a backward
     pass: a function with what it calls (three project modules deep), or a class with every
     method of it and of its project bases (called later on the object: GAN_stability's
     ``Evaluator(generator)``, ``checkpoint_io.register_modules(generator=...)``). A call
     that also reaches code of another library, or that dp2ddp cannot follow, may train."""
-    from dp2ddp.model.project_defs import method_of, project_def, reach_across
+    from dp2ddp.model.project_defs import project_def, reach_across
     from dp2ddp.model.steps import is_backward
     from dp2ddp.model.syntax import FUNCTIONS
 
@@ -110,10 +115,9 @@ def _project_code_that_never_trains(m: SemanticModel, call: ast.Call) -> bool:
     if isinstance(node, ast.ClassDef):
         starts = [f for f in node.body if isinstance(f, FUNCTIONS)]
         for base in node.bases:  # a project base class's methods run too
-            name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
-            if name is None:
+            if not isinstance(base, (ast.Name, ast.Attribute)):
                 return False
-            if name in ("object", "Module") or pm.qualified_names(base) & {"torch.nn.Module", "builtins.object"}:
+            if pm.qualified_names(base) & _PLAIN_BASES:
                 continue
             hit = project_def(pm, base)
             if hit is None or not isinstance(hit[1], ast.ClassDef):
