@@ -230,7 +230,7 @@ class _Applier(cst.CSTTransformer):
     def unplaced(self) -> Optional[cst.CSTNode]:
         """A statement whose guard (or enclosing block) was never put around it: it stands
         where no block holds it as a statement (an ``elif``), and would run unguarded."""
-        for g in self.guards + [e for es in self.enclosing.values() for e in es]:
+        for g in self.guards:  # the Encloses among them
             if id(g) not in self.placed:
                 kept = [s for s in g.stmts if self.results.get(s)]
                 if kept:

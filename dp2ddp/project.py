@@ -217,7 +217,7 @@ def _only_in_main_block(pm) -> bool:
 
     guard = pm.main_guard
     nodes = dp_nodes(pm)
-    return guard is not None and bool(nodes) and all(pm.contains(guard, n) or isinstance(pm.parent(n), (ast.alias,)) for n in nodes)
+    return guard is not None and bool(nodes) and all(pm.contains(guard, n) for n in nodes)
 
 
 def only_checks_dp(file: str) -> bool:
@@ -237,6 +237,15 @@ def only_checks_dp(file: str) -> bool:
         if pm.is_name(call.func, DP | DP_FUNCTIONAL) or pm.source(call.func).endswith("DataParallel"):
             return False
     return True
+
+
+def helper_dp_message(m, call: ast.Call, rel: str, line: int, tested: Optional[int] = None) -> str:
+    """DDP151's line for a script whose call reaches DataParallel in a project module
+    (:func:`helpers_with_dp`'s ``call``, ``rel``, ``line``); ``tested``: the line where the
+    script tests for DataParallel itself."""
+    also = f", and this script tests for it (line {tested})" if tested is not None else ""
+    return (f"{m.source(call.func)}() reaches DataParallel in the project module {rel}:{line}{also}: migrate the "
+            f"script and its helpers together with `dp2ddp rewrite {os.path.basename(m.path)} --with-helpers`")
 
 
 def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:

@@ -107,10 +107,9 @@ def _hoistable(m: SemanticModel, call: ast.Call, stmt: ast.stmt) -> bool:
 class _Plan:
     """What rank_zero decided for one statement."""
 
-    def __init__(self, kind: str, split: Optional[List[ast.Call]] = None, removes: bool = False) -> None:
+    def __init__(self, kind: str, split: Optional[List[ast.Call]] = None) -> None:
         self.kind = kind  # print | save | writer | block
         self.split = split or []
-        self.removes = removes  # a save that deletes files (rmtree, ``rm -r``): a barrier follows it
 
 
 def _path_open_for_write(expr: ast.AST) -> bool:
@@ -157,7 +156,7 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
         if w is not None and w.kind in ("save", "copy", "logconfig", "remove"):
             if reaches_collective(m, call, dp=True):
                 return None
-            return _Plan("save", removes=w.kind == "remove")
+            return _Plan("save")
         if is_writer_use(ctx, stmt):
             if reaches_collective(m, call, dp=True):
                 return None
@@ -174,7 +173,7 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             return None
         body = stmt.body + stmt.orelse
         if body and all(_statement_plan(ctx, s, memo) is not None and not _statement_plan(ctx, s, memo).split for s in body):  # type: ignore[union-attr]
-            return _Plan("block", removes=any(_statement_plan(ctx, s, memo).removes for s in body))  # type: ignore[union-attr]
+            return _Plan("block")
         return None
     if isinstance(stmt, (ast.For,)) and not stmt.orelse:
         if impure_calls(m, stmt.iter):
@@ -203,7 +202,6 @@ def propose(ctx: Context) -> List[Finding]:
     out: List[Finding] = []
     memo: Dict[ast.AST, Optional[_Plan]] = {}
     guarded_writes: List[Tuple[ast.stmt, ast.stmt]] = []  # (save statement, last statement of its guard run)
-    removals: List[Tuple[ast.stmt, ast.stmt]] = []  # the same for the removals among them
     for block in _blocks(m):
         owner = m.parent(block[0])
         while isinstance(owner, ast.If) and is_elif(m, owner):
@@ -215,16 +213,16 @@ def propose(ctx: Context) -> List[Finding]:
             plan = _statement_plan(ctx, stmt, memo) if stmt is not None else None
             if stmt is not None and plan is not None and _eligible(ctx, stmt) and ctx.bridge.alone_on_line(stmt):
                 if plan.split and run:
-                    out.extend(_guard(ctx, run, memo, guarded_writes, removals))
+                    out.extend(_guard(ctx, run, memo, guarded_writes))
                     run = []
                 run.append(stmt)
                 continue
             if run:
-                out.extend(_guard(ctx, run, memo, guarded_writes, removals))
+                out.extend(_guard(ctx, run, memo, guarded_writes))
             run = []
     out.extend(_mkdirs(ctx))
     out.extend(barriers(ctx, guarded_writes))
-    out.extend(removal_barriers(ctx, removals))
+    out.extend(removal_barriers(ctx, guarded_writes))
     out.extend(barriers(ctx, routed_write_sites(ctx), routed=True))
     return out
 
@@ -237,7 +235,7 @@ def _eligible(ctx: Context, stmt: ast.stmt) -> bool:
     return not rank_guarded(ctx.m, stmt)
 
 
-def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes, removals) -> List[Finding]:
+def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
     edits = []
@@ -249,8 +247,6 @@ def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes, removals) ->
             out.append(_split(ctx, stmt, plan.split))
         if plan.kind in ("save", "block"):
             guarded_writes.append((stmt, run[-1]))
-        if plan.removes:
-            removals.append((stmt, run[-1]))
     edits.append(Guard(tuple(ctx.bridge.statement(s) for s in run), ctx.expr(ctx.rank0())))
     if kinds & {"save", "block", "writer"} and kinds != {"block"} or any(_has_save(ctx, s, memo) for s in run):
         f = ctx.note(run[0], "DDP132", "checkpoint and file writing runs on rank 0 only", edits)

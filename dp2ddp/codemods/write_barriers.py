@@ -18,7 +18,7 @@ from dp2ddp.engine import Finding, InsertAfter
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOAD, OPEN
 from dp2ddp.model.ranks import rank_guarded
-from dp2ddp.model.writers import open_mode, writer_of, writers, writes_mode
+from dp2ddp.model.writers import SHELL_RUNS, open_mode, writer_of, writers, writes_mode
 
 
 def routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
@@ -46,8 +46,7 @@ def routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
 READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yaml.load", "pandas.read_csv"}
 # a function that hands a path to another program reads that file too (RepBERT's
 # ``eval_results(path)`` runs the MS MARCO scorer on the ranking it was given)
-RUNS = frozenset({"subprocess.check_output", "subprocess.run", "subprocess.call", "subprocess.check_call",
-                  "subprocess.Popen", "os.system"})
+RUNS = SHELL_RUNS | {"subprocess.check_output"}
 
 
 def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
@@ -230,15 +229,18 @@ def _every_rank_passes(m: SemanticModel, stmt: ast.stmt) -> bool:
     return True
 
 
-def removal_barriers(ctx: Context, removals: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
-    """``dist.barrier()`` after a rank-0 removal (``shutil.rmtree(log_dir)``, ``os.system("rm -r
-    ...")``): every rank goes on once the files are gone. Without it another rank makes the
-    folder again, or opens a file in it, before rank 0 deletes it (the log rank 0 opened
-    next lost, an ``exists()`` test passed on one rank and ``rmtree`` failing on the other)."""
+def removal_barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]]) -> List[Finding]:
+    """``dist.barrier()`` after a rank-0 removal among the ``guarded`` writes
+    (``shutil.rmtree(log_dir)``, ``os.system("rm -r ...")``): every rank goes on once the
+    files are gone. Without it another rank makes the folder again, or opens a file in it,
+    before rank 0 deletes it (the log rank 0 opened next lost, an ``exists()`` test passed on
+    one rank and ``rmtree`` failing on the other)."""
     m = ctx.m
     out = []
     done: Set[int] = set()
-    for stmt, last in removals:
+    for stmt, last in guarded:
+        if not any(isinstance(n, ast.Call) and getattr(writer_of(m, n), "kind", None) == "remove" for n in ast.walk(stmt)):
+            continue
         if not _every_rank_passes(m, stmt):
             continue  # rank 0 deletes alone, and no rank waits (a method only rank 0 may call would hang the others)
         anchor = _barrier_anchor(m, last, [])
