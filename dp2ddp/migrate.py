@@ -172,7 +172,7 @@ def _project_miss(model) -> Migration:
     """A script without DataParallel whose project modules wrap its model in DataParallel
     (``model = models.build(args)``): not "nothing to migrate" but a refusal that says to
     migrate the project (DDP151)."""
-    from dp2ddp.project import helpers_with_dp
+    from dp2ddp.project import helper_dp_message, helpers_with_dp
 
     found = helpers_with_dp(model)
     if not found:
@@ -182,9 +182,8 @@ def _project_miss(model) -> Migration:
 
     pos = model.position(call)
     end = model.end_position(call)
-    f = Finding("DDP151", f"{model.source(call.func)}() reaches DataParallel in the project module {rel}:{line}: migrate "
-                "the script and its helpers together with `dp2ddp rewrite {0} --with-helpers`".format(model.path.rsplit("/", 1)[-1]),
-                call, line=pos[0], col=pos[1], severity="error", end_line=end[0], end_col=end[1])
+    f = Finding("DDP151", helper_dp_message(model, call, rel, line), call, line=pos[0], col=pos[1], severity="error",
+                end_line=end[0], end_col=end[1])
     return Migration(findings=[f], blocked=True, applicable=True)
 
 

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import ast
-import os
 from typing import List
 
 from dp2ddp.codemods.context import Context
@@ -94,15 +93,12 @@ def _tests_only(ctx: Context, check: ast.AST) -> Finding:
     or from elsewhere (a model loaded whole, pickled by the original's DataParallel run):
     then nothing here runs DataParallel, and its test must go on matching what it loads
     (DDP177). Either way the file is left as it was."""
-    from dp2ddp.project import helpers_with_dp
+    from dp2ddp.project import helper_dp_message, helpers_with_dp
 
     found = helpers_with_dp(ctx.m)
     if found:
         call, rel, line = found[0]
-        return ctx.block(call, "DDP151", (
-            f"{ctx.m.source(call.func)}() reaches DataParallel in the project module {rel}:{line}, and this script "
-            f"tests for it (line {check.lineno}): migrate the script and its helpers together with "
-            f"`dp2ddp rewrite {os.path.basename(ctx.m.path)} --with-helpers`"))
+        return ctx.block(call, "DDP151", helper_dp_message(ctx.m, call, rel, line, tested=check.lineno))
     return ctx.block(check, "DDP177", (
         "this script wraps no model in DataParallel, and no project module it calls does: it only tests for one "
         "(a model loaded whole, pickled by a DataParallel run, or handed in), so nothing here runs DataParallel "
