@@ -65,7 +65,7 @@ def test_selection():
     assert _codes(["ALL"]) == set(BY_CODE)
     assert _codes(["DDP00"]) == {f"DDP00{i}" for i in range(1, 10)} | warnings
     assert _codes(["DDP00"], ignore=["DDP1"]) == {f"DDP00{i}" for i in range(1, 10)}
-    assert _codes(["ALL"], ignore=["DDP01", "DDP1"]) == {f"DDP00{i}" for i in range(1, 10)}
+    assert _codes(["ALL"], ignore=["DDP01", "DDP02", "DDP1"]) == {f"DDP00{i}" for i in range(1, 10)}
     assert _codes(["DDP002"]) == {"DDP002"}
     assert _codes(["DDP003"]) == {"DDP003"}
     # DDP001's fix is the migration: its warnings and errors come with it, ignorable

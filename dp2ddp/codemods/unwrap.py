@@ -1,5 +1,6 @@
 """DataParallel wraps taken off instead of migrated: :func:`eval_only` (a wrap that serves
-evaluation only: each rank evaluates with the module it has), :func:`remove_wrap` (the
+evaluation only: each rank evaluates with the module it has), :func:`without_parameters_why`
+(a wrap of a loss or another module with no parameters), :func:`remove_wrap` (the
 edit; also for the DataParallel fallback of a script with its own DDP path) and
 :func:`unwrapped_text` (the wrap's chain without the wrapper, which a migrated wrap
 keeps)."""
@@ -13,6 +14,7 @@ from dp2ddp.engine import Finding, Remove, Replace
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.inference import before_every_wrap
+from dp2ddp.model.kinds import without_parameters
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.uses import wrapper_uses
 from dp2ddp.model.wrap_context import in_exiting_branch
@@ -58,6 +60,18 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
     return not _trains(m, func)
 
 
+def without_parameters_why(m: SemanticModel, w: Wrap) -> str:
+    """Why a wrap of a module with no parameters (``DP(nn.CrossEntropyLoss())``) is taken off
+    (``""``: it is not one). DistributedDataParallel refuses such a module at construction (no
+    parameter needs a gradient); bare, each rank runs it on its own share of the batch, as each
+    of DataParallel's replicas did."""
+    if w.module is None or not without_parameters(m, w.module):
+        return ""
+    name = m.source(w.module)
+    return (f"DataParallel wrap of {name} removed: it has no parameters, which DistributedDataParallel refuses; each rank "
+            "runs it on its own share of the batch")
+
+
 def _trains(m: SemanticModel, func: ast.AST) -> bool:
     """A backward pass or a step in what ``func`` runs, or in a function it defines (a
     closure it hands on: ignite's ``_update``)."""
@@ -72,9 +86,9 @@ def _trains(m: SemanticModel, func: ast.AST) -> bool:
     return False
 
 
-def remove_wrap(ctx: Context, w: Wrap) -> Finding:
+def remove_wrap(ctx: Context, w: Wrap, why: str = "") -> Finding:
     """Drop the wrap: ``m = DP(m)`` goes away, ``x = DP(m)`` becomes ``x = m``; an ``if``
-    left empty goes too."""
+    left empty goes too. ``why`` is the summary's reason (evaluation only by default)."""
     m = ctx.m
     if w.module is None or w.stmt is None:
         return ctx.block(w.call, "DDP101", "DataParallel wrap in a form dp2ddp cannot remove; migrate this by hand")
@@ -104,9 +118,8 @@ def remove_wrap(ctx: Context, w: Wrap) -> Finding:
             edits.append(Remove(ctx.bridge.statement(stmt)))
     else:
         edits.append(Replace(ctx.cst(w.outer), ctx.expr(inner_text)))
-    why = "evaluation-only DataParallel wrap removed: each rank evaluates with its own module" if ctx.mode != "mixed" else (
-        "DataParallel fallback removed: the script's own DDP path runs under torchrun"
-    )
+    why = why or ("evaluation-only DataParallel wrap removed: each rank evaluates with its own module" if ctx.mode != "mixed" else
+                  "DataParallel fallback removed: the script's own DDP path runs under torchrun")
     return ctx.note(w.call, "DDP122", why, edits)
 
 

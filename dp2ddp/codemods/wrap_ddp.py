@@ -41,7 +41,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.codemods.find_unused import needs_find_unused
-from dp2ddp.codemods.unwrap import eval_only, remove_wrap, unwrapped_text
+from dp2ddp.codemods.unwrap import eval_only, remove_wrap, unwrapped_text, without_parameters_why
 from dp2ddp.codemods.wrap_hoist import (
     Hoist,
     cuda_first,
@@ -82,7 +82,10 @@ def propose(ctx: Context) -> List[Finding]:
 
     keep: List[Wrap] = []
     for w in wraps:
-        if eval_only(m, w) or ctx.mode == "mixed":
+        bare = without_parameters_why(m, w)
+        if bare:
+            out.append(remove_wrap(ctx, w, bare))
+        elif eval_only(m, w) or ctx.mode == "mixed":
             out.append(remove_wrap(ctx, w))
         else:
             keep.append(w)

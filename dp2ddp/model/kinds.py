@@ -3,7 +3,9 @@ module:
 
 * :func:`is_tensor`: a value made by a tensor method (``x.clone()``) or a ``torch.*``
   factory (``torch.zeros_like(X)``), never a ``torch.nn`` class;
-* :func:`is_module_class`: a class of this module derived from ``nn.Module``.
+* :func:`is_module_class`: a class of this module derived from ``nn.Module``;
+* :func:`without_parameters`: a module that has no parameters at all (a ``torch.nn`` loss,
+  activation, pooling or dropout layer), which DistributedDataParallel refuses to wrap.
 """
 
 from __future__ import annotations
@@ -17,6 +19,56 @@ from dp2ddp.model.names import MODULE_BASES
 # methods only a tensor has (a module's ``.to()``/``.cuda()``/``.float()`` return the module)
 TENSOR_METHODS = frozenset({"clone", "detach", "new_zeros", "new_ones", "new_empty", "new_full", "new_tensor", "uniform_",
                             "normal_", "zero_", "fill_", "view", "reshape", "permute", "contiguous", "unsqueeze", "squeeze"})
+
+
+# torch.nn classes whose instances hold no parameter whatever their arguments (buffers such
+# as CrossEntropyLoss's ``weight`` are no parameters); not the containers, not PReLU, not
+# AdaptiveLogSoftmaxWithLoss
+_NO_PARAMETERS = frozenset(
+    [f"{kind}Loss" for kind in ("BCE", "BCEWithLogits", "CTC", "CosineEmbedding", "CrossEntropy", "GaussianNLL", "HingeEmbedding",
+                                "Huber", "KLDiv", "L1", "MarginRanking", "MSE", "MultiLabelMargin", "MultiLabelSoftMargin",
+                                "MultiMargin", "NLL", "PoissonNLL", "SmoothL1", "SoftMargin", "TripletMargin",
+                                "TripletMarginWithDistance")]
+    + ["NLLLoss2d", "CELU", "ELU", "GELU", "GLU", "Hardshrink", "Hardsigmoid", "Hardswish", "Hardtanh", "LeakyReLU", "LogSigmoid",
+       "LogSoftmax", "Mish", "RReLU", "ReLU", "ReLU6", "SELU", "SiLU", "Sigmoid", "Softmax", "Softmax2d", "Softmin", "Softplus",
+       "Softshrink", "Softsign", "Tanh", "Tanhshrink", "Threshold", "Identity", "Flatten", "Unflatten", "Upsample",
+       "UpsamplingBilinear2d", "UpsamplingNearest2d", "PixelShuffle", "PixelUnshuffle", "CosineSimilarity", "PairwiseDistance",
+       "AlphaDropout", "FeatureAlphaDropout"]
+    + [f"Dropout{d}" for d in ("", "1d", "2d", "3d")]
+    + [f"{p}{d}" for p in ("MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "LPPool", "FractionalMaxPool")
+       for d in ("1d", "2d", "3d")]
+)
+# calls that return the module they are called on
+_SAME_MODULE = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "type"})
+
+
+def without_parameters(m: SemanticModel, expr: ast.AST) -> bool:
+    """``expr`` is a module with no parameters: every value it may hold is made by a
+    ``torch.nn`` class that never has any (``nn.CrossEntropyLoss()``, ``nn.ReLU()``), possibly
+    moved (``.cuda()``, ``.to(device)``). Nothing else counts: a class of the project, a
+    container, a value that cannot be followed."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.names import DDP, DP
+
+    seen = set()
+
+    def bare(e: ast.AST) -> bool:
+        if id(e) in seen:
+            return True  # ``crit = DP(crit)``: the wrap's own binding wraps what the others made
+        seen.add(id(e))
+        while isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_MODULE:
+            e = e.func.value
+        if isinstance(e, ast.Call):
+            names = m.qualified_names(e.func)
+            if names and names <= DP | DDP and e.args:
+                return bare(e.args[0])
+            return bool(names) and all(q.startswith("torch.nn.") and q.rsplit(".", 1)[1] in _NO_PARAMETERS for q in names)
+        if isinstance(e, (ast.Name, ast.Attribute)):
+            found = origins(m, e)
+            return bool(found) and all(not path and bare(node) for node, path in found)
+        return False
+
+    return bare(expr)
 
 
 def is_tensor(m: SemanticModel, expr: ast.AST) -> bool:

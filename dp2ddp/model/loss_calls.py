@@ -11,6 +11,7 @@ import ast
 from typing import Dict, List, Optional
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.names import DP
 
 
 def class_uses(m: SemanticModel, made: ast.Call) -> List[ast.Call]:
@@ -65,6 +66,9 @@ def shared_binding(m: SemanticModel, made: ast.Call) -> Optional[ast.AST]:
             while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
                    and value.func.attr in ("to", "cuda", "cpu")):
                 value = value.func.value
+            if (isinstance(value, ast.Call) and m.qualified_names(value.func) and m.qualified_names(value.func) <= DP
+                    and value.args and m.source(value.args[0]) == text):
+                continue  # ``criterion = nn.DataParallel(criterion)``: the same loss (the migration takes the wrap off)
             if m.source(value) != text:  # not ``criterion = criterion.cuda()``
                 return a
     return None
