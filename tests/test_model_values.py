@@ -296,6 +296,46 @@ def test_draws_shaped_like_a_batch_tensor_are_per_sample_and_a_loss_shaped_one_i
     ])
 
 
+def test_numpy_draws_sized_by_the_batch_and_draws_in_a_loop_over_its_items():
+    """NumPy draws count by their ``size`` (keyword or position) or their dimensions, and are
+    told from torch's (``tensor=False``: no ``.chunk``); a draw of any stream inside a
+    ``for k in range(<the batch's size>)`` of the step is an item loop's, once per loop
+    (the epoch loop holds the step too); one inside a loop of a fixed count is not."""
+    from dp2ddp.model.noise import draws_per_item, per_sample_draws
+
+    src = textwrap.dedent("""\
+        import numpy as np
+        import random
+        import torch
+        model = torch.nn.DataParallel(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(3):
+            for img in loader:
+                n = img.size(0)
+                a = np.random.uniform(0, 55, size=n)
+                b = np.random.normal(0.0, 1.0, n)
+                c = np.random.randn(img.shape[0], 4)
+                d = np.random.uniform(0, 1)
+                e = np.random.beta(1.0, 1.0)
+                noise = torch.zeros(img.size())
+                for k in range(noise.size()[0]):
+                    noise[k] = torch.FloatTensor(4).normal_(0, a[k])
+                for j in range(len(img)):
+                    if random.random() < 0.5:
+                        img[j] = img[j].flip(0)
+                for t in range(4):
+                    noise += torch.randn(4)
+                model(img + noise).sum().backward()
+                opt.step()
+        """)
+    m = build(src, "train.py")
+    numpy = {m.source(d.call): m.source(d.count) for d in per_sample_draws(m) if not d.tensor}
+    assert numpy == {"np.random.uniform(0, 55, size=n)": "n", "np.random.normal(0.0, 1.0, n)": "n",
+                     "np.random.randn(img.shape[0], 4)": "img.shape[0]"}
+    loops = [(loop.lineno, m.source(draw)) for loop, draw in draws_per_item(m)]
+    assert loops == [(15, "torch.FloatTensor(4).normal_(0, a[k])"), (17, "random.random()")]
+
+
 def test_a_tensorboard_logger_logger_is_made_on_rank_0_only():
     """``tensorboard_logger.Logger(logdir)`` writes an event file like a SummaryWriter: the
     migration makes it on rank 0 only (one event file, as the original wrote)."""

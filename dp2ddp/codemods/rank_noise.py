@@ -21,7 +21,10 @@ other from the same stream, and keeps draw number ``rank``::
     [torch.randn_like(img) for _ in range(dist.get_world_size())][dist.get_rank()]
 
 the ranks' noise differs and their streams stay alike (the numbers are not the
-original's, which drew them in one call). Scripts with their own distributed path are
+original's, which drew them in one call). A NumPy draw of one number per item
+(``np.random.uniform(0, 55, size=n)``) takes the same form, which gives each rank the
+original's numbers (NumPy draws them one after the other). Draws in a loop over the
+items of the batch are refused (DDP179): no edit of the call gives each rank its own. Scripts with their own distributed path are
 left as they are (their path decides what each rank draws).
 """
 
@@ -32,7 +35,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.noise import batch_permutations, per_sample_draws
+from dp2ddp.model.noise import batch_permutations, draws_per_item, per_sample_draws
 
 _COMMENT = "# dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)"
 
@@ -46,7 +49,7 @@ def propose(ctx: Context) -> List[Finding]:
     for d in per_sample_draws(m):
         dist = ctx.name("dist")
         world = f"{dist}.get_world_size()"
-        if d.count is not None:
+        if d.count is not None and d.tensor:
             simple = isinstance(d.count, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant))
             edits = [
                 Replace(ctx.cst(d.count), lambda node, w=world, s=simple: ctx.expr(
@@ -54,7 +57,7 @@ def propose(ctx: Context) -> List[Finding]:
                 Replace(ctx.cst(d.call), lambda node, w=world: ctx.expr(
                     "{call}.chunk({w})[{dist}.get_rank()]", call=node, dist=dist, w=w)),
             ]
-        else:  # shaped like a batch tensor: one draw per rank, each rank keeps its own
+        else:  # shaped like a batch tensor, or a NumPy array: one draw per rank, each rank keeps its own
             edits = [Replace(ctx.cst(d.call), lambda node, w=world: ctx.expr(
                 "[{call} for _ in range({w})][{dist}.get_rank()]", call=node, dist=dist, w=w))]
         stmt = m.statement_of(d.call)
@@ -62,12 +65,21 @@ def propose(ctx: Context) -> List[Finding]:
             commented.add(id(stmt))
             edits += ctx.comment_above(d.call, _COMMENT)
         what = ("draws one row per item of the batch: every rank now draws the global batch's rows from the same "
-                "stream and keeps its own, as DataParallel's scatter gave them" if d.count is not None else
+                "stream and keeps its own, as DataParallel's scatter gave them" if d.count is not None and d.tensor else
+                "draws one number per item of the batch: every rank now draws it world-size times from the same stream "
+                "and keeps draw number `rank`, the original's numbers for its items" if d.count is not None else
                 "draws noise shaped like the batch: every rank now draws it world-size times from the same stream and "
                 "keeps draw number `rank`")
         out.append(ctx.note(d.call, "DDP162", (
             f"`{m.source(d.call)}` {what} (otherwise every rank would draw the same noise)"
         ), edits))
+    for item_loop, draw in draws_per_item(m):
+        out.append(ctx.block(draw, "DDP179", (
+            f"`{' '.join(m.source(draw).split())[:60]}` draws random numbers in a loop over the items of the batch "
+            f"(`for {m.source(item_loop.target)} in {m.source(item_loop.iter)}`, line {item_loop.lineno}): under DDP the "
+            "loop runs over each rank's share and the ranks' streams are alike, so every rank would draw the same "
+            "numbers for its items; draw them for the whole batch in one call (`torch.randn(n, ...)`), or take the "
+            "risk with --accept DDP179")))
     warned = set()
     for call in batch_permutations(m):
         func = m.enclosing_function(call)

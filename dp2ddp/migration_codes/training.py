@@ -44,6 +44,23 @@ CODES: Tuple[MigrationCode, ...] = (
         "    index = torch.randperm(x.size(0))\n    model(0.5 * x + 0.5 * x[index]).sum().backward()\n    opt.step()\n",
     ),
     MigrationCode(
+        "DDP179", "noise-drawn-per-item", "error",
+        "random numbers drawn in a loop over the items of the batch; the file is left unchanged",
+        "A denoising trainer's `for n in range(noise.size(0)): noise[n] = torch.FloatTensor(s).normal_(0, std[n])` "
+        "drew one field per item of the global batch under DataParallel. Under DDP the loop runs over the rank's "
+        "share, and the ranks' random streams are seeded alike (so that random choices steering control flow agree): "
+        "every rank would draw the same numbers for its items, and the global batch would hold world-size copies of "
+        "them. No edit of the draw itself gives each rank the original's: it would have to skip the other ranks' "
+        "draws first.",
+        "Draw the batch's noise in one call sized by the batch (`torch.randn(n, c, h, w) * std.view(-1, 1, 1, 1)`), "
+        "which dp2ddp migrates (DDP162); or take the risk with `--accept DDP179`.",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
+        "    noise = torch.zeros(x.size())\n    for i in range(x.size(0)):\n        noise[i] = torch.randn(4)\n"
+        "    model(x + noise).sum().backward()\n    opt.step()\n",
+    ),
+    MigrationCode(
         "DDP162", "per-sample-noise", "info",
         "noise a training step draws per item of the batch: each rank keeps its rows of the global batch's draw",
         "A GAN's `noise = torch.randn(b_size, nz, 1, 1)` in the training loop drew one row per item of the global "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.flow import origins
@@ -32,6 +32,16 @@ from dp2ddp.model.training import training_loops
 
 # the draws whose size the migration can read: ``randn(*size)``, ``rand(*size)``, ``randint([low,] high, size)``
 _DRAWS = ("torch.randn", "torch.rand", "torch.randint")
+# NumPy's: where the size stands (position, or the keyword only), and the dimensions-as-arguments ones
+_NP_SIZE_AT = {"uniform": 2, "normal": 2, "randint": 2, "standard_normal": 0, "random": 0, "random_sample": 0,
+               "laplace": 2, "logistic": 2, "lognormal": 2, "beta": None, "binomial": None, "choice": None,
+               "poisson": None, "exponential": None, "gamma": None}
+_NP_DIMS = ("rand", "randn")
+# any draw of a random stream (a draw inside a loop over the items of a batch)
+_STREAMS = ("torch.", "numpy.random.", "random.")
+_STREAM_CALLS = frozenset({"randn", "rand", "randint", "randn_like", "rand_like", "randint_like", "normal", "uniform",
+                           "bernoulli", "multinomial", "randperm", "random", "choice", "shuffle", "sample", "gauss",
+                           "standard_normal", "random_sample", "beta", "binomial", "poisson", "laplace", "exponential"})
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class Draw:
     # a draw shaped like a batch tensor (``torch.randn_like(img)``, ``torch.randn(img.size())``,
     # ``torch.FloatTensor(img.size()).normal_(0, s)``): its rows cannot be counted in the call
     loop: ast.AST  # the training loop whose step draws it
+    tensor: bool = True  # a torch tensor (``.chunk`` splits it); False: a NumPy array
 
 
 def per_sample_draws(m: SemanticModel) -> List[Draw]:
@@ -56,6 +67,11 @@ def per_sample_draws(m: SemanticModel) -> List[Draw]:
                 if count is not None and _per_step(m, count, bound):
                     seen.add(id(n))
                     got.append(Draw(n, count, loop))
+                    continue
+                count = _numpy_count(m, n)
+                if count is not None and _per_step(m, count, bound):
+                    seen.add(id(n))
+                    got.append(Draw(n, count, loop, tensor=False))
                 elif _shaped_like_batch(m, n, loop):
                     seen.update(id(c) for c in ast.walk(n))
                     got.append(Draw(n, None, loop))
@@ -147,6 +163,62 @@ def _count(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     if isinstance(size, (ast.Tuple, ast.List)) and size.elts and not isinstance(size.elts[0], ast.Starred):
         return size.elts[0]
     return None
+
+
+def _numpy_count(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    """The first size dimension of a NumPy draw (``np.random.uniform(0, 55, size=n)``,
+    ``np.random.randn(n, 3)``), where the call spells it plainly."""
+    names = m.qualified_names(call.func)
+    if len(names) != 1 or any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        return None
+    (q,) = names
+    if not q.startswith("numpy.random."):
+        return None
+    fn = q[len("numpy.random."):]
+    if fn in _NP_DIMS:
+        return call.args[0] if call.args else None
+    if fn not in _NP_SIZE_AT:
+        return None
+    size = next((k.value for k in call.keywords if k.arg == "size"), None)
+    at = _NP_SIZE_AT[fn]
+    if size is None and at is not None and len(call.args) > at:
+        size = call.args[at]
+    if isinstance(size, (ast.Tuple, ast.List)):
+        size = size.elts[0] if size.elts and not isinstance(size.elts[0], ast.Starred) else None
+    return size
+
+
+def draws_per_item(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call]]:
+    """Random draws in a loop over the items of a training step's batch (``for n in
+    range(noise.size(0)): noise[n] = torch.FloatTensor(s).normal_(0, std[n])``), outside the
+    model: ``(the item loop, its first draw)``. Under DDP the loop runs over the rank's share
+    and the ranks' streams are alike, so every rank draws the same numbers for its items;
+    nothing here can hand each rank the original's (it would have to skip the other ranks'
+    draws first)."""
+    got = m.cache.get("noise:per_item")
+    if got is None:
+        got, seen = [], set()
+        for loop in training_loops(m):
+            bound = names_bound(m, loop)
+            for n in own_nodes(m, loop):
+                if id(n) in seen:
+                    continue  # an item loop of a step the epoch loop holds too
+                seen.add(id(n))
+                if not (isinstance(n, ast.For) and isinstance(n.iter, ast.Call) and m.is_name(n.iter.func, {"builtins.range", "range"})
+                        and len(n.iter.args) == 1 and _per_step(m, n.iter.args[0], bound)):
+                    continue
+                draw = next((c for c in ast.walk(n) if isinstance(c, ast.Call) and _draws(m, c)), None)
+                if draw is not None:
+                    got.append((n, draw))
+        m.cache["noise:per_item"] = got
+    return got  # type: ignore[return-value]
+
+
+def _draws(m: SemanticModel, call: ast.Call) -> bool:
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr in _IN_PLACE:
+        return True
+    return any(q.startswith(_STREAMS) and q.rsplit(".", 1)[1] in _STREAM_CALLS for q in m.qualified_names(f))
 
 
 def _size_of_step_value(m: SemanticModel, e: ast.AST, bound: Set[str]) -> bool:
