@@ -51,6 +51,7 @@ def without_parameters(m: SemanticModel, expr: ast.AST) -> bool:
     from dp2ddp.model.names import DDP, DP
 
     seen = set()
+    made = []  # the constructions found: at least one, or nothing is known
 
     def bare(e: ast.AST) -> bool:
         if id(e) in seen:
@@ -62,13 +63,14 @@ def without_parameters(m: SemanticModel, expr: ast.AST) -> bool:
             names = m.qualified_names(e.func)
             if names and names <= DP | DDP and e.args:
                 return bare(e.args[0])
+            made.append(e)
             return bool(names) and all(q.startswith("torch.nn.") and q.rsplit(".", 1)[1] in _NO_PARAMETERS for q in names)
         if isinstance(e, (ast.Name, ast.Attribute)):
             found = origins(m, e)
             return bool(found) and all(not path and bare(node) for node, path in found)
         return False
 
-    return bare(expr)
+    return bare(expr) and bool(made)
 
 
 def is_tensor(m: SemanticModel, expr: ast.AST) -> bool:

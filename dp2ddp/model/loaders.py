@@ -316,12 +316,44 @@ def loaders(m: SemanticModel) -> List[Loader]:
         if not ld.training and not ld.held and feeds_training(m, ld.call):
             ld.training = True  # whatever its name says, a training loop iterates it
             ld.train_keys = ld.keys
+        elif ld.training and not ld.held and _evaluated_where_made(m, ld):
+            ld.training, ld.train_keys = False, ()  # a shuffling loader a function that never trains makes and reads
     from dp2ddp.model.inference import inference_only
 
     if out and inference_only(m):
         for ld in out:  # nothing trains here: a shuffled loader is one evaluated in a random order
             ld.training, ld.train_keys = False, ()
     return out
+
+
+def _evaluated_where_made(m: SemanticModel, ld: Loader) -> bool:
+    """The loader is made into a local name of a function that never trains (no backward pass
+    it reaches, here or in the project), and the function only iterates it (``for``,
+    ``iter()``, ``enumerate()``, ``len()``, its ``.dataset``): crnn's ``val()`` builds a
+    shuffling ``data_loader`` each time it evaluates. Handed to anything else (a Trainer, a
+    library's ``fit``) it may train there: not this."""
+    from dp2ddp.model.flow import WRAPPERS
+    from dp2ddp.model.training import trains
+
+    func = ld.function
+    if func is None or not isinstance(ld.target, ast.Name) or trains(m, func):
+        return False
+    name = ld.target.id
+    for n in ast.walk(func):
+        if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
+            return False
+        if not (isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)):
+            continue
+        parent = m.parent(n)
+        if isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is n:
+            continue
+        if isinstance(parent, ast.Attribute) and parent.attr in ("dataset", "batch_size", "sampler"):
+            continue
+        if (isinstance(parent, ast.Call) and parent.args and parent.args[0] is n and isinstance(parent.func, ast.Name)
+                and (parent.func.id in WRAPPERS or parent.func.id == "len")):
+            continue
+        return False
+    return True
 
 
 def evaluated_apart(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:

@@ -40,5 +40,6 @@ RULE = Rule(
         Valid(_HEAD + "net = DDP(nn.Linear(2, 2))\n"),
         Valid(_HEAD + "crit = nn.MSELoss() if plain else nn.Linear(2, 2)\ncrit = DDP(crit)\n"),
         Valid(_HEAD + "crit = DDP(make_loss())\n"),
+        Valid(_HEAD + "net = build()\nnet.encoder = DDP(net.encoder)\n"),
     ),
 )
