@@ -277,9 +277,40 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     role = "entry" if wrapping or trainers or (helpers and not quick_reject(src.data)) else "script"
     plan_modules = frozenset(real for _, real in helpers + trainers)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
+    if wrapping and not trainers and not res.migration.blocked:
+        res = _inference_through_helpers(entry, res, src.data)
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
     _left_behind(entry, out)
     return out
+
+
+def _inference_through_helpers(entry: str, res, data: bytes):
+    """An entry that trains nowhere (nothing it or the project modules it reaches runs backs
+    a loss: :func:`dp2ddp.project.trains_nowhere`) and whose helpers wrap the model it
+    evaluates in DataParallel (Deep_Metric's ``test.py`` -> ``Model2Feature``): every rank
+    would repeat the whole inference that DataParallel split between the GPUs. The plan is
+    refused (DDP115) at the entry's call that reaches the helper's wrap."""
+    from dataclasses import replace
+
+    from dp2ddp.engine import Finding
+    from dp2ddp.model.inference import no_training_message
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.project import helpers_with_dp, trains_nowhere
+
+    model = file_model(entry)
+    if model is None or not trains_nowhere(entry, model.tree):
+        return res
+    found = helpers_with_dp(model)
+    if not found:
+        return res
+    call, rel, line = found[0]
+    pos, end = model.position(call), model.end_position(call)
+    why = (f"its model is wrapped in DataParallel by {model.source(call.func)}() ({rel}:{line}), and nothing this script "
+           "or its project modules run trains it")
+    f = Finding("DDP115", no_training_message(why).replace("no training step in this file (no .backward(), no "
+                "optimizer.step()), and ", "", 1), call, line=pos[0], col=pos[1], severity="error", end_line=end[0],
+                end_col=end[1])
+    return replace(res, migration=Migration(findings=[f], blocked=True, applicable=True), output=data, changed=False)
 
 
 def _left_behind(entry: str, out) -> None:

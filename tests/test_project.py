@@ -785,3 +785,32 @@ def test_an_entry_whose_helpers_only_test_for_dataparallel_gets_no_process_group
     out = tmp_path / "out"
     assert (out / "main_test.py").read_text() == (d / "main_test.py").read_text()
     assert "isinstance(model, DistributedDataParallel)" in (out / "utils_model.py").read_text()
+
+
+def test_an_evaluation_script_whose_helper_wraps_its_model_is_refused_as_a_project(tmp_path: Path, capsys) -> None:
+    """Deep_Metric's shape: ``test.py`` asks a helper for the features of a trained model; the
+    helper wraps it in DataParallel and runs it over a loader; nothing the script or its
+    project reaches trains. Migrated as a project, every rank would repeat the whole
+    extraction: refused (DDP115) at the call that reaches the wrap, nothing written. The same
+    helper called by a script that trains is migrated."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "features.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\ndef extract(net, data, batch_size=8):\n"
+        "    model = nn.DataParallel(net)\n    loader = torch.utils.data.DataLoader(data, batch_size=batch_size)\n"
+        "    out = []\n    with torch.no_grad():\n        for x, in loader:\n            out.append(model(x))\n"
+        "    return torch.cat(out)\n")
+    (d / "test.py").write_text(
+        "import torch\nfrom features import extract\n\nif __name__ == \"__main__\":\n    net = torch.nn.Linear(4, 2)\n"
+        "    feats = extract(net, torch.utils.data.TensorDataset(torch.randn(16, 4)))\n    print(feats.norm())\n")
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "test.py"), "--with-helpers", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert ("test.py:6:13: DDP115 its model is wrapped in DataParallel by extract() (features.py:6), and nothing this "
+            "script or its project modules run trains it: under DDP every rank would repeat the whole inference") in err, err
+    assert not out.exists()
+    (d / "test.py").write_text((d / "test.py").read_text().replace(
+        "    print(feats.norm())\n", "    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n    feats.sum().backward()\n"
+        "    opt.step()\n"))
+    main(["rewrite", str(d / "test.py"), "--with-helpers", "-o", str(out)])
+    assert "DDP115" not in capsys.readouterr().err

@@ -343,18 +343,22 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         trains = next((t for mod, f, path in reached for t in [_trains_where(mod, f, path)] if t is not None), None)
         line = _writes_in(pm, func)
         where = f"{rel}:{line}" if line is not None else None
-        if where is None and trains is not None:
-            # a call that trains writes what it computes from this rank's own batches: a write
-            # further down counts too (``train()`` in core/function.py -> ``save_debug_images()``
-            # in utils/vis.py, an image of the batch per rank, under one name)
+        deeper = False
+        if where is None:
+            # a write further down counts too: a call that trains writes what it computes from
+            # this rank's own batches (``train()`` in core/function.py -> ``save_debug_images()``
+            # in utils/vis.py, an image of the batch per rank, under one name); one that does not
+            # writes the same file on every rank at once (``hungarian_evaluate(...,
+            # confusion_matrix_file=...)`` -> ``plt.savefig`` in utils/utils.py)
             where = next((f"{path}:{line}" for mod, f, path in reached for line in [_writes_in(mod, f)] if line is not None), None)
+            deeper = where is not None
         if where is None:
             continue
         owner = pm.parent(func)
         name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
         gone = removes_in(pm, func)
-        out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None, writes_only(pm, func) and trains is None,
-                                 module=pm.path, trains=trains))
+        out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None,
+                                 writes_only(pm, func) and trains is None and not deeper, module=pm.path, trains=trains))
     m.cache["companion_writes"] = out
     return out
 
