@@ -814,3 +814,33 @@ def test_an_evaluation_script_whose_helper_wraps_its_model_is_refused_as_a_proje
         "    opt.step()\n"))
     main(["rewrite", str(d / "test.py"), "--with-helpers", "-o", str(out)])
     assert "DDP115" not in capsys.readouterr().err
+
+
+def test_a_project_evaluation_that_writes_a_plot_two_modules_down_is_refused(tmp_path: Path, capsys) -> None:
+    """SCAN's shape: ``stats = evaluate(preds, plot_file=...)`` (metrics.py) returns numbers and
+    calls ``plot_confusion`` (plots.py), which saves a figure: under DDP every rank would write
+    it at once, and the call cannot run on rank 0 alone (its result is used): refused (DDP110)
+    with the write's place. Without the plot it migrates."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "plots.py").write_text("import matplotlib.pyplot as plt\n\n\ndef plot_confusion(values, path):\n"
+                                "    plt.plot(values)\n    plt.savefig(path)\n")
+    (d / "metrics.py").write_text("from plots import plot_confusion\n\n\ndef evaluate(values, plot_file=None):\n"
+                                  "    if plot_file is not None:\n        plot_confusion(values, plot_file)\n"
+                                  "    return {'mean': sum(values) / len(values)}\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom metrics import evaluate\n\n\ndef main():\n"
+        "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    losses = []\n    for (x,) in loader:\n        loss = model(x).pow(2).mean()\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n        losses.append(loss.item())\n"
+        "    stats = evaluate(losses, plot_file='confusion.png')\n    print(stats)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert ("train.py:17:13: DDP110 evaluate writes a file (plots.py:6) on every rank, and dp2ddp cannot run it on rank 0 "
+            "alone: its result is used") in err, err
+    assert not (d / "train_ddp.py").exists()
+    (d / "metrics.py").write_text("def evaluate(values, plot_file=None):\n    return {'mean': sum(values) / len(values)}\n")
+    assert main(["rewrite", str(d / "train.py")]) in (0, 1)
+    assert "DDP110" not in capsys.readouterr().err and (d / "train_ddp.py").exists()
