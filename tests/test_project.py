@@ -816,11 +816,12 @@ def test_an_evaluation_script_whose_helper_wraps_its_model_is_refused_as_a_proje
     assert "DDP115" not in capsys.readouterr().err
 
 
-def test_a_project_evaluation_that_writes_a_plot_two_modules_down_is_refused(tmp_path: Path, capsys) -> None:
+def test_a_project_evaluation_that_writes_a_plot_two_modules_down_runs_on_rank_0_first(tmp_path: Path, capsys) -> None:
     """SCAN's shape: ``stats = evaluate(preds, plot_file=...)`` (metrics.py) returns numbers and
     calls ``plot_confusion`` (plots.py), which saves a figure: under DDP every rank would write
-    it at once, and the call cannot run on rank 0 alone (its result is used): refused (DDP110)
-    with the write's place. Without the plot it migrates."""
+    it at once. Its result is used, so it cannot run on rank 0 alone: it runs on rank 0 first,
+    then on the others, a barrier between (DDP132). Where the ranks cannot be shown to reach
+    it alike (a ``while`` loop), it is refused (DDP110) with the write's place."""
     d = tmp_path / "proj"
     d.mkdir()
     (d / "plots.py").write_text("import matplotlib.pyplot as plt\n\n\ndef plot_confusion(values, path):\n"
@@ -828,7 +829,7 @@ def test_a_project_evaluation_that_writes_a_plot_two_modules_down_is_refused(tmp
     (d / "metrics.py").write_text("from plots import plot_confusion\n\n\ndef evaluate(values, plot_file=None):\n"
                                   "    if plot_file is not None:\n        plot_confusion(values, plot_file)\n"
                                   "    return {'mean': sum(values) / len(values)}\n")
-    (d / "train.py").write_text(
+    train = (
         "import torch\nimport torch.nn as nn\nfrom metrics import evaluate\n\n\ndef main():\n"
         "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
         "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -836,11 +837,15 @@ def test_a_project_evaluation_that_writes_a_plot_two_modules_down_is_refused(tmp
         "        loss.backward()\n        opt.step()\n        losses.append(loss.item())\n"
         "    stats = evaluate(losses, plot_file='confusion.png')\n    print(stats)\n\n\n"
         "if __name__ == '__main__':\n    main()\n")
+    (d / "train.py").write_text(train)
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    out = (d / "train_ddp.py").read_text()
+    assert ("    if dist.get_rank() != 0:\n        dist.barrier()  # rank 0 runs evaluate first (it writes plots.py:6)\n"
+            "    stats = evaluate(losses, plot_file='confusion.png')\n    if dist.get_rank() == 0:\n        dist.barrier()\n") in out, out
+    (d / "train_ddp.py").unlink()
+    (d / "train.py").write_text(train.replace("    stats = evaluate(", "    while len(losses) < 8:\n        losses.append(0.0)\n"
+                                              "        stats = evaluate(").replace("    print(stats)\n", "        print(stats)\n"))
     assert main(["rewrite", str(d / "train.py")]) == 1
     err = capsys.readouterr().err
-    assert ("train.py:17:13: DDP110 evaluate writes a file (plots.py:6) on every rank, and dp2ddp cannot run it on rank 0 "
-            "alone: its result is used") in err, err
+    assert "DDP110 evaluate writes a file (plots.py:6) on every rank, and dp2ddp cannot run it on rank 0 alone: its result is used" in err, err
     assert not (d / "train_ddp.py").exists()
-    (d / "metrics.py").write_text("def evaluate(values, plot_file=None):\n    return {'mean': sum(values) / len(values)}\n")
-    assert main(["rewrite", str(d / "train.py")]) in (0, 1)
-    assert "DDP110" not in capsys.readouterr().err and (d / "train_ddp.py").exists()

@@ -33,7 +33,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
-from dp2ddp.model.syntax import kwarg
+from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
@@ -390,6 +390,10 @@ def _companion_write(ctx: Context, w) -> List[Finding]:
     m = ctx.m
     stmt = m.statement_of(w.call)
     whole = isinstance(stmt, ast.Expr) and stmt.value is w.call and ctx.bridge.alone_on_line(stmt)
+    if w.deeper and w.deletes is None and w.trains is None and not (w.only_writes and whole):
+        first = _write_first_on_rank_zero(ctx, w, stmt)
+        if first is not None:
+            return [first]
     if w.deletes is not None or not w.only_writes or not whole:
         why = (
             f"it also removes files ({w.deletes})" if w.deletes is not None
@@ -401,6 +405,31 @@ def _companion_write(ctx: Context, w) -> List[Finding]:
                           f"alone: {why}; split the writing out and call that on rank 0, then migrate")]
     return [ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: it runs on rank 0 only",
                      [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))])] + barriers(ctx, [(stmt, stmt)], companion=True)
+
+
+def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
+    """``tokenizer = BertTokenizer.from_pretrained(...)``, ``roidb = combined_roidb(...)``: a
+    project call whose write lies further down (a download cache, a pickled index, a plot)
+    and whose result every rank needs runs on rank 0 first, then on the other ranks, a
+    barrier between (HF's own examples' pattern): they find what rank 0 wrote, or write the
+    same again, never at once. ``None`` where the ranks cannot be shown to pass the barriers
+    alike, or no process group exists yet there."""
+    m = ctx.m
+    if ctx.mode != "plain" or stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt):
+        return None
+    if ctx.role != "helper" and not ctx.in_setup_region(w.call):
+        return None
+    for a in m.ancestors(w.call):
+        if a is stmt:
+            break
+        if isinstance(a, (ast.Lambda, ast.IfExp, ast.BoolOp) + COMPREHENSIONS):
+            return None
+    line = ctx.bridge.statement(stmt)
+    before = ctx.barrier("others", comment=f"rank 0 runs {w.name} first (it writes {w.where})")
+    after = ctx.barrier("rank0")
+    return ctx.note(w.call, "DDP132", f"{w.name} runs on rank 0 first, then on the other ranks ({w.where} writes a file "
+                    "further down, and every rank needs its result): the ranks never write it at once",
+                    [InsertBefore(line, (before,)), InsertAfter(line, (after,))])
 
 
 def _what(w: Writer) -> str:

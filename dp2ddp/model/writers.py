@@ -179,6 +179,7 @@ class CompanionRace:
     checked: bool = True  # the mkdir runs only when the folder is missing (``if not os.path.exists(d)``)
     module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
     trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
+    deeper: bool = False  # companion writes: the write is in a function the call reaches, not its own
     # training classes (:func:`training_class_saves`) only:
     leaves_early: Optional[str] = None  # ``base/base_trainer.py:97``: its epoch loop breaks on a test not shown alike
     shared_attrs: frozenset = frozenset()  # ``self.`` attributes the family's classes in other modules read
@@ -358,7 +359,8 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
         gone = removes_in(pm, func)
         out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None,
-                                 writes_only(pm, func) and trains is None and not deeper, module=pm.path, trains=trains))
+                                 writes_only(pm, func) and trains is None and not deeper, module=pm.path, trains=trains,
+                                 deeper=deeper))
     m.cache["companion_writes"] = out
     return out
 
