@@ -336,8 +336,11 @@ def _evaluated_where_made(m: SemanticModel, ld: Loader) -> bool:
     from dp2ddp.model.training import trains
 
     func = ld.function
-    if func is None or not isinstance(ld.target, ast.Name) or trains(m, func):
+    if func is None or not isinstance(ld.target, ast.Name) or trains(m, func) or feeds_training(m, ld.call):
         return False
+    lowered = getattr(func, "name", "").lower()
+    if not any(w in lowered for w in EVAL_WORDS) or "train" in lowered:
+        return False  # ``main()`` whose loop steps through ``model.optimize_parameters()``: not shown to train, may
     name = ld.target.id
     for n in ast.walk(func):
         if isinstance(n, (ast.Global, ast.Nonlocal)) and name in n.names:
