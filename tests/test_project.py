@@ -849,3 +849,28 @@ def test_a_project_evaluation_that_writes_a_plot_two_modules_down_runs_on_rank_0
     err = capsys.readouterr().err
     assert "DDP110 evaluate writes a file (plots.py:6) on every rank, and dp2ddp cannot run it on rank 0 alone: its result is used" in err, err
     assert not (d / "train_ddp.py").exists()
+
+
+def test_the_evaluation_loader_a_project_maker_returns_stays_whole(tmp_path: Path) -> None:
+    """SRFBN's shape: one project function makes every phase's loader, shuffling for the
+    training phase only; the script binds its results to ``train_loader`` and ``val_loader``,
+    and the validation loop steps through a solver's method. The training loader is sharded;
+    the validation loader (its name says so, and no training loop reads it) stays whole, so
+    every rank's PSNR, and its best-epoch choice, counts every image."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "data.py").write_text(
+        "import torch\n\n\ndef create_dataloader(dataset, phase):\n    shuffle = phase == 'train'\n"
+        "    return torch.utils.data.DataLoader(dataset, batch_size=4 if shuffle else 2, shuffle=shuffle)\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom data import create_dataloader\n\n\ndef main():\n"
+        "    ds = torch.utils.data.TensorDataset(torch.randn(16, 4))\n"
+        "    train_loader = create_dataloader(ds, 'train')\n    val_loader = create_dataloader(ds, 'val')\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for (x,) in train_loader:\n        opt.zero_grad()\n        model(x).pow(2).mean().backward()\n        opt.step()\n"
+        "    with torch.no_grad():\n        print(sum(model(x).sum().item() for (x,) in val_loader))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py")]) in (0, 1)
+    out = (d / "train_ddp.py").read_text()
+    assert "    train_loader = shard_loader(train_loader)\n" in out, out
+    assert "shard_loader(val_loader)" not in out, out

@@ -247,7 +247,10 @@ def propose(ctx: Context) -> List[Finding]:
             setups.add(id(sc.call))
     for race in companion_folder_races(m):
         if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
-            out.append(_rank_zero_first(ctx, race))
+            first = _rank_zero_first(ctx, race)
+            out.append(first)
+            if first.severity != "error":
+                setups.add(id(race.call))  # rank 0 runs it first already: its writes further down too
     for t in training_class_saves(m):
         if not rank_guarded(m, t.call) and ctx.migrated_with(t.module) and t.leaves_early is not None:
             out.append(ctx.block(t.call, "DDP110", f"{t.name} trains ({t.trains}) and its epoch loop ends early ({t.leaves_early}) "
@@ -415,10 +418,10 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
     same again, never at once. ``None`` where the ranks cannot be shown to pass the barriers
     alike, or no process group exists yet there."""
     m = ctx.m
-    if ctx.mode != "plain" or stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt):
+    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt):
         return None
-    if ctx.role != "helper" and not ctx.in_setup_region(w.call):
-        return None
+    if ctx.mode == "plain" and ctx.role != "helper" and not ctx.in_setup_region(w.call):
+        return None  # (a script with its own distributed path: the barriers wait only where its group exists)
     for a in m.ancestors(w.call):
         if a is stmt:
             break

@@ -53,6 +53,11 @@ def _training_label(label: str) -> bool:
     return "train" in lowered and not any(w in lowered for w in EVAL_WORDS)
 
 
+def _evaluation_label(label: str) -> bool:
+    lowered = label.lower()
+    return "train" not in lowered and any(w in lowered for w in EVAL_WORDS)
+
+
 def subclass_calls(m: SemanticModel) -> List[Tuple[ast.Call, str, bool]]:
     """``MyLoader(...)`` where ``MyLoader`` derives from DataLoader (a class of this module or
     of a project module): ``(call, label, training)``; training when it shuffles or its name
@@ -203,6 +208,8 @@ def returned_loaders(m: SemanticModel) -> List[Returned]:
             fed = feeds_training(m, call, () if key is None else (key,))
             if not (ld.training or _training_label(label.rsplit(".", 1)[-1]) or fed):
                 continue
+            if not fed and _evaluation_label(label.rsplit(".", 1)[-1]):
+                continue  # ``val_loader = create_dataloader(val_set, opt)``: the maker shuffles for its training phase only
             trained.append(ld)
             if text is None and key is None and target is None and not isinstance(parent, ast.Expr):
                 inline = True  # the value itself, where it is used: shard it there
