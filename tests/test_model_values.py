@@ -479,3 +479,32 @@ def test_a_loss_divided_by_a_count_of_its_batch_is_found_and_one_divided_by_the_
                  # a count dividing something inside the loss (logits), not the loss itself
                  "    loss = nn.functional.cross_entropy(out / (y > 0).sum(), y)\n"):
         assert count_means(build(head + body + tail)) == [], body
+
+
+def test_a_checkpoint_read_from_a_path_alike_on_every_rank_is_alike():
+    """``start = torch.load(args.resume)["epoch"]``: every rank reads the same file, so a loop
+    ``for epoch in range(start, args.epochs)`` takes the same passes everywhere; a path that
+    names the rank, or one drawn at random, is not the same file."""
+    from dp2ddp.model.rank_alike import same_on_every_rank
+
+    src = textwrap.dedent("""\
+        import argparse, os, random
+        import torch
+        args = argparse.ArgumentParser().parse_args()
+        start = 0
+        if args.resume:
+            start = torch.load(args.resume, map_location="cpu")["epoch"]
+        mine = torch.load("ckpt_%d.pth" % int(os.environ["RANK"]))["epoch"]
+        drawn = torch.load(random.choice(["a.pth", "b.pth"]))["epoch"]
+        for a in range(start, 10):
+            pass
+        for b in range(mine, 10):
+            pass
+        for c in range(drawn, 10):
+            pass
+        """)
+    m = build(src, "train.py")
+    loops = {n.target.id: n.iter for n in m.nodes(ast.For)}
+    assert same_on_every_rank(m, loops["a"])
+    assert not same_on_every_rank(m, loops["b"])
+    assert not same_on_every_rank(m, loops["c"])

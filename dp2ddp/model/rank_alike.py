@@ -14,6 +14,7 @@ import ast
 from typing import Optional
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.names import LOAD
 from dp2ddp.model.ranks import mentions_rank
 from dp2ddp.model.syntax import FUNCTIONS, terminal
 
@@ -68,6 +69,10 @@ def _same(m: SemanticModel, e: ast.AST, depth: int) -> bool:
         q = m.qualified_names(e.func)
         if q and all(x.startswith("builtins.") and x.split(".", 1)[1] in _SAME_BUILTINS for x in q):
             return all(same(a) for a in e.args) and all(same(k.value) for k in e.keywords)
+        if q and q <= LOAD:
+            # a checkpoint read from a path that is the same on every rank: the same file (a write
+            # of it in this run is followed by a barrier before any rank reads it: write_barriers)
+            return all(same(a) for a in e.args[:1]) and all(same(k.value) for k in e.keywords if k.arg in ("f",))
     return False
 
 
