@@ -508,3 +508,19 @@ def test_a_checkpoint_read_from_a_path_alike_on_every_rank_is_alike():
     assert same_on_every_rank(m, loops["a"])
     assert not same_on_every_rank(m, loops["b"])
     assert not same_on_every_rank(m, loops["c"])
+
+
+def test_a_console_helper_only_writes_to_the_terminal():
+    """``writers.console_helper``: a project function that draws on the terminal and returns
+    nothing (its clock helper included); not one that also returns a value, writes a file, or
+    is not the project's."""
+    from pathlib import Path
+
+    from dp2ddp.model.writers import console_helper
+
+    here = Path(__file__).resolve().parent.parent / "fixtures" / "rank_zero"
+    src = ("import os\nfrom termbar import bar_and_count, bar_to_file, progress_bar\n"
+           "progress_bar(0, 4, 'x')\nbar_and_count(0, 4)\nbar_to_file(0, 4, 'log.txt')\nos.getcwd()\n")
+    m = build(src, str(here / "probe_script.py"))
+    got = {m.source(c.func): console_helper(m, c) for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name)}
+    assert got == {"progress_bar": "progress_bar", "bar_and_count": None, "bar_to_file": None}

@@ -36,7 +36,7 @@ from dp2ddp.model.dp_idioms import is_elif
 from dp2ddp.model.names import DUMPS, PRINT
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
-from dp2ddp.model.writers import open_mode, writer_of, writers, writes_mode
+from dp2ddp.model.writers import console_helper, open_mode, writer_of, writers, writes_mode
 
 NEEDS = (GuardedWriters,)
 
@@ -145,7 +145,8 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
         q = m.qualified_names(call.func)
-        if q & PRINT or (isinstance(call.func, ast.Attribute) and call.func.attr == "write" and m.is_name(call.func.value, {"tqdm.tqdm", "tqdm.auto.tqdm"})):
+        if (q & PRINT or (isinstance(call.func, ast.Attribute) and call.func.attr == "write" and m.is_name(call.func.value, {"tqdm.tqdm", "tqdm.auto.tqdm"}))
+                or console_helper(m, call) is not None):
             if ctx.options.print_all_ranks:
                 return None
             calls = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)]

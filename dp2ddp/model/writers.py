@@ -555,3 +555,62 @@ def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
                                    and pm.is_name(b.value.func, {"logging.getLogger"}) for b in bindings):
             return False
     return True
+
+
+# what a console helper may call: output to the terminal, clocks, arithmetic and strings
+_CONSOLE_SAFE = frozenset({
+    "builtins.print", "builtins.int", "builtins.float", "builtins.str", "builtins.len", "builtins.range",
+    "builtins.round", "builtins.abs", "builtins.min", "builtins.max", "builtins.divmod", "builtins.format",
+    "builtins.isinstance", "builtins.sum", "sys.stdout.write", "sys.stdout.flush", "sys.stderr.write",
+    "sys.stderr.flush", "time.time", "time.perf_counter", "time.monotonic", "time.strftime", "time.localtime",
+    "math.floor", "math.ceil",
+})
+_CONSOLE_OUT = frozenset({"builtins.print", "sys.stdout.write", "sys.stderr.write"})
+# methods of the strings and lists such a helper builds
+_STRING_METHODS = frozenset({"append", "join", "format", "strip", "ljust", "rjust", "center", "split", "replace",
+                             "extend", "upper", "lower", "zfill"})
+
+
+def console_helper(m: SemanticModel, call: ast.Call) -> Optional[str]:
+    """``progress_bar(batch_idx, len(loader), msg)`` (kuangliu's utils): a call of a function
+    of this module or the project that only writes to the terminal: everything it runs (in
+    its module and the project modules it calls) is a print, ``sys.stdout.write``/``flush``,
+    a clock, arithmetic or string building, and it returns no value. Its name, or ``None``.
+    Under DDP every rank would draw it; like a print it runs on rank 0 (the display state it
+    keeps in module globals is its own)."""
+    from dp2ddp.model.project_defs import project_def
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is not None:
+        pm, func, rel = found
+    else:
+        func = m.resolve_call(call)
+        pm, rel = m, m.path
+    if not isinstance(func, ast.FunctionDef) or any(
+            isinstance(n, ast.Return) and n.value is not None or isinstance(n, (ast.Yield, ast.YieldFrom))
+            for n in ast.walk(func)):
+        return None
+    reached = reach_across(pm, func, rel)
+    if not reached:
+        return None
+    defs = {(id(mod), id(f)) for mod, f, _ in reached}
+    out = False
+    for mod, f, _ in reached:
+        for n in ast.walk(f):
+            if not isinstance(n, ast.Call):
+                continue
+            names = mod.qualified_names(n.func)
+            if names and names <= _CONSOLE_SAFE:
+                out = out or bool(names & _CONSOLE_OUT)
+                continue
+            target = mod.resolve_call(n)
+            if target is not None and (id(mod), id(target)) in defs:
+                continue
+            there = project_def(mod, n.func) if isinstance(n.func, (ast.Name, ast.Attribute)) else None
+            if there is not None and any(there[0].path == md.path and there[1] is fd for md, fd, _ in reached):
+                continue
+            if isinstance(n.func, ast.Attribute) and n.func.attr in _STRING_METHODS and all("<locals>" in q for q in names):
+                continue  # ``L.append(...)``, ``''.join(L)`` on what it builds
+            return None
+    return func.name if out else None
+
