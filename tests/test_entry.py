@@ -201,3 +201,18 @@ def test_a_script_whose_model_a_project_module_wraps_is_refused_alone_and_migrat
     migrated = (tmp_path / "out" / "train.py").read_text()
     assert "isinstance(model, DistributedDataParallel)" in migrated
     assert "DistributedDataParallel(" in (tmp_path / "out" / "builder.py").read_text()
+
+
+def test_the_synchronized_batchnorm_package_alone_is_a_library_not_a_subclass_to_migrate_by_hand(tmp_path: Path, capsys) -> None:
+    """The vendored synchronized-BatchNorm package's module (a DataParallel subclass that only
+    adds replication callbacks, and a patcher): rewritten alone it is refused as a library
+    (DDP116, the scripts that call it migrate), not with DDP101's "migrate this subclass by
+    hand", which no user should do; the file stays as it was."""
+    src = Path(__file__).resolve().parent.parent / "fixtures" / "sync_bn" / "sync_batchnorm.py"
+    path = tmp_path / "sync_batchnorm.py"
+    path.write_bytes(src.read_bytes())
+    assert main(["rewrite", str(path), "--in-place"]) == 1
+    err = capsys.readouterr().err
+    assert "DDP116 the synchronized-BatchNorm package's DataParallel" in err, err
+    assert "DDP101" not in err
+    assert path.read_bytes() == src.read_bytes()

@@ -18,6 +18,7 @@ from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP as DDP_NAMES
 from dp2ddp.model.syntax import root_name
 from dp2ddp.model.uses import dp_wrapper_keys, dp_wrapper_uses
+from dp2ddp.model.sync_bn import dp_library
 from dp2ddp.model.wraps import dp_other_refs, dp_subclasses, dp_wraps
 
 
@@ -25,6 +26,14 @@ def problems(ctx: Context) -> List[Finding]:
     """Uses of DataParallel that cannot be migrated at all (checked before anything else)."""
     m = ctx.m
     out: List[Finding] = []
+    if not dp_wraps(m) and dp_library(m):
+        # the synchronized-BatchNorm package's own module: its DataParallel subclass and patchers
+        # are understood where a script calls them; alone there is nothing to migrate
+        ref = next(iter(dp_other_refs(m)), None) or m.tree.body[0]
+        return [ctx.block(ref, "DDP116", (
+            "the synchronized-BatchNorm package's DataParallel (a subclass that adds replication callbacks, or a "
+            "patcher of replicas): nothing here wraps a model; the scripts that use it migrate with their helpers "
+            "(`dp2ddp rewrite train.py --with-helpers`), where its calls become DistributedDataParallel with SyncBatchNorm"))]
     subclass_of = {id(b): why for c, why in dp_subclasses(m).values() if why is not None for b in c.bases}
     for ref in dp_other_refs(m):
         if id(ref) in subclass_of:
