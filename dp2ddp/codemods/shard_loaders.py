@@ -43,7 +43,7 @@ from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
-from dp2ddp.model.loaders import Loader, distributed_sampler, evaluated_apart, loaders, sampler_values
+from dp2ddp.model.loaders import Loader, distributed_sampler, evaluated_apart, grouped_batches, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
 from dp2ddp.model.training import NOT_DATA
@@ -96,6 +96,8 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.note(loader.call, "DDP108", f"{loader.label or 'evaluation DataLoader'} stays whole on every rank (each rank evaluates the full set: correct, not sharded)"))
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
+        if why is None and not ctx.options.keep_batch_size:
+            why = _groups_of_batches(m, loader)
         apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
         if apart is not None:
             why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: sharding it would shard "
@@ -193,6 +195,20 @@ def propose(ctx: Context) -> List[Finding]:
     out.append(ctx.note(anchor, "DDP130", f"{', '.join(dict.fromkeys(labels))} sharded between the ranks by {fn}: {how}; "
                         "a new shuffle on every pass", edits))
     return out
+
+
+def _groups_of_batches(m, loader: Loader) -> Optional[str]:
+    """Why a loader whose items are groups of batches cannot be shared out sample by sample:
+    its ``collate_fn`` cuts each rank's share into batches of a size of its own (the
+    dataset's), so every step's global batch would grow by the world size."""
+    for ld, outer, inner in grouped_batches(m):
+        if ld.call is loader.call:
+            return (f"hands the loop at line {outer.lineno} groups of batches (its collate_fn cuts each loader batch into "
+                    f"batches the loop at line {inner.lineno} trains on, one step each): shared out sample by sample, "
+                    "each rank's share would be cut into batches of the collate_fn's own size, and every step's global "
+                    "batch would grow by the world size; migrate with --keep-batch-size (each rank takes whole groups "
+                    "in turn: the per-process batch stays the original's), or cut the batches outside the collate_fn")
+    return None
 
 
 def _keys_text(keys) -> str:

@@ -395,6 +395,36 @@ def evaluated_apart(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     return None
 
 
+def grouped_batches(m: SemanticModel) -> List[Tuple[Loader, ast.AST, ast.AST]]:
+    """Loaders whose every item is a group of batches (FastSpeech2's ``collate_fn`` sorts a
+    loader batch of ``batch_size * group_size`` samples by length and cuts it into batches of
+    the dataset's own ``batch_size``): a loop over the loader whose body runs a training loop
+    over the item (``for batchs in loader: for batch in batchs: ...backward()``), the loader
+    given a ``collate_fn``. ``(loader, outer loop, inner loop)``."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.training import iterated, training_loops
+
+    got = m.cache.get("loaders:grouped")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[Loader, ast.AST, ast.AST]] = []
+    by_call = {id(ld.call): ld for ld in loaders(m) if kwarg(ld.call, "collate_fn") is not None}
+    inner_loops = {id(lp): lp for lp in training_loops(m) if isinstance(lp, ast.For)}
+    for outer in m.nodes(ast.For):
+        if not isinstance(outer.target, ast.Name) or not by_call:
+            continue
+        made = [node for e in iterated(outer.iter) for node, path in origins(m, e) if not path]
+        found = next((by_call[id(n)] for n in made if id(n) in by_call), None)
+        if found is None:
+            continue
+        for inner in (n for n in ast.walk(outer) if id(n) in inner_loops and n is not outer):
+            if any(isinstance(v, ast.Name) and v.id == outer.target.id for v in iterated(inner.iter)):
+                out.append((found, outer, inner))
+                break
+    m.cache["loaders:grouped"] = out
+    return out
+
+
 def feeds_training(m: SemanticModel, node: ast.AST, path: tuple = ()) -> bool:
     """What ``node`` makes (item ``path`` of it) is iterated by a training loop
     (:func:`dp2ddp.model.training.trained_origins`)."""
