@@ -849,6 +849,15 @@ def test_a_project_evaluation_that_writes_a_plot_two_modules_down_runs_on_rank_0
     err = capsys.readouterr().err
     assert "DDP110 evaluate writes a file (plots.py:6) on every rank, and dp2ddp cannot run it on rank 0 alone: its result is used" in err, err
     assert not (d / "train_ddp.py").exists()
+    # handed the model, rank 0 cannot run it while the others wait: a DDP forward in it would
+    # wait for them (a hang); refused too
+    (d / "train.py").write_text(train.replace("evaluate(losses, plot_file=", "evaluate(losses, model, plot_file="))
+    (d / "metrics.py").write_text((d / "metrics.py").read_text().replace("def evaluate(values, plot_file=None):",
+                                                                          "def evaluate(values, net, plot_file=None):"))
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "DDP110 evaluate writes a file (plots.py:6) on every rank" in err, err
+    assert not (d / "train_ddp.py").exists()
 
 
 def test_the_evaluation_loader_a_project_maker_returns_stays_whole(tmp_path: Path) -> None:
@@ -874,3 +883,31 @@ def test_the_evaluation_loader_a_project_maker_returns_stays_whole(tmp_path: Pat
     out = (d / "train_ddp.py").read_text()
     assert "    train_loader = shard_loader(train_loader)\n" in out, out
     assert "shard_loader(val_loader)" not in out, out
+
+
+def test_a_call_that_makes_a_folder_and_trains_is_not_run_on_rank_0_first(tmp_path: Path, capsys) -> None:
+    """edge-connect's shape: ``main(mode=2)`` makes its checkpoint folder without exist_ok and
+    then trains. Rank 0 running it first while the others wait at a barrier would train
+    alone, its DDP waiting for them: a hang. Refused (DDP110) with the training's place; a call
+    that only makes the folder still runs on rank 0 first."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "runner.py").write_text(
+        "import os\nimport torch\n\n\ndef make_dirs(path):\n    if not os.path.exists(path):\n        os.makedirs(path)\n\n\n"
+        "def main(model, loader, path):\n    if not os.path.exists(path):\n        os.makedirs(path)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for (x,) in loader:\n        opt.zero_grad()\n"
+        "        model(x).pow(2).mean().backward()\n        opt.step()\n")
+    script = (
+        "import torch\nimport torch.nn as nn\nfrom runner import main, make_dirs\n\n\ndef run():\n"
+        "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    CALL\n\n\nif __name__ == '__main__':\n    run()\n")
+    (d / "train.py").write_text(script.replace("CALL", "main(model, loader, 'ckpt')"))
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "DDP110 main creates a folder without exist_ok (runner.py:12) on every rank, and rank 0 cannot run it first" in err, err
+    assert "it also trains (runner.py:14)" in err, err
+    (d / "train.py").write_text(script.replace("CALL", "make_dirs('ckpt')\n    for (x,) in loader:\n"
+                                               "        model(x).pow(2).mean().backward()"))
+    main(["rewrite", str(d / "train.py")])
+    out = (d / "train_ddp.py").read_text()
+    assert "dist.barrier()  # rank 0 creates make_dirs's folders first" in out, out

@@ -37,7 +37,7 @@ from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
-from dp2ddp.model.writers_setup import setup_calls
+from dp2ddp.model.writers_setup import joins_the_others, setup_calls
 
 
 PROVIDES = (GuardedWriters,)
@@ -245,12 +245,13 @@ def propose(ctx: Context) -> List[Finding]:
         if not rank_guarded(m, sc.call) and not ctx.migrated_with(sc.module):
             out.append(setup_on_rank_zero(ctx, sc))
             setups.add(id(sc.call))
+    firsts = set()
     for race in companion_folder_races(m):
         if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
             first = _rank_zero_first(ctx, race)
             out.append(first)
             if first.severity != "error":
-                setups.add(id(race.call))  # rank 0 runs it first already: its writes further down too
+                firsts.add(id(race.call))  # rank 0 runs it first already: its writes further down too
     for t in training_class_saves(m):
         if not rank_guarded(m, t.call) and ctx.migrated_with(t.module) and t.leaves_early is not None:
             out.append(ctx.block(t.call, "DDP110", f"{t.name} trains ({t.trains}) and its epoch loop ends early ({t.leaves_early}) "
@@ -264,6 +265,8 @@ def propose(ctx: Context) -> List[Finding]:
                                  "rank would write the same file at once; put that save under `if dist.get_rank() == 0:` "
                                  "(or split it out of the training class), then migrate"))
     for w in companion_writes(m):
+        if id(w.call) in firsts and w.trains is None and w.deletes is None:
+            continue  # what it writes, it writes on rank 0 first, then on the others (one pair of barriers)
         if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
             out.extend(_companion_write(ctx, w))
     for lm in logger_makers(m):
@@ -297,6 +300,11 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
         return ctx.block(race.call, "DDP110", f"{race.name} picks the folder it creates from what already exists ({race.lists}, "
                          f"{race.where}): every rank would pick and create its own; let rank 0 choose the folder and pass it "
                          "to the others, then migrate")
+    together = joins_the_others(m, race.call)
+    if together is not None:
+        return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, and "
+                         f"rank 0 cannot run it first while the others wait: {together}; create the folder on rank 0 "
+                         "yourself (or with exist_ok=True), then migrate")
     if not race.checked:
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok and without checking that it is "
                          f"missing ({race.where}): every rank after the first would raise FileExistsError, in whatever order "
@@ -418,7 +426,7 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
     same again, never at once. ``None`` where the ranks cannot be shown to pass the barriers
     alike, or no process group exists yet there."""
     m = ctx.m
-    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt):
+    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt) or joins_the_others(m, w.call):
         return None
     if ctx.mode == "plain" and ctx.role != "helper" and not ctx.in_setup_region(w.call):
         return None  # (a script with its own distributed path: the barriers wait only where its group exists)

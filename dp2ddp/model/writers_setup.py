@@ -143,14 +143,10 @@ def _clock_in(mod: SemanticModel, fn: ast.AST, path: str) -> Optional[str]:
 def _refusal(m: SemanticModel, call: ast.Call, entry: ast.AST, pm: SemanticModel, reach) -> Optional[str]:
     """The first thing the call does that the other ranks need and would miss if it ran on
     rank 0 alone; ``None`` when there is none."""
-    from dp2ddp.model.collectives import reaching_functions
-
+    together = _runs_with_the_others(reach)
+    if together is not None:
+        return together
     for mod, fn, path in reach:
-        line = trains_in(mod, fn)
-        if line is not None:
-            return f"it also trains ({path}:{line}), which every rank must do"
-        if fn in reaching_functions(mod) or fn in reaching_functions(mod, dp=True):
-            return f"it reaches a collective or a DataParallel model ({path}:{fn.lineno}), which every rank must join"  # type: ignore[attr-defined]
         why = _kept_state(mod, fn, path)
         if why is not None:
             return why
@@ -160,6 +156,48 @@ def _refusal(m: SemanticModel, call: ast.Call, entry: ast.AST, pm: SemanticModel
         if late is not None:
             return (f"it changes its argument `{late[0]}` ({changed}), which the script reads after the call "
                     f"(line {late[1]}): the other ranks would read it unchanged")
+    return None
+
+
+def _runs_with_the_others(reach) -> Optional[str]:
+    """What in ``reach`` (the functions a call runs) every rank must run at the same time:
+    training, a collective, a DataParallel model; ``None`` where nothing is."""
+    from dp2ddp.model.collectives import reaching_functions
+
+    for mod, fn, path in reach:
+        line = trains_in(mod, fn)
+        if line is not None:
+            return f"it also trains ({path}:{line}), which every rank must do"
+        if fn in reaching_functions(mod) or fn in reaching_functions(mod, dp=True):
+            return f"it reaches a collective or a DataParallel model ({path}:{fn.lineno}), which every rank must join"  # type: ignore[attr-defined]
+    return None
+
+
+def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
+    """Why rank 0 cannot run ``call`` while the other ranks wait at a barrier for it (it
+    runs on rank 0 first, then on the others: a folder or a file it writes): what it runs
+    trains, or reaches a collective or a DataParallel model (which becomes DDP, whose
+    construction and forwards wait for every rank), or it is handed an object that may hold
+    the model (a wrapper, ``self``); ``None`` where none of these holds."""
+    from dp2ddp.model.collectives import var_key
+    from dp2ddp.model.project_defs import project_def
+    from dp2ddp.model.uses import dp_wrapper_keys
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None:
+        return "what it runs is not project code dp2ddp can read"
+    pm, node, rel = found
+    together = _runs_with_the_others(reach_across(pm, node, rel))
+    if together is not None:
+        return together
+    keys = dp_wrapper_keys(m)
+    handed = [*call.args, *(k.value for k in call.keywords)]
+    if isinstance(call.func, ast.Attribute):
+        handed.append(call.func.value)
+    for a in handed:
+        for n in ast.walk(a):
+            if isinstance(n, ast.Name) and (n.id == "self" or var_key(m, n) in keys):
+                return f"it is handed `{m.source(a)}`, which may hold the model (a DDP forward waits for every rank)"
     return None
 
 
