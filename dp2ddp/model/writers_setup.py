@@ -195,9 +195,10 @@ def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
     if isinstance(call.func, ast.Attribute):
         handed.append(call.func.value)
     for a in handed:
-        for n in ast.walk(a):
-            if isinstance(n, ast.Name) and (n.id == "self" or var_key(m, n) in keys):
-                return f"it is handed `{m.source(a)}`, which may hold the model (a DDP forward waits for every rank)"
+        if isinstance(a, ast.Starred):
+            a = a.value
+        if (isinstance(a, ast.Name) and a.id == "self") or (isinstance(a, (ast.Name, ast.Attribute)) and var_key(m, a) in keys):
+            return f"it is handed `{m.source(a)}`, which may hold the model (a DDP forward waits for every rank)"
     return None
 
 
