@@ -298,7 +298,7 @@ def _inference_through_helpers(entry: str, res, data: bytes):
     from dp2ddp.project import helpers_with_dp, trains_nowhere
 
     model = file_model(entry)
-    if model is None or not trains_nowhere(entry, model.tree):
+    if model is None or not trains_nowhere(entry, model):
         return res
     found = helpers_with_dp(model)
     if not found:

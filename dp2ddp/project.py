@@ -132,23 +132,23 @@ _TRAIN_NOTHING = _NOT_PROJECT | frozenset({
 _FOLLOWED = 64  # imports followed from a module at most (a whole project, not a chain of three)
 
 
-def trains_nowhere(path: str, tree: Optional[ast.Module] = None) -> bool:
-    """Nothing the module at ``path`` can run trains a model: no backward pass in it or in
-    any project module it reaches by imports (all of them, however deep), and every import
-    of theirs is a project module or a library known to train nothing it is given. False
-    where that cannot be shown (a module that does not parse or is not found, a library
-    dp2ddp does not know, Lightning or another library that trains what it is given)."""
-    reached = project_modules(path, tree, depth_limit=_FOLLOWED)
+def trains_nowhere(path: str, model=None) -> bool:
+    """Nothing the module at ``path`` (its model, where the caller has one) can run trains a
+    model: no backward pass in it or in any project module it reaches by imports (all of
+    them, however deep: :func:`dp2ddp.model.steps.backward_calls`), and every import of
+    theirs is a project module or a library known to train nothing it is given. False where
+    that cannot be shown (a module that does not parse or is not found, a library dp2ddp
+    does not know, Lightning or another library that trains what it is given)."""
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.steps import backward_calls
+
+    reached = project_modules(path, model.tree if model is not None else None, depth_limit=_FOLLOWED)
     if any(depth >= _FOLLOWED for _, depth in reached.values()):
         return False
     base = os.path.dirname(os.path.abspath(path))
-    for file, t in [(os.path.abspath(path), tree)] + [(real, None) for real in reached]:
-        t = t if t is not None else _parse(file)
-        if t is None:
-            return False
-        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward" for n in ast.walk(t)):
-            return False
-        if not imports_train_nothing(file, t, base):
+    for file, pm in [(os.path.abspath(path), model)] + [(real, None) for real in reached]:
+        pm = pm if pm is not None else file_model(file)
+        if pm is None or backward_calls(pm) or not imports_train_nothing(file, pm.tree, base):
             return False
     return True
 

@@ -49,7 +49,7 @@ def _inference_only(m: SemanticModel) -> bool:
 def _trains_nowhere(m: SemanticModel) -> bool:
     from dp2ddp.project import trains_nowhere
 
-    return os.path.isfile(m.path) and trains_nowhere(m.path, m.tree)
+    return os.path.isfile(m.path) and trains_nowhere(m.path, m)
 
 
 def trains_elsewhere(m: SemanticModel, use, wraps) -> bool:
