@@ -265,10 +265,8 @@ def propose(ctx: Context) -> List[Finding]:
                                  "rank would write the same file at once; put that save under `if dist.get_rank() == 0:` "
                                  "(or split it out of the training class), then migrate"))
     for w in companion_writes(m):
-        if id(w.call) in firsts and w.trains is None and w.deletes is None:
-            continue  # what it writes, it writes on rank 0 first, then on the others (one pair of barriers)
         if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
-            out.extend(_companion_write(ctx, w))
+            out.extend(_companion_write(ctx, w, id(w.call) in firsts))
     for lm in logger_makers(m):
         if not rank_guarded(m, lm.stmt) and ctx.bridge.alone_on_line(lm.stmt):
             out.append(_logger_on_rank_zero(ctx, lm))
@@ -393,7 +391,7 @@ def _from_setup(m: SemanticModel, name: ast.Name) -> bool:
     return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, ast.Call) and id(b.value) in ok for b in bindings)
 
 
-def _companion_write(ctx: Context, w) -> List[Finding]:
+def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
     """``utils.save_checkpoint(state, path)``: a project function or method that only writes
     (returns nothing, keeps no state, reaches no collective), called as a statement, runs on
     rank 0, with a barrier after it where the script reads the path it wrote later
@@ -402,9 +400,11 @@ def _companion_write(ctx: Context, w) -> List[Finding]:
     stmt = m.statement_of(w.call)
     whole = isinstance(stmt, ast.Expr) and stmt.value is w.call and ctx.bridge.alone_on_line(stmt)
     if w.deeper and w.deletes is None and w.trains is None and not (w.only_writes and whole):
-        first = _write_first_on_rank_zero(ctx, w, stmt)
-        if first is not None:
-            return [first]
+        if first:
+            return []  # rank 0 runs it first for the folder it makes already: its writes too, one pair of barriers
+        ahead = _write_first_on_rank_zero(ctx, w, stmt)
+        if ahead is not None:
+            return [ahead]
     if w.deletes is not None or not w.only_writes or not whole:
         why = (
             f"it also removes files ({w.deletes})" if w.deletes is not None
