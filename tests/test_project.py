@@ -911,3 +911,24 @@ def test_a_call_that_makes_a_folder_and_trains_is_not_run_on_rank_0_first(tmp_pa
     main(["rewrite", str(d / "train.py")])
     out = (d / "train_ddp.py").read_text()
     assert "dist.barrier()  # rank 0 creates make_dirs's folders first" in out, out
+
+
+def test_a_project_save_that_also_makes_its_folder_runs_on_rank_0_only(tmp_path: Path) -> None:
+    """pytorch-3dunet's ``save_checkpoint(state, is_best, checkpoint_dir)`` makes its folder
+    (checked, without exist_ok) and saves: it only writes, so it runs on rank 0 alone, under a
+    rank test; the other ranks never write the checkpoint (not after rank 0 either)."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "ckpt.py").write_text(
+        "import os\nimport torch\n\n\ndef save_checkpoint(state, checkpoint_dir):\n    if not os.path.exists(checkpoint_dir):\n"
+        "        os.mkdir(checkpoint_dir)\n    torch.save(state, os.path.join(checkpoint_dir, 'last.pt'))\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom ckpt import save_checkpoint\n\n\ndef main():\n"
+        "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for (x,) in loader:\n            opt.zero_grad()\n"
+        "            model(x).pow(2).mean().backward()\n            opt.step()\n"
+        "        save_checkpoint({'model': model.state_dict()}, 'runs')\n\n\nif __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    out = (d / "train_ddp.py").read_text()
+    assert "        if dist.get_rank() == 0:\n            save_checkpoint(" in out, out
