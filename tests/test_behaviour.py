@@ -506,3 +506,15 @@ def test_a_dtype_conversion_after_the_wrap_keeps_the_replicas_in_sync(tmp_path: 
     rank's share unaveraged (the probe's parameter hash would differ between the ranks)."""
     runs = _runs("double_after_wrap", tmp_path)
     assert set(runs["torchrun"].values("dtype")) == {"torch.float64"}
+
+
+def test_a_project_evaluation_handed_the_model_runs_on_rank_0_with_the_bare_module(tmp_path: Path) -> None:
+    """lightweight-human-pose-estimation: ``evaluate(..., net)`` (a project helper that runs
+    the model and writes a file) runs on rank 0 alone, handed ``net.module``: handed the DDP
+    wrapper, its forward's buffer broadcast would wait for ranks that never come (the run
+    failed so before). Every run finishes and writes the file."""
+    migrated = _migrate("eval_handed_model").decode()
+    assert "evaluate(val_images, \"val_output.json\", net.module)" in migrated, migrated
+    runs = _runs("eval_handed_model", tmp_path)
+    for tag in ("original", "torchrun", "python"):
+        assert len(json.loads((runs[tag].folder / "val_output.json").read_text())) == 3, tag

@@ -37,7 +37,7 @@ from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.uses import wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
-from dp2ddp.model.writers_setup import joins_the_others, setup_calls
+from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, setup_calls
 
 
 PROVIDES = (GuardedWriters,)
@@ -414,8 +414,23 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
         )
         return [ctx.block(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp cannot run it on rank 0 "
                           f"alone: {why}; split the writing out and call that on rank 0, then migrate")]
-    return [ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: it runs on rank 0 only",
-                     [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))])] + barriers(ctx, [(stmt, stmt)], companion=True)
+    edits = [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))]
+    how = "it runs on rank 0 only"
+    handed = handed_models(m, w.call)
+    if handed:
+        # a DDP forward on rank 0 alone would wait for the other ranks (its buffers' broadcast):
+        # rank 0 hands it the bare module, where nothing it runs reads the wrapper's own API
+        wrapper_api = reads_the_wrapper(m, w.call)
+        if wrapper_api is not None:
+            return [ctx.block(w.call, "DDP110", f"{w.name} writes a file ({w.where}) on every rank, and dp2ddp cannot run it "
+                              f"on rank 0 alone: it is handed the model `{m.source(handed[0])}` (a DDP forward on one rank "
+                              f"waits for the others) and reads the wrapper's own API ({wrapper_api}), so it cannot be handed "
+                              "the bare module; split the writing out and call that on rank 0, then migrate")]
+        edits += [Replace(ctx.cst(a), lambda u: ctx.expr("{a}.module", a=u)) for a in handed]
+        how = (f"it runs on rank 0 only, handed the bare module (`{m.source(handed[0])}.module`: a DDP forward on one rank "
+               "would wait for the others)")
+    return [ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: {how}", edits)] + barriers(
+        ctx, [(stmt, stmt)], companion=True)
 
 
 def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:

@@ -179,9 +179,7 @@ def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
     trains, or reaches a collective or a DataParallel model (which becomes DDP, whose
     construction and forwards wait for every rank), or it is handed an object that may hold
     the model (a wrapper, ``self``); ``None`` where none of these holds."""
-    from dp2ddp.model.collectives import var_key
     from dp2ddp.model.project_defs import project_def
-    from dp2ddp.model.uses import dp_wrapper_keys
 
     found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
     if found is None:
@@ -190,15 +188,46 @@ def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
     together = _runs_with_the_others(reach_across(pm, node, rel))
     if together is not None:
         return together
-    keys = dp_wrapper_keys(m)
-    handed = [*call.args, *(k.value for k in call.keywords)]
-    if isinstance(call.func, ast.Attribute):
-        handed.append(call.func.value)
-    for a in handed:
-        if isinstance(a, ast.Starred):
-            a = a.value
-        if (isinstance(a, ast.Name) and a.id == "self") or (isinstance(a, (ast.Name, ast.Attribute)) and var_key(m, a) in keys):
+    receiver = [call.func.value] if isinstance(call.func, ast.Attribute) else []
+    for a in [*call.args, *(k.value for k in call.keywords), *receiver]:
+        a = a.value if isinstance(a, ast.Starred) else a
+        if isinstance(a, ast.Name) and a.id == "self":
             return f"it is handed `{m.source(a)}`, which may hold the model (a DDP forward waits for every rank)"
+    handed = handed_models(m, call)
+    if handed:
+        return f"it is handed `{m.source(handed[0])}`, the model (a DDP forward waits for every rank)"
+    return None
+
+
+def handed_models(m: SemanticModel, call: ast.Call) -> List[ast.AST]:
+    """The arguments of ``call`` that hold the DataParallel wrapper (``evaluate(..., net)``),
+    which the migration makes a DDP wrapper."""
+    from dp2ddp.model.collectives import var_key
+    from dp2ddp.model.uses import dp_wrapper_keys
+
+    keys = dp_wrapper_keys(m)
+    return [a for a in [*call.args, *(k.value for k in call.keywords)]
+            if isinstance(a, (ast.Name, ast.Attribute)) and var_key(m, a) in keys]
+
+
+def reads_the_wrapper(m: SemanticModel, call: ast.Call) -> Optional[str]:
+    """Where what ``call`` runs (in its module and the project modules it calls) reads a
+    wrapper's own API: a ``.module`` attribute, or a type test against DataParallel or
+    DistributedDataParallel. Handed the bare module instead of the wrapper, such code
+    would fail; ``None`` where it reads neither."""
+    from dp2ddp.model.names import DDP, DP
+    from dp2ddp.model.project_defs import project_def
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None:
+        return "what it runs is not project code dp2ddp can read"
+    pm, node, rel = found
+    for mod, fn, path in reach_across(pm, node, rel):
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.ctx, ast.Load):
+                return f"{path}:{n.lineno}"
+            if isinstance(n, (ast.Name, ast.Attribute)) and mod.qualified_names(n) & (DP | DDP):
+                return f"{path}:{n.lineno}"
     return None
 
 
