@@ -29,12 +29,14 @@ from dp2ddp.codemods.rank_zero_setup import propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.write_barriers import barriers
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
+from dp2ddp.model.checkpoints import helper_whole_saves
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
+from dp2ddp.model.dp_idioms import dp_helper_calls
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
-from dp2ddp.model.uses import wrapper_keys
+from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, setup_calls
@@ -416,7 +418,10 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
                           f"alone: {why}; split the writing out and call that on rank 0, then migrate")]
     edits = [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))]
     how = "it runs on rank 0 only"
-    handed = handed_models(m, w.call)
+    # (a helper written for DataParallel is dp_idioms' to hand the module, DDP165/166; a whole save, checkpoints')
+    unwrapped = {id(a) for _, a, _ in helper_whole_saves(m, dp_wrapper_keys(m))}
+    handed = [] if any(h.call is w.call for h in dp_helper_calls(m)) else [
+        a for a in handed_models(m, w.call) if id(a) not in unwrapped]
     if handed:
         # a DDP forward on rank 0 alone would wait for the other ranks (its buffers' broadcast):
         # rank 0 hands it the bare module, where nothing it runs reads the wrapper's own API
