@@ -244,7 +244,8 @@ def helper_dp_message(m, call: ast.Call, rel: str, line: int, tested: Optional[i
     (:func:`helpers_with_dp`'s ``call``, ``rel``, ``line``); ``tested``: the line where the
     script tests for DataParallel itself."""
     also = f", and this script tests for it (line {tested})" if tested is not None else ""
-    return (f"{m.source(call.func)}() reaches DataParallel in the project module {rel}:{line}{also}: migrate the "
+    what = f"{m.source(call.func)}()" if isinstance(call, ast.Call) else f"`{m.source(call)}`, handed on as a value,"
+    return (f"{what} reaches DataParallel in the project module {rel}:{line}{also}: migrate the "
             f"script and its helpers together with `dp2ddp rewrite {os.path.basename(m.path)} --with-helpers`")
 
 
@@ -280,8 +281,36 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
             continue
         real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
         out.append((call, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
+    if not out:
+        out = _handed_on_with_dp(m, dp_files, mods, base)
     out.sort(key=lambda t: (t[0].lineno, t[0].col_offset))
     return out
+
+
+def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]]:
+    """A class or function of a project module that names DataParallel, which the script
+    hands on as a value instead of calling it by its name (``Exp = Exp_Main`` then
+    ``Exp(args)``, a table of trainers): ``(the name, helper path, line)``."""
+    from dp2ddp.model.project_defs import project_def, reach_across
+    from dp2ddp.model.wraps import dp_nodes
+
+    out = []
+    for name in m.nodes(ast.Name):
+        parent = m.parent(name)
+        if not isinstance(name.ctx, ast.Load) or (isinstance(parent, ast.Call) and parent.func is name):
+            continue
+        found = project_def(m, name)
+        if found is None:
+            continue
+        pm, node, rel = found
+        if os.path.realpath(pm.path) not in dp_files and not isinstance(node, ast.ClassDef):
+            continue
+        runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _p in reach_across(pm, node, rel)]
+        hit = next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
+        if hit is not None:
+            real = os.path.realpath(hit.path)
+            out.append((name, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
+    return out[:1]
 
 
 def _reached_by_import_or_dispatch(real: str) -> bool:

@@ -932,3 +932,51 @@ def test_a_project_save_that_also_makes_its_folder_runs_on_rank_0_only(tmp_path:
     assert main(["rewrite", str(d / "train.py")]) == 0
     out = (d / "train_ddp.py").read_text()
     assert "        if dist.get_rank() == 0:\n            save_checkpoint(" in out, out
+
+
+def _informer_project(d: Path, handed_on: bool = False) -> None:
+    """Autoformer's shape: ``run.py`` makes an experiment object whose class lives in
+    ``exp.py``; there ``_get_data(flag)`` asks ``data.py`` for the loader of each phase, and the
+    model is wrapped in DataParallel in ``_build_model``."""
+    d.mkdir()
+    (d / "data.py").write_text(
+        "import torch\n\n\ndef data_provider(flag):\n    ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    return ds, torch.utils.data.DataLoader(ds, batch_size=8, shuffle=flag == 'train')\n")
+    (d / "exp.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom data import data_provider\n\n\nclass Exp:\n"
+        "    def __init__(self, args):\n        self.model = nn.DataParallel(nn.Linear(4, 1))\n\n"
+        "    def _get_data(self, flag):\n        data_set, data_loader = data_provider(flag)\n        return data_set, data_loader\n\n"
+        "    def vali(self, loader):\n        self.model.eval()\n        total = 0.0\n        with torch.no_grad():\n"
+        "            for x, y in loader:\n                total += float(nn.functional.mse_loss(self.model(x), y))\n"
+        "        self.model.train()\n        return total\n\n"
+        "    def train(self):\n        _, train_loader = self._get_data(flag='train')\n        _, vali_loader = self._get_data(flag='val')\n"
+        "        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n        for epoch in range(2):\n"
+        "            for x, y in train_loader:\n                opt.zero_grad()\n"
+        "                nn.functional.mse_loss(self.model(x), y).backward()\n                opt.step()\n"
+        "            print(self.vali(vali_loader))\n")
+    call = "Experiment = Exp\n    Experiment(None).train()" if handed_on else "Exp(None).train()"
+    (d / "run.py").write_text(f"from exp import Exp\n\nif __name__ == '__main__':\n    {call}\n")
+
+
+def test_a_loader_function_that_serves_training_and_evaluation_is_refused_as_a_project(tmp_path: Path, capsys) -> None:
+    """Sharding the loader ``data_provider()`` returns inside ``_get_data(flag)`` would shard
+    the validation too (each rank's own loss, and an early stop that differs between the ranks):
+    the project migration is refused (DDP105) at that call, nothing written."""
+    d = tmp_path / "proj"
+    _informer_project(d)
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "run.py"), "--with-helpers", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "exp.py:11:33: DDP105 the loader data_provider() returns is also the one the evaluation loop at line 18 iterates" in err, err
+    assert not out.exists()
+
+
+def test_a_class_with_dataparallel_handed_on_as_a_value_is_no_silent_miss(tmp_path: Path, capsys) -> None:
+    """``Experiment = Exp`` then ``Experiment(args)``: the class that wraps is never called by
+    its own name. Rewritten alone the script is not "nothing to migrate" but DDP151, naming
+    the value and the helper's DataParallel."""
+    d = tmp_path / "proj"
+    _informer_project(d, handed_on=True)
+    assert main(["rewrite", str(d / "run.py")]) == 1
+    err = capsys.readouterr().err
+    assert "run.py:4:18: DDP151 `Exp`, handed on as a value, reaches DataParallel in the project module exp.py:8" in err, err

@@ -205,11 +205,33 @@ class Context:
 
         stmts = self.render(template, **values)
         stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
-        end = self.m.top_import_end
+        defined = {st.name.value for st in stmts if isinstance(st, (cst.FunctionDef, cst.ClassDef))}
+        end = self.helper_anchor([v for v in values.values() if isinstance(v, str) and v.isidentifier()], defined)
         if end is not None:
             self.extra_edits.append(InsertAfter(self.bridge.statement(end), tuple(stmts)))
         else:
             self.extra_edits.append(InsertBefore(self.bridge.statement(next(iter(self.m.tree.body))), tuple(stmts)))
+
+    def helper_anchor(self, names: List[str], defined: Set[str]) -> Optional[ast.stmt]:
+        """Where a helper definition goes: after the import section at the top, or after a
+        later top-level import of a module it names (Autoformer's ``exp_main.py`` imports
+        ``torch`` below a ``logging.basicConfig(...)`` call), provided no top-level statement
+        before that import names what it defines (``defined``)."""
+        m = self.m
+        end = m.top_import_end
+        body = m.tree.body
+        start = body.index(end) if end is not None else -1
+        last = start
+        for i, stmt in enumerate(body):
+            if i > start and isinstance(stmt, (ast.Import, ast.ImportFrom)) and any(
+                    (a.asname or a.name.split(".")[0]) in names for a in stmt.names):
+                last = i
+        if last == start:
+            return end
+        between = body[start + 1:last + 1]
+        if any(isinstance(n, ast.Name) and n.id in defined for st in between for n in ast.walk(st)):
+            return end  # used above the late import (the migration's own calls are edits of that code)
+        return body[last]
 
     def cst(self, node: ast.AST) -> cst.CSTNode:
         return self.bridge.cst(node)

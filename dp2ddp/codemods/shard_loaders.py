@@ -40,6 +40,8 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.batch_division import Division, division_site
+from dp2ddp.model.batch_shapes import fixed_reshapes
+from dp2ddp.model.flow import origins
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
@@ -97,7 +99,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
         if why is None and not ctx.options.keep_batch_size:
-            why = _groups_of_batches(m, loader)
+            why = _groups_of_batches(m, loader) or _reshaped_whole(m, loader)
         apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
         if apart is not None:
             why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: sharding it would shard "
@@ -144,6 +146,14 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         if r.lost is not None:
             out.append(ctx.block(r.call, "DDP105", r.lost))
+            continue
+        apart = evaluated_apart(m, r.call) if r.names or r.inline else None
+        if apart is not None:
+            out.append(ctx.block(r.call, "DDP105", (
+                f"the loader {m.source(r.call.func)}() returns is also the one the evaluation loop at line {apart.lineno} "
+                "iterates (the same call makes the training and the evaluation loaders): sharding it would shard that "
+                "evaluation too (each rank's own metric; an early stop or a best-model choice that differs between the "
+                "ranks stops one of them in a collective); make the training loader apart, then migrate")))
             continue
         if r.names:
             rebinds.append((m.statement_of(r.call), r.names))  # type: ignore[arg-type]
@@ -208,6 +218,23 @@ def _groups_of_batches(m, loader: Loader) -> Optional[str]:
                     "each rank's share would be cut into batches of the collate_fn's own size, and every step's global "
                     "batch would grow by the world size; migrate with --keep-batch-size (each rank takes whole groups "
                     "in turn: the per-process batch stays the original's), or cut the batches outside the collate_fn")
+    return None
+
+
+def _reshaped_whole(m, loader: Loader) -> Optional[str]:
+    """Why a loader whose batches the training step reshapes by fixed sizes (few-shot
+    episodes) cannot be shared out sample by sample."""
+    from dp2ddp.model.training import iterated
+
+    for loop, call, where in fixed_reshapes(m):
+        if not isinstance(loop, ast.For):
+            continue
+        made = {id(node) for e in iterated(loop.iter) for node, path in origins(m, e) if not path}
+        if id(loader.call) in made:
+            return (f"feeds a training step that reshapes its batch by sizes of its own (`{ast.unparse(call)[:70]}`, "
+                    f"{where}): shared out sample by sample, each rank's part of a batch would not have that shape (an "
+                    "episode cut in two, or a view that fails); migrate with --keep-batch-size (each rank takes whole "
+                    "batches in turn: the per-process batch stays the original's)")
     return None
 
 
@@ -618,13 +645,10 @@ def _helper_names(ctx: Context) -> Dict[str, str]:
 def _define_helpers(ctx: Context, names: Dict[str, str]):
     """``ShardedBatches`` and ``shard_loader`` after the imports at the top of the module."""
     m = ctx.m
-    body = ctx.render(
-        "shard_loader.py.tmpl",
-        torch=ctx.name("torch"), dist=ctx.name("dist"), os=ctx.name("os"), random=ctx.name("random"), sys=ctx.name("sys"),
-        **names,
-    )
+    modules = dict(torch=ctx.name("torch"), dist=ctx.name("dist"), os=ctx.name("os"), random=ctx.name("random"), sys=ctx.name("sys"))
+    body = ctx.render("shard_loader.py.tmpl", **modules, **names)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + list(body[0].leading_lines))
-    end = m.top_import_end
+    end = ctx.helper_anchor(list(modules.values()), set(names.values()))
     if end is not None:
         yield InsertAfter(ctx.bridge.statement(end), tuple(body))
         return

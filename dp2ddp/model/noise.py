@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.batch_shapes import batch_value
 from dp2ddp.model.flow import origins
 from dp2ddp.model.steps import names_bound, own_nodes
 from dp2ddp.model.syntax import first_dim_of
@@ -84,11 +85,6 @@ _SHAPED = ("torch.randn", "torch.rand")
 _IN_PLACE = frozenset({"normal_", "uniform_", "bernoulli_", "random_", "exponential_", "log_normal_", "cauchy_"})
 _NEW = frozenset({"zeros_like", "empty_like", "ones_like", "FloatTensor", "Tensor", "empty", "zeros", "ones",
                   "new", "new_empty", "new_zeros", "new_ones", "new_tensor"})
-# calls that hand back the value they are given, on another device or in another type
-_SAME_ROWS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "type", "contiguous", "detach",
-                        "clone", "requires_grad_"})
-
-
 def _shaped_like_batch(m: SemanticModel, call: ast.Call, loop: ast.AST) -> bool:
     """A draw shaped like a tensor of the step's batch: ``torch.randn_like(img)``,
     ``torch.randn(img.size())``/``(img.shape)``/``(*img.shape)``, or an in-place draw on a
@@ -97,7 +93,7 @@ def _shaped_like_batch(m: SemanticModel, call: ast.Call, loop: ast.AST) -> bool:
     f = call.func
     q = m.qualified_names(f)
     if q & set(_LIKE):
-        return bool(call.args) and _batch_value(m, call.args[0], loop)
+        return bool(call.args) and batch_value(m, call.args[0], loop)
     if q & set(_SHAPED):
         return len(call.args) == 1 and _shape_of_batch(m, call.args[0], loop)
     if isinstance(f, ast.Attribute) and f.attr in _IN_PLACE and isinstance(f.value, ast.Call):
@@ -106,7 +102,7 @@ def _shaped_like_batch(m: SemanticModel, call: ast.Call, loop: ast.AST) -> bool:
         if name not in _NEW:
             return False
         if name.endswith("_like"):
-            return bool(made.args) and _batch_value(m, made.args[0], loop)
+            return bool(made.args) and batch_value(m, made.args[0], loop)
         return len(made.args) == 1 and _shape_of_batch(m, made.args[0], loop)
     return False
 
@@ -115,35 +111,9 @@ def _shape_of_batch(m: SemanticModel, e: ast.AST, loop: ast.AST) -> bool:
     if isinstance(e, ast.Starred):
         e = e.value
     if isinstance(e, ast.Attribute) and e.attr == "shape":
-        return _batch_value(m, e.value, loop)
+        return batch_value(m, e.value, loop)
     if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size" and not e.args:
-        return _batch_value(m, e.func.value, loop)
-    return False
-
-
-def _batch_value(m: SemanticModel, e: ast.AST, loop: ast.AST, depth: int = 0) -> bool:
-    """``e`` is (a part of) a batch the loop iterates: its target, an item of it
-    (``data[0]``, ``batch["img"]``), moved or retyped (``.to(device)``, ``.cuda()``,
-    ``.float()``), or a name the loop binds to one of those."""
-    while True:
-        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
-            e = e.value
-        elif isinstance(e, ast.Attribute) and e.attr == "data":  # old code: img.data
-            e = e.value
-        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_ROWS:
-            e = e.func.value
-        else:
-            break
-    if not isinstance(e, ast.Name) or depth > 6:
-        return False
-    target = getattr(loop, "target", None)
-    if target is not None and any(isinstance(n, ast.Name) and n.id == e.id for n in ast.walk(target)):
-        return True
-    for n in reversed(own_nodes(m, loop)):  # the last assignment before the use
-        if isinstance(n, ast.Assign) and n.lineno < e.lineno and any(
-            isinstance(t, ast.Name) and t.id == e.id for tgt in n.targets for t in ast.walk(tgt)
-        ):
-            return _batch_value(m, n.value, loop, depth + 1)
+        return batch_value(m, e.func.value, loop)
     return False
 
 

@@ -1,0 +1,132 @@
+"""The shape of a training step's batch: where the step reads it as a whole.
+
+* :func:`batch_value`: ``e`` is (a part of) a batch the loop iterates: its target, an item
+  of it (``data[0]``, ``batch["img"]``), moved or retyped (``.to(device)``, ``.cuda()``,
+  ``.float()``), or a name the loop binds to one of those.
+* :func:`fixed_reshapes`: a batch reshaped by sizes it does not read from itself
+  (few-shot episodes: ``data.view(ep_per_batch, way, shot + query, *img_shape)``, in the
+  loop or in a project function the batch is handed to). A DataLoader sharded sample by
+  sample gives each rank part of every batch, and such a view of a part fails, or cuts
+  episodes in two: the loader can only be shared out whole batch by whole batch
+  (``--keep-batch-size``).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import List, Optional, Tuple
+
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.steps import own_nodes
+
+# calls that hand back the value they are given, on another device or in another type
+_SAME_ROWS = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "type", "contiguous", "detach",
+                        "clone", "requires_grad_"})
+_RESHAPES = frozenset({"view", "reshape"})
+
+
+def batch_value(m: SemanticModel, e: ast.AST, loop: ast.AST, depth: int = 0) -> bool:
+    """``e`` is (a part of) a batch the loop iterates: its target, an item of it
+    (``data[0]``, ``batch["img"]``), moved or retyped (``.to(device)``, ``.cuda()``,
+    ``.float()``), or a name the loop binds to one of those."""
+    while True:
+        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
+            e = e.value
+        elif isinstance(e, ast.Attribute) and e.attr == "data":  # old code: img.data
+            e = e.value
+        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_ROWS:
+            e = e.func.value
+        else:
+            break
+    if not isinstance(e, ast.Name) or depth > 6:
+        return False
+    target = getattr(loop, "target", None)
+    if target is not None and any(isinstance(n, ast.Name) and n.id == e.id for n in ast.walk(target)):
+        return True
+    for n in reversed(own_nodes(m, loop)):  # the last assignment before the use
+        if isinstance(n, ast.Assign) and n.lineno < e.lineno and any(
+            isinstance(t, ast.Name) and t.id == e.id for tgt in n.targets for t in ast.walk(tgt)
+        ):
+            return batch_value(m, n.value, loop, depth + 1)
+    return False
+
+
+def fixed_reshapes(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call, str]]:
+    """``(training loop, the reshape, where it stands)`` for each reshape of a step's batch by
+    sizes it does not read from itself (no ``-1``, no ``size``/``shape``/``len`` in its
+    leading size), in the loop or in a function of the project the batch is handed to."""
+    from dp2ddp.model.project_defs import project_def
+    from dp2ddp.model.training import training_loops
+
+    got = m.cache.get("batch_shapes:fixed")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.AST, ast.Call, str]] = []
+    for loop in training_loops(m):
+        for n in own_nodes(m, loop):
+            if not isinstance(n, ast.Call):
+                continue
+            if _fixed(n, _size_names(m.enclosing_function(loop) or m.tree)) and batch_value(m, n.func.value, loop):  # type: ignore[attr-defined]
+                out.append((loop, n, f"line {n.lineno}"))
+                continue
+            for i, a in enumerate(n.args):
+                if isinstance(a, ast.Starred) or not batch_value(m, a, loop):
+                    continue
+                found = project_def(m, n.func) if isinstance(n.func, (ast.Name, ast.Attribute)) else None
+                if found is None or not isinstance(found[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                pm, func, rel = found
+                params = [p.arg for p in func.args.posonlyargs + func.args.args]
+                if i >= len(params):
+                    continue
+                shaped = _param_reshape(func, params[i])
+                if shaped is not None:
+                    out.append((loop, shaped, f"{rel}:{shaped.lineno}"))
+    m.cache["batch_shapes:fixed"] = out
+    return out
+
+
+def _reads_size(e: ast.AST) -> bool:
+    return any(isinstance(x, ast.Attribute) and x.attr in ("size", "shape") or
+               isinstance(x, ast.Name) and x.id == "len" for x in ast.walk(e))
+
+
+def _size_names(scope: ast.AST) -> frozenset:
+    """Names ``scope`` binds to a read of a size (``b = x.size(0)``, ``n, c = x.shape[:2]``)."""
+    out = set()
+    for n in ast.walk(scope):
+        if isinstance(n, ast.Assign) and _reads_size(n.value):
+            out.update(t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name))
+    return frozenset(out)
+
+
+def _fixed(call: ast.Call, sized: frozenset = frozenset()) -> bool:
+    """``x.view(a, b, c)`` / ``x.reshape((a, b))`` whose sizes do not read the tensor's own
+    (``sized``: names bound to a read of a size)."""
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and f.attr in _RESHAPES) or not call.args or call.keywords:
+        return False
+    sizes = call.args
+    if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
+        sizes = sizes[0].elts
+    if len(sizes) < 2 or isinstance(sizes[0], ast.Starred):
+        return False
+    for s in sizes:
+        if isinstance(s, ast.UnaryOp) and isinstance(s.op, ast.USub):
+            return False  # -1: the size is inferred from the tensor
+    lead = sizes[0]
+    return not _reads_size(lead) and not any(isinstance(x, ast.Name) and x.id in sized for x in ast.walk(lead))
+
+
+def _param_reshape(func: ast.AST, param: str) -> Optional[ast.Call]:
+    """A fixed reshape of ``param`` (moved or retyped) in ``func``, where ``param`` is not
+    bound again first."""
+    sized = _size_names(func)
+    for n in ast.walk(func):
+        if isinstance(n, ast.Call) and _fixed(n, sized):
+            v = n.func.value  # type: ignore[attr-defined]
+            while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in _SAME_ROWS:
+                v = v.func.value
+            if isinstance(v, ast.Name) and v.id == param:
+                return n
+    return None
