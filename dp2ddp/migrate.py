@@ -178,12 +178,22 @@ def _project_miss(model) -> Migration:
     if not found:
         return Migration()
     call, rel, line = found[0]
+    import ast
+
     from dp2ddp.engine import Finding
+    from dp2ddp.model.entry_points import has_entry_point
 
     pos = model.position(call)
     end = model.end_position(call)
-    f = Finding("DDP151", helper_dp_message(model, call, rel, line), call, line=pos[0], col=pos[1], severity="error",
-                end_line=end[0], end_col=end[1])
+    if has_entry_point(model):
+        f = Finding("DDP151", helper_dp_message(model, call, rel, line), call, line=pos[0], col=pos[1], severity="error",
+                    end_line=end[0], end_col=end[1])
+    else:  # a library module of the project (a trainer subclass): the script that runs is what migrates
+        what = f"{model.source(call.func)}()" if isinstance(call, ast.Call) else f"`{model.source(call)}`"
+        f = Finding("DDP116", f"library module (no `if __name__ == \"__main__\":` and no module-level code that runs) whose "
+                    f"{what} reaches DataParallel in the project module {rel}:{line}: the process group must be set up by "
+                    "the script that runs; migrate that script with its helpers (`dp2ddp rewrite train.py --with-helpers`)",
+                    call, line=pos[0], col=pos[1], severity="error", end_line=end[0], end_col=end[1])
     return Migration(findings=[f], blocked=True, applicable=True)
 
 

@@ -216,3 +216,17 @@ def test_the_synchronized_batchnorm_package_alone_is_a_library_not_a_subclass_to
     assert "DDP116 the synchronized-BatchNorm package's DataParallel" in err, err
     assert "DDP101" not in err
     assert path.read_bytes() == src.read_bytes()
+
+
+def test_a_library_module_whose_trainer_base_wraps_is_refused_as_a_library(tmp_path: Path, capsys) -> None:
+    """CenterNet's ``trains/exdet.py``: a trainer subclass of ``BaseTrainer``, whose module wraps
+    the model in DataParallel; the subclass module has no entry point. Rewritten alone it is
+    refused as a library (DDP116, the script that runs migrates with its helpers), not left
+    silent and not told to migrate itself with its helpers (DDP151)."""
+    (tmp_path / "base_trainer.py").write_text(
+        "import torch.nn as nn\n\n\nclass BaseTrainer:\n    def __init__(self, model):\n        self.model = nn.DataParallel(model)\n")
+    lib = tmp_path / "exdet.py"
+    lib.write_text("from base_trainer import BaseTrainer\n\n\nclass ExdetTrainer(BaseTrainer):\n    def debug(self):\n        return None\n")
+    assert main(["rewrite", str(lib), "-o", str(tmp_path / "out.py")]) == 1
+    err = capsys.readouterr().err
+    assert "exdet.py:4:20: DDP116 library module" in err and "`BaseTrainer` reaches DataParallel in the project module base_trainer.py:6" in err, err
