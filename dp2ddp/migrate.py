@@ -287,11 +287,34 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     role = "entry" if wrapping or trainers or (helpers and not quick_reject(src.data)) else "script"
     plan_modules = frozenset(real for _, real in helpers + trainers)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
+    if role == "entry" and not res.migration.blocked:
+        res = _library_entry(entry, res, src.data)
     if wrapping and not trainers and not res.migration.blocked:
         res = _inference_through_helpers(entry, res, src.data)
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
     _left_behind(entry, out)
     return out
+
+
+def _library_entry(entry: str, res, data: bytes):
+    """A project migration asked of a module that does not run (no main guard, no module-level
+    code but definitions and settings: BERT-NER's ``callback/trainingmonitor.py``): it would
+    start a process group whenever it is imported. Refused (DDP116), as the module alone is."""
+    from dataclasses import replace
+
+    from dp2ddp.engine import Finding
+    from dp2ddp.model.entry_points import has_entry_point
+    from dp2ddp.model.project_defs import file_model
+
+    model = file_model(entry)
+    if model is None or has_entry_point(model):
+        return res
+    first = next(iter(model.tree.body), None)
+    f = Finding("DDP116", "library module (no `if __name__ == \"__main__\":` and no module-level code that runs): it cannot "
+                "be the script a project migration starts from (it would start a process group whenever it is imported); "
+                "migrate the script that runs with its helpers (`dp2ddp rewrite train.py --with-helpers`)", first,
+                line=getattr(first, "lineno", 1), col=0, severity="error")
+    return replace(res, migration=Migration(findings=[f], blocked=True, applicable=True), output=data, changed=False)
 
 
 def _inference_through_helpers(entry: str, res, data: bytes):

@@ -980,3 +980,19 @@ def test_a_class_with_dataparallel_handed_on_as_a_value_is_no_silent_miss(tmp_pa
     assert main(["rewrite", str(d / "run.py")]) == 1
     err = capsys.readouterr().err
     assert "run.py:4:18: DDP151 `Exp`, handed on as a value, reaches DataParallel in the project module exp.py:8" in err, err
+
+
+def test_a_library_module_is_no_entry_for_a_project_migration(tmp_path: Path, capsys) -> None:
+    """BERT-NER's ``callback/trainingmonitor.py`` (a class, no main guard) imports a helper that
+    wraps in DataParallel. ``rewrite trainingmonitor.py --with-helpers`` used to give it a process
+    group at import; it is refused (DDP116), nothing written."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "common.py").write_text("import torch.nn as nn\n\n\ndef model_device(model):\n    return nn.DataParallel(model)\n")
+    (d / "monitor.py").write_text("from common import model_device\n\n\nclass Monitor:\n    def wrap(self, model):\n"
+                                  "        return model_device(model)\n")
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "monitor.py"), "--with-helpers", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "monitor.py:1:1: DDP116 library module" in err, err
+    assert not out.exists()
