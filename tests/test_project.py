@@ -996,3 +996,22 @@ def test_a_library_module_is_no_entry_for_a_project_migration(tmp_path: Path, ca
     err = capsys.readouterr().err
     assert "monitor.py:1:1: DDP116 library module" in err, err
     assert not out.exists()
+
+
+def test_a_project_save_handed_the_model_keeps_the_wrapper_and_its_keys(tmp_path: Path) -> None:
+    """SupContrast's ``save_model(model, optimizer, opt, epoch, file)`` reads
+    ``model.state_dict()`` and runs no forward: it runs on rank 0 handed the wrapper, so its
+    file keeps the original's ``module.`` keys; only a helper that calls the model it is
+    handed gets the bare module."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "util.py").write_text("import torch\n\n\ndef save_model(model, path):\n    torch.save({'model': model.state_dict()}, path)\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom util import save_model\n\n\ndef main():\n"
+        "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for (x,) in loader:\n        opt.zero_grad()\n        model(x).pow(2).mean().backward()\n        opt.step()\n"
+        "    save_model(model, 'last.pth')\n\n\nif __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    out = (d / "train_ddp.py").read_text()
+    assert "        save_model(model, 'last.pth')\n" in out and "model.module" not in out, out

@@ -39,7 +39,7 @@ from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
-from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, setup_calls
+from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
 
 
 PROVIDES = (GuardedWriters,)
@@ -422,7 +422,7 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
     unwrapped = {id(a) for _, a, _ in helper_whole_saves(m, dp_wrapper_keys(m))}
     handed = [] if any(h.call is w.call for h in dp_helper_calls(m)) else [
         a for a in handed_models(m, w.call) if id(a) not in unwrapped]
-    if handed:
+    if handed and runs_a_handed_model(m, w.call):
         # a DDP forward on rank 0 alone would wait for the other ranks (its buffers' broadcast):
         # rank 0 hands it the bare module, where nothing it runs reads the wrapper's own API
         wrapper_api = reads_the_wrapper(m, w.call)

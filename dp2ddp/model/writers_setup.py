@@ -210,6 +210,29 @@ def handed_models(m: SemanticModel, call: ast.Call) -> List[ast.AST]:
             if isinstance(a, (ast.Name, ast.Attribute)) and var_key(m, a) in keys]
 
 
+def runs_a_handed_model(m: SemanticModel, call: ast.Call) -> bool:
+    """What ``call`` runs calls a model it is handed (``net(x)`` where ``net`` is a parameter
+    of that function, or a name bound from one: ``net = net.cuda().eval()``): a forward. A
+    helper that only reads ``model.state_dict()`` runs no forward."""
+    from dp2ddp.model.project_defs import project_def
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is None:
+        return True  # not readable: assume it runs it
+    pm, node, rel = found
+    for _mod, fn, _path in reach_across(pm, node, rel):
+        args = getattr(fn, "args", None)
+        if args is None:
+            continue
+        held = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+        for n in ast.walk(fn):
+            if isinstance(n, ast.Assign) and any(isinstance(x, ast.Name) and x.id in held for x in ast.walk(n.value)):
+                held |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in held for n in ast.walk(fn)):
+            return True
+    return False
+
+
 def reads_the_wrapper(m: SemanticModel, call: ast.Call) -> Optional[str]:
     """Where what ``call`` runs (in its module and the project modules it calls) reads a
     wrapper's own API: a ``.module`` attribute, or a type test against DataParallel or
