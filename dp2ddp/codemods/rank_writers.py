@@ -272,7 +272,38 @@ def propose(ctx: Context) -> List[Finding]:
     for lm in logger_makers(m):
         if not rank_guarded(m, lm.stmt) and ctx.bridge.alone_on_line(lm.stmt):
             out.append(_logger_on_rank_zero(ctx, lm))
+    out.extend(_graphs_of_the_bare_module(ctx))
     return out
+
+
+def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
+    """``writer.add_graph(model, x)`` traces a forward of what it is handed. The writer is
+    rank 0's: handed the DDP wrapper, that forward's buffer broadcast would wait for the other
+    ranks (and DDP does not trace). It is handed the bare module, ``model.module``."""
+    m = ctx.m
+    keys = dp_wrapper_keys(m)
+    out = []
+    for w in writers(m):
+        if w.kind != "tensorboard":
+            continue
+        for use in m.nodes(ast.Call):
+            f = use.func
+            if not (isinstance(f, ast.Attribute) and f.attr == "add_graph" and use.args):
+                continue
+            if not (isinstance(f.value, (ast.Name, ast.Attribute)) and _made_by(m, f.value, w.call)):
+                continue
+            model = use.args[0]
+            if isinstance(model, (ast.Name, ast.Attribute)) and var_key(m, model) in keys:
+                out.append(ctx.note(use, "DDP135", f"`{m.source(f)}` traces a forward of what it is handed: on rank 0 "
+                                    f"alone it gets the bare module (`{m.source(model)}.module`), as a DDP forward would "
+                                    "wait for the other ranks", [Replace(ctx.cst(model), lambda u: ctx.expr("{a}.module", a=u))]))
+    return out
+
+
+def _made_by(m: SemanticModel, holder: ast.AST, call: ast.Call) -> bool:
+    from dp2ddp.model.flow import origins
+
+    return any(node is call for node, _ in origins(m, holder))
 
 
 def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
