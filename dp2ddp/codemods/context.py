@@ -221,16 +221,23 @@ class Context:
         end = m.top_import_end
         body = m.tree.body
         start = body.index(end) if end is not None else -1
+
+        def binds(stmt: ast.stmt) -> Set[str]:
+            if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                return set()
+            return {a.asname or a.name.split(".")[0] for a in stmt.names}
+
+        bound_early = set().union(*(binds(st) for st in body[:start + 1])) if start >= 0 else set()
         last = start
         for i, stmt in enumerate(body):
-            if i > start and isinstance(stmt, (ast.Import, ast.ImportFrom)) and any(
-                    (a.asname or a.name.split(".")[0]) in names for a in stmt.names):
-                last = i
+            if i > start and (binds(stmt) & set(names)) - bound_early:
+                last = i  # a module the helpers name, first bound by this later import
         if last == start:
             return end
         between = body[start + 1:last + 1]
-        if any(isinstance(n, ast.Name) and n.id in defined for st in between for n in ast.walk(st)):
-            return end  # used above the late import (the migration's own calls are edits of that code)
+        settings_only = all(isinstance(st, (ast.Import, ast.ImportFrom, ast.Expr)) for st in between)
+        if not settings_only or any(isinstance(n, ast.Name) and n.id in defined for st in between for n in ast.walk(st)):
+            return end  # code between that may use what the migration defines (its edits are in that code)
         return body[last]
 
     def cst(self, node: ast.AST) -> cst.CSTNode:
