@@ -28,7 +28,10 @@ torch = pytest.importorskip("torch")
     "path, expect",
     [
         ("runs/events.out.tfevents.1716200000.host.example.com.4242.0", "runs/events.out.tfevents.*"),
-        ("runs/May20_10-30-00_host/events.out.tfevents.1716200000.host.77", "runs/May<n>_<n>-<n>-<n>_host/events.out.tfevents.*"),
+        ("runs/May20_10-30-00_host/events.out.tfevents.1716200000.host.77", "runs/May<n>_host/events.out.tfevents.*"),
+        # a clock and the suffix that keeps a second archive of the same second apart: one group
+        ("experiments/run_archived_185935_1/model.pt", "experiments/run_archived_<n>/model.pt"),
+        ("experiments/run_archived_185936/model.pt", "experiments/run_archived_<n>/model.pt"),
         ("logs/rank1.log", "logs/rank<n>.log"),
         ("model.pt", "model.pt"),
     ],

@@ -14,7 +14,10 @@ from typing import Dict, List, Sequence
 _TB = re.compile(r"^events\.out\.tfevents\.\d+(\.\d+)?\..+$")
 
 
-_DIGITS = re.compile(r"\d+")
+# a run of digits, with the numbers a name adds to it (``run_archived_185935_1``: a clock and the
+# suffix that keeps a second archive of the same second apart)
+_DIGITS = re.compile(r"\d+(?:[_.-]\d+)*")
+_NUMBER = re.compile(r"\d+")
 
 
 def is_tensorboard(path: str) -> bool:
@@ -26,7 +29,8 @@ def is_tensorboard(path: str) -> bool:
 def pattern(path: str) -> str:
     """The name with what changes from run to run or process to process (numbers:
     times, pids, ranks) replaced: TensorBoard event files become
-    ``events.out.tfevents.*``, every other run of digits ``<n>``."""
+    ``events.out.tfevents.*``, every other run of digits ``<n>`` (numbers joined by ``_``, ``.``
+    or ``-`` as one: ``run_archived_185935_1`` and ``run_archived_185936`` are one pattern)."""
     folder, _, name = path.rpartition("/")
     name = "events.out.tfevents.*" if _TB.match(name) else _DIGITS.sub("<n>", name)
     folder = _DIGITS.sub("<n>", folder)
@@ -38,7 +42,7 @@ def pids_in_names(names: Sequence[str], pids: Dict[int, int]) -> List[int]:
     by_pid = {str(pid): rank for rank, pid in pids.items()}
     ranks = set()
     for n in names:
-        for d in _DIGITS.findall(n.rsplit("/", 1)[-1]):
+        for d in _NUMBER.findall(n.rsplit("/", 1)[-1]):
             if d in by_pid:
                 ranks.add(by_pid[d])
     return sorted(ranks)
