@@ -181,7 +181,7 @@ def _project_miss(model) -> Migration:
     import ast
 
     from dp2ddp.engine import Finding
-    from dp2ddp.model.entry_points import has_entry_point
+    from dp2ddp.model.entry_points import LIBRARY_MODULE, has_entry_point
 
     pos = model.position(call)
     end = model.end_position(call)
@@ -190,9 +190,9 @@ def _project_miss(model) -> Migration:
                     end_line=end[0], end_col=end[1])
     else:  # a library module of the project (a trainer subclass): the script that runs is what migrates
         what = f"{model.source(call.func)}()" if isinstance(call, ast.Call) else f"`{model.source(call)}`"
-        f = Finding("DDP116", f"library module (no `if __name__ == \"__main__\":` and no module-level code that runs) whose "
-                    f"{what} reaches DataParallel in the project module {rel}:{line}: the process group must be set up by "
-                    "the script that runs; migrate that script with its helpers (`dp2ddp rewrite train.py --with-helpers`)",
+        f = Finding("DDP116", f"{LIBRARY_MODULE} whose {what} reaches DataParallel in the project module {rel}:{line}: "
+                    "the process group must be set up by the script that runs; migrate that script with its helpers "
+                    "(`dp2ddp rewrite train.py --with-helpers`)",
                     call, line=pos[0], col=pos[1], severity="error", end_line=end[0], end_col=end[1])
     return Migration(findings=[f], blocked=True, applicable=True)
 
@@ -300,21 +300,18 @@ def _library_entry(entry: str, res, data: bytes):
     """A project migration asked of a module that does not run (no main guard, no module-level
     code but definitions and settings: BERT-NER's ``callback/trainingmonitor.py``): it would
     start a process group whenever it is imported. Refused (DDP116), as the module alone is."""
-    from dataclasses import replace
-
     from dp2ddp.engine import Finding
-    from dp2ddp.model.entry_points import has_entry_point
+    from dp2ddp.model.entry_points import LIBRARY_MODULE, has_entry_point
     from dp2ddp.model.project_defs import file_model
 
     model = file_model(entry)
     if model is None or has_entry_point(model):
         return res
     first = next(iter(model.tree.body), None)
-    f = Finding("DDP116", "library module (no `if __name__ == \"__main__\":` and no module-level code that runs): it cannot "
-                "be the script a project migration starts from (it would start a process group whenever it is imported); "
-                "migrate the script that runs with its helpers (`dp2ddp rewrite train.py --with-helpers`)", first,
-                line=getattr(first, "lineno", 1), col=0, severity="error")
-    return replace(res, migration=Migration(findings=[f], blocked=True, applicable=True), output=data, changed=False)
+    f = Finding("DDP116", f"{LIBRARY_MODULE}: it cannot be the script a project migration starts from (it would start a "
+                "process group whenever it is imported); migrate the script that runs with its helpers (`dp2ddp rewrite "
+                "train.py --with-helpers`)", first, line=getattr(first, "lineno", 1), col=0, severity="error")
+    return _refused(res, f, data)
 
 
 def _inference_through_helpers(entry: str, res, data: bytes):
@@ -323,8 +320,6 @@ def _inference_through_helpers(entry: str, res, data: bytes):
     evaluates in DataParallel (Deep_Metric's ``test.py`` -> ``Model2Feature``): every rank
     would repeat the whole inference that DataParallel split between the GPUs. The plan is
     refused (DDP115) at the entry's call that reaches the helper's wrap."""
-    from dataclasses import replace
-
     from dp2ddp.engine import Finding
     from dp2ddp.model.inference import no_training_message
     from dp2ddp.model.project_defs import file_model
@@ -340,10 +335,16 @@ def _inference_through_helpers(entry: str, res, data: bytes):
     pos, end = model.position(call), model.end_position(call)
     why = (f"its model is wrapped in DataParallel by {model.source(call.func)}() ({rel}:{line}), and nothing this script "
            "or its project modules run trains it")
-    f = Finding("DDP115", no_training_message(why).replace("no training step in this file (no .backward(), no "
-                "optimizer.step()), and ", "", 1), call, line=pos[0], col=pos[1], severity="error", end_line=end[0],
-                end_col=end[1])
-    return replace(res, migration=Migration(findings=[f], blocked=True, applicable=True), output=data, changed=False)
+    f = Finding("DDP115", no_training_message(why, own_step=False), call, line=pos[0], col=pos[1], severity="error",
+                end_line=end[0], end_col=end[1])
+    return _refused(res, f, data)
+
+
+def _refused(res, finding, data: bytes):
+    """``res`` (a migration of ``data``) refused for ``finding``: the file left as it was."""
+    from dataclasses import replace
+
+    return replace(res, migration=Migration(findings=[finding], blocked=True, applicable=True), output=data, changed=False)
 
 
 def _left_behind(entry: str, out) -> None:

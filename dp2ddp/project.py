@@ -262,8 +262,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     dp_files = [real for real in mods if uses_dp(real) and not only_checks_dp(real)]
     if not dp_files:
         return []
-    from dp2ddp.model.project_defs import project_calls, reach_across
-    from dp2ddp.model.wraps import dp_nodes
+    from dp2ddp.model.project_defs import project_calls
 
     base = os.path.dirname(os.path.abspath(m.path))
     opaque = {real: _reached_by_import_or_dispatch(real) for real in dp_files}
@@ -275,8 +274,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
         # what the call runs (a class: all of it, its methods are called later) holds a
         # DataParallel; a module that only has one elsewhere (``misc.make_empty_object()``
         # beside ``misc.wrap(model)``) is not reached by it
-        runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _path in reach_across(pm, node, rel)]
-        hit = next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
+        hit = _dp_run_by(pm, node, rel)
         if hit is None and not any(opaque[real] for real in dp_files if real in reach):
             continue
         real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
@@ -287,14 +285,23 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     return out
 
 
+def _dp_run_by(pm, node: ast.AST, rel: str):
+    """The model of the module whose DataParallel what ``node`` (a function of the project
+    module ``pm``, with what it calls; or a class: all of it, its methods are called later)
+    runs names, or ``None``."""
+    from dp2ddp.model.project_defs import reach_across
+    from dp2ddp.model.wraps import dp_nodes
+
+    runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _path in reach_across(pm, node, rel)]
+    return next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
+
+
 def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]]:
     """A class or function of a project module that names DataParallel, which the script
     hands on as a value instead of calling it by its name (``Exp = Exp_Main`` then
     ``Exp(args)``, a table of trainers): ``(the name, helper path, line)``."""
-    from dp2ddp.model.project_defs import project_def, reach_across
-    from dp2ddp.model.wraps import dp_nodes
+    from dp2ddp.model.project_defs import project_def
 
-    out = []
     for name in m.nodes(ast.Name):
         parent = m.parent(name)
         if not isinstance(name.ctx, ast.Load) or (isinstance(parent, ast.Call) and parent.func is name):
@@ -305,12 +312,11 @@ def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
         pm, node, rel = found
         if os.path.realpath(pm.path) not in dp_files and not isinstance(node, ast.ClassDef):
             continue
-        runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _p in reach_across(pm, node, rel)]
-        hit = next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
+        hit = _dp_run_by(pm, node, rel)
         if hit is not None:
             real = os.path.realpath(hit.path)
-            out.append((name, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
-    return out[:1]
+            return [(name, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real))]
+    return []
 
 
 def _reached_by_import_or_dispatch(real: str) -> bool:

@@ -20,7 +20,7 @@ from dp2ddp.model.bridge import Bridge
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.names import DATALOADER, DDP, DISTRIBUTED_SAMPLER
-from dp2ddp.model.syntax import FUNCTIONS
+from dp2ddp.model.syntax import FUNCTIONS, is_docstring
 from dp2ddp.templates import render_statements
 
 # key -> (module, obj, default local name)
@@ -201,16 +201,24 @@ class Context:
     def define_after_imports(self, template: str, **values: Value) -> None:
         """Write a helper template (a function or class the migration defines once) after
         the import section at the top of the module, two blank lines above it."""
-        from dp2ddp.engine import InsertAfter, InsertBefore
-
         stmts = self.render(template, **values)
         stmts[0] = stmts[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()])
+        edit = self.helper_edit(stmts, [v for v in values.values() if isinstance(v, str) and v.isidentifier()])
+        if edit is not None:
+            self.extra_edits.append(edit)
+
+    def helper_edit(self, stmts: Sequence[cst.BaseStatement], names: List[str]):
+        """The edit that defines ``stmts`` (a helper the migration writes once; ``names``: the
+        modules it names) where :meth:`helper_anchor` says, or above the first statement that
+        is not the module's docstring."""
+        from dp2ddp.engine import InsertAfter, InsertBefore
+
         defined = {st.name.value for st in stmts if isinstance(st, (cst.FunctionDef, cst.ClassDef))}
-        end = self.helper_anchor([v for v in values.values() if isinstance(v, str) and v.isidentifier()], defined)
+        end = self.helper_anchor(names, defined)
         if end is not None:
-            self.extra_edits.append(InsertAfter(self.bridge.statement(end), tuple(stmts)))
-        else:
-            self.extra_edits.append(InsertBefore(self.bridge.statement(next(iter(self.m.tree.body))), tuple(stmts)))
+            return InsertAfter(self.bridge.statement(end), tuple(stmts))
+        first = next((s for s in self.m.tree.body if not is_docstring(s)), None)
+        return InsertBefore(self.bridge.statement(first), tuple(stmts)) if first is not None else None
 
     def helper_anchor(self, names: List[str], defined: Set[str]) -> Optional[ast.stmt]:
         """Where a helper definition goes: after the import section at the top, or after a

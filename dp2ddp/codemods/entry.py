@@ -21,7 +21,7 @@ from typing import List
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.entry_points import has_entry_point
+from dp2ddp.model.entry_points import LIBRARY_MODULE, has_entry_point
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.inference import inference_only
 from dp2ddp.model.uses import dp_wrapper_uses
@@ -39,8 +39,7 @@ def check_entry(ctx: Context) -> List[Finding]:
             return []
         if not has_entry_point(m):
             return [ctx.block(checks[0], "DDP116", (
-                "library module (no `if __name__ == \"__main__\":` and no module-level code that runs) that tests "
-                "for DataParallel and wraps nothing: its callers hand it their model, and alone its checks cannot "
+                f"{LIBRARY_MODULE} that tests for DataParallel and wraps nothing: its callers hand it their model, and alone its checks cannot "
                 "change without theirs; migrate the script that runs with its helpers "
                 "(`dp2ddp rewrite train.py --with-helpers`)"))]
         # an entry of a project migration: its helpers' wraps migrate with it
@@ -51,8 +50,7 @@ def check_entry(ctx: Context) -> List[Finding]:
             ctx.block(
                 first,
                 "DDP116",
-                "library module (no `if __name__ == \"__main__\":` and no module-level code that runs): the process group "
-                "must be set up by the script that runs; migrate that script with its helpers "
+                f"{LIBRARY_MODULE}: the process group must be set up by the script that runs; migrate that script with its helpers "
                 "(`dp2ddp rewrite train.py --with-helpers`)",
             )
         ]

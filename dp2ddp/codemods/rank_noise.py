@@ -24,8 +24,9 @@ the ranks' noise differs and their streams stay alike (the numbers are not the
 original's, which drew them in one call). A NumPy draw of one number per item
 (``np.random.uniform(0, 55, size=n)``) takes the same form, which gives each rank the
 original's numbers (NumPy draws them one after the other). Draws in a loop over the
-items of the batch are refused (DDP179): no edit of the call gives each rank its own. Scripts with their own distributed path are
-left as they are (their path decides what each rank draws).
+items of the batch are refused (DDP179): no edit of the call gives each rank its own.
+Scripts with their own distributed path are left as they are (their path decides what
+each rank draws).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import List, Optional, Set
 import libcst as cst
 
 from dp2ddp.codemods.context import Context, add_kwarg
-from dp2ddp.codemods.rank_zero_setup import propose as setup_on_rank_zero
+from dp2ddp.codemods.rank_zero_setup import in_a_choosing_expression, propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.write_barriers import barriers
 from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
@@ -35,7 +35,7 @@ from dp2ddp.model.dp_idioms import dp_helper_calls
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
-from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
+from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
@@ -280,30 +280,22 @@ def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
     """``writer.add_graph(model, x)`` traces a forward of what it is handed. The writer is
     rank 0's: handed the DDP wrapper, that forward's buffer broadcast would wait for the other
     ranks (and DDP does not trace). It is handed the bare module, ``model.module``."""
-    m = ctx.m
-    keys = dp_wrapper_keys(m)
-    out = []
-    for w in writers(m):
-        if w.kind != "tensorboard":
-            continue
-        for use in m.nodes(ast.Call):
-            f = use.func
-            if not (isinstance(f, ast.Attribute) and f.attr == "add_graph" and use.args):
-                continue
-            if not (isinstance(f.value, (ast.Name, ast.Attribute)) and _made_by(m, f.value, w.call)):
-                continue
-            model = use.args[0]
-            if isinstance(model, (ast.Name, ast.Attribute)) and var_key(m, model) in keys:
-                out.append(ctx.note(use, "DDP135", f"`{m.source(f)}` traces a forward of what it is handed: on rank 0 "
-                                    f"alone it gets the bare module (`{m.source(model)}.module`), as a DDP forward would "
-                                    "wait for the other ranks", [Replace(ctx.cst(model), lambda u: ctx.expr("{a}.module", a=u))]))
-    return out
-
-
-def _made_by(m: SemanticModel, holder: ast.AST, call: ast.Call) -> bool:
     from dp2ddp.model.flow import origins
 
-    return any(node is call for node, _ in origins(m, holder))
+    m = ctx.m
+    made = {id(w.call) for w in writers(m) if w.kind == "tensorboard"}
+    keys = dp_wrapper_keys(m) if made else set()
+    out = []
+    for use in m.calls_spelled("add_graph") if made else ():
+        f, model = use.func, use.args[0] if use.args else None
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, (ast.Name, ast.Attribute))
+                and any(id(node) in made for node, _ in origins(m, f.value))):
+            continue  # not a SummaryWriter's
+        if isinstance(model, (ast.Name, ast.Attribute)) and var_key(m, model) in keys:
+            out.append(ctx.note(use, "DDP135", f"`{m.source(f)}` traces a forward of what it is handed: on rank 0 "
+                                f"alone it gets the bare module (`{m.source(model)}.module`), as a DDP forward would "
+                                "wait for the other ranks", [Replace(ctx.cst(model), lambda u: ctx.expr("{a}.module", a=u))]))
+    return out
 
 
 def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
@@ -481,11 +473,8 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
         return None
     if ctx.mode == "plain" and ctx.role != "helper" and not ctx.in_setup_region(w.call):
         return None  # (a script with its own distributed path: the barriers wait only where its group exists)
-    for a in m.ancestors(w.call):
-        if a is stmt:
-            break
-        if isinstance(a, (ast.Lambda, ast.IfExp, ast.BoolOp) + COMPREHENSIONS):
-            return None
+    if in_a_choosing_expression(m, w.call, stmt):
+        return None
     line = ctx.bridge.statement(stmt)
     before = ctx.barrier("others", comment=f"rank 0 runs {w.name} first (it writes {w.where})")
     after = ctx.barrier("rank0")

@@ -15,6 +15,7 @@ The soundness argument: ``docs/design-setup-calls.md``.
 from __future__ import annotations
 
 import ast
+from typing import Optional
 
 import libcst as cst
 
@@ -52,11 +53,8 @@ def _unordered(ctx: Context, call: ast.Call):
         return "it runs before the process group exists"
     if rank_guarded(m, call):
         return "it is under a rank test"
-    for a in m.ancestors(call):
-        if a is stmt:
-            break
-        if isinstance(a, (ast.Lambda, ast.IfExp, ast.BoolOp) + COMPREHENSIONS):
-            return "it is evaluated inside an expression that may skip it or repeat it"
+    if in_a_choosing_expression(m, call, stmt):
+        return "it is evaluated inside an expression that may skip it or repeat it"
     if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return "its statement shares its line"
     func = m.enclosing_function(call)
@@ -68,6 +66,18 @@ def _unordered(ctx: Context, call: ast.Call):
     if isinstance(call.func, ast.Lambda) or not isinstance(call.func, (ast.Name, ast.Attribute)):
         return "its function is not a name"
     return None
+
+
+def in_a_choosing_expression(m, call: ast.Call, stmt: Optional[ast.stmt]) -> bool:
+    """``call`` stands, within its statement, in an expression that may skip it or run it
+    again (a lambda, ``a if c else b``, ``a or b``, a comprehension): the ranks might not all
+    run it once."""
+    for a in m.ancestors(call):
+        if a is stmt:
+            return False
+        if isinstance(a, (ast.Lambda, ast.IfExp, ast.BoolOp) + COMPREHENSIONS):
+            return True
+    return False
 
 
 def _helper(ctx: Context) -> str:

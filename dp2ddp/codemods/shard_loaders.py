@@ -38,7 +38,7 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
-from dp2ddp.engine import Finding, Guard, InsertAfter, InsertBefore, Replace
+from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.batch_shapes import fixed_reshapes
 from dp2ddp.model.flow import origins
@@ -47,7 +47,7 @@ from dp2ddp.model.inference import inference_only
 from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
 from dp2ddp.model.loaders import Loader, distributed_sampler, evaluated_apart, grouped_batches, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
-from dp2ddp.model.syntax import is_docstring, is_main_test, kwarg, terminal
+from dp2ddp.model.syntax import is_main_test, kwarg, terminal
 from dp2ddp.model.training import NOT_DATA
 
 SHARD_FUNCTION = "shard_loader"
@@ -56,6 +56,10 @@ STREAM_CLASS = "ShardedStream"
 
 
 PROVIDES = (OwnSamplers, ShardHelper)
+
+# why a loader an evaluation loop also reads is not sharded (evaluated_apart)
+_EVALUATED_TOO = ("sharding it would shard that evaluation too (each rank's own metric; an early stop or a best-model "
+                  "choice that differs between the ranks stops one of them in a collective)")
 
 
 def propose(ctx: Context) -> List[Finding]:
@@ -102,9 +106,8 @@ def propose(ctx: Context) -> List[Finding]:
             why = _groups_of_batches(m, loader) or _reshaped_whole(m, loader)
         apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
         if apart is not None:
-            why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: sharding it would shard "
-                   "that evaluation too (each rank's own metric; an early stop or a best-model choice that differs between "
-                   "the ranks stops one of them in a collective); build the training loader apart, then migrate")
+            why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: {_EVALUATED_TOO}; build the "
+                   "training loader apart, then migrate")
         if why is not None:
             out.append(ctx.block(loader.call, "DDP105", f"{label} {why}"))
             continue
@@ -151,9 +154,8 @@ def propose(ctx: Context) -> List[Finding]:
         if apart is not None:
             out.append(ctx.block(r.call, "DDP105", (
                 f"the loader {m.source(r.call.func)}() returns is also the one the evaluation loop at line {apart.lineno} "
-                "iterates (the same call makes the training and the evaluation loaders): sharding it would shard that "
-                "evaluation too (each rank's own metric; an early stop or a best-model choice that differs between the "
-                "ranks stops one of them in a collective); make the training loader apart, then migrate")))
+                f"iterates (the same call makes the training and the evaluation loaders): {_EVALUATED_TOO}; make the "
+                "training loader apart, then migrate")))
             continue
         if r.names:
             rebinds.append((m.statement_of(r.call), r.names))  # type: ignore[arg-type]
@@ -644,14 +646,9 @@ def _helper_names(ctx: Context) -> Dict[str, str]:
 
 def _define_helpers(ctx: Context, names: Dict[str, str]):
     """``ShardedBatches`` and ``shard_loader`` after the imports at the top of the module."""
-    m = ctx.m
     modules = dict(torch=ctx.name("torch"), dist=ctx.name("dist"), os=ctx.name("os"), random=ctx.name("random"), sys=ctx.name("sys"))
     body = ctx.render("shard_loader.py.tmpl", **modules, **names)
     body[0] = body[0].with_changes(leading_lines=[cst.EmptyLine(), cst.EmptyLine()] + list(body[0].leading_lines))
-    end = ctx.helper_anchor(list(modules.values()), set(names.values()))
-    if end is not None:
-        yield InsertAfter(ctx.bridge.statement(end), tuple(body))
-        return
-    first = next((s for s in m.tree.body if not is_docstring(s)), None)
-    if first is not None:
-        yield InsertBefore(ctx.bridge.statement(first), tuple(body))
+    edit = ctx.helper_edit(body, list(modules.values()))
+    if edit is not None:
+        yield edit

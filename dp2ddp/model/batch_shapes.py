@@ -63,10 +63,11 @@ def fixed_reshapes(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call, str]]:
         return got  # type: ignore[return-value]
     out: List[Tuple[ast.AST, ast.Call, str]] = []
     for loop in training_loops(m):
+        sized = _size_names(m.enclosing_function(loop) or m.tree)
         for n in own_nodes(m, loop):
             if not isinstance(n, ast.Call):
                 continue
-            if _fixed(n, _size_names(m.enclosing_function(loop) or m.tree)) and batch_value(m, n.func.value, loop):  # type: ignore[attr-defined]
+            if _fixed(n, sized) and batch_value(m, n.func.value, loop):  # type: ignore[attr-defined]
                 out.append((loop, n, f"line {n.lineno}"))
                 continue
             for i, a in enumerate(n.args):

@@ -19,6 +19,7 @@ from dp2ddp.model.call_args import LOAD_PARAMS, LOAD_STATE_DICT_PARAMS, SAVE_PAR
 from dp2ddp.model.checkpoints import loaded_values, saves
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.kinds import SAME_MODULE
 from dp2ddp.model.names import DDP, DP, LOAD
 
 PLAIN, PREFIXED, EITHER = "plain", "module.", "either"
@@ -139,15 +140,11 @@ def _wrapped_in_file(m: SemanticModel, subject: ast.AST) -> bool:
     from dp2ddp.model.flow import origins
 
     for n, _ in origins(m, subject):
-        while isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _SELF_RETURNING:
+        while isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SAME_MODULE:
             n = n.func.value  # ``nn.DataParallel(model).cuda()``: the wrapper itself
         if isinstance(n, ast.Call) and m.call_is(n, DP | DDP):
             return True
     return False
-
-
-# module methods that return the module itself
-_SELF_RETURNING = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "type"})
 
 
 _NOT_MODEL_WORDS = ("optim", "sched", "scaler", "ema_state")

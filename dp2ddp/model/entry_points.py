@@ -11,6 +11,10 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import FUNCTIONS, is_docstring
 
 
+# DDP116's words for a module that does not run, wherever a migration is refused for it
+LIBRARY_MODULE = "library module (no `if __name__ == \"__main__\":` and no module-level code that runs)"
+
+
 def has_entry_point(m: SemanticModel) -> bool:
     """The module runs something when executed: a main guard, or module-level statements
     other than imports, definitions, assignments of plain values and docstrings."""

@@ -150,11 +150,11 @@ def before_every_wrap(m: SemanticModel, node: ast.AST, wraps) -> bool:
     return not any(m.contains(loop, w.call) and m.contains(loop, node) for w in mine for loop in m.enclosing_loops(node))
 
 
-def no_training_message(why: str = "") -> str:
+def no_training_message(why: str = "", own_step: bool = True) -> str:
     """DDP115's line for an inference-only script that cannot be shared out: ``why`` says
-    where."""
+    where (``own_step=False``: ``why`` says already that nothing trains, through the project)."""
     return (
-        "no training step in this file (no .backward(), no optimizer.step()), and " + (why or
+        ("no training step in this file (no .backward(), no optimizer.step()), and " if own_step else "") + (why or
         "no loop over an evaluation DataLoader of the script to share out") + ": under DDP every rank would repeat "
         "the whole inference, which DataParallel split between the GPUs of one process; keep DataParallel here, "
         "or make the evaluation a loop whose results are sums or lists it appends to"

@@ -38,8 +38,8 @@ _NO_PARAMETERS = frozenset(
     + [f"{p}{d}" for p in ("MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "LPPool", "FractionalMaxPool")
        for d in ("1d", "2d", "3d")]
 )
-# calls that return the module they are called on
-_SAME_MODULE = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "type"})
+# calls that return the module they are called on (``model.cuda()``, ``.to(device)``, ``.eval()``)
+SAME_MODULE = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "type"})
 
 
 def without_parameters(m: SemanticModel, expr: ast.AST) -> bool:
@@ -57,7 +57,7 @@ def without_parameters(m: SemanticModel, expr: ast.AST) -> bool:
         if id(e) in seen:
             return True  # ``crit = DP(crit)``: the wrap's own binding wraps what the others made
         seen.add(id(e))
-        while isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_MODULE:
+        while isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in SAME_MODULE:
             e = e.func.value
         if isinstance(e, ast.Call):
             names = m.qualified_names(e.func)

@@ -173,19 +173,28 @@ def _runs_with_the_others(reach) -> Optional[str]:
     return None
 
 
+def _reach_of(m: SemanticModel, call: ast.Call):
+    """What a call of a project function or class runs (:func:`reach_across`), once per call;
+    ``None`` where the call is not one dp2ddp can follow into the project."""
+    from dp2ddp.model.project_defs import project_def
+
+    memo = m.cache.setdefault("writers_setup:reach", {})
+    if id(call) not in memo:  # type: ignore[operator]
+        found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+        memo[id(call)] = reach_across(*found) if found is not None else None  # type: ignore[index]
+    return memo[id(call)]  # type: ignore[index]
+
+
 def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
     """Why rank 0 cannot run ``call`` while the other ranks wait at a barrier for it (it
     runs on rank 0 first, then on the others: a folder or a file it writes): what it runs
     trains, or reaches a collective or a DataParallel model (which becomes DDP, whose
     construction and forwards wait for every rank), or it is handed an object that may hold
     the model (a wrapper, ``self``); ``None`` where none of these holds."""
-    from dp2ddp.model.project_defs import project_def
-
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-    if found is None:
+    reach = _reach_of(m, call)
+    if reach is None:
         return "what it runs is not project code dp2ddp can read"
-    pm, node, rel = found
-    together = _runs_with_the_others(reach_across(pm, node, rel))
+    together = _runs_with_the_others(reach)
     if together is not None:
         return together
     receiver = [call.func.value] if isinstance(call.func, ast.Attribute) else []
@@ -214,13 +223,10 @@ def runs_a_handed_model(m: SemanticModel, call: ast.Call) -> bool:
     """What ``call`` runs calls a model it is handed (``net(x)`` where ``net`` is a parameter
     of that function, or a name bound from one: ``net = net.cuda().eval()``): a forward. A
     helper that only reads ``model.state_dict()`` runs no forward."""
-    from dp2ddp.model.project_defs import project_def
-
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-    if found is None:
+    reach = _reach_of(m, call)
+    if reach is None:
         return True  # not readable: assume it runs it
-    pm, node, rel = found
-    for _mod, fn, _path in reach_across(pm, node, rel):
+    for _mod, fn, _path in reach:
         args = getattr(fn, "args", None)
         if args is None:
             continue
@@ -239,13 +245,11 @@ def reads_the_wrapper(m: SemanticModel, call: ast.Call) -> Optional[str]:
     DistributedDataParallel. Handed the bare module instead of the wrapper, such code
     would fail; ``None`` where it reads neither."""
     from dp2ddp.model.names import DDP, DP
-    from dp2ddp.model.project_defs import project_def
 
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-    if found is None:
+    reach = _reach_of(m, call)
+    if reach is None:
         return "what it runs is not project code dp2ddp can read"
-    pm, node, rel = found
-    for mod, fn, path in reach_across(pm, node, rel):
+    for mod, fn, path in reach:
         for n in ast.walk(fn):
             if isinstance(n, ast.Attribute) and n.attr == "module" and isinstance(n.ctx, ast.Load):
                 return f"{path}:{n.lineno}"
