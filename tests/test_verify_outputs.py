@@ -506,6 +506,25 @@ def test_same_lines_of_other_lengths_are_equal_and_no_size_is_compared(tmp_path)
     assert rep["equal"] and rep["files"][0]["compared"] == "lines"
 
 
+@pytest.mark.parametrize(
+    "orig_text, mig_text, shown",
+    [
+        ("mse:0.53, mae:0.51\ndone\n", "mse:0.27, mae:0.40\ndone\n", "result.txt (lines; numbers differ on 1 of 2 lines)"),
+        ("mse:0.53\ndone\n", "mse:0.53\nfinished\n", "result.txt (lines; words differ on 1 of 2 lines)"),
+        ("mse:0.53\ndone\n", "mse:0.53\ndone\n", "result.txt (lines)"),
+    ],
+)
+def test_a_text_of_equal_length_says_how_many_of_its_lines_differ(tmp_path, orig_text, mig_text, shown):
+    """Autoformer's result.txt held other metrics in the migration, and the summary said
+    "equal": the line count was all it compared. The numbers are not judged (times and the
+    run's values), but the summary says they differ."""
+    o, m = _two_runs(tmp_path, lambda f: (f / "result.txt").write_text(orig_text),
+                     lambda f: (f / "result.txt").write_text(mig_text))
+    rep = _compare(o, m)
+    assert rep["equal"] and rep["differences"] == []
+    assert rep["summary"] == f"equal (1 file: {shown})"
+
+
 def test_files_are_classified_and_compared_by_kind(tmp_path):
     import struct as st
     import zlib
@@ -791,3 +810,60 @@ def test_momentum_buffers_are_judged_by_the_noise_of_summed_gradients(tmp_path, 
         assert "momentum_buffer" in d["message"] and "beyond float noise" in d["message"], d
     else:
         assert not problems, problems
+
+
+# --------------------------------------------------------------------------- NumPy's files
+
+
+def _npy(array, path: Path):
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, array)
+
+
+@pytest.mark.parametrize(
+    "orig_shape, mig_shape, status, problem",
+    [
+        ((100, 8), (100, 8), "equal", None),
+        ((100, 8), (100, 4), "differs", "shape"),  # features of another width
+        ((16, 3), (8, 3), "share", None),  # rank 0's half of a batch: a note, as for a saved tensor
+        ((100, 8), (40, 8), "differs", "shape"),  # not the world size's share
+    ],
+)
+def test_numpy_arrays_are_compared_by_shape_and_dtype(tmp_path, orig_shape, mig_shape, status, problem):
+    import numpy as np
+
+    o, m = _two_runs(tmp_path, lambda f: _npy(np.zeros(orig_shape, np.float32), f / "feats.npy"),
+                     lambda f: _npy(np.ones(mig_shape, np.float32), f / "feats.npy"))
+    rep = _compare(o, m)
+    (entry,) = rep["files"]
+    assert (entry["kind"], entry["status"]) == ("array", status)
+    assert [d["kind"] for d in rep["differences"]] == ([problem] if problem else [])
+    if problem:
+        assert f"{list(mig_shape)}" in rep["differences"][0]["message"]
+        assert "array file" in rep["differences"][0]["advice"]
+
+
+def test_numpy_dtype_and_npz_names_are_compared(tmp_path):
+    import numpy as np
+
+    def write(dtype, names):
+        def w(f):
+            _npy(np.zeros(4, dtype), f / "pred.npy")
+            np.savez(f / "all.npz", **{n: np.zeros(3) for n in names})
+        return w
+
+    o, m = _two_runs(tmp_path, write(np.float32, ["a", "b"]), write(np.float64, ["a"]))
+    rep = _compare(o, m)
+    kinds = {d["paths"][0]: d["kind"] for d in rep["differences"]}
+    assert kinds == {"pred.npy": "dtype", "all.npz": "keys"}
+    assert "float32 in the original, float64 in the migration" in next(
+        d["message"] for d in rep["differences"] if d["kind"] == "dtype")
+
+
+def test_a_file_named_npy_that_is_not_one_is_not_compared(tmp_path):
+    o, m = _two_runs(tmp_path, lambda f: (f / "x.npy").write_bytes(b"junk"), lambda f: (f / "x.npy").write_bytes(b"junk2"))
+    rep = _compare(o, m)
+    assert rep["files"][0]["status"] == "not compared"
+    assert any("unreadable NumPy header" in n for n in rep["notes"]), rep["notes"]

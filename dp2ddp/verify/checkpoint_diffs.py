@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from dp2ddp.verify.checkpoint_files import DDP_REF, compare_structure, decode, key_path, pickle_refs, safetensors_structure, strip_ansi
+from dp2ddp.verify.checkpoint_files import (DDP_REF, compare_structure, decode, key_path, numpy_structure, pickle_refs,
+                                            safetensors_structure, strip_ansi)
 from dp2ddp.verify.output_report import MAX_LISTED, Report
 from dp2ddp.verify.run_files import RunOutputs
 
@@ -111,13 +112,29 @@ def compare_checkpoints(rep: Report, entries: List[Dict[str, Any]], orig: RunOut
                     "against DataParallel's own split, run verify where the original wraps DataParallel (on GPUs)", line)
 
 
+def compare_arrays(rep: Report, entry: Dict[str, Any], shown: str, a: str, b: str, orig: RunOutputs, mig: RunOutputs,
+                   world: int, ranks) -> None:
+    """NumPy's files (``np.save``, ``np.savez``) by their headers: names, shapes and dtypes,
+    judged as a checkpoint's tensors are (an array that is a rank's share of a batch is a
+    note; features or predictions of a whole set that shrank are a problem)."""
+    sa, why_a = numpy_structure(orig.where[a])
+    sb, why_b = numpy_structure(mig.where[b])
+    if sa is None or sb is None:
+        entry["status"] = "not compared"
+        rep.not_compared.setdefault(why_a or why_b or "unreadable", []).append(shown)
+        return
+    entry["compared"] = "shapes and dtypes"
+    _structure_findings(rep, entry, shown, compare_structure(sa, sb), True, world, ranks, mig.sites.get(b),
+                        what_file="array file")
+
+
 def _error(r: Dict[str, Any], mode: Optional[str] = None) -> str:
     errors = r.get("errors") or {}
     text = errors.get(mode) if mode else (errors.get("full") or errors.get("default") or errors.get("loader"))
     return strip_ansi(text or "it fails to load")
 
 
-def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, line, readers=()) -> None:
+def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, line, readers=(), what_file="checkpoint") -> None:
     share = _batch_share(diffs, world)
     if share is not None:
         entry["status"] = "share"
@@ -130,7 +147,7 @@ def _structure_findings(rep, entry, shown, diffs, dp_in_original, world, ranks, 
         return
     for d in diffs:
         entry["status"] = "differs"
-        structure_difference(rep, shown, d, line, "checkpoint", dp_in_original, readers)
+        structure_difference(rep, shown, d, line, what_file, dp_in_original, readers)
 
 
 def _values(rep, entry, shown, fa, fb, fe, line, unjudged: Optional[str] = None) -> None:

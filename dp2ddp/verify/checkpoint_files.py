@@ -93,6 +93,47 @@ def safetensors_structure(path: Path) -> Tuple[Any, Optional[str]]:
         return None, f"unreadable safetensors header ({type(e).__name__})"
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_KINDS = {"f": "float", "i": "int", "u": "uint", "b": "bool", "c": "complex"}
+
+
+def _npy_header(fh) -> Spec:
+    """The shape and dtype a ``.npy`` stream's header declares (NumPy's format, versions 1
+    to 3), read without NumPy and without the data."""
+    import ast
+
+    if fh.read(6) != _NPY_MAGIC:
+        raise ValueError("not a .npy file")
+    major = fh.read(2)[0]
+    (n,) = struct.unpack("<H" if major == 1 else "<I", fh.read(2 if major == 1 else 4))
+    header = ast.literal_eval(fh.read(n).decode("latin1"))
+    descr = header["descr"]
+    if isinstance(descr, str) and len(descr) >= 3 and descr[1] in _NPY_KINDS and descr[2:].isdigit():
+        bits = int(descr[2:]) * 8
+        dtype = "bool" if descr[1] == "b" else f"{_NPY_KINDS[descr[1]]}{bits}"
+    else:
+        dtype = str(descr)  # a record, string or object dtype: compared as NumPy spells it
+    return Spec(tuple(int(d) for d in header["shape"]), dtype)
+
+
+def numpy_structure(path: Path) -> Tuple[Any, Optional[str]]:
+    """A ``.npy`` file's array, or a ``.npz`` file's arrays by name, as :class:`Spec`s
+    (shape and dtype from their headers; the data is not read)."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                found = {}
+                for name in z.namelist():
+                    if name.endswith(".npy"):
+                        with z.open(name) as fh:
+                            found[name[:-4]] = _npy_header(fh)
+                return found, None
+        with open(path, "rb") as fh:
+            return _npy_header(fh), None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, SyntaxError, struct.error, zipfile.BadZipFile) as e:
+        return None, f"unreadable NumPy header ({type(e).__name__})"
+
+
 def decode(node: Any) -> Any:
     """A structure from ckpt_load.py's JSON: dicts, lists, :class:`Spec` for tensors, a
     pickled module as its state_dict, and type names for other values."""

@@ -7,9 +7,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import struct
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from dp2ddp.verify.checkpoint_diffs import structure_difference
 from dp2ddp.verify.checkpoint_files import compare_structure, plain
@@ -21,6 +22,9 @@ def compare_text(rep, entry, shown, a, b, orig, mig, world) -> None:
     entry["compared"] = "lines"
     entry["original"]["lines"], entry["migrated"]["lines"] = lo, lm
     if lo == lm:
+        changed = changed_lines(orig.where[a], mig.where[b])
+        if changed:
+            entry["changed_lines"] = changed  # shown in the summary, not judged: times and the run's values
         return
     entry["status"] = "differs"
     line = mig.sites.get(b)
@@ -176,6 +180,34 @@ def grid_share(za: Tuple[int, int], zb: Tuple[int, int], batches: Sequence[int],
                 if xo == n:
                     break  # a larger nrow draws the same grid
     return None
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_TEXT_READ = 4 << 20
+
+
+def changed_lines(pa: Path, pb: Path) -> Optional[Dict[str, int]]:
+    """How many lines of two texts of the same length differ only in their numbers, and how
+    many in their words too (``{"numbers": n, "text": m}``), or None where none differs or
+    a file is too large to read whole. Not a finding: a log's numbers are times and the
+    run's values; the summary shows the count, so an "equal" text is not read as equal
+    numbers."""
+    try:
+        if pa.stat().st_size > _TEXT_READ or pb.stat().st_size > _TEXT_READ:
+            return None
+        la = pa.read_bytes().decode("utf-8", "replace").splitlines()
+        lb = pb.read_bytes().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    numbers = text = 0
+    for x, y in zip(la, lb):
+        if x == y:
+            continue
+        if _NUMBER.sub("0", x) == _NUMBER.sub("0", y):
+            numbers += 1
+        else:
+            text += 1
+    return {"numbers": numbers, "text": text} if numbers or text else None
 
 
 def line_count(path: Optional[Path]) -> Optional[int]:

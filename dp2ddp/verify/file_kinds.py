@@ -63,18 +63,23 @@ IMAGES = {".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff"}
 TEXTS = {".log", ".txt", ".out", ".err", ".md", ".yaml", ".yml", ".cfg", ".ini", ".jsonl", ".tsv"}
 
 
-KINDS = ("checkpoint", "text", "events", "image", "json", "csv", "other")
+KINDS = ("checkpoint", "array", "text", "events", "image", "json", "csv", "other")
+
+
+ARRAYS = {".npy", ".npz"}  # NumPy's np.save / np.savez
 
 
 def kind_of(path: Path) -> str:
     """What a file is, from its name and first bytes: ``checkpoint`` (torch.save's formats,
-    ``.safetensors``), ``events`` (TensorBoard), ``image``, ``json``, ``csv``, ``text`` or
-    ``other``."""
+    ``.safetensors``), ``array`` (NumPy's ``.npy``/``.npz``), ``events`` (TensorBoard),
+    ``image``, ``json``, ``csv``, ``text`` or ``other``."""
     if is_tensorboard(path.name):
         return "events"
     suffix = path.suffix.lower()
     if suffix == ".safetensors" or torch_format(path):
         return "checkpoint"
+    if suffix in ARRAYS:
+        return "array"
     if suffix in IMAGES:
         return "image"
     if suffix == ".json":

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from dp2ddp.verify.checkpoint_diffs import compare_checkpoints
+from dp2ddp.verify.checkpoint_diffs import compare_arrays, compare_checkpoints
 from dp2ddp.verify.checkpoint_files import load_checkpoints
 from dp2ddp.verify.file_diffs import compare_csv, compare_image, compare_json, compare_text, line_count
 from dp2ddp.verify.file_kinds import is_tensorboard, kind_of, pattern, pids_in_names
@@ -325,7 +325,9 @@ def _one(rep: Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOutp
     if kind == "checkpoint":
         entry["_a"], entry["_b"], entry["_ranks"] = a, b, ranks
         return entry
-    if kind == "text":
+    if kind == "array":
+        compare_arrays(rep, entry, shown, a, b, orig, mig, world, ranks)
+    elif kind == "text":
         compare_text(rep, entry, shown, a, b, orig, mig, world)
     elif kind == "json":
         compare_json(rep, entry, shown, a, b, orig, mig, world)
@@ -354,6 +356,11 @@ def summary_line(files: List[Dict[str, Any]], differences: List[Dict[str, Any]])
             return f["path"] + " (a rank's share of the batch: see notes)"
         if f["status"] == "not compared":
             return f["path"] + " (not compared)"
+        changed = f.get("changed_lines")
+        if changed:
+            n, total = changed["numbers"] + changed["text"], f["original"].get("lines")
+            what = "numbers" if not changed["text"] else "words"
+            return f"{f['path']} ({f['compared']}; {what} differ on {n} of {total} line{'s' if total != 1 else ''})"
         return f["path"] + (f" ({f['compared']})" if f.get("compared") else "")
 
     if not differences:
