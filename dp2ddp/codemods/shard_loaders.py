@@ -167,6 +167,7 @@ def propose(ctx: Context) -> List[Finding]:
         known |= {(id(r.call), p) for p in _returned_paths(m, r.call)}
     lost, named = _untraced_feeds(ctx, known)
     out.extend(lost)
+    out.extend(_pulled_batches(ctx))
     out.extend(_foreign_training(ctx))
     rebinds.extend(named)
     out.extend(_handed_trainers(ctx, {id(n) for n, _ in wrapped}, {t for _, ts in rebinds for t in ts}))
@@ -352,6 +353,31 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
                              f"(line {m.position(node)[0]}), which dp2ddp cannot trace to a DataLoader: every rank would train "
                              "on all of it; shard it by hand or build it with a DataLoader"))
     return out, rebinds
+
+
+def _pulled_batches(ctx: Context) -> List[Finding]:
+    """DDP105 for a training loop over a count whose batch comes from a call that is no
+    loader dp2ddp can shard (``sess.run(train_iter)``, ``get_batch()`` drawing positions at
+    random): under DDP every rank would pull a whole batch of its own."""
+    from dp2ddp.model.pulled_batches import pulled_batches
+
+    m = ctx.m
+    out: List[Finding] = []
+    for p in pulled_batches(m):
+        what = " ".join(m.source(p.source).split())
+        what = what if len(what) <= 60 else what[:57] + "..."
+        line = m.position(p.source)[0]
+        if p.how == "drawn":
+            how = (f"`{what}` (line {line}) draws its batch at random positions: every rank would draw the same positions "
+                   "(its random streams are rank 0's) and train on the whole batch, doing all the work DataParallel "
+                   "split; draw the positions once and take this rank's share of them by hand, or sample with a DataLoader")
+        else:
+            how = (f"`{what}` (line {line}) hands it a batch from something dp2ddp cannot shard: every rank would pull a "
+                   "whole batch of its own each step (the global batch times the world size, or the same batch on every "
+                   "rank doing all the work); make the batches with a DataLoader, or give each rank its share by hand")
+        out.append(ctx.block(p.source, "DDP105", f"the training loop at line {m.position(p.loop)[0]} takes its batch from no "
+                             f"DataLoader: {how}"))
+    return out
 
 
 def _imported_by_name(m, node: ast.AST) -> Optional[ast.Call]:

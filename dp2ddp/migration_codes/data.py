@@ -29,7 +29,11 @@ CODES: Tuple[MigrationCode, ...] = (
         "DDP105", "loader-not-sharded", "error",
         "a training loader that dp2ddp cannot shard between the ranks; the file is left unchanged",
         "Unsharded, every rank trains on the whole data set: the work is repeated, not split, and the effective batch "
-        "and learning-rate schedule change. dp2ddp refuses rather than write that migration.",
+        "and learning-rate schedule change. dp2ddp refuses rather than write that migration. The same holds for a "
+        "training loop over a count whose batch comes from no DataLoader: a call dp2ddp cannot read "
+        "(`sess.run(train_iter)` of a TensorFlow pipeline, another module's `fetch(it)`), or a function that draws "
+        "the batch's positions at random (`get_batch()` indexing a corpus at `torch.randint` positions): every rank "
+        "would pull a whole batch of its own.",
         "Shard it by hand: a loader with `batch_size=None` gets a `DistributedSampler`, or a `batch_size` (over an "
         "`IterableDataset`, `shard_loader` then splits every batch of the stream); an `IterableDataset`'s loader is "
         "migrated without `--keep-batch-size`; a loader returned inside a tuple kept whole is unpacked into names "
