@@ -424,7 +424,11 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
     m = ctx.m
     stmt = m.statement_of(w.call)
     whole = isinstance(stmt, ast.Expr) and stmt.value is w.call and ctx.bridge.alone_on_line(stmt)
-    if w.deeper and w.deletes is None and w.trains is None and not (w.only_writes and whole):
+    # a write further down, or a stateful call whose writes each replace a whole file
+    # (``early_stopping(val_loss, model, path)``: a counter every rank needs, a torch.save of the
+    # synchronised model): rank 0 first, then the others; the file is whole at every moment
+    later = w.deeper or (w.overwrites and whole and not w.only_writes)
+    if later and w.deletes is None and w.trains is None and not (w.only_writes and whole):
         if first:
             return []  # rank 0 runs it first for the folder it makes already: its writes too, one pair of barriers
         ahead = _write_first_on_rank_zero(ctx, w, stmt)
@@ -478,9 +482,14 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
     line = ctx.bridge.statement(stmt)
     before = ctx.barrier("others", comment=f"rank 0 runs {w.name} first (it writes {w.where})")
     after = ctx.barrier("rank0")
-    return ctx.note(w.call, "DDP132", f"{w.name} runs on rank 0 first, then on the other ranks ({w.where} writes a file "
-                    "further down, and every rank needs its result): the ranks never write it at once",
-                    [InsertBefore(line, (before,)), InsertAfter(line, (after,))])
+    # every rank goes on once the others have written too: rank 0 never reads the file (a
+    # checkpoint loaded after the loop) while another rank is still writing it
+    together = ctx.barrier(comment=f"every rank has run {w.name}")
+    further = " further down" if w.deeper else ""
+    return ctx.note(w.call, "DDP132", f"{w.name} runs on rank 0 first, then on the other ranks ({w.where} writes a file"
+                    f"{further}, and every rank needs its result), and every rank goes on when all have run it: the ranks "
+                    "never write it at once, and none reads it while another writes",
+                    [InsertBefore(line, (before,)), InsertAfter(line, (after, together))])
 
 
 def _what(w: Writer) -> str:

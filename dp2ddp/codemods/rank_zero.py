@@ -34,6 +34,7 @@ from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dp_idioms import is_elif
 from dp2ddp.model.names import DUMPS, PRINT
+from dp2ddp.model.rank_alike import per_process_path
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
 from dp2ddp.model.writers import console_helper, open_mode, writer_of, writers, writes_mode
@@ -157,6 +158,8 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
         if w is not None and w.kind in ("save", "copy", "logconfig", "remove"):
             if reaches_collective(m, call, dp=True):
                 return None
+            if per_process_path(m, w.path) is not None:
+                return None  # a temporary file of this process's own: every rank writes (and reads) its own
             return _Plan("save")
         if is_writer_use(ctx, stmt):
             if reaches_collective(m, call, dp=True):

@@ -44,7 +44,7 @@ from dp2ddp.model.batch_shapes import fixed_reshapes
 from dp2ddp.model.flow import origins
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
-from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls
+from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, subclass_calls, training_sites
 from dp2ddp.model.loaders import Loader, distributed_sampler, evaluated_apart, grouped_batches, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_main_test, kwarg, terminal
@@ -151,6 +151,10 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.block(r.call, "DDP105", r.lost))
             continue
         apart = evaluated_apart(m, r.call) if r.names or r.inline else None
+        sites = training_sites(m, r) if apart is not None and r.names else None
+        if sites:
+            rebinds.extend(sites)  # ``train_loader`` where ``_get_data(flag='train')`` binds it; the others stay whole
+            continue
         if apart is not None:
             out.append(ctx.block(r.call, "DDP105", (
                 f"the loader {m.source(r.call.func)}() returns is also the one the evaluation loop at line {apart.lineno} "

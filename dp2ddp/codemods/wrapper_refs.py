@@ -99,7 +99,25 @@ def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
         if wrapped is not None and wrapped != text:
             continue  # another model's wrap (netD's below netG's load_state_dict)
         if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
-            if not any(isinstance(a, LOOPS) and m.contains(a, s) for a in m.ancestors(node)):
+            loop = next((a for a in m.ancestors(node) if isinstance(a, LOOPS) and m.contains(a, s)), None)
+            if loop is None or _made_again_first(m, loop, node, text, s):
+                return True
+    return False
+
+
+def _made_again_first(m: SemanticModel, loop: ast.AST, node: ast.AST, text: str, wrap: ast.AST) -> bool:
+    """In every pass of ``loop``, ``text`` is bound afresh (not by the wrap) by a statement of
+    the loop's own body before the one that holds ``node``: ``for ind in inds: net = Net();
+    net.load_state_dict(...); net = DataParallel(net)`` loads into the bare model on every
+    pass, not into the previous pass's wrapper."""
+    for stmt in getattr(loop, "body", []):
+        if m.contains(stmt, node) or stmt is node:
+            return False
+        if stmt is wrap or m.contains(stmt, wrap):
+            continue
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if any(m.source(t) == text for t in targets):
                 return True
     return False
 

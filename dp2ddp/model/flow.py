@@ -38,7 +38,7 @@ Origin = Tuple[ast.AST, Tuple[object, ...]]
 WRAPPERS = {"enumerate", "tqdm", "iter", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar",
             "ProgressBar", "IncrementalBar", "list", "tuple", "sorted", "reversed"}
 # iterator wrappers whose elements come from every argument
-ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
+ALL_ARGS = frozenset({"zip", "chain", "product", "zip_longest", "izip", "izip_longest"})
 MAX_DEPTH = 12
 
 

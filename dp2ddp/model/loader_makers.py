@@ -246,3 +246,49 @@ def _bound_batch(call: ast.Call, pm: SemanticModel, func: ast.AST, trained: list
             return None
         values.add(arg)
     return values.pop() if len(values) == 1 else None
+
+
+def training_sites(m: SemanticModel, r: Returned) -> Optional[List[Tuple[ast.stmt, List[str]]]]:
+    """Where to shard the training loaders of ``r`` when its call also makes evaluation
+    loaders (:func:`dp2ddp.model.loaders.evaluated_apart`): the call sits in a function of
+    this module (Autoformer's ``_get_data(flag)`` around ``data_provider(self.args, flag)``),
+    and each training loop's loader is bound by a call of that function of its own
+    (``train_data, train_loader = self._get_data(flag='train')``), apart from the calls that
+    bind the evaluation loaders (``flag='val'``, ``flag='test'``). Sharded after those
+    statements, the training loaders are sharded and the others stay whole. ``[(statement,
+    [name])]``, or ``None`` where a training loop's loader is not bound so, or where every
+    call of the function binds a training loader (nothing is evaluation apart)."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.training import NOT_DATA, fed_values
+
+    func = m.enclosing_function(r.call)
+    if func is None:
+        return None
+    sites: Dict[int, Tuple[ast.stmt, List[str]]] = {}
+    for value, _loop in fed_values(m):
+        if isinstance(value, ast.Call) and terminal(value.func) in NOT_DATA:
+            continue
+        if not any(node is r.call for node, _ in origins(m, value)):
+            continue  # another loader: not this call's
+        if not isinstance(value, ast.Name):
+            return None
+        _, bindings = m.lookup(value.id, m.scope_of(value))
+        stmts = [b.node if isinstance(b.node, ast.stmt) else m.statement_of(b.node) for b in bindings]
+        if len(stmts) != 1 or not isinstance(stmts[0], ast.Assign) or len(stmts[0].targets) != 1:
+            return None
+        stmt = stmts[0]
+        call = stmt.value
+        if not (isinstance(call, ast.Call) and m.resolve_call(call) is func):
+            return None  # bound some other way: the loader is not this call's alone
+        target = stmt.targets[0]
+        names = [target] if isinstance(target, ast.Name) else list(getattr(target, "elts", []))
+        if not any(isinstance(n, ast.Name) and n.id == value.id for n in names):
+            return None
+        sites.setdefault(id(stmt), (stmt, []))
+        if value.id not in sites[id(stmt)][1]:
+            sites[id(stmt)][1].append(value.id)
+    if not sites:
+        return None
+    site_calls = {id(s.value) for s, _ in sites.values()}
+    others = [c for c in m.nodes(ast.Call) if m.resolve_call(c) is func and id(c) not in site_calls]
+    return list(sites.values()) if others else None

@@ -37,7 +37,7 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
                 if (isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name
                         and any(isinstance(d, ast.Name) and d.id == "classmethod" for d in stmt.decorator_list)):
                     return got[0], stmt, got[2]
-    return _instance_method(m, func)
+    return _instance_method(m, func) or _instance_call(m, func)
 
 
 _ACTIVE: set = set()  # instance methods being resolved (``x = x.method()`` must not recurse)
@@ -69,6 +69,32 @@ def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["Seman
             return None
         pm, cls, rel = found
         method = method_of(pm, cls, func.attr, 0)
+        return (pm, method, rel) if method is not None else None
+    finally:
+        _ACTIVE.discard(id(func))
+
+
+def _instance_call(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """``early_stopping(val_loss, model, path)`` where ``early_stopping`` holds an object of
+    one project class (``EarlyStopping(patience=7)``) that defines ``__call__`` (its own or a
+    base class's in the same module): that method. A model class (``forward``, with
+    ``nn.Module``'s ``__call__``) is not one."""
+    from dp2ddp.model.flow import origins
+
+    if not isinstance(func, (ast.Name, ast.Attribute)) or id(func) in _ACTIVE:
+        return None
+    _ACTIVE.add(id(func))
+    try:
+        found = None
+        for node, path in origins(m, func):
+            got = class_of_call(m, node) if not path else None
+            if got is None or not got[2] or (found is not None and found[1] is not got[1]):
+                return None  # a value of unknown make, the script's own class, or two classes
+            found = got
+        if found is None:
+            return None
+        pm, cls, rel = found
+        method = method_of(pm, cls, "__call__", 0)
         return (pm, method, rel) if method is not None else None
     finally:
         _ACTIVE.discard(id(func))

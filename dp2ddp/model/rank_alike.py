@@ -177,3 +177,32 @@ def _default(func: ast.AST, name: str) -> Optional[ast.AST]:
         if p.arg == name:
             return d
     return None
+
+
+# calls that make a name of their own in every process that runs them
+PER_PROCESS_PATHS = frozenset({
+    "tempfile.mkdtemp", "tempfile.mkstemp", "tempfile.mktemp", "tempfile.NamedTemporaryFile",
+    "tempfile.TemporaryDirectory", "tempfile.TemporaryFile", "tempfile.SpooledTemporaryFile",
+})
+
+
+def per_process_path(m: SemanticModel, expr: Optional[ast.AST], depth: int = 0) -> Optional[ast.Call]:
+    """The call that makes ``expr`` (a path) a name of this process's own: a temporary folder
+    or file (``os.path.join(tempfile.mkdtemp(), "w.pt")``, through names, ``.name``, joins and
+    f-strings). Each rank then writes and reads a file of its own, which no other rank sees:
+    such a write cannot move to rank 0 alone."""
+    from dp2ddp.model.flow import origins
+
+    if expr is None or depth > 6:
+        return None
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and m.qualified_names(n.func) & PER_PROCESS_PATHS:
+            return n
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            for node, _ in origins(m, n):
+                if node is n:
+                    continue
+                got = per_process_path(m, node, depth + 1)
+                if got is not None:
+                    return got
+    return None

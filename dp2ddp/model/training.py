@@ -23,8 +23,8 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.project_defs import project_def
 from dp2ddp.model.syntax import terminal
 
-# iterator wrappers whose arguments are all iterated
-ALL_ARGS = {"zip", "chain", "product", "zip_longest", "izip"}
+from dp2ddp.model.flow import ALL_ARGS  # iterator wrappers whose arguments are all iterated
+
 # iterator wrappers that iterate their first argument
 FIRST_ARG = {"enumerate", "tqdm", "iter", "progress_bar", "track", "cycle", "islice", "prefetch", "Bar", "ProgressBar", "IncrementalBar"}
 
@@ -97,8 +97,9 @@ def iterated(expr: ast.AST) -> Iterator[ast.AST]:
         name = terminal(expr.func)
         if name in ALL_ARGS:
             for a in expr.args:
-                if not isinstance(a, ast.Starred):
-                    yield from iterated(a)
+                # ``zip(*iterators)``: each element of the container is iterated; the container
+                # stands for them (its origins are what made them, or what no loader made)
+                yield from iterated(a.value if isinstance(a, ast.Starred) else a)
             return
         if name in FIRST_ARG and not isinstance(expr.args[0], ast.Starred):
             yield from iterated(expr.args[0])
@@ -108,7 +109,7 @@ def iterated(expr: ast.AST) -> Iterator[ast.AST]:
 
 # what a training loop may iterate besides data: epochs and index ranges (hand batching is
 # another transform's business), numbers, literals
-NOT_DATA = frozenset({"range", "trange", "len", "count", "repeat", "int", "float"})
+NOT_DATA = frozenset({"range", "xrange", "trange", "len", "count", "repeat", "int", "float"})
 
 
 def training_loops(m: SemanticModel) -> List[ast.AST]:

@@ -190,7 +190,8 @@ def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
     runs on rank 0 first, then on the others: a folder or a file it writes): what it runs
     trains, or reaches a collective or a DataParallel model (which becomes DDP, whose
     construction and forwards wait for every rank), or it is handed an object that may hold
-    the model (a wrapper, ``self``); ``None`` where none of these holds."""
+    the model (``self``), or the model, and runs it (:func:`runs_a_handed_model`); ``None``
+    where none of these holds."""
     reach = _reach_of(m, call)
     if reach is None:
         return "what it runs is not project code dp2ddp can read"
@@ -203,9 +204,9 @@ def joins_the_others(m: SemanticModel, call: ast.Call) -> Optional[str]:
         if isinstance(a, ast.Name) and a.id == "self":
             return f"it is handed `{m.source(a)}`, which may hold the model (a DDP forward waits for every rank)"
     handed = handed_models(m, call)
-    if handed:
-        return f"it is handed `{m.source(handed[0])}`, the model (a DDP forward waits for every rank)"
-    return None
+    if handed and runs_a_handed_model(m, call):
+        return f"it is handed `{m.source(handed[0])}`, the model, and runs it (a DDP forward waits for every rank)"
+    return None  # handed the model only to read it (``torch.save(model.state_dict(), path)``): no collective
 
 
 def handed_models(m: SemanticModel, call: ast.Call) -> List[ast.AST]:
