@@ -67,6 +67,7 @@ class Context:
         self._fresh: set = set()
         self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
         self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
+        self._saves_on_rank_zero: Optional[str] = None  # the name of the helper saves_on_rank_zero() writes
         self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
         self._wrap_alone: Optional[str] = None  # the name of the function wrap_alone() writes
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
@@ -336,6 +337,15 @@ class Context:
             self._load_either = self.fresh_name("load_either_keys")
             self.define_after_imports("load_either_keys.py.tmpl", helper=self._load_either, torch=self.name("torch"))
         return self._load_either
+
+    def saves_on_rank_zero(self) -> str:
+        """The name of ``saves_on_rank_zero(function)``, written once into the module: the
+        function run on every rank, its ``torch.save`` calls writing only on rank 0."""
+        if self._saves_on_rank_zero is None:
+            self._saves_on_rank_zero = self.fresh_name("saves_on_rank_zero")
+            self.define_after_imports("saves_on_rank_zero.py.tmpl", helper=self._saves_on_rank_zero,
+                                      torch=self.name("torch"), dist=self.name("dist"))
+        return self._saves_on_rank_zero
 
     def writes_nothing(self) -> str:
         """The name of a class, written once into the module, whose objects stand in for a

@@ -350,12 +350,17 @@ _ALIKE_CALLS = frozenset({"sorted", "list", "tuple", "enumerate", "len", "revers
 _ALIKE_METHODS = frozenset({"items", "keys", "values", "get"})
 
 
-def _same_passes(m: SemanticModel, stmt: ast.stmt) -> bool:
+def _same_passes(m: SemanticModel, stmt: ast.stmt, training: bool = False) -> bool:
     """Every rank runs ``stmt`` the same number of times: each loop around it (in its
     function) iterates a value that is the same on every rank, and each ``if`` around it
     tests one (``for phase, o in sorted(opt["datasets"].items()): if phase == "train":``,
     ``opt`` from a set-up call every rank gets from rank 0). A barrier before and after it
-    then pairs up across the ranks on every pass."""
+    then pairs up across the ranks on every pass. With ``training``, a loop whose every pass
+    trains counts as alike too: DDP's collectives in it already need every rank to take its
+    passes together (an epoch loop that breaks on an early stop), and a barrier there pairs
+    up as surely as they do."""
+    from dp2ddp.model.training import trains
+
     func = m.enclosing_function(stmt)
     targets: Set[str] = set()
     around = []
@@ -364,6 +369,10 @@ def _same_passes(m: SemanticModel, stmt: ast.stmt) -> bool:
             break
         around.append(a)
     for a in reversed(around):  # outermost first: a loop's targets are alike inside it
+        if training and isinstance(a, (ast.For, ast.While)) and not a.orelse and any(trains(m, s) for s in a.body):
+            if isinstance(a, ast.For):
+                targets |= {n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)}
+            continue
         if isinstance(a, (ast.While, ast.AsyncFor)):
             return False
         if isinstance(a, ast.For):
@@ -424,11 +433,19 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
     m = ctx.m
     stmt = m.statement_of(w.call)
     whole = isinstance(stmt, ast.Expr) and stmt.value is w.call and ctx.bridge.alone_on_line(stmt)
-    # a write further down, or a stateful call whose writes each replace a whole file
-    # (``early_stopping(val_loss, model, path)``: a counter every rank needs, a torch.save of the
-    # synchronised model): rank 0 first, then the others; the file is whole at every moment
-    later = w.deeper or (w.overwrites and whole and not w.only_writes)
-    if later and w.deletes is None and w.trains is None and not (w.only_writes and whole):
+    if (w.torch_saves and whole and not w.only_writes and w.deletes is None and w.trains is None
+            and isinstance(w.call.func, (ast.Name, ast.Attribute))):
+        # ``early_stopping(val_loss, model, path)``: a counter every rank needs, and a torch.save
+        # of the synchronised model: every rank runs it, only rank 0's torch.save writes
+        # (then every rank waits for rank 0's file: whoever loads it later finds it whole)
+        if _same_passes(ctx.m, stmt, training=True):
+            helper = ctx.saves_on_rank_zero()
+            edits = [Replace(ctx.cst(w.call.func), lambda u, helper=helper: ctx.expr(f"{helper}({{f}})", f=u)),
+                     InsertAfter(ctx.bridge.statement(stmt), (ctx.barrier(comment=f"every rank waits for rank 0's torch.save ({w.where})"),))]
+            return [ctx.note(w.call, "DDP132", f"{w.name} runs on every rank (it keeps state every rank needs), its "
+                             f"torch.save ({w.where}) writing on rank 0 only ({helper}), and every rank waits for that file",
+                             edits)]
+    if w.deeper and w.deletes is None and w.trains is None and not (w.only_writes and whole):
         if first:
             return []  # rank 0 runs it first for the folder it makes already: its writes too, one pair of barriers
         ahead = _write_first_on_rank_zero(ctx, w, stmt)

@@ -180,7 +180,7 @@ class CompanionRace:
     module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
     trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
     deeper: bool = False  # companion writes: the write is in a function the call reaches, not its own
-    overwrites: bool = False  # companion writes: its every write replaces a whole file (see overwrites_in)
+    torch_saves: bool = False  # companion writes: its every write is a ``torch.save`` (see torch_saves_only)
     # training classes (:func:`training_class_saves`) only:
     leaves_early: Optional[str] = None  # ``base/base_trainer.py:97``: its epoch loop breaks on a test not shown alike
     shared_attrs: frozenset = frozenset()  # ``self.`` attributes the family's classes in other modules read
@@ -361,31 +361,28 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         gone = removes_in(pm, func)
         out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None,
                                  writes_only(pm, func) and trains is None and not deeper, module=pm.path, trains=trains,
-                                 deeper=deeper, overwrites=not deeper and overwrites_in(pm, func)))
+                                 deeper=deeper, torch_saves=_torch_saves_only(reached)))
     m.cache["companion_writes"] = out
     return out
 
 
-def overwrites_in(pm: SemanticModel, func: ast.AST) -> bool:
-    """Every file ``func`` itself writes it replaces whole: ``torch.save``, ``np.save``, a
-    copy, ``open(path, "w")`` — no append, no log file, no event file, no folder made, nothing
-    removed. Run by one rank after another, such a call leaves the last rank's file, whole
-    (an append would leave every rank's lines)."""
+def _torch_saves_only(reached) -> bool:
+    """Every file the functions a call runs (``reached``: ``(module model, function, path)``,
+    :func:`reach_across`) write they write with ``torch.save``, looked up on the ``torch``
+    module when called (``torch.save(model.state_dict(), path)``, not a ``save`` imported by
+    name): on the ranks that must not write, that attribute can be made to write nothing
+    while the call runs. Nothing else written, no folder made, nothing removed."""
     found = False
-    for w in writers(pm):
-        if not pm.contains(func, w.call):
-            continue
-        if w.kind in ("save", "copy"):
-            found = True
-            continue
-        if w.kind == "open":
-            mode = open_mode(w.call)
-            if mode is not None and mode.startswith("w"):
+    for pm, func, _path in reached:
+        for w in writers(pm):
+            if not pm.contains(func, w.call) or w.kind in ("print", "tqdm"):
+                continue
+            f = w.call.func
+            if (w.kind == "save" and isinstance(f, ast.Attribute) and f.attr == "save" and isinstance(f.value, ast.Name)
+                    and pm.qualified_names(f.value) == {"torch"}):
                 found = True
                 continue
-        if w.kind in ("print", "tqdm"):
-            continue
-        return False
+            return False
     return found
 
 
