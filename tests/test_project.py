@@ -849,15 +849,21 @@ def test_a_project_evaluation_that_writes_a_plot_two_modules_down_runs_on_rank_0
     err = capsys.readouterr().err
     assert "DDP110 evaluate writes a file (plots.py:6) on every rank, and dp2ddp cannot run it on rank 0 alone: its result is used" in err, err
     assert not (d / "train_ddp.py").exists()
-    # handed the model, rank 0 cannot run it while the others wait: a DDP forward in it would
-    # wait for them (a hang); refused too
+    # handed the model and running it, rank 0 cannot run it while the others wait: a DDP
+    # forward in it would wait for them (a hang); refused too
     (d / "train.py").write_text(train.replace("evaluate(losses, plot_file=", "evaluate(losses, model, plot_file="))
-    (d / "metrics.py").write_text((d / "metrics.py").read_text().replace("def evaluate(values, plot_file=None):",
-                                                                          "def evaluate(values, net, plot_file=None):"))
+    plain_metrics = (d / "metrics.py").read_text()
+    (d / "metrics.py").write_text(plain_metrics.replace(
+        "def evaluate(values, plot_file=None):\n", "def evaluate(values, net, plot_file=None):\n    values = net(values)\n"))
     assert main(["rewrite", str(d / "train.py")]) == 1
     err = capsys.readouterr().err
     assert "DDP110 evaluate writes a file (plots.py:6) on every rank" in err, err
     assert not (d / "train_ddp.py").exists()
+    # handed the model only to read it (no forward: no collective), it runs on rank 0 first as before
+    (d / "metrics.py").write_text(plain_metrics.replace(
+        "def evaluate(values, plot_file=None):\n", "def evaluate(values, net, plot_file=None):\n    sizes = net.state_dict()\n"))
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    assert "dist.barrier()  # rank 0 runs evaluate first (it writes plots.py:6)" in (d / "train_ddp.py").read_text()
 
 
 def test_the_evaluation_loader_a_project_maker_returns_stays_whole(tmp_path: Path) -> None:
@@ -958,13 +964,25 @@ def _informer_project(d: Path, handed_on: bool = False) -> None:
     (d / "run.py").write_text(f"from exp import Exp\n\nif __name__ == '__main__':\n    {call}\n")
 
 
-def test_a_loader_function_that_serves_training_and_evaluation_is_refused_as_a_project(tmp_path: Path, capsys) -> None:
+def test_a_loader_function_that_serves_training_and_evaluation_is_sharded_where_training_binds_it(tmp_path: Path, capsys) -> None:
     """Sharding the loader ``data_provider()`` returns inside ``_get_data(flag)`` would shard
-    the validation too (each rank's own loss, and an early stop that differs between the ranks):
-    the project migration is refused (DDP105) at that call, nothing written."""
+    the validation too (each rank's own loss, and an early stop that differs between the
+    ranks). The training loop's loader is bound by a call of its own,
+    ``self._get_data(flag='train')``: it is sharded after that statement, and the validation
+    loader (``flag='val'``) stays whole. Where the validation loop reads the training call's
+    loader under another name, the project migration is refused (DDP105) at the maker's call,
+    nothing written."""
     d = tmp_path / "proj"
     _informer_project(d)
     out = tmp_path / "out"
+    assert main(["rewrite", str(d / "run.py"), "--with-helpers", "-o", str(out)]) == 0
+    exp = (out / "exp.py").read_text()
+    assert ("        _, train_loader = self._get_data(flag='train')\n        train_loader = shard_loader(train_loader)\n"
+            "        _, vali_loader = self._get_data(flag='val')\n") in exp, exp
+    assert "data_loader = shard_loader(" not in exp
+    shutil.rmtree(out)
+    (d / "exp.py").write_text((d / "exp.py").read_text().replace(
+        "        _, vali_loader = self._get_data(flag='val')\n", "        vali_loader = train_loader\n"))
     assert main(["rewrite", str(d / "run.py"), "--with-helpers", "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert "exp.py:11:33: DDP105 the loader data_provider() returns is also the one the evaluation loop at line 18 iterates" in err, err

@@ -149,6 +149,26 @@ def test_padding_is_reported_not_blamed_and_more_is_duplicated_work(site):
                                          "epoch 0 (11% of the work is duplicated; equal shares need at most 1 repeats)")
 
 
+def test_repeats_the_originals_own_sampler_makes_are_not_duplicated_work(site):
+    """A class-balanced batch sampler draws with replacement: the original serves samples
+    again by itself, and a sharding of its batches repeats them as it does (audioset's
+    BalancedTrainSampler); more repeats than the original's are still duplicated work."""
+    import random
+
+    rng = random.Random(7)
+    drawn = [[rng.randrange(300) for _ in range(N)] for _ in range(2)]  # with replacement
+    orig = _run("original", [[_pass(1, e, drawn[e], site, kind="BatchSampler") for e in range(2)]])
+    mig = _run("migrated", [[_pass(100 + r, e, drawn[e][r::2], site) for e in range(2)] for r in range(2)],
+               root=Path(site[0]).parent)
+    out = partition.analyze(orig, mig, 2)
+    assert out["problems"] == []
+    assert "as the original's own sampler serves them" in out["notes"][0]
+    twice = _run("migrated", [[_pass(100 + r, e, drawn[e] if r == 0 else drawn[e][1::2], site) for e in range(2)]
+                              for r in range(2)], root=Path(site[0]).parent)
+    out = partition.analyze(orig, twice, 2)
+    assert any("were served more than once" in p for p in out["problems"]), out["problems"]
+
+
 def test_one_epoch_seen_is_said(site):
     out = partition.analyze(_original(site, 1), _sharded([0], site), 2)
     assert out["problems"] == []

@@ -51,6 +51,10 @@ Value = Union[str, ast.AST, cst.CSTNode]
 # ``ddp_call(..., find_unused=EVERY_PARAMETER)``: parameters frozen when the wrapper is built are
 # unfrozen later (dp2ddp.codemods.find_unused): the wrapper must register them too
 EVERY_PARAMETER = "every-parameter"
+# ``ddp_call(..., find_unused=FROZEN_AT_WRAP)``: as EVERY_PARAMETER, with
+# ``find_unused_parameters=True`` only where parameters are frozen when it runs (a model of
+# code dp2ddp cannot read, which may unfreeze them later)
+FROZEN_AT_WRAP = "frozen-at-wrap"
 F = TypeVar("F")
 
 
@@ -66,6 +70,7 @@ class Context:
         self._added: Set[str] = set()  # names whose import this migration adds (at the top)
         self._fresh: set = set()
         self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
+        self._frozen_too: Optional[str] = None  # the name of the helper ddp_call writes for FROZEN_AT_WRAP
         self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
         self._saves_on_rank_zero: Optional[str] = None  # the name of the helper saves_on_rank_zero() writes
         self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
@@ -303,7 +308,7 @@ class Context:
         ``SyncBatchNorm`` (CUDA only, as torch's SyncBatchNorm; only one branch runs, so the
         module expression is evaluated once)."""
         torch = self.name("torch")
-        extra = ", find_unused_parameters=True" if find_unused else ""
+        extra = ", find_unused_parameters=True" if find_unused and find_unused != FROZEN_AT_WRAP else ""
         if self.role != "helper" and inference_only(self.m):
             # a script that only evaluates: nothing to synchronise after the weights (and
             # buffers) are broadcast at construction; without it the first forward would
@@ -319,6 +324,12 @@ class Context:
             if helper is None:
                 helper = self._every_parameter = self.fresh_name("wrap_every_parameter")
                 self.define_after_imports("wrap_every_parameter.py.tmpl", helper=helper)
+            wrapper, inner = helper, f"{wrapper}, {inner}"
+        elif find_unused == FROZEN_AT_WRAP:
+            helper = self._frozen_too
+            if helper is None:
+                helper = self._frozen_too = self.fresh_name("wrap_frozen_too")
+                self.define_after_imports("wrap_frozen_too.py.tmpl", helper=helper)
             wrapper, inner = helper, f"{wrapper}, {inner}"
         call = (
             f"{wrapper}({inner}, device_ids=[{torch}.cuda.current_device()] "

@@ -14,12 +14,12 @@ import ast
 import os
 from typing import List, Optional, Union
 
-from dp2ddp.codemods.context import EVERY_PARAMETER, Context
+from dp2ddp.codemods.context import EVERY_PARAMETER, FROZEN_AT_WRAP, Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_tensor
 from dp2ddp.model.syntax import LOOPS
-from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true
+from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true, unfrozen_in_project, unread_model_class
 from dp2ddp.model.wraps import Wrap
 
 
@@ -63,7 +63,23 @@ def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) ->
     m = ctx.m
     changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
     if not changes:
-        return False
+        where = unfrozen_in_project(m)
+        if where is None:
+            unread = next((u for u in (unread_model_class(m, w.module) for w in wraps) if u is not None), None)
+            if unread is None:
+                return False
+            out.append(ctx.note(wraps[0].call, "DDP112", (
+                f"the model is made by {unread}, a module dp2ddp cannot read, whose code may freeze parameters and "
+                "unfreeze them during training: the DistributedDataParallel wrapper is built over every parameter, and "
+                "where some are frozen when it is built, with find_unused_parameters=True (decided when it runs), so "
+                "their gradients are averaged once they train")))
+            return FROZEN_AT_WRAP
+        out.append(ctx.note(wraps[0].call, "DDP112", (
+            f"the project's model code unfreezes parameters during training ({where}: `requires_grad = True` over "
+            "`.parameters()` outside `__init__`): the DistributedDataParallel wrapper is built over every parameter (the "
+            "frozen ones unfrozen while it is built, then frozen again), with find_unused_parameters=True, so their "
+            "gradients are averaged once they train")))
+        return EVERY_PARAMETER
     after = []
     before_false = []
     for c in changes:

@@ -308,6 +308,37 @@ def _in_place(ctx: Context, w: Wrap, inner_text: str, find_unused: bool, what: s
                      [Replace(ctx.cst(w.outer), ctx.expr(ctx.ddp_call(module_text, find_unused, _cls(w), w.sync_bn)))])]
 
 
+def _rewrapped_later(m: SemanticModel, w: Wrap) -> Optional[ast.stmt]:
+    """Where an unconditional wrap goes when the same name is wrapped again under a later
+    condition (SiamMask: ``dist_model = DataParallel(model)``, then ``if args.resume: model =
+    restore_from(...); dist_model = DataParallel(model)``): the conditional wrap moves below
+    its ``if`` so that every rank wraps, and this one, moved there too, becomes the same one
+    wrap (not a DDP of a DDP on the path that skips the ``if``). ``None`` where there is no
+    such later wrap, or the name is read between the two (it must be the wrapper there)."""
+    from dp2ddp.model.placement import absorb_placement
+    from dp2ddp.model.wraps import dp_wraps
+
+    if w.target is None or w.stmt is None:
+        return None
+    text = m.source(w.target)
+    func = m.enclosing_function(w.stmt)
+    for later in dp_wraps(m):
+        if (later is w or not later.conditions or later.target is None or m.source(later.target) != text
+                or m.enclosing_function(later.stmt) is not func):
+            continue
+        guard = later.conditions[-1]
+        if (guard.lineno, guard.col_offset) <= (w.stmt.lineno, w.stmt.col_offset) or m.contains(guard, w.stmt):
+            continue
+        if m.parent(guard) is not m.parent(w.stmt):
+            continue  # not in the same block: the paths between cannot be read as one
+        between = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == text.split(".")[0]
+                   and isinstance(n.ctx, ast.Load) and (w.stmt.end_lineno or 0) < n.lineno < guard.lineno]
+        if between:
+            return None
+        return absorb_placement(m, guard, later.target, later.module)
+    return None
+
+
 def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding]:
     m = ctx.m
     call, stmt, target = w.call, w.stmt, w.target
@@ -334,7 +365,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if not w.conditions and partial_root is None:
         early = None
         if target is not None:
-            anchor = absorb_placement(m, stmt, target, w.module)
+            anchor = _rewrapped_later(m, w) or absorb_placement(m, stmt, target, w.module)
             early = late_cuda(m, anchor, target, w.module, everywhere=True)
             late = placed_late(ctx, w, anchor, target) if early is None else None
             if late is not None:

@@ -51,7 +51,27 @@ def problems(ctx: Context) -> List[Finding]:
     out.extend(_data_parallel_attributes(ctx))
     out.extend(_dtype_after_wrap(ctx))
     out.extend(_second_order(ctx))
+    out.extend(_step_decided_by_the_loss(ctx))
     return out
+
+
+def _step_decided_by_the_loss(ctx: Context) -> List[Finding]:
+    """DDP180: an optimizer step under a test of the loss (``if is_valid_number(loss.item()):
+    optimizer.step()``). Under DDP each rank tests the loss of its own share: one may step
+    where another skips, and the replicas part for good."""
+    from dp2ddp.model.steps import loss_decided_steps
+
+    m = ctx.m
+    if not dp_wraps(m):
+        return []
+    return [ctx.block(step, "DDP180", (
+        f"`{m.source(step)}` runs only if `{' '.join(m.source(test.test).split())[:60]}` (line {test.lineno}), a test of "
+        + (f"`{m.source(read)}`, the loss" if m.source(read) == m.source(loss) else
+           f"`{m.source(read)}`, computed from the loss `{m.source(loss)}`")
+        + ": under DDP each rank tests the loss of its own share of the batch, so one rank may "
+        "step where another skips and the replicas part for good; test a value every rank agrees on (the loss "
+        "all-reduced, as the original's one process saw it), then migrate"))
+        for step, test, read, loss in loss_decided_steps(m)]
 
 
 def _second_order(ctx: Context) -> List[Finding]:

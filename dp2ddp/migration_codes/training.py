@@ -26,6 +26,23 @@ CODES: Tuple[MigrationCode, ...] = (
         "loss = model(torch.randn(8, 4)).pow(2).mean()\nloss.backward(create_graph=True)\nopt.step()\n",
     ),
     MigrationCode(
+        "DDP180", "step-decided-by-the-loss", "error",
+        "an optimizer step that runs only when a test of the loss passes; the file is left unchanged",
+        "Trainers skip a step whose loss is not a finite number or too large (`if is_valid_number(loss.item()): "
+        "optimizer.step()`). Under DataParallel the one process tested the loss of the whole batch. Under DDP each rank "
+        "holds the loss of its own share: one rank may step where another skips, and from then on the replicas hold "
+        "different parameters, which DDP never brings back together (it averages gradients, not parameters). A NaN on "
+        "one rank also reaches the others through the averaged gradients.",
+        "Test a value every rank agrees on: all-reduce the loss first (`value = loss.detach().clone(); "
+        "dist.all_reduce(value); value /= dist.get_world_size()`), which is the original's loss of the whole batch "
+        "where the loss is a mean, and test that; or take the risk with `--accept DDP180`.",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
+        "    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n"
+        "    if torch.isfinite(loss):\n        opt.step()\n",
+    ),
+    MigrationCode(
         "DDP178", "in-batch-permutation", "info",
         "a permutation of the batch (mixup's or CutMix's `index = torch.randperm(x.size(0))`) pairs samples within "
         "each rank's share",

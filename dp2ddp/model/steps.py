@@ -9,7 +9,7 @@ are :mod:`dp2ddp.model.accumulation`'s.
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
@@ -221,3 +221,38 @@ def _of_parameters(m: SemanticModel, value: Optional[ast.AST]) -> bool:
                 return True
     return False
 
+
+
+def loss_decided_steps(m: SemanticModel) -> List[Tuple[ast.Call, ast.If, ast.AST, ast.AST]]:
+    """Optimizer steps a test of the loss decides: ``if is_valid_number(loss.item()):
+    optimizer.step()`` (SiamMask), ``if torch.isfinite(loss): optimizer.step()``. Under DDP
+    each rank holds the loss of its own share of the batch, so one rank may step where
+    another skips, and the replicas part for good. ``(step, the if, the name the test reads,
+    the loss)``: the loss a backward of the same loop differentiates, read in the test by its
+    name (or through a name bound from it in the loop: ``value = loss.item()``)."""
+    got = m.cache.get("steps:loss-decided")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, ast.If, ast.AST, ast.AST]] = []
+    for b in backward_calls(m):
+        loop = innermost_loop(m, b)
+        loss = differentiated(m, b)
+        if loop is None or not isinstance(loss, ast.Name):
+            continue
+        names = {loss.id}
+        for n in own_nodes(m, loop):  # names bound from the loss in the loop: ``value = loss.item()``
+            if isinstance(n, ast.Assign) and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
+                names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+        for step in optimizer_steps(m, loop):
+            for a in m.ancestors(step):
+                if a is loop:
+                    break
+                if isinstance(a, ast.If) and m.contains(a, step) and not any(m.contains(s, step) for s in a.orelse):
+                    read = next((x for x in ast.walk(a.test) if isinstance(x, ast.Name) and x.id in names), None)
+                    if read is not None:
+                        out.append((step, a, read, loss))
+                        break
+            if out and out[-1][0] is step:
+                break
+    m.cache["steps:loss-decided"] = out
+    return out

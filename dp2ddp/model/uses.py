@@ -271,3 +271,80 @@ def changed_owner(m: SemanticModel, change: ast.AST) -> Optional[ast.AST]:
     if isinstance(subject, ast.Call) and isinstance(subject.func, ast.Attribute) and subject.func.attr in ("parameters", "named_parameters"):
         return subject.func.value
     return subject if isinstance(subject, ast.Attribute) else None
+
+
+def unfrozen_in_project(m: SemanticModel) -> Optional[str]:
+    """Where a project module the script imports (up to three imports away) sets parameters'
+    ``requires_grad`` to ``True`` in a function other than ``__init__`` that walks
+    ``.parameters()``: a model whose own methods unfreeze layers during training
+    (SiamMask's ``features.unfix(epoch / epochs)`` from the training loop, through
+    ``model.module``). DDP averages only the parameters that required grad when it was
+    built, so the wrapper must be built over every parameter. ``"path:line"`` or ``None``."""
+    import os
+
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.project import project_modules
+
+    got = m.cache.get("uses:unfrozen-in-project")
+    if got is not None:
+        return got or None  # type: ignore[return-value]
+    found = ""
+    if m.path not in ("<string>", "<stdin>", "-") and os.path.exists(m.path):
+        for real, (rel, _depth) in sorted(project_modules(m.path).items(), key=lambda kv: kv[1]):
+            pm = file_model(real)
+            if pm is None:
+                continue
+            for node in pm.nodes(ast.Attribute):
+                if not (node.attr == "requires_grad" and isinstance(node.ctx, ast.Store)):
+                    continue
+                stmt = pm.statement_of(node)
+                value = getattr(stmt, "value", None)
+                func = pm.enclosing_function(node)
+                if (isinstance(value, ast.Constant) and value.value is True and func is not None
+                        and getattr(func, "name", "") != "__init__"
+                        and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                                and c.func.attr in ("parameters", "named_parameters") for c in ast.walk(func))):
+                    found = f"{rel}:{node.lineno}"
+                    break
+            if found:
+                break
+    m.cache["uses:unfrozen-in-project"] = found
+    return found or None
+
+
+# packages whose model classes do not change which parameters train on their own
+_LIBRARY_MODELS = frozenset({"torch", "torchvision", "timm", "transformers", "torchaudio", "segmentation_models_pytorch",
+                             "pretrainedmodels", "efficientnet_pytorch", "torch_geometric", "dgl", "mmcv", "mmdet",
+                             "detectron2", "fairseq", "pytorch_transformers", "pytorch_pretrained_bert", "diffusers"})
+
+
+def unread_model_class(m: SemanticModel, module: Optional[ast.AST]) -> Optional[str]:
+    """The class a wrapped module is made from, where it comes from a module dp2ddp cannot
+    read: not beside the script, not a library (``from custom import Custom`` of SiamMask's
+    experiment folder, put on ``sys.path`` by its run script). Its code may freeze and
+    unfreeze parameters during training, which DDP must know when it is built. ``"Custom
+    (custom)"`` or ``None``."""
+    import importlib.util
+
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.project_defs import project_def
+
+    if module is None:
+        return None
+    for node, _ in origins(m, module):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute))):
+            continue
+        if m.resolve_call(node) is not None or project_def(m, node.func) is not None:
+            continue
+        for q in m.qualified_names(node.func):
+            owner, _, name = q.rpartition(".")
+            top = owner.split(".")[0]
+            if not owner or not name[:1].isupper() or top in _LIBRARY_MODELS or top == "builtins":
+                continue
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is None:
+                return f"`{name}` ({owner})"
+    return None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dp2ddp.model.collectives import is_ddp_code
 from dp2ddp.model.names import SAVE
+from dp2ddp.model.rank_alike import per_process_path
 from dp2ddp.model.ranks import rank_guarded
+from dp2ddp.model.writers import writer_of
 from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, tails
 
 
@@ -12,8 +14,12 @@ def check(m):
     if not is_ddp_code(m):
         return
     for call in m.calls(SAVE):
-        if not rank_guarded(m, call):
-            yield Hit(call)
+        if rank_guarded(m, call):
+            continue
+        w = writer_of(m, call)
+        if w is not None and per_process_path(m, w.path) is not None:
+            continue  # a temporary file of this process's own: every rank writes (and reads) its own
+        yield Hit(call)
 
 
 _HEAD = "import torch\nimport torch.distributed as dist\n\n"
@@ -26,7 +32,9 @@ RULE = Rule(
         "In DDP code, checks for `torch.save` calls that every rank executes: not inside an `if` (or conditional "
         "expression) on the rank, not after an `if rank != 0: return`, not in a function named for the main "
         "process (`save_on_main_process`, `*_rank0`), and not in a function this module only calls from such places. "
-        "What counts as a rank test is the one definition `rewrite` uses too (`dp2ddp.model.ranks`)."
+        "What counts as a rank test is the one definition `rewrite` uses too (`dp2ddp.model.ranks`). A save to a "
+        "temporary path of the process's own (`tempfile.mkdtemp()`, `NamedTemporaryFile`) is not one: each rank "
+        "writes and reads its own file."
     ),
     why=(
         "Every process writes the same file at the same time: the writes race, the checkpoint can end up "
@@ -56,6 +64,8 @@ RULE = Rule(
             "for epoch in range(10):\n    train(epoch)\n    if dist.get_rank() == 0:\n        torch.save(model.module.state_dict(), \"ckpt.pt\")\n"
         ),
         Valid(_HEAD + "def save(model, rank):\n    if rank != 0:\n        return\n    torch.save(model.state_dict(), \"m.pt\")\n"),
+        Valid(_HEAD + "import os\nimport tempfile\n\ndist.init_process_group(\"gloo\")\n"
+              "path = os.path.join(tempfile.mkdtemp(), \"w.pt\")\ntorch.save(model.state_dict(), path)\n"),
         Valid(
             _HEAD + "def save(model):\n    torch.save(model.state_dict(), \"m.pt\")\n\ndef main(args):\n    dist.init_process_group(\"gloo\")\n"
             "    if args.local_rank == 0:\n        save(model)\n"

@@ -376,6 +376,6 @@ def summary_line(files: List[Dict[str, Any]], differences: List[Dict[str, Any]])
     differing = []
     for d in differences:
         differing.extend(p for p in d["paths"] if p not in differing)
-    equal = [f["path"] for f in files if f["status"] in ("equal", "share") and f["path"] not in differing]
+    equal = [shown(f) for f in files if f["status"] in ("equal", "share") and f["path"] not in differing]
     tail = f"; equal: {listed(equal)}" if equal else ""
     return f"{' and '.join(parts)} ({listed(differing)}){tail}"

@@ -204,7 +204,9 @@ def _loader(ranks: Dict[int, List[Dict[str, Any]]], orig: Optional[List[Dict[str
         _order(ranks, rank_ids, orig, who, kind, problems, section)
     elif ranks[rank_ids[0]]:
         section["order"] = "one epoch seen"
-        notes.append(f"data: only one epoch of {who} was seen ({first.get('len')} batches an epoch): whether each "
+        size = (f"{first.get('len')} batches an epoch" if first.get("len") is not None
+                else "its batch sampler has no length: it repeats forever")
+        notes.append(f"data: only one epoch of {who} was seen ({size}): whether each "
                      "epoch has a new order is not checked (raise --steps or --max-steps)")
     section["checked"] = True
     return section
@@ -244,16 +246,25 @@ def _epoch(k, passes, rank_ids, o, world, who, problems, notes, section, reporte
                             "divided by the world size")
             ep["reported"] = True
         return ep
-    # padding: what equal shares need, and no more
+    # padding: what equal shares need, and no more; plus what the original's own sampler
+    # served again (a sampler that draws with replacement, a balanced sampler)
     allowance = _padding(o, world, passes)
     ep["padding_allowed"] = allowance
-    if extra > allowance:
+    own = _own_repeats(o)
+    if own:
+        ep["original_repeats"] = own
+    if extra > allowance + own:
         ep["duplicated"] = extra
         share = extra / max(1, sum(served))
         problems.append(f"{who}: {_n(extra)} samples were served more than once in {epoch_name} ({share:.0%} of the "
                         f"work is duplicated; equal shares need at most {allowance} repeats)")
         problems.append("  advice: give each rank a disjoint share of the epoch (DistributedSampler, or "
                         "dp2ddp rewrite's `shard_loader(...)`), not its own copy of the data")
+    elif extra > 0 and own:
+        ep["repeats"] = extra
+        notes.append(f"data: {who}, {epoch_name}: {_n(extra)} sample{'s' if extra > 1 else ''} served more than once, as the "
+                     f"original's own sampler serves them ({_n(own)} repeats in its pass: it draws with replacement), "
+                     "not duplicated work")
     elif extra > 0:
         ep["padding"] = extra
         notes.append(f"data: {who}, {epoch_name}: {_n(extra)} sample{'s' if extra > 1 else ''} served twice as padding "
@@ -336,6 +347,16 @@ def _same(sets: List[int], unique: List[int]) -> bool:
         if (sets[0] & s).bit_count() < SAME * min(unique):
             return False
     return True
+
+
+def _own_repeats(o: Optional[Dict[str, Any]]) -> int:
+    """The servings of the original's pass beyond its distinct samples: a sampler that draws
+    with replacement (``WeightedRandomSampler``, a class-balanced batch sampler) serves
+    samples again by itself, and a sharding of its batches repeats them as it does."""
+    if not o:
+        return 0
+    served, unique = int(o.get("served") or 0), int(o.get("unique") or 0)
+    return max(0, served - unique) if unique else 0
 
 
 def _padding(o: Optional[Dict[str, Any]], world: int, passes: List[Dict[str, Any]]) -> int:
