@@ -285,6 +285,10 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     # of its own needs no process group for them (an inference script printing a model's description)
     wrapping = [h for h in helpers if not only_checks_dp(h[1])]
     role = "entry" if wrapping or trainers or (helpers and not quick_reject(src.data)) else "script"
+    if role == "script":
+        # nothing wraps: the helpers' tests for DataParallel stay as they are (CPC's
+        # ``get_module`` serves the scripts that do wrap, which still use DataParallel)
+        out.files = []
     plan_modules = frozenset(real for _, real in helpers + trainers)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
     if role == "entry" and not res.migration.blocked:

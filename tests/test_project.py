@@ -1033,3 +1033,59 @@ def test_a_project_save_handed_the_model_keeps_the_wrapper_and_its_keys(tmp_path
     assert main(["rewrite", str(d / "train.py")]) == 0
     out = (d / "train_ddp.py").read_text()
     assert "        save_model(model, 'last.pth')\n" in out and "model.module" not in out, out
+
+
+def test_a_helper_that_only_tests_for_dataparallel(tmp_path: Path, capsys) -> None:
+    """CPC's ``feature_loader.get_module`` unwraps ``torch.nn.DataParallel`` for every script
+    of the project. An entry that wraps nothing leaves it alone (its evaluation scripts were
+    "migrated" by rewriting only that test, which then missed the DataParallel of the scripts
+    still using it: their checkpoints gained ``module.``); migrated with an entry that wraps,
+    the test accepts both wrappers."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "helpers.py").write_text("import torch\n\n\ndef get_module(m):\n    if isinstance(m, torch.nn.DataParallel):\n"
+                                  "        return get_module(m.module)\n    return m\n")
+    (d / "evaluate.py").write_text("import torch\nfrom helpers import get_module\n\n\nif __name__ == '__main__':\n"
+                                   "    print(get_module(torch.nn.Linear(2, 1)))\n")
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "evaluate.py"), "--with-helpers", "-o", str(out)]) == 0
+    said = capsys.readouterr()
+    assert "nothing to migrate" in said.out + said.err
+    assert not (out / "helpers.py").exists() or (out / "helpers.py").read_text() == (d / "helpers.py").read_text()
+    shutil.rmtree(out, ignore_errors=True)
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom helpers import get_module\n\n\ndef main():\n"
+        "    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in loader:\n        opt.zero_grad()\n        nn.functional.mse_loss(model(x), y).backward()\n        opt.step()\n"
+        "    torch.save(get_module(model).state_dict(), 'm.pt')\n\n\nif __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py"), "--with-helpers", "-o", str(out)]) == 0
+    helper = (out / "helpers.py").read_text()
+    assert "isinstance(m, (torch.nn.DataParallel, DistributedDataParallel))" in helper, helper
+
+
+def test_a_model_placed_by_the_caller_after_the_wrap_is_refused(tmp_path: Path, capsys) -> None:
+    """Autoformer's ``Exp_Basic.__init__`` runs ``self.model = self._build_model().to(self.device)``
+    with ``self.device`` from ``args.gpu``, while ``Exp_Main._build_model`` wraps and returns the
+    model: DDP would be built over a module still on the CPU (on a GPU it raises), and then moved
+    to one device for every rank. Refused (DDP101) at the wrap, naming the caller's line; a
+    caller's bare ``.cuda()`` (the current device, the rank's) is no such placement."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "basic.py").write_text("import torch\n\n\nclass Basic:\n    def __init__(self, gpu):\n"
+                                "        self.device = torch.device('cuda:%d' % gpu if torch.cuda.is_available() else 'cpu')\n"
+                                "        self.model = self._build_model().to(self.device)\n")
+    (d / "exp.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom basic import Basic\n\n\nclass Exp(Basic):\n    def _build_model(self):\n"
+        "        model = nn.Linear(4, 1)\n        model = nn.DataParallel(model)\n        return model\n\n"
+        "    def train(self):\n        loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)\n"
+        "        opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n        for x, y in loader:\n            opt.zero_grad()\n"
+        "            nn.functional.mse_loss(self.model(x), y).backward()\n            opt.step()\n")
+    (d / "run.py").write_text("from exp import Exp\n\nif __name__ == '__main__':\n    Exp(0).train()\n")
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "run.py"), "--with-helpers", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "exp.py:9:17: DDP101 the model this function returns after the wrap is placed on a device by its caller (basic.py:7" in err, err
+    assert not out.exists()
+    (d / "basic.py").write_text((d / "basic.py").read_text().replace(".to(self.device)", ".cuda()"))
+    assert main(["rewrite", str(d / "run.py"), "--with-helpers", "-o", str(out)]) == 0

@@ -57,6 +57,7 @@ from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
 from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.placement import placed_by_caller
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP
@@ -351,6 +352,13 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             "trains it): DDP must wrap each model once, before training it; migrate this by hand"))]
     if root_name(target) is not None and root_name(target).id == "self" and is_module_class(m, m.enclosing_class(stmt)):
         return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
+    by_caller = placed_by_caller(m, stmt, target) if target is not None else None
+    if by_caller is not None:
+        return [ctx.block(call, "DDP101", (
+            f"the model this function returns after the wrap is placed on a device by its caller ({by_caller}: "
+            f"`.{m.enclosing_function(stmt).name}().to(...)`): DistributedDataParallel must be built over a module already on "  # type: ignore[union-attr]
+            "this rank's device, and that device is chosen there for the one process of the original; place the model "
+            "before the wrap (on the rank's device), then migrate"))]
     partial_root = None
     if _partial(m, w):
         root = root_name(target)

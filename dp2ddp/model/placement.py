@@ -468,3 +468,44 @@ def late_placements(m: SemanticModel, anchor: ast.stmt, target: ast.AST, module:
     if module is not None:
         names.add(m.source(module))
     return placements_after(m, anchor, names)
+
+
+_PLACING = frozenset({"to", "cuda"})
+
+
+def placed_by_caller(m: SemanticModel, stmt: ast.stmt, target: Optional[ast.AST]) -> Optional[str]:
+    """Where a caller places the model a function returns after wrapping it: the wrap is in
+    ``_build_model``, which returns the wrapper, and a project module calls
+    ``self._build_model().to(self.device)`` (Autoformer's ``Exp_Basic.__init__``). Under DDP the
+    wrapper must be built over a module already on this rank's device; a placement after it,
+    on a device the caller chose for the one process of the original, comes too late (on a
+    GPU the wrap raises). ``"path:line"`` (relative to this module's folder) or ``None``."""
+    import os
+
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.project import project_modules
+
+    func = m.enclosing_function(stmt)
+    if func is None or target is None or not isinstance(target, ast.Name):
+        return None
+    returned = any(isinstance(n, ast.Return) and isinstance(n.value, ast.Name) and n.value.id == target.id
+                   and m.enclosing_function(n) is func for n in ast.walk(func))
+    if not returned or m.path in ("<string>", "<stdin>", "-") or not os.path.exists(m.path):
+        return None
+    name = func.name  # type: ignore[attr-defined]
+    here = os.path.realpath(m.path)
+    places = [(here, os.path.basename(m.path))] + [(real, rel) for real, (rel, _d) in project_modules(m.path).items()]
+    for real, rel in places:
+        pm = m if real == here else file_model(real)
+        if pm is None:
+            continue
+        for call in pm.nodes(ast.Call):
+            f = call.func
+            if not (isinstance(f, ast.Attribute) and f.attr in _PLACING and isinstance(f.value, ast.Call)):
+                continue
+            if f.attr == "cuda" and not call.args and not call.keywords:
+                continue  # the current device, the rank's once set_device ran: the wrap places it there first
+            inner = f.value.func
+            if (isinstance(inner, ast.Attribute) and inner.attr == name) or (isinstance(inner, ast.Name) and inner.id == name):
+                return f"{rel}:{call.lineno}"
+    return None
