@@ -103,7 +103,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
         if why is None and not ctx.options.keep_batch_size:
-            why = _groups_of_batches(m, loader) or _reshaped_whole(m, loader)
+            why = _groups_of_batches(m, loader) or _reshaped_whole(m, loader) or _sized_by_the_batch(m, loader)
         apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
         if apart is not None:
             why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: {_EVALUATED_TOO}; build the "
@@ -225,6 +225,20 @@ def _groups_of_batches(m, loader: Loader) -> Optional[str]:
                     "each rank's share would be cut into batches of the collate_fn's own size, and every step's global "
                     "batch would grow by the world size; migrate with --keep-batch-size (each rank takes whole groups "
                     "in turn: the per-process batch stays the original's), or cut the batches outside the collate_fn")
+    return None
+
+
+def _sized_by_the_batch(m, loader: Loader) -> Optional[str]:
+    """Why a loader whose batch size also sizes another object (a loss whose grids are made
+    for that many images) cannot be shared out sample by sample."""
+    from dp2ddp.model.batch_shapes import batch_sized_objects
+
+    for call, param in batch_sized_objects(m, loader.batch_size):
+        return (f"has the batch size that `{ast.unparse(call.func)}(...)` (line {call.lineno}) is built for (its `{param}`): "
+                "shared out sample by sample, each rank's part of a batch would not be the batch that object expects (a "
+                "loss whose tensors are made for that many images fails, or weighs them wrongly); migrate with "
+                "--keep-batch-size (each rank takes whole batches in turn: the per-process batch stays the original's), "
+                "or build it from the batch it is handed")
     return None
 
 

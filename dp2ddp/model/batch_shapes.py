@@ -131,3 +131,48 @@ def _param_reshape(func: ast.AST, param: str) -> Optional[ast.Call]:
             if isinstance(v, ast.Name) and v.id == param:
                 return n
     return None
+
+
+def batch_sized_objects(m: SemanticModel, batch: Optional[ast.AST]) -> List[Tuple[ast.Call, str]]:
+    """Objects built with a training loader's batch size as their batch: a call of a class
+    (the script's, a project module's, or one whose name is capitalised) that passes
+    ``batch`` (the loader's ``batch_size`` expression, or a name bound to the same
+    expression) to a parameter named for the batch (``Yolo_loss(device=device,
+    batch=config.batch // config.subdivisions)``, whose grids are made for that many
+    images). A DataLoader sharded sample by sample hands each rank a part of every batch,
+    and such an object still expects the whole one: ``(call, parameter)``. DataLoaders and
+    samplers, which the loader migration shards, are not such objects."""
+    from dp2ddp.model.names import DATALOADER
+    from dp2ddp.model.project_defs import class_of_call, project_def
+
+    if batch is None or isinstance(batch, ast.Constant):
+        return []
+    text = ast.unparse(batch)
+    same = {text}
+    for a in m.nodes(ast.Assign):  # ``bs = config.batch // config.subdivisions``: the name is the same value
+        if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and ast.unparse(a.value) == text:
+            same.add(a.targets[0].id)
+    if isinstance(batch, ast.Name):
+        for b in m.bindings_of(batch):
+            if b.kind == "assign" and b.value is not None:
+                same.add(ast.unparse(b.value))
+    out: List[Tuple[ast.Call, str]] = []
+    for call in m.nodes(ast.Call):
+        if m.call_is(call, DATALOADER) or any(q.startswith("torch.utils.data.") for q in m.qualified_names(call.func)):
+            continue
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
+        params: List[str] = []
+        found = class_of_call(m, call)
+        if found is not None:
+            init = found[0].methods(found[1]).get("__init__")
+            if init is not None:
+                params = [p.arg for p in init.args.posonlyargs + init.args.args][1:]
+        elif not name[:1].isupper() or project_def(m, call.func) is not None:
+            continue
+        for i, a in enumerate(call.args):
+            if i < len(params) and "batch" in params[i].lower() and ast.unparse(a) in same:
+                out.append((call, params[i]))
+        for k in call.keywords:
+            if k.arg and "batch" in k.arg.lower() and ast.unparse(k.value) in same:
+                out.append((call, k.arg))
+    return out
