@@ -1090,3 +1090,22 @@ def test_a_model_placed_by_the_caller_after_the_wrap_is_refused(tmp_path: Path, 
     assert not out.exists()
     (d / "basic.py").write_text((d / "basic.py").read_text().replace(".to(self.device)", ".cuda()"))
     assert main(["rewrite", str(d / "run.py"), "--with-helpers", "-o", str(out)]) == 0
+
+
+def test_absolute_imports_are_found_up_to_the_repository_root(tmp_path: Path) -> None:
+    """IIC runs its scripts as modules of the repository (``python -m
+    code.scripts.cluster.analysis.eval``): ``from code.utils.cluster.cluster_eval import
+    cluster_eval`` is found four folders above the script, at the root its README marks. An
+    evaluation script whose helper could not be read counted as one that may train, and was
+    migrated to repeat the whole evaluation on every rank. Without a root mark, the search
+    stays within three folders above the script."""
+    from dp2ddp.model.module_files import module_file
+
+    root = tmp_path / "repo"
+    deep = root / "code" / "scripts" / "cluster" / "analysis"
+    deep.mkdir(parents=True)
+    (root / "code" / "utils").mkdir()
+    (root / "code" / "utils" / "evaluation.py").write_text("def run(net):\n    return 0\n")
+    assert module_file(str(deep), "code.utils.evaluation") is None  # no root mark: three folders up only
+    (root / "README.md").write_text("a repository\n")
+    assert module_file(str(deep), "code.utils.evaluation") == str(root / "code" / "utils" / "evaluation.py")

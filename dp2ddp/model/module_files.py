@@ -33,10 +33,35 @@ def _file_exports(path: str, qual: Optional[str]) -> Optional[Dict[str, str]]:
     return _EXPORTS[key]
 
 
+# how far above its folder a script's absolute imports are looked for, and the files that
+# mark a repository's root (the search stops there)
+_UP = 7
+_ROOT_MARKS = (".git", "pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "README.md", "README.rst", "LICENSE")
+
+
+def _ancestors(base: str) -> List[str]:
+    """``base`` and the folders above it that may hold a script's absolute imports: up to
+    the repository's root (the first with a :data:`_ROOT_MARKS` file, at most six folders
+    up: a script run as a module of it, ``python -m code.scripts.x``), or, where no such
+    root is found, the three folders above ``base``."""
+    chain, d = [base], base
+    for _ in range(_UP - 1):
+        if any(os.path.exists(os.path.join(d, mark)) for mark in _ROOT_MARKS):
+            return chain
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+        chain.append(d)
+    if any(os.path.exists(os.path.join(d, mark)) for mark in _ROOT_MARKS):
+        return chain
+    return chain[:4]
+
+
 def module_file(base: str, module: str, level: int = 0) -> Optional[str]:
     """The file of a project module imported by a script in folder ``base``: beside it
-    (or up to three folders above it for absolute names, then in the folders the modules
-    beside it put on ``sys.path``: :func:`path_roots`); ``None`` when not found."""
+    (or in a folder above it for absolute names: :func:`_ancestors`; then in the folders
+    the modules beside it put on ``sys.path``: :func:`path_roots`); ``None`` when not found."""
     parts = module.split(".") if module else []
     roots = []
     if level:
@@ -45,10 +70,7 @@ def module_file(base: str, module: str, level: int = 0) -> Optional[str]:
             d = os.path.dirname(d)
         roots = [d]
     else:
-        d = base
-        for _ in range(4):
-            roots.append(d)
-            d = os.path.dirname(d)
+        roots = _ancestors(base)
         roots += [r for r in path_roots(base) if r not in roots]
     for root in roots:
         for cand in (os.path.join(root, *parts) + ".py", os.path.join(root, *parts, "__init__.py")):
