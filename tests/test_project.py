@@ -1095,7 +1095,7 @@ def test_a_model_placed_by_the_caller_after_the_wrap_is_refused(tmp_path: Path, 
 def test_absolute_imports_are_found_up_to_the_repository_root(tmp_path: Path) -> None:
     """IIC runs its scripts as modules of the repository (``python -m
     code.scripts.cluster.analysis.eval``): ``from code.utils.cluster.cluster_eval import
-    cluster_eval`` is found four folders above the script, at the root its README marks. An
+    cluster_eval`` is found four folders above the script, at the root its LICENSE marks. An
     evaluation script whose helper could not be read counted as one that may train, and was
     migrated to repeat the whole evaluation on every rank. Without a root mark, the search
     stays within three folders above the script."""
@@ -1107,5 +1107,20 @@ def test_absolute_imports_are_found_up_to_the_repository_root(tmp_path: Path) ->
     (root / "code" / "utils").mkdir()
     (root / "code" / "utils" / "evaluation.py").write_text("def run(net):\n    return 0\n")
     assert module_file(str(deep), "code.utils.evaluation") is None  # no root mark: three folders up only
-    (root / "README.md").write_text("a repository\n")
+    (root / "LICENSE").write_text("a repository\n")
     assert module_file(str(deep), "code.utils.evaluation") == str(root / "code" / "utils" / "evaluation.py")
+
+
+def test_a_subpackages_readme_is_no_repository_root(tmp_path: Path) -> None:
+    """CPC_audio keeps a README.md inside its ``cpc`` package: the search for ``cpc.dataset``
+    from ``cpc/train.py`` must go on to the folder above (a package's folder is never the
+    root its absolute imports start from), or the writes in ``dataset.py`` go unseen."""
+    from dp2ddp.model.module_files import module_file
+
+    root = tmp_path / "repo"
+    (root / "cpc").mkdir(parents=True)
+    (root / "LICENSE").write_text("a repository\n")
+    (root / "cpc" / "__init__.py").write_text("")
+    (root / "cpc" / "README.md").write_text("the package\n")
+    (root / "cpc" / "dataset.py").write_text("def find(path):\n    return []\n")
+    assert module_file(str(root / "cpc"), "cpc.dataset") == str(root / "cpc" / "dataset.py")

@@ -332,7 +332,7 @@ def _rewrapped_later(m: SemanticModel, w: Wrap) -> Optional[ast.stmt]:
             continue
         if m.parent(guard) is not m.parent(w.stmt):
             continue  # not in the same block: the paths between cannot be read as one
-        between = [n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == text.split(".")[0]
+        between = [n for n in ast.walk(func or m.tree) if isinstance(n, ast.Name) and n.id == text.split(".")[0]
                    and isinstance(n.ctx, ast.Load) and (w.stmt.end_lineno or 0) < n.lineno < guard.lineno]
         if between:
             return None

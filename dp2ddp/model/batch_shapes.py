@@ -163,11 +163,13 @@ def batch_sized_objects(m: SemanticModel, batch: Optional[ast.AST]) -> List[Tupl
         name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id if isinstance(call.func, ast.Name) else ""
         params: List[str] = []
         found = class_of_call(m, call)
+        if found is not None and _data_class(found[0], found[1]):
+            continue  # a Sampler or Dataset of the project's: the loader's own batches, which the migration shards
         if found is not None:
             init = found[0].methods(found[1]).get("__init__")
             if init is not None:
                 params = [p.arg for p in init.args.posonlyargs + init.args.args][1:]
-        elif not name[:1].isupper() or project_def(m, call.func) is not None:
+        elif not name[:1].isupper() or project_def(m, call.func) is not None or name.endswith(_DATA_CLASSES):
             continue
         for i, a in enumerate(call.args):
             if i < len(params) and "batch" in params[i].lower() and ast.unparse(a) in same:
@@ -176,3 +178,17 @@ def batch_sized_objects(m: SemanticModel, batch: Optional[ast.AST]) -> List[Tupl
             if k.arg and "batch" in k.arg.lower() and ast.unparse(k.value) in same:
                 out.append((call, k.arg))
     return out
+
+
+_DATA_CLASSES = ("Sampler", "Dataset", "DataLoader", "Loader")
+
+
+def _data_class(cm: SemanticModel, cls: ast.ClassDef) -> bool:
+    """A class that derives from torch's ``Sampler``/``Dataset``/``DataLoader`` (or is named
+    for one): it makes the loader's batches, which the loader migration shards whole."""
+    for b in cls.bases:
+        if any(q.startswith("torch.utils.data.") for q in cm.qualified_names(b)):
+            return True
+        if ast.unparse(b).endswith(_DATA_CLASSES):
+            return True
+    return cls.name.endswith(_DATA_CLASSES)

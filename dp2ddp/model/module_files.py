@@ -36,7 +36,14 @@ def _file_exports(path: str, qual: Optional[str]) -> Optional[Dict[str, str]]:
 # how far above its folder a script's absolute imports are looked for, and the files that
 # mark a repository's root (the search stops there)
 _UP = 7
-_ROOT_MARKS = (".git", "pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "README.md", "README.rst", "LICENSE")
+_ROOT_MARKS = (".git", "pyproject.toml", "setup.py", "setup.cfg", "requirements.txt", "LICENSE", "LICENSE.txt", "LICENSE.md")
+
+
+def _root(d: str) -> bool:
+    """A repository's root: a folder with a :data:`_ROOT_MARKS` file that is no package of
+    its own (a package's folder holds modules of the root above it)."""
+    return not os.path.exists(os.path.join(d, "__init__.py")) and any(
+        os.path.exists(os.path.join(d, mark)) for mark in _ROOT_MARKS)
 
 
 def _ancestors(base: str) -> List[str]:
@@ -46,14 +53,14 @@ def _ancestors(base: str) -> List[str]:
     root is found, the three folders above ``base``."""
     chain, d = [base], base
     for _ in range(_UP - 1):
-        if any(os.path.exists(os.path.join(d, mark)) for mark in _ROOT_MARKS):
+        if _root(d):
             return chain
         parent = os.path.dirname(d)
         if parent == d:
             break
         d = parent
         chain.append(d)
-    if any(os.path.exists(os.path.join(d, mark)) for mark in _ROOT_MARKS):
+    if _root(d):
         return chain
     return chain[:4]
 

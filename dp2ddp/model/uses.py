@@ -336,6 +336,12 @@ def unread_model_class(m: SemanticModel, module: Optional[ast.AST]) -> Optional[
             continue
         if m.resolve_call(node) is not None or project_def(m, node.func) is not None:
             continue
+        root = node.func
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        _, bindings = m.lookup(root.id, m.scope_of(root)) if isinstance(root, ast.Name) else (None, [])
+        if not bindings or any(b.kind != "import" for b in bindings):
+            continue  # a local name (``Model = eval(model_type)``), not a class imported from a module
         for q in m.qualified_names(node.func):
             owner, _, name = q.rpartition(".")
             top = owner.split(".")[0]
