@@ -37,7 +37,7 @@ from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
-from dp2ddp.model.writers import (LoggerMaker, Writer, companion_folder_races, companion_writes, logger_makers,
+from dp2ddp.model.writers import (LoggerMaker, logging_setups, Writer, companion_folder_races, companion_writes, logger_makers,
                                    training_class_saves, writers, writing_class)
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
 
@@ -248,7 +248,10 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(setup_on_rank_zero(ctx, sc))
             setups.add(id(sc.call))
     firsts = set()
+    logs = {id(call) for call, _ in logging_setups(m)}  # run on rank 0 alone, below: their folders too
     for race in companion_folder_races(m):
+        if id(race.call) in logs:
+            continue
         if not rank_guarded(m, race.call) and not ctx.migrated_with(race.module) and id(race.call) not in setups:
             first = _rank_zero_first(ctx, race)
             out.append(first)
@@ -272,6 +275,16 @@ def propose(ctx: Context) -> List[Finding]:
     for lm in logger_makers(m):
         if not rank_guarded(m, lm.stmt) and ctx.bridge.alone_on_line(lm.stmt):
             out.append(_logger_on_rank_zero(ctx, lm))
+    for call, where in logging_setups(m):
+        stmt = m.statement_of(call)
+        if rank_guarded(m, call) or stmt is None or not ctx.bridge.alone_on_line(stmt) or id(call) in setups:
+            continue
+        if ctx.mode == "plain" and not ctx.in_setup_region(stmt):
+            continue  # before the process group: the script's own distributed path decides
+        out.append(ctx.note(call, "DDP135", (
+            f"`{m.source(call.func)}(...)` configures logging to a file ({where}) and does nothing else: it runs on rank 0 "
+            "only (on every rank it would pick the same log file and write it at once); the other ranks' logging goes "
+            "nowhere, as their printing does"), [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))]))
     out.extend(_graphs_of_the_bare_module(ctx))
     return out
 

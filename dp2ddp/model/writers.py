@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Set
+from typing import Iterator, List, Optional, Set, Tuple
 
 from dp2ddp.model.call_args import COPY_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
@@ -541,6 +541,41 @@ class LoggerMaker:
     stmt: ast.Assign  # the script's statement
     name: str  # the name it binds
     where: str  # ``utils.py:49``: the file handler
+
+
+def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
+    """Calls, as statements, of a project function that configures logging to a file
+    (``create_logging(logs_dir, filemode='w')``: ``logging.basicConfig(filename=...)`` or a
+    ``FileHandler``, in a folder it makes, under a name it picks from what the folder holds)
+    and writes nothing else, trains nothing, reaches no collective. On every rank they would
+    pick the same file and write it at once; the script's own ``logging.basicConfig`` runs
+    on rank 0, and so do these. ``(call, "path:line")`` of the log file."""
+    from dp2ddp.model.collectives import reaching_functions
+
+    got = m.cache.get("logging_setups")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, str]] = []
+    for call, (pm, func, rel) in project_calls(m):
+        stmt = m.parent(call)
+        if isinstance(func, ast.ClassDef) or not (isinstance(stmt, ast.Expr) and stmt.value is call):
+            continue
+        where = None
+        for mod, f, path in reach_across(pm, func, rel):
+            if f in reaching_functions(mod) or f in reaching_functions(mod, dp=True) or trains_in(mod, f) is not None:
+                where = None
+                break
+            kinds = [w for w in writers(mod) if mod.contains(f, w.call) and w.kind not in ("print", "tqdm")]
+            if any(w.kind not in ("logconfig", "logfile", "mkdir") for w in kinds):
+                where = None
+                break
+            log = next((w for w in kinds if w.kind in ("logconfig", "logfile")), None)
+            if log is not None and where is None:
+                where = f"{path}:{log.call.lineno}"
+        if where is not None:
+            out.append((call, where))
+    m.cache["logging_setups"] = out
+    return out
 
 
 def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
