@@ -55,6 +55,8 @@ EVERY_PARAMETER = "every-parameter"
 # ``find_unused_parameters=True`` only where parameters are frozen when it runs (a model of
 # code dp2ddp cannot read, which may unfreeze them later)
 FROZEN_AT_WRAP = "frozen-at-wrap"
+# the helper (template and name) that builds each such wrapper
+_WRAP_HELPERS = {EVERY_PARAMETER: "wrap_every_parameter", FROZEN_AT_WRAP: "wrap_frozen_too"}
 F = TypeVar("F")
 
 
@@ -69,8 +71,7 @@ class Context:
         self._names: Dict[str, str] = {}
         self._added: Set[str] = set()  # names whose import this migration adds (at the top)
         self._fresh: set = set()
-        self._every_parameter: Optional[str] = None  # the name of the helper ddp_call writes for EVERY_PARAMETER
-        self._frozen_too: Optional[str] = None  # the name of the helper ddp_call writes for FROZEN_AT_WRAP
+        self._wrap_helpers: Dict[str, str] = {}  # template -> the name of the helper ddp_call writes for it (_WRAP_HELPERS)
         self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
         self._saves_on_rank_zero: Optional[str] = None  # the name of the helper saves_on_rank_zero() writes
         self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
@@ -319,17 +320,12 @@ class Context:
             inner = (f"{torch}.nn.SyncBatchNorm.convert_sync_batchnorm({module_text}) "
                      f"if {torch}.cuda.is_available() else {module_text}")
         wrapper = cls or self.name("DDP")
-        if find_unused == EVERY_PARAMETER:
-            helper = self._every_parameter
+        if find_unused in _WRAP_HELPERS:
+            name = _WRAP_HELPERS[find_unused]  # type: ignore[index]
+            helper = self._wrap_helpers.get(name)
             if helper is None:
-                helper = self._every_parameter = self.fresh_name("wrap_every_parameter")
-                self.define_after_imports("wrap_every_parameter.py.tmpl", helper=helper)
-            wrapper, inner = helper, f"{wrapper}, {inner}"
-        elif find_unused == FROZEN_AT_WRAP:
-            helper = self._frozen_too
-            if helper is None:
-                helper = self._frozen_too = self.fresh_name("wrap_frozen_too")
-                self.define_after_imports("wrap_frozen_too.py.tmpl", helper=helper)
+                helper = self._wrap_helpers[name] = self.fresh_name(name)
+                self.define_after_imports(f"{name}.py.tmpl", helper=helper)
             wrapper, inner = helper, f"{wrapper}, {inner}"
         call = (
             f"{wrapper}({inner}, device_ids=[{torch}.cuda.current_device()] "

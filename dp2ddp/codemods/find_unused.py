@@ -64,22 +64,20 @@ def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) ->
     changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
     if not changes:
         where = unfrozen_in_project(m)
-        if where is None:
-            unread = next((u for u in (unread_model_class(m, w.module) for w in wraps) if u is not None), None)
-            if unread is None:
-                return False
-            out.append(ctx.note(wraps[0].call, "DDP112", (
-                f"the model is made by {unread}, a module dp2ddp cannot read, whose code may freeze parameters and "
-                "unfreeze them during training: the DistributedDataParallel wrapper is built over every parameter, and "
-                "where some are frozen when it is built, with find_unused_parameters=True (decided when it runs), so "
-                "their gradients are averaged once they train")))
-            return FROZEN_AT_WRAP
-        out.append(ctx.note(wraps[0].call, "DDP112", (
-            f"the project's model code unfreezes parameters during training ({where}: `requires_grad = True` over "
-            "`.parameters()` outside `__init__`): the DistributedDataParallel wrapper is built over every parameter (the "
-            "frozen ones unfrozen while it is built, then frozen again), with find_unused_parameters=True, so their "
-            "gradients are averaged once they train")))
-        return EVERY_PARAMETER
+        unread = None if where is not None else next(
+            (u for u in (unread_model_class(m, w.module) for w in wraps) if u is not None), None)
+        if where is None and unread is None:
+            return False
+        why = (f"the project's model code unfreezes parameters during training ({where}: `requires_grad = True` over "
+               "`.parameters()` outside `__init__`)" if where is not None else
+               f"the model is made by {unread}, a module dp2ddp cannot read, whose code may freeze parameters and unfreeze "
+               "them during training")
+        how = ("with find_unused_parameters=True" if where is not None else
+               "and where some are frozen when it is built, with find_unused_parameters=True (decided when it runs)")
+        out.append(ctx.note(wraps[0].call, "DDP112", f"{why}: the DistributedDataParallel wrapper is built over every "
+                            f"parameter (the frozen ones unfrozen while it is built, then frozen again), {how}, so their "
+                            "gradients are averaged once they train"))
+        return EVERY_PARAMETER if where is not None else FROZEN_AT_WRAP
     after = []
     before_false = []
     for c in changes:
