@@ -242,6 +242,11 @@ def propose(ctx: Context) -> List[Finding]:
         f = _restrict(ctx, w, bad.get(id(w)), early)
         if f is not None:
             out.append(f)
+            if w.kind == "open" and f.severity != "error" and not early:
+                # written on rank 0 only (os.devnull elsewhere): a barrier before the script reads it back
+                stmt = m.statement_of(w.call)
+                if stmt is not None:
+                    out.extend(barriers(ctx, [(stmt, stmt)]))
     setups = set()
     for sc in setup_calls(m):
         if not rank_guarded(m, sc.call) and not ctx.migrated_with(sc.module):

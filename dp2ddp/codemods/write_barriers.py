@@ -54,7 +54,7 @@ def _written_paths(m: SemanticModel, stmt: ast.stmt) -> List[str]:
     out = []
     for node in ast.walk(stmt):
         w = writer_of(m, node) if isinstance(node, ast.Call) else None
-        if w is not None and w.kind in ("save", "copy") and w.path is not None:
+        if w is not None and w.kind in ("save", "copy", "open") and w.path is not None:
             out.append(ast.dump(w.path))
     return out
 
