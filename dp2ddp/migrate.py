@@ -132,7 +132,7 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
         try:
             from dp2ddp.codemods import hand_batches
             from dp2ddp.codemods.entry import check_entry
-            from dp2ddp.codemods.wrap_problems import problems, steered_by_shard, trained_outside_wrap
+            from dp2ddp.codemods.wrap_problems import problems, steered_by_shard, step_decided_by_the_loss, trained_outside_wrap
 
             findings.extend(problems(ctx))
             findings.extend(hand_batches.problems(ctx))  # DataParallel(dim != 0) whose batches cannot be split
@@ -140,6 +140,8 @@ def plan(model, bridge, options: Optional[Options] = None) -> Migration:
                 findings.extend(check_entry(ctx))
             if not any(f.severity == BLOCKING for f in findings):
                 findings.extend(detect_mode(ctx))
+            if not any(f.severity == BLOCKING for f in findings):
+                findings.extend(step_decided_by_the_loss(ctx))
             if not any(f.severity == BLOCKING for f in findings):
                 for transform in TRANSFORMS:
                     findings.extend(transform(ctx))

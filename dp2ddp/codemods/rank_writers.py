@@ -242,11 +242,11 @@ def propose(ctx: Context) -> List[Finding]:
         f = _restrict(ctx, w, bad.get(id(w)), early)
         if f is not None:
             out.append(f)
-            if w.kind == "open" and f.severity != "error" and not early:
-                # written on rank 0 only (os.devnull elsewhere): a barrier before the script reads it back
+            if w.kind == "open" and f.severity != "error" and not early and _every_rank_runs(m, w.call):
+                # written on rank 0 only (os.devnull elsewhere): a barrier before the same function reads it back
                 stmt = m.statement_of(w.call)
                 if stmt is not None:
-                    out.extend(barriers(ctx, [(stmt, stmt)]))
+                    out.extend(barriers(ctx, [(stmt, stmt)], local=True))
     setups = set()
     for sc in setup_calls(m):
         if not rank_guarded(m, sc.call) and not ctx.migrated_with(sc.module):
@@ -582,6 +582,19 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         edit = Replace(ctx.cst(path), ctx.expr("{p} if {r} else {os}.devnull", p=_paren(m, path), r=_paren_text(rank0), os=ctx.name("os")))
         return ctx.note(call, "DDP135", f"{_what(w)} written on rank 0 only (os.devnull on other ranks)", [edit])
     return None
+
+
+def _every_rank_runs(m: SemanticModel, node: ast.AST) -> bool:
+    """``node`` is at module level, or in a function of the module (not a method, whose
+    callers may be anywhere) that is called, and never where a rank test guards the call
+    (a barrier there would wait for ranks that never come)."""
+    func = m.enclosing_function(node)
+    if func is None:
+        return True
+    if isinstance(m.parent(func), ast.ClassDef):
+        return False
+    callers = [c for c in m.nodes(ast.Call) if m.resolve_call(c) is func]
+    return bool(callers) and not any(rank_guarded(m, c) for c in callers)
 
 
 def _paren_text(test: str) -> str:

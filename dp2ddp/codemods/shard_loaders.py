@@ -103,7 +103,9 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
         if why is None and not ctx.options.keep_batch_size:
-            why = _groups_of_batches(m, loader) or _reshaped_whole(m, loader) or _sized_by_the_batch(m, loader)
+            why = (_groups_of_batches(m, loader) or _reshaped_whole(m, loader)
+                   # (a script with its own distributed path keeps its own batch per process: SimCLR's NT_Xent)
+                   or (_sized_by_the_batch(m, loader) if ctx.mode == "plain" else None))
         apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
         if apart is not None:
             why = (f"also makes the loader the evaluation loop at line {apart.lineno} iterates: {_EVALUATED_TOO}; build the "

@@ -51,19 +51,19 @@ def problems(ctx: Context) -> List[Finding]:
     out.extend(_data_parallel_attributes(ctx))
     out.extend(_dtype_after_wrap(ctx))
     out.extend(_second_order(ctx))
-    out.extend(_step_decided_by_the_loss(ctx))
     return out
 
 
-def _step_decided_by_the_loss(ctx: Context) -> List[Finding]:
+def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
     """DDP180: an optimizer step under a test of the loss (``if is_valid_number(loss.item()):
     optimizer.step()``). Under DDP each rank tests the loss of its own share: one may step
-    where another skips, and the replicas part for good."""
+    where another skips, and the replicas part for good. Checked once the mode is known: a
+    script with its own distributed path keeps its own decisions."""
     from dp2ddp.model.steps import loss_decided_steps
 
     m = ctx.m
-    if not dp_wraps(m):
-        return []
+    if not dp_wraps(m) or ctx.mode != "plain":
+        return []  # (a script with its own distributed path decides its steps as its authors run it under DDP)
     return [ctx.block(step, "DDP180", (
         f"`{m.source(step)}` runs only if `{' '.join(m.source(test.test).split())[:60]}` (line {test.lineno}), a test of "
         + (f"`{m.source(read)}`, the loss" if m.source(read) == m.source(loss) else

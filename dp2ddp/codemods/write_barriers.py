@@ -173,14 +173,15 @@ def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> a
 
 
 def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: bool = False,
-             companion: bool = False) -> List[Finding]:
+             companion: bool = False, local: bool = False) -> List[Finding]:
     """``dist.barrier()`` after a rank-0 write of a file the script reads later (directly, or
     through a function of the script that reads the path it is given). ``routed``: the
     statements call a script function whose writes go to os.devnull on other ranks; its
     path arguments (a string, ``args.data``: not a whole options namespace) must reach a
     reading call after it in the same function. ``companion``: the statements call a
     project function that only writes, run on rank 0 (its path arguments are what it
-    writes)."""
+    writes). ``local``: only reads in the function that writes count (a file opened for
+    writing on rank 0 and read back a few lines below)."""
     m = ctx.m
     if not guarded:
         return []
@@ -198,6 +199,8 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
                     continue
                 if any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _callee_reads(m, call):
                     later.append(call)
+            if local:
+                later = [c for c in later if m.enclosing_function(c) is m.enclosing_function(stmt)]
             if not later:
                 continue
             anchor = _barrier_anchor(m, last, later)
