@@ -175,7 +175,7 @@ def _call_escape(m: SemanticModel, call: ast.Call, local: Set[str], accs: Set[st
     if q and all(x.startswith("builtins.") for x in q):
         names = {x.split(".", 1)[1] for x in q}
         return None if names <= _PURE_BUILTINS else f"calls `{short(m, f)}`"
-    if base is not None and _imported(m, base):
+    if base is not None and m.is_imported(base):
         if all(x.split(".", 1)[0] in _LIBRARIES for x in q):
             return None  # a library function: torch, F, numpy ...
         if isinstance(f, (ast.Name, ast.Attribute)) and project_def(m, f) is not None:
@@ -190,9 +190,6 @@ def _call_escape(m: SemanticModel, call: ast.Call, local: Set[str], accs: Set[st
     return None
 
 
-def _imported(m: SemanticModel, name: ast.Name) -> bool:
-    _, bindings = m.lookup(name.id, m.scope_of(name))
-    return bool(bindings) and all(b.kind == "import" for b in bindings)
 
 
 def _torch_object(m: SemanticModel, f: ast.Attribute) -> bool:

@@ -26,7 +26,7 @@ from typing import List, Optional, Set
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.steps import backward_calls, innermost_loop, own_nodes
-from dp2ddp.model.syntax import terminal
+from dp2ddp.model.syntax import root_name, terminal
 
 # methods of a tensor or an array that hand on the data they are called on
 _CARRYING = frozenset({
@@ -192,14 +192,8 @@ def _source(m: SemanticModel, loop: ast.AST, forward: ast.Call):
 def _a_module(m: SemanticModel, expr: ast.AST) -> bool:
     """``pipeline`` of ``import pipeline`` (or ``a.b`` of ``import a.b``): a module, not an
     object."""
-    root = expr
-    while isinstance(root, ast.Attribute):
-        root = root.value
-    if not isinstance(root, ast.Name):
-        return False
-    _, bindings = m.lookup(root.id, m.scope_of(root))
-    return bool(bindings) and all(b.kind == "import" for b in bindings) and not any(
-        n[:1].isupper() for n in root.id.split(".")[-1:])
+    root = root_name(expr)
+    return root is not None and m.is_imported(root) and not root.id[:1].isupper()  # (``Foo.load()``: a class)
 
 
 def _holds_a_loader(m: SemanticModel, receiver: ast.AST) -> bool:

@@ -61,6 +61,12 @@ class QualifiedNames:
     def bindings_of(self, name_node: ast.Name) -> List[Binding]:
         return self.lookup(name_node.id, self.scope_of(name_node))[1]
 
+    def is_imported(self, name_node: ast.Name) -> bool:
+        """Every binding of the name is an import (a module or a class of another module,
+        not a local value)."""
+        bindings = self.bindings_of(name_node)
+        return bool(bindings) and all(b.kind == "import" for b in bindings)
+
     def qualified_names(self, node: ast.AST) -> FrozenSet[str]:
         """What ``node`` (a Name or an Attribute chain) may refer to, by qualified name:
         imports give the imported path, other bindings a local name

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.syntax import FUNCTIONS
+from dp2ddp.model.syntax import FUNCTIONS, root_name
 
 # the nn.Module API DDP and DataParallel share with the module they wrap
 MODULE_API = frozenset(
@@ -336,11 +336,8 @@ def unread_model_class(m: SemanticModel, module: Optional[ast.AST]) -> Optional[
             continue
         if m.resolve_call(node) is not None or project_def(m, node.func) is not None:
             continue
-        root = node.func
-        while isinstance(root, ast.Attribute):
-            root = root.value
-        _, bindings = m.lookup(root.id, m.scope_of(root)) if isinstance(root, ast.Name) else (None, [])
-        if not bindings or any(b.kind != "import" for b in bindings):
+        root = root_name(node.func)
+        if root is None or not m.is_imported(root):
             continue  # a local name (``Model = eval(model_type)``), not a class imported from a module
         for q in m.qualified_names(node.func):
             owner, _, name = q.rpartition(".")
