@@ -147,6 +147,7 @@ def _child(request: dict, out_fd: int, err_fd: int) -> None:
         torch.seed()
 
         sys.modules.pop("sitecustomize", None)
+        sys.dp2ddp_zygote_fork = True  # the exit-race guard's sleep is for finalization, which a fork never reaches
         try:
             import sitecustomize  # noqa: F401  (what site.execsitecustomize does)
         except ImportError as exc:
@@ -211,6 +212,13 @@ def main() -> None:
     BASE_PATH = list(sys.path[1:])
     for name in PRELOAD:
         importlib.import_module(name)
+    import gc
+
+    # What the imports made is kept for good: a fork's collections (the one after its run
+    # above, and any during it) then skip them, neither walking nor copying on write the
+    # pages of a heap that holds torch (0.14 s a collection here), and find what the run made
+    gc.collect()
+    gc.freeze()
     if _threads() != 1:
         sys.stdout.write(json.dumps({"error": f"{_threads()} threads after the imports: forking would be unsafe"}) + "\n")
         sys.stdout.flush()
