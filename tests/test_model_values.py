@@ -524,3 +524,39 @@ def test_a_console_helper_only_writes_to_the_terminal():
     m = build(src, str(here / "probe_script.py"))
     got = {m.source(c.func): console_helper(m, c) for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name)}
     assert got == {"progress_bar": "progress_bar", "bar_and_count": None, "bar_to_file": None}
+
+
+def test_a_loss_class_returning_a_total_is_a_sum_here_or_in_a_project_module(tmp_path) -> None:
+    from dp2ddp.model.losses import summed_losses
+
+    classes = {
+        "functional": "class Crit(nn.Module):\n    def __init__(self, w=1.0):\n        super().__init__()\n"
+                      "        self.w = w\n\n    def forward(self, out, y):\n"
+                      "        return self.w * F.cross_entropy(out, y, reduction='sum')\n",
+        "held": "class Crit(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self.l1 = nn.L1Loss(reduction='sum')\n\n    def forward(self, out, y):\n"
+                "        err = self.l1(out, y)\n        return err + 0.5 * (out - y).pow(2).sum()\n",
+        # a total on one path, a mean on the other: refused (scaling would scale the mean too)
+        "mean": "class Crit(nn.Module):\n    def forward(self, out, y):\n        if out.dim() > 1:\n"
+                "            return F.l1_loss(out, y, reduction='sum')\n        return F.l1_loss(out, y)\n",
+        # divided by the batch inside: a mean
+        "per_sample": "class Crit(nn.Module):\n    def forward(self, out, y):\n"
+                      "        return F.l1_loss(out, y, reduction='sum') / out.size(0)\n",
+    }
+    head = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+    loop = ("model = nn.DataParallel(nn.Linear(4, 2))\ncrit = Crit()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for x, y in loader:\n    loss = crit(model(x), y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    for name, cls in classes.items():
+        here = build(head + cls + loop)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "crits.py").write_text(head + cls)
+        train = tmp_path / name / "train.py"
+        train.write_text(head + "from crits import Crit\n" + loop)
+        there = build(train.read_text(), str(train))
+        for m in (here, there):
+            got = [(m.source(s.use), s.scalable) for s in summed_losses(m)]
+            want = {"functional": [("crit(model(x), y)", True)], "held": [("crit(model(x), y)", True)],
+                    "mean": [("crit(model(x), y)", False)], "per_sample": []}[name]
+            assert got == want, (name, m.path)
+        if name == "mean":
+            assert "returns `F.l1_loss(out, y)`" in summed_losses(there)[0].reason

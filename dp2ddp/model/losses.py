@@ -16,7 +16,7 @@ from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.loss_calls import class_uses, shared_binding, trains_here
+from dp2ddp.model.loss_calls import bound_to, class_uses, shared_binding, trains_here
 from dp2ddp.model.syntax import first_dim_of, kwarg, summing_keyword
 from dp2ddp.model.training import under_no_grad
 
@@ -39,7 +39,10 @@ def what_sums(m: SemanticModel, arg: ast.AST) -> str:
     """How a :class:`SumLoss` sums, for a message: its argument, or its class's total."""
     if isinstance(arg, ast.ClassDef):
         forward = m.methods(arg).get("forward")
-        return f"{arg.name}.forward returns a total, line {getattr(forward, 'lineno', arg.lineno)}"
+        where = m.cache.get("losses:class-files", {}).get(id(arg))
+        some = " on one path" if not_a_total(m, arg) is not None else ""
+        return (f"{arg.name}.forward returns a total{some}, {where[1] + ' ' if where else ''}"
+                f"line {getattr(forward, 'lineno', arg.lineno)}")
     return m.source(arg)
 
 
@@ -69,17 +72,46 @@ def _made_sums(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, bool]]:
             _, bindings = m.lookup(made.func.id, m.scope_of(made))
             if [b.node for b in bindings] == [cls]:
                 out.append((made, cls, False))
+        elif isinstance(made.func, (ast.Name, ast.Attribute)) and bound_to(m, made) is not None:
+            cls = _project_total_class(m, made)
+            if cls is not None:
+                out.append((made, cls, False))
     m.cache["losses:made"] = out
     return out
+
+
+def _project_total_class(m: SemanticModel, made: ast.Call) -> Optional[ast.ClassDef]:
+    """``criterion = SumLoss()`` where ``SumLoss`` is a loss class of one of the project's
+    own modules (``from losses import SumLoss``) whose ``forward`` returns a total."""
+    from dp2ddp.model.project_defs import project_def
+
+    names = m.qualified_names(made.func)
+    if not names or any(q.split(".", 1)[0] in ("torch", "builtins") for q in names):
+        return None
+    got = project_def(m, made.func)
+    if got is None or not isinstance(got[1], ast.ClassDef) or got[0] is m:
+        return None
+    cls = _total_classes(got[0]).get(got[1].name)
+    if cls is not got[1]:
+        return None
+    m.cache.setdefault("losses:class-files", {})[id(cls)] = (got[0], got[2])  # type: ignore[index]
+    return cls
 
 
 _ELEMENTWISE = frozenset({"sqrt", "abs", "exp", "log", "pow", "square", "log1p", "sigmoid", "add", "sub", "mul", "div"})
 
 
 def _total_classes(m: SemanticModel) -> Dict[str, ast.ClassDef]:
+    """This module's loss classes whose ``forward`` returns a total over the samples: every
+    return (:func:`_total_of`), or some of them (:func:`not_a_total` says which return is
+    not: such a class's use is refused, not scaled)."""
     from dp2ddp.model.kinds import is_module_class
 
+    got = m.cache.get("losses:totals")
+    if got is not None:
+        return got  # type: ignore[return-value]
     out = {}
+    partial: Dict[int, ast.AST] = m.cache.setdefault("losses:partial", {})  # type: ignore[assignment]
     for cls in m.nodes(ast.ClassDef):
         if not is_module_class(m, cls) or m.enclosing_function(cls) is not None:
             continue
@@ -88,15 +120,45 @@ def _total_classes(m: SemanticModel) -> Dict[str, ast.ClassDef]:
             continue
         params = {a.arg for a in forward.args.args[1:]}
         returns = [n.value for n in ast.walk(forward) if isinstance(n, ast.Return) and n.value is not None]
-        if returns and params and all(_total_of(m, r, params) for r in returns):
+        totals = [r for r in returns if params and _total_of(m, r, params)]
+        if totals:
             out[cls.name] = cls
+            other = next((r for r in returns if r not in totals), None)
+            if other is not None:
+                partial[id(cls)] = other
+    m.cache["losses:totals"] = out
     return out
 
 
-def _total_of(m: SemanticModel, e: ast.AST, params: Set[str]) -> bool:
+def not_a_total(m: SemanticModel, cls: ast.ClassDef) -> Optional[ast.AST]:
+    """A return of a total class's ``forward`` that is no total (a mean on another path),
+    the class being this module's or a project module's a call of this module makes."""
+    _total_classes(m)
+    partial: Dict[int, ast.AST] = m.cache["losses:partial"]  # type: ignore[assignment]
+    if id(cls) in partial:
+        return partial[id(cls)]
+    where = m.cache.get("losses:class-files", {}).get(id(cls))
+    return not_a_total(where[0], cls) if where is not None else None
+
+
+def _total_of(m: SemanticModel, e: ast.AST, params: Set[str], depth: int = 0) -> bool:
     """``torch.sum(x)`` or ``x.sum()`` (every element) of an elementwise expression of
-    ``params`` (and constants, ``self.`` attributes)."""
+    ``params`` (and constants, ``self.`` attributes); a summing ``torch.nn`` loss of them
+    (``F.cross_entropy(logits, target, reduction="sum")``, or ``self.crit(...)`` made in
+    ``__init__`` as ``nn.MSELoss(reduction="sum")``); such totals added up, or times a
+    factor the same on every rank (``self.weight * ...``)."""
     e = _local_value(m, e)
+    if depth > 8:
+        return False
+    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Add, ast.Sub)):
+        return _total_of(m, e.left, params, depth + 1) and _total_of(m, e.right, params, depth + 1)
+    if isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult) and _rank_constant(m, e.left):
+        return _total_of(m, e.right, params, depth + 1)
+    if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.Mult, ast.Div)) and _rank_constant(m, e.right):
+        return _total_of(m, e.left, params, depth + 1)
+    if isinstance(e, ast.Call) and _summing_loss_call(m, e):
+        met: Set[str] = set()
+        return all(_elementwise_of(m, a, params, met) for a in e.args) and bool(met)
     if isinstance(e, ast.Call) and not e.keywords:
         if m.is_name(e.func, {"torch.sum"}) and len(e.args) == 1:
             inner = e.args[0]
@@ -106,6 +168,26 @@ def _total_of(m: SemanticModel, e: ast.AST, params: Set[str]) -> bool:
             return False
         return _elementwise(m, inner, params)
     return False
+
+
+def _summing_loss_call(m: SemanticModel, call: ast.Call) -> bool:
+    """A ``torch.nn`` loss that sums: the functional given ``reduction="sum"``, or
+    ``self.<attr>(...)`` where the class's ``__init__`` makes ``self.<attr>`` a summing
+    ``torch.nn`` loss class."""
+    if summing_keyword(call) is not None:
+        return any(q.startswith("torch.nn.functional.") for q in m.qualified_names(call.func))
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"):
+        return False
+    cls = m.enclosing_class(m.enclosing_function(call))
+    init = m.methods(cls).get("__init__") if cls is not None else None
+    if init is None:
+        return False
+    made = [n.value for n in ast.walk(init) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr == f.attr
+        for t in n.targets)]
+    return len(made) == 1 and isinstance(made[0], ast.Call) and summing_keyword(made[0]) is not None and any(
+        q.startswith("torch.nn.") and not q.startswith("torch.nn.functional.") for q in m.qualified_names(made[0].func))
 
 
 def _local_value(m: SemanticModel, e: ast.AST) -> ast.AST:
@@ -148,7 +230,8 @@ def _elementwise_of(m: SemanticModel, e: ast.AST, params: Set[str], met: Set[str
         return isinstance(e.value, ast.Name) and e.value.id == "self"
     if isinstance(e, ast.Call) and not e.keywords:
         f = e.func
-        if isinstance(f, ast.Attribute) and f.attr in _ELEMENTWISE and not m.qualified_names(f):
+        if (isinstance(f, ast.Attribute) and f.attr in _ELEMENTWISE
+                and not (isinstance(f.value, ast.Name) and m.is_imported(f.value))):  # a tensor's method, ``mu.pow(2)``
             return _elementwise_of(m, f.value, params, met, d) and all(_elementwise_of(m, a, params, met, d) for a in e.args)
         if any(q.startswith("torch.") and q.rsplit(".", 1)[-1] in _ELEMENTWISE for q in m.qualified_names(f)):
             return all(_elementwise_of(m, a, params, met, d) for a in e.args)
@@ -165,10 +248,22 @@ def _fed_by_the_model(m: SemanticModel, use: ast.Call) -> bool:
             return True
         if isinstance(a, ast.Name):
             _, bindings = m.lookup(a.id, m.scope_of(a))
-            if bindings and all(b.kind == "assign" and isinstance(b.value, ast.Call)
-                                and is_wrapped_forward(m, b.value, dp=True) for b in bindings):
+            if bindings and all(isinstance(v, ast.Call) and is_wrapped_forward(m, v, dp=True)
+                                for v in map(lambda b: _bound_value(m, b), bindings)):
                 return True
     return False
+
+
+def _bound_value(m: SemanticModel, binding) -> Optional[ast.AST]:
+    """What a binding assigns: its value, or for one name of an unpacked tuple
+    (``recon, mu, logvar = model(x)``) the whole value unpacked."""
+    if binding.kind == "assign":
+        return binding.value
+    if binding.kind == "unpack":
+        parent = m.parent(binding.node)
+        if isinstance(parent, ast.Assign) and binding.node in parent.targets:
+            return parent.value
+    return None
 
 
 def summed_losses(m: SemanticModel) -> List[SumLoss]:
@@ -197,8 +292,15 @@ def summed_losses(m: SemanticModel) -> List[SumLoss]:
             out.append(SumLoss(arg, made, made, False, "dp2ddp sees no call of it to follow to a backward"))
             continue
         other = None if functional else shared_binding(m, made)
+        mean = not_a_total(m, arg) if isinstance(arg, ast.ClassDef) else None
         for use in uses:
             if under_no_grad(m, use) or not trains_here(m, use) or _read_as_number(m, use) or _scaled(m, use):
+                continue
+            if mean is not None:
+                where = m.cache.get("losses:class-files", {}).get(id(arg))
+                out.append(SumLoss(arg, made, use, False, f"on another path it returns "
+                                   f"`{' '.join((where[0] if where else m).source(mean).split())[:60]}` "
+                                   f"({where[1] + ' ' if where else ''}line {mean.lineno}), which is no total"))
                 continue
             if other is not None:
                 out.append(SumLoss(arg, made, use, False, f"the same call also computes the loss bound at line "
