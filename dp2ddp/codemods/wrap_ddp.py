@@ -57,6 +57,7 @@ from dp2ddp.codemods.wrapper_refs import remove_imports, route_uses, type_refs
 from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.bound import binding_conditions, maybe_unbound
 from dp2ddp.model.placement import placed_by_caller
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
@@ -409,6 +410,17 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     late = placed_late(ctx, w, anchor, wrap_target) if early is None else None
     if late is not None:
         return [late]
+    kept_under = None
+    if w.conditions and isinstance(wrap_target, ast.Name) and maybe_unbound(m, wrap_target.id, w.conditions[-1]):
+        # ``if cfg.eval_head: head = Head(model)`` before the wrap's ``if``: moved out of every
+        # condition, the wrap would read an unbound ``head``; it stays under the test that made it
+        held = [m.source(c.test) for c in binding_conditions(m, wrap_target.id, w.conditions[-1])]
+        kept_under = next((c.test for c in w.conditions if m.source(c.test) in held), None)
+        if kept_under is None:
+            return [ctx.block(call, "DDP101", (
+                f"`{wrap_target.id}` is bound only on some paths before `if {m.source(w.conditions[-1].test)}:` (line "
+                f"{w.conditions[-1].lineno}): moved out of it so that every rank wraps, the wrap would read an unbound name "
+                "where it is not; migrate this by hand"))]
     inside = _used_inside_after(m, w, wrap_target) if w.conditions else None
     if inside is not None:
         return [ctx.block(inside, "DDP101", (
@@ -426,6 +438,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     hoist.place = hoist.place or (unplaced and cuda_guard)
     hoist.cls = hoist.cls or _cls(w)
     hoist.sync_bn = hoist.sync_bn or w.sync_bn
+    hoist.kept_under = hoist.kept_under or kept_under
     edits = unwrap_in_place(ctx, w, inner_text, hoist)
     if w.conditions and any(isinstance(e, Remove) for e in edits):
         edits = drop_emptied_if(ctx, w, hoist) or edits
@@ -435,9 +448,11 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             "DistributedDataParallel so that every trained parameter is averaged across ranks"
         )
         return [ctx.note(call, "DDP102", msg + early_note(m, early), edits)]
-    test = m.source(w.conditions[0].test)
+    test = m.source(next(c for c in w.conditions if c.test is not kept_under).test)
+    kept = (f"; it stays under `if {m.source(kept_under)}:`, the test {m.source(wrap_target)} is made under"
+            if kept_under is not None else "")
     out = [ctx.note(call, "DDP103", f"DistributedDataParallel wrap moved out of `if {test}:` so that every rank wraps, also on CPU"
-                    + early_note(m, early) + (PLACED_NOTE if unplaced and cuda_guard else ""), edits)]
+                    + kept + early_note(m, early) + (PLACED_NOTE if unplaced and cuda_guard else ""), edits)]
     count_guard = all(count_test(m, c.test) for c in w.conditions) and not cuda_guard
     # not in a project module: the script that calls it may place what it returns
     if unplaced and count_guard and ctx.role != "helper" and not placed_anywhere(m, {m.source(wrap_target), m.source(w.module)}):

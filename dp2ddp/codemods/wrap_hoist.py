@@ -32,6 +32,7 @@ class Hoist:
         self.place = False  # the module is on no GPU before the wrap: DataParallel placed it (placement.placed_by_dataparallel)
         self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
         self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
+        self.kept_under: Optional[ast.expr] = None  # the test the module exists under (model/bound.py): the wrap stays under it
 
 
 def hoist_at(hoists, anchor: ast.stmt, target: ast.AST) -> Hoist:
@@ -74,12 +75,15 @@ def insert_hoisted(ctx: Context, hoist: Hoist, find_unused: bool) -> Finding:
     """Write the moved wrap, ``t = DistributedDataParallel(t, ...)``, after its anchor."""
     m = ctx.m
     t = m.source(hoist.target)
-    stmt = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(cuda_first(ctx, t) if hoist.late_cuda is not None or hoist.place else t,
-                                                           find_unused, hoist.cls, hoist.sync_bn))
-    if hoist.leading:
-        stmt = stmt.with_changes(leading_lines=hoist.leading)
+    stmt = inner = ctx.stmt("{t} = {call}", t=t, call=ctx.ddp_call(cuda_first(ctx, t) if hoist.late_cuda is not None or hoist.place else t,
+                                                                   find_unused, hoist.cls, hoist.sync_bn))
     if hoist.comment is not None:
         stmt = stmt.with_changes(trailing_whitespace=hoist.comment)
+    if hoist.kept_under is not None:
+        stmt = ctx.stmt("if {test}:\n    pass", test=m.source(hoist.kept_under))
+        stmt = stmt.with_changes(body=stmt.body.with_changes(body=[inner]))  # type: ignore[attr-defined]
+    if hoist.leading:
+        stmt = stmt.with_changes(leading_lines=hoist.leading)
     return ctx.note(hoist.anchor, "DDP100", f"wrap {t} in DistributedDataParallel here", [InsertAfter(ctx.bridge.statement(hoist.anchor), (stmt,))])
 
 
