@@ -16,7 +16,7 @@ from dp2ddp.model.checkpoint_keys import PLAIN, key_policy
 from dp2ddp.model.collectives import VarKey, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import LOOPS
-from dp2ddp.model.uses import wrapper_keys, wrapper_uses
+from dp2ddp.model.uses import half_unwrapped, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_type_refs, dp_wraps
 
 _DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
@@ -42,7 +42,17 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
     said = set()
     loads: List[Fix] = []
     first_load = None
+    unwraps = {id(n) for n in half_unwrapped(m, guarded_all)}
     for use in wrapper_uses(m, keys):
+        if use.kind == "other" and id(use.node) in unwraps and not _before_any_wrap(m, use.node, wrap_stmts):
+            # ``if parallel: model_ = model.module else: model_ = model``: the bare model on
+            # both paths of the original; the migrated wrap runs on both
+            alias = m.source(m.parent(use.node).targets[0])  # type: ignore[attr-defined]
+            out.append(ctx.note(use.node, "DDP124", (
+                f"`{alias} = {m.source(use.node)}` takes `.module` too: the script unwraps on the other path, so {alias} held "
+                f"the bare model wherever the original ran, and the migrated wrap runs on every path"),
+                [Replace(ctx.cst(use.node), ctx.expr(ctx.module_of(m.source(use.node))))]))
+            continue
         if use.kind not in ("attribute", "store", "state_dict"):
             continue
         if use.kind == "state_dict" and use.attr == "load_state_dict" and not _before_any_wrap(m, use.node, wrap_stmts):

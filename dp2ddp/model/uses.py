@@ -88,6 +88,10 @@ def wrapper_keys(m: SemanticModel, seeds: Iterable[VarKey], max_depth: int = 3) 
                             if k not in keys:
                                 keys.add(k)
                                 added = True
+        # ``model_ = model``: a name every binding of which is the wrapper's
+        for k in _aliases(m, keys):
+            keys.add(k)
+            added = True
         # passed to a function of the script
         for func, sites in m.call_graph.items():
             if not isinstance(func, FUNCTIONS):
@@ -103,6 +107,42 @@ def wrapper_keys(m: SemanticModel, seeds: Iterable[VarKey], max_depth: int = 3) 
         if not added:
             break
     return keys
+
+
+def _alias_assigns(m: SemanticModel) -> List[ast.Assign]:
+    return [a for a in m.nodes(ast.Assign) if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
+            and isinstance(a.value, ast.Name)]
+
+
+def _aliases(m: SemanticModel, keys: Set[VarKey]) -> List[VarKey]:
+    """Names not yet in ``keys`` bound only to names in ``keys`` (``model_ = model``)."""
+    out: List[VarKey] = []
+    for a in _alias_assigns(m):
+        k = var_key(m, a.targets[0])
+        if k is None or k in keys or k in out or var_key(m, a.value) not in keys:
+            continue
+        _, bindings = m.lookup(a.targets[0].id, m.scope_of(a.targets[0]))
+        if bindings and all(b.kind == "assign" and isinstance(b.value, ast.Name) and var_key(m, b.value) in keys
+                            for b in bindings):
+            out.append(k)
+    return out
+
+
+def half_unwrapped(m: SemanticModel, keys: Set[VarKey]) -> List[ast.Name]:
+    """``model_ = model`` where another binding of ``model_`` is ``model.module`` (``if
+    parallel: model_ = model.module else: model_ = model``): the script's unwrap, which
+    holds the bare model on every path of the original where the wrap was conditional;
+    the wrapper names ``model`` it reads."""
+    out: List[ast.Name] = []
+    for a in _alias_assigns(m):
+        key = var_key(m, a.value)
+        if key not in keys:
+            continue
+        _, bindings = m.lookup(a.targets[0].id, m.scope_of(a.targets[0]))
+        if any(b.kind == "assign" and isinstance(b.value, ast.Attribute) and b.value.attr == "module"
+               and var_key(m, b.value.value) == key for b in bindings):
+            out.append(a.value)
+    return out
 
 
 def dp_wrapper_keys(m: SemanticModel, functional: bool = False) -> Set[VarKey]:
