@@ -137,8 +137,15 @@ def _module_class(m: SemanticModel, call: ast.Call) -> Optional[str]:
 
 
 def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
-    """The constructor call that made ``module`` and its class, when every binding is one."""
+    """The constructor call that made ``module`` and its class, when every binding is one
+    (or, through the script's functions, every value that reaches it: ``loss_fn, center =
+    make_loss(...)`` where ``make_loss`` returns the ``CenterLoss(...)`` it made)."""
     values = binding_values(m, module)
+    if not values or not all(isinstance(v, ast.Call) and not _unpacked_from(v, m.parent(v)) for v in values):
+        from dp2ddp.model.flow import origins
+
+        found = origins(m, module)
+        values = [node for node, path in found if not path] if found and all(not path for _, path in found) else []
     if not values:
         return None
     found = []
@@ -152,6 +159,11 @@ def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
             return None
         found.append((v, cls))
     return found[0]
+
+
+def _unpacked_from(value: ast.AST, parent: Optional[ast.AST]) -> bool:
+    """``a, b = value``: the binding's value is the whole call, not what it gives ``b``."""
+    return isinstance(parent, ast.Assign) and any(isinstance(t, (ast.Tuple, ast.List)) for t in parent.targets)
 
 
 # ----------------------------------------------------------------------------- parameters
