@@ -1124,3 +1124,32 @@ def test_a_subpackages_readme_is_no_repository_root(tmp_path: Path) -> None:
     (root / "cpc" / "README.md").write_text("the package\n")
     (root / "cpc" / "dataset.py").write_text("def find(path):\n    return []\n")
     assert module_file(str(root / "cpc"), "cpc.dataset") == str(root / "cpc" / "dataset.py")
+
+
+def test_a_triplet_loss_handed_to_the_projects_training_code_is_refused_at_the_value_handed(tmp_path: Path, capsys) -> None:
+    """reid-strong-baseline's shape: the script builds the loss with the project's factory (a
+    closure over a batch-hard triplet loss whose distances a helper computes) and hands it to
+    the project's training code, which wraps the model and calls the loss in a step function
+    it builds. Migrated, the step would mine each rank's share of the batch: refused (DDP153)
+    at the value handed, with where it is called and where it compares; nothing written. The
+    same script handing a plain loss migrates."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    src = ROOT / "fixtures" / "in_batch_loss"
+    for name in ("metric_losses.py", "reid_engine.py"):
+        shutil.copyfile(src / name, d / name)
+    shutil.copyfile(src / "noop_triplet_loss_handed_to_a_project_trainer_refused.in.py", d / "train.py")
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "train.py"), "--with-helpers", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert ("train.py:29:35: DDP153 `loss_func`, handed to fit() as `loss_fn` and called where it trains "
+            "(reid_engine.py:10), runs HardTripletLoss, which compares the samples of a batch with each other "
+            "(metric_losses.py:11)") in err, err
+    assert not out.exists()
+    (d / "train.py").write_text((d / "train.py").read_text().replace('build_loss("softmax_triplet")',
+                                                                      "torch.nn.CrossEntropyLoss()"))
+    (d / "reid_engine.py").write_text((d / "reid_engine.py").read_text().replace(
+        "loss_fn(logits, feats, ids)", "loss_fn(logits, ids)"))
+    assert main(["rewrite", str(d / "train.py"), "--with-helpers", "-o", str(out)]) in (0, 1)
+    assert "DDP153" not in capsys.readouterr().err
+    assert (out / "reid_engine.py").exists()

@@ -27,7 +27,7 @@ PROVIDES = (GatherHelper,)
 
 
 def propose(ctx: Context) -> List[Finding]:
-    out: List[Finding] = []
+    out: List[Finding] = _handed(ctx)
     ctx.provide(GatherHelper())
     for loss in in_batch_losses(ctx.m):
         node, name, how = loss.node, loss.name, loss.how
@@ -53,6 +53,23 @@ def propose(ctx: Context) -> List[Finding]:
             out.append(ctx.note(call, "DDP154", (
                 f"{name} {how} ({where}): its inputs are gathered from every "
                 f"rank first ({gather}), so every rank computes the original's loss over the global batch"), edits))
+    return out
+
+
+def _handed(ctx: Context) -> List[Finding]:
+    """DDP153 for a loss the script hands to a project module's training code
+    (:mod:`dp2ddp.model.handed_losses`): that code computes it on each rank's share."""
+    from dp2ddp.model.handed_losses import handed_in_batch_losses
+
+    m = ctx.m
+    out: List[Finding] = []
+    for h in handed_in_batch_losses(m):
+        callee = m.source(h.call.func)
+        out.append(ctx.block(h.arg, "DDP153", (
+            f"`{m.source(h.arg)}`, handed to {callee}() as `{h.param}` and called where it trains ({h.rel}:{h.line}), "
+            f"runs {h.name}, which {h.how} ({h.where}): under DDP each process would compute it on its own share of the "
+            "batch (another loss: fewer negatives, other totals); gather every rank's features inside the loss "
+            "(dist.all_gather with gradients), then migrate")))
     return out
 
 

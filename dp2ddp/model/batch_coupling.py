@@ -27,6 +27,7 @@ means and are not reported.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
@@ -63,6 +64,8 @@ def _pairwise(node: ast.AST) -> bool:
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
         if name in _MATMUL and len(node.args) == 2:
             return _transposed_local(node.args[1])
+        if name in ("addmm", "addmm_") and node.args:  # ``dist.addmm_(x, y.t(), beta=1, alpha=-2)``, old ``addmm_(1, -2, x, y.t())``
+            return _transposed_local(node.args[-1])
         if name == "cdist" and len(node.args) >= 2:
             return all(isinstance(a, ast.Name) for a in node.args[:2])
     return False
@@ -134,9 +137,11 @@ def _ratio_of_totals(func: ast.AST) -> Optional[ast.AST]:
     return None
 
 
-def _comparison_in(func: ast.AST) -> Optional[Tuple[ast.AST, str]]:
+def _comparison_in(func: ast.AST, m: Optional[SemanticModel] = None, depth: int = 0) -> Optional[Tuple[ast.AST, str]]:
     """Where ``func`` couples the samples of its batch, and how (for a message); ``None``
-    where it gathers every rank's share itself."""
+    where it gathers every rank's share itself. With ``m`` (the model of ``func``'s module),
+    the module's functions it calls are read too, two calls deep (the batch-hard triplet
+    loss whose distance matrix a helper computes: ``dist = euclidean_dist(feat, feat)``)."""
     src_gathers = False
     found = None
     for n in ast.walk(func):
@@ -146,6 +151,12 @@ def _comparison_in(func: ast.AST) -> Optional[Tuple[ast.AST, str]]:
                 src_gathers = True
         if found is None and _pairwise(n):
             found = (n, COMPARES)
+        if found is None and m is not None and depth < 2 and isinstance(n, ast.Call):
+            helper = m.resolve_call(n)
+            if isinstance(helper, (ast.FunctionDef, ast.AsyncFunctionDef)) and helper is not func:
+                inner = _comparison_in(helper, m, depth + 1)
+                if inner is not None and inner[1] == COMPARES:
+                    found = inner
     if found is None:
         ratio = _ratio_of_totals(func)
         found = None if ratio is None else (ratio, DIVIDES)
@@ -259,10 +270,15 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
     out: List[InBatchLoss] = []
     seen: Set[int] = set()
     for loop in training_loops(m):
-        for func in m.reach(loop):
+        reached = set(m.reach(loop))
+        for call in m.reached_calls(loop):
+            if m.resolve_call(call) is None:
+                for closure in _closures(m, call):  # ``loss_fn(out, y)``, a closure a loss factory returned
+                    reached |= m.reach(closure)
+        for func in sorted(reached, key=lambda f: (getattr(f, "lineno", 0), getattr(f, "col_offset", 0))):
             name = getattr(func, "name", "")
             if func is not loop and isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) and _LOSS_NAME.search(name):
-                hit = _comparison_in(func)
+                hit = _comparison_in(func, m)
                 if hit is not None and id(func) not in seen:
                     seen.add(id(func))
                     out.append(InBatchLoss(func, "", hit[0].lineno, name, hit[1], func))
@@ -274,7 +290,7 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
             if not _LOSS_NAME.search(node.name) or id(node) in seen:  # type: ignore[attr-defined]
                 continue
             for body in _bodies(pm, node):
-                hit = _comparison_in(body)
+                hit = _comparison_in(body, pm)
                 if hit is not None:
                     seen.add(id(node))
                     entry = next(_bodies(pm, node))
@@ -282,6 +298,48 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
                     break
     m.cache["batch_coupling:in_batch_losses"] = out
     return out
+
+
+def _closures(m: SemanticModel, call: ast.Call) -> List[ast.AST]:
+    """The functions of this module a call of a value runs (``loss_fn(out, y)`` where
+    ``loss_fn`` is what ``make_loss()`` returned: its nested ``def loss_func``), found by
+    value flow; every value must be such a ``def``."""
+    from dp2ddp.model.flow import origins
+
+    if not isinstance(call.func, ast.Name):
+        return []
+    out: List[ast.AST] = []
+    for node, path in origins(m, call.func):
+        if path or not isinstance(node, ast.Name) or node is call.func:
+            return []
+        _, bindings = m.lookup(node.id, m.scope_of(node))
+        defs = [b.node for b in bindings if isinstance(b.node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if not defs or len(defs) != len(bindings):
+            return []
+        out.extend(defs)
+    return out
+
+
+def coupling_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: int = 0) -> Optional[Tuple[str, str, str]]:
+    """``(name, where, how)`` when calling ``node`` (a function or a loss class of module
+    ``pm``) compares the batch's samples: in its body or the module's functions it calls, or
+    in a project loss it calls (``triplet = TripletLoss(m)`` ... ``triplet(feat, y)``)."""
+    cls = pm.enclosing_class(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    name = cls.name if cls is not None and node.name in ("__call__", "forward") else getattr(node, "name", "")  # type: ignore[attr-defined]
+    if depth > 3 or not _LOSS_NAME.search(name):
+        return None
+    for body in _bodies(pm, node):
+        hit = _comparison_in(body, pm)
+        if hit is not None:
+            return name, f"{rel}:{hit[0].lineno}" if rel else f"line {hit[0].lineno}", hit[1]
+        for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
+            found = _project_callable(pm, call)
+            if found is not None and found[1] is not node:
+                there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
+                got = coupling_when_called(found[0], found[1], there, depth + 1)
+                if got is not None:
+                    return got
+    return None
 
 
 def loss_calls(m: SemanticModel, node: ast.AST) -> Optional[List[ast.Call]]:

@@ -1,0 +1,120 @@
+"""Losses the script hands to a project module's training code (``do_train(model, loader,
+optimizer, loss_fn)``, the training in another module): the value the script passes for a
+parameter that code calls where it trains, followed to what makes it — a closure a loss
+factory returns (``make_loss(cfg)``, whose ``def loss_func`` calls ``triplet(feat, y)``),
+a project loss class, a function — and read for a comparison of the batch's samples
+(:mod:`dp2ddp.model.batch_coupling`). The module that trains never sees which loss it
+is given; the script that hands it does."""
+
+from __future__ import annotations
+
+import ast
+from typing import List, NamedTuple, Set, Tuple
+
+from dp2ddp.model.batch_coupling import coupling_when_called
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.syntax import FUNCTIONS
+
+
+class HandedLoss(NamedTuple):
+    call: ast.Call  # the script's call into the project (``do_train(..., loss_fn)``)
+    arg: ast.AST  # what it passes
+    param: str  # the parameter that code calls
+    rel: str  # the project module that calls it
+    line: int  # where it is called there
+    name: str  # the loss that couples the samples
+    where: str  # ``layers/triplet_loss.py:12``: the comparison
+    how: str
+
+
+def _called_params(pm: SemanticModel, func: ast.AST, depth: int = 0) -> List[Tuple[str, int]]:
+    """``(param, line)``: parameters of ``func`` it calls (in its body or a function nested
+    in it) where the call trains (reaches a ``.backward()``), or hands on to another function
+    of its module that does (``create_supervised_trainer(model, optimizer, loss_fn)``)."""
+    from dp2ddp.model.loss_calls import trains_here
+
+    params = set(pm.params(func))
+    out: List[Tuple[str, int]] = []
+    for node in ast.walk(func):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Name) and node.func.id in params and _binds_param(pm, node.func, func):
+            if trains_here(pm, node):
+                out.append((node.func.id, node.lineno))
+            continue
+        target = pm.resolve_call(node)
+        if depth < 2 and isinstance(target, FUNCTIONS) and target is not func:
+            for inner, line in _called_params(pm, target, depth + 1):
+                arg = pm.argument_for(target, node, inner)
+                if isinstance(arg, ast.Name) and arg.id in params and _binds_param(pm, arg, func):
+                    out.append((arg.id, line))
+    return out
+
+
+def _binds_param(pm: SemanticModel, name: ast.Name, func: ast.AST) -> bool:
+    """``name`` reads the parameter of ``func`` (itself, or from a nested function's closure)."""
+    _, bindings = pm.lookup(name.id, pm.scope_of(name))
+    a = func.args  # type: ignore[attr-defined]
+    own = {id(p) for p in a.posonlyargs + a.args + a.kwonlyargs}
+    return bool(bindings) and all(b.kind == "param" and id(b.node) in own for b in bindings)
+
+
+def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AST, str]]:
+    """What ``arg`` (a value of the script) is when called: this module's function, a
+    closure a project function returns, a project loss class's instance."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.project_defs import class_of_call, project_def
+
+    out: List[Tuple[SemanticModel, ast.AST, str]] = []
+    for node, path in origins(m, arg):
+        if path:
+            continue
+        if isinstance(node, ast.Name):
+            _, bindings = m.lookup(node.id, m.scope_of(node))
+            out.extend((m, b.node, "") for b in bindings if isinstance(b.node, FUNCTIONS))
+        elif isinstance(node, ast.Call):
+            found = project_def(m, node.func) if isinstance(node.func, (ast.Name, ast.Attribute)) else None
+            if found is None:
+                cls = class_of_call(m, node)
+                if cls is not None:
+                    out.append(cls)
+                continue
+            pm, func, rel = found
+            if isinstance(func, ast.ClassDef):
+                out.append((pm, func, rel))
+                continue
+            for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)):
+                _, bindings = pm.lookup(ret.value.id, pm.scope_of(ret.value))
+                out.extend((pm, b.node, rel) for b in bindings if isinstance(b.node, FUNCTIONS))
+    return out
+
+
+def handed_in_batch_losses(m: SemanticModel) -> List[HandedLoss]:
+    """Every loss this script hands to a project module's training code that couples the
+    samples of the batch (see the module docstring)."""
+    from dp2ddp.model.project_defs import project_def
+
+    got = m.cache.get("handed_losses")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[HandedLoss] = []
+    seen: Set[int] = set()
+    for call in m.nodes(ast.Call):
+        if m.resolve_call(call) is not None or not isinstance(call.func, (ast.Name, ast.Attribute)):
+            continue
+        found = project_def(m, call.func)
+        if found is None or not isinstance(found[1], FUNCTIONS):
+            continue
+        pm, func, rel = found
+        for param, line in _called_params(pm, func):
+            arg = pm.argument_for(func, call, param)
+            if arg is None or id(arg) in seen:
+                continue
+            for made in _made_by(m, arg):
+                hit = coupling_when_called(*made)
+                if hit is not None:
+                    seen.add(id(arg))
+                    out.append(HandedLoss(call, arg, param, rel, line, *hit))
+                    break
+    m.cache["handed_losses"] = out
+    return out
