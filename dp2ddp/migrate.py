@@ -13,7 +13,6 @@ cannot be guaranteed, the file is left as it was and the reason is an ``error`` 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Tuple
 
-from dp2ddp.migration_codes.code import IMPORTS, MigrationCode, script
+from dp2ddp.migration_codes.code import IMPORTS, MigrationCode
 
 CODES: Tuple[MigrationCode, ...] = (
     MigrationCode(

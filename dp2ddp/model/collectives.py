@@ -15,7 +15,6 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import COLLECTIVES, DDP, DP, DP_FUNCTIONAL
-from dp2ddp.model.syntax import FUNCTIONS
 
 # A variable is keyed by where it lives: ("local", function, name), ("global", None, name)
 # or ("attr", class, "self.x").

@@ -6,7 +6,7 @@ import ast
 
 from dp2ddp.model.collectives import is_ddp_code
 from dp2ddp.model.losses import summed_losses, what_sums
-from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid, literal
+from dp2ddp.rules.base import DDP_CODE, Hit, Invalid, Rule, Valid
 
 
 def check(m):
