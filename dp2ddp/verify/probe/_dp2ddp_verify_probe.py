@@ -1194,7 +1194,8 @@ def _patch_item_seeds(torch):
     @functools.wraps(real_fetch)
     def fetch_items(self, possibly_batched_index):
         ds = self.dataset
-        if _S is None or (self.auto_collation and getattr(ds, "__getitems__", None)):
+        # the migration's per-rank draws (ShardedBatches.apart) step aside: items are seeded here
+        if _S is None or (self.auto_collation and getattr(ds, "__getitems__", None) and not getattr(ds, "dp2ddp_apart", False)):
             return real_fetch(self, possibly_batched_index)
         npass = _S.item_passes.get(id(ds), 0)
         seen = streams.get(id(ds))
