@@ -115,7 +115,8 @@ def test_sharded_evaluation_prints_the_original_metrics(name: str, tmp_path: Pat
         assert [int(shard[key][r]) for r in ("0", "1")] == _shares(size, batch), (key, shard[key])
 
 
-INFERENCE = ("inference_test_script", "inference_dataparallel_checkpoint")
+INFERENCE = ("inference_test_script", "inference_dataparallel_checkpoint", "inference_no_grad_around_the_forward",
+             "inference_no_grad_at_the_caller")
 
 
 def _same_metrics(tmp_path: Path, name: str, source: bytes, migrated: bytes):

@@ -115,7 +115,7 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int, capped: bool = False) -
     if grad is not None:
         return stays(f"it computes gradients (`{short(m, grad)}`, line {grad.lineno}): an evaluation under attack "
                      "runs the DDP forward with gradients on", grad)
-    if not under_no_grad(m, loop):
+    if not _grad_free(m, loop):
         return stays("it runs with gradients on (put it under `torch.no_grad()`): a DDP forward with gradients on "
                      "syncs buffers on every batch, which needs the same number of batches on every rank")
     scope = m.scope_of(loop)
@@ -295,6 +295,23 @@ def _op(node: ast.AugAssign) -> str:
             ast.MatMult: "@"}.get(type(node.op), "?")
 
 
+def _grad_free(m: SemanticModel, loop: ast.AST, depth: int = 0) -> bool:
+    """The loop's forwards of the model run with gradients off: the loop is under
+    ``torch.no_grad()`` (or its function is decorated so), every forward of the wrapped
+    model in it is (``for x, y in loader: with torch.no_grad(): out = model(x)``), or every
+    call of its function is (``with torch.no_grad(): validate(model, loader)``)."""
+    from dp2ddp.model.collectives import is_wrapped_forward
+
+    if under_no_grad(m, loop):
+        return True
+    forwards = [c for c in m.calls_in(loop) if is_wrapped_forward(m, c, dp=True)]
+    if forwards and all(under_no_grad(m, c) for c in forwards):
+        return True
+    func = m.enclosing_function(loop)
+    sites = list(m.call_sites(func)) if func is not None and depth < 2 else []
+    return bool(sites) and all(_grad_free(m, c, depth + 1) for c in sites)
+
+
 def _header(m: SemanticModel, loop: ast.For) -> Tuple[ast.AST, Optional[str]]:
     """The expression a loop's header iterates through ``enumerate``/``tqdm``, and
     ``enumerate``'s index name."""
@@ -359,6 +376,8 @@ def _dominates(m: SemanticModel, s: ast.Name, r: ast.Name, within: ast.AST) -> b
     st = m.statement_of(s)
     if isinstance(st, (ast.For, ast.AsyncFor)) and m.contains(st.target, s):
         return any(m.contains(b, r) for b in st.body)
+    while isinstance(m.parent(st), (ast.With, ast.AsyncWith)) and not m.contains(m.parent(st), r):
+        st = m.parent(st)  # ``with torch.no_grad(): output = net(x)``: a with-block's body always runs
     a: Optional[ast.AST] = m.statement_of(r)
     while a is not None and a is not within:
         block = m.block_of(a)  # type: ignore[arg-type]
