@@ -560,3 +560,19 @@ def test_a_loss_class_returning_a_total_is_a_sum_here_or_in_a_project_module(tmp
             assert got == want, (name, m.path)
         if name == "mean":
             assert "returns `F.l1_loss(out, y)`" in summed_losses(there)[0].reason
+
+
+def test_a_model_a_project_factory_places_is_placed_and_one_it_does_not_is_not(tmp_path) -> None:
+    from dp2ddp.model.placement import placed_by_maker
+    from dp2ddp.model.wraps import dp_wraps
+
+    src = ROOT / "fixtures" / "wrap_ddp"
+    zoo = (src / "model_zoo.py").read_text()
+    for places in (True, False):
+        d = tmp_path / str(places)
+        d.mkdir()
+        (d / "model_zoo.py").write_text(zoo if places else zoo.replace("        model.cuda()\n", "        pass\n"))
+        train = d / "train.py"
+        train.write_text((src / "placed_by_the_projects_model_factory.in.py").read_text())
+        m = build(train.read_text(), str(train))
+        assert placed_by_maker(m, dp_wraps(m)[0].module) is places

@@ -62,7 +62,8 @@ from dp2ddp.model.placement import placed_by_caller
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP
-from dp2ddp.model.placement import absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel
+from dp2ddp.model.placement import (absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel,
+                                     placed_by_maker)
 from dp2ddp.model.rebound_wrappers import regrown_after_wrap, rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
@@ -455,7 +456,8 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
                     + kept + early_note(m, early) + (PLACED_NOTE if unplaced and cuda_guard else ""), edits)]
     count_guard = all(count_test(m, c.test) for c in w.conditions) and not cuda_guard
     # not in a project module: the script that calls it may place what it returns
-    if unplaced and count_guard and ctx.role != "helper" and not placed_anywhere(m, {m.source(wrap_target), m.source(w.module)}):
+    if (unplaced and count_guard and ctx.role != "helper" and not placed_anywhere(m, {m.source(wrap_target), m.source(w.module)})
+            and not placed_by_maker(m, w.module)):
         out.append(ctx.warn(call, "DDP171", (
             f"{m.source(wrap_target)} is never placed on a GPU: its DataParallel runs only under `if {test}:`, where it "
             "would raise at the first forward with several GPUs (the parameters are not on cuda:0), so the original "

@@ -227,6 +227,48 @@ def placed_anywhere(m: SemanticModel, names: Iterable[str]) -> bool:
     return False
 
 
+def placed_by_maker(m: SemanticModel, value: ast.AST) -> bool:
+    """Every value ``value`` may hold is returned by a function (this module's or a project
+    module's) that places what it returns (``def make(): model = Net(); if
+    torch.cuda.is_available(): model.cuda(); return model``, few-shot-meta-baseline's
+    ``models.make``, also through ``load()`` that returns what ``make()`` made). Only to keep
+    a warning quiet (DDP171), never to edit."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.names import DP
+
+    found = [(n, p) for n, p in origins(m, value) if not (isinstance(n, ast.Call) and m.qualified_names(n.func) & DP)]
+    return bool(found) and all(not path and isinstance(node, ast.Call) and _maker_places(m, node, 0) for node, path in found)
+
+
+def _maker_places(m: SemanticModel, call: ast.Call, depth: int) -> bool:
+    """``call`` runs a function that places every value it returns (``None`` aside)."""
+    from dp2ddp.model.project_defs import project_def
+
+    func, fm = m.resolve_call(call), m
+    if func is None and isinstance(call.func, (ast.Name, ast.Attribute)):
+        got = project_def(m, call.func)
+        func, fm = (got[1], got[0]) if got is not None else (None, m)
+    if depth > 2 or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    returned = [r.value for r in ast.walk(func) if isinstance(r, ast.Return) and r.value is not None
+                and not (isinstance(r.value, ast.Constant) and r.value.value is None)]
+    placed = {fm.source(p) for s in ast.walk(func) if isinstance(s, (ast.Expr, ast.Assign))
+              for p in [placement_of(fm, s)] if p is not None}
+
+    def places(r: ast.AST) -> bool:
+        if fm.source(r) in placed:
+            return True
+        if isinstance(r, ast.Call):
+            return _maker_places(fm, r, depth + 1)
+        if isinstance(r, ast.Name):
+            _, bindings = fm.lookup(r.id, fm.scope_of(r))
+            return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, ast.Call)
+                                          and _maker_places(fm, b.value, depth + 1) for b in bindings)
+        return False
+
+    return bool(returned) and all(places(r) for r in returned)
+
+
 def placed_in(m: SemanticModel, expr: Optional[ast.AST]) -> bool:
     """``expr`` (a wrap's module argument) places the module as it is wrapped:
     ``model.cuda()``, ``model.to(device)``, or what the migration writes for a model the
