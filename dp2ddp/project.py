@@ -385,8 +385,11 @@ class ProjectResult:
 
 
 def project_root(project: ProjectResult) -> str:
-    """The folder that holds the entry script and every helper."""
+    """The folder that holds the entry script, every helper, and the project modules the
+    entry imports (also from a folder it puts on ``sys.path`` itself, ``../utils``), so that
+    a copy of it runs as the original does."""
     folders = [os.path.dirname(os.path.abspath(f.path)) for f in project.files]
+    folders += [os.path.dirname(real) for real in project_modules(project.entry)]
     return os.path.commonpath(folders)
 
 

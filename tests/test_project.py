@@ -1153,3 +1153,37 @@ def test_a_triplet_loss_handed_to_the_projects_training_code_is_refused_at_the_v
     assert main(["rewrite", str(d / "train.py"), "--with-helpers", "-o", str(out)]) in (0, 1)
     assert "DDP153" not in capsys.readouterr().err
     assert (out / "reid_engine.py").exists()
+
+
+@pytest.mark.torchrun
+def test_a_logging_helper_the_script_imports_through_its_own_sys_path_edit_runs_on_rank_zero(tmp_path: Path, capsys) -> None:
+    """audioset_tagging_cnn's shape: `sys.path.insert(1, os.path.join(sys.path[0], '../utils'))`
+    in the script, then `from utilities import create_logging`, which numbers the log file
+    after those already there. The helper was not found, ran on every rank, and two ranks could
+    pick one file or two. It is found now, runs on rank 0 (DDP135), and the project copy (-o)
+    holds ../utils, so the copy runs: one log file after a torchrun of two ranks."""
+    d = tmp_path / "proj"
+    (d / "pytorch").mkdir(parents=True)
+    (d / "utils").mkdir()
+    (d / "utils" / "utilities.py").write_text(
+        "import logging\nimport os\n\n\ndef create_logging(log_dir, filemode):\n    os.makedirs(log_dir, exist_ok=True)\n"
+        "    i = 0\n    while os.path.isfile(os.path.join(log_dir, '{:04d}.log'.format(i))):\n        i += 1\n"
+        "    logging.basicConfig(level=logging.INFO, filename=os.path.join(log_dir, '{:04d}.log'.format(i)), filemode=filemode)\n"
+        "    return logging\n")
+    (d / "pytorch" / "main.py").write_text(
+        "import logging\nimport os\nimport sys\nsys.path.insert(1, os.path.join(sys.path[0], '../utils'))\n"
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from utilities import create_logging\n\n\ndef train():\n    create_logging('logs', filemode='w')\n"
+        "    model = nn.DataParallel(nn.Linear(4, 2))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)\n"
+        "    for x, y in loader:\n        loss = nn.functional.cross_entropy(model(x), y)\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n        logging.info('loss %.4f', loss.item())\n\n\n"
+        "if __name__ == '__main__':\n    train()\n")
+    out = tmp_path / "out"
+    assert main(["rewrite", str(d / "pytorch" / "main.py"), "--with-helpers", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "`create_logging(...)` configures logging to a file (../utils/utilities.py:10)" in text, text
+    assert (out / "utils" / "utilities.py").exists()
+    r = retry_exit_abort(lambda: run_script(["main.py"], out / "pytorch", env=_env(), nproc=2), "logging")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert sorted(p.name for p in (out / "pytorch" / "logs").iterdir()) == ["0000.log"]

@@ -94,9 +94,9 @@ def path_roots(folder: str, importer: Optional[str] = None) -> Tuple[str, ...]:
     """The folders that modules in ``folder`` put on ``sys.path`` when a script beside them
     imports them: ``sys.path.insert(0, path)`` / ``sys.path.append(path)`` run by such a
     module's own top-level code, directly or through a function of that module (the
-    ``_init_paths.py`` a script imports first, which adds ``../lib``). Only the modules that
-    ``importer`` imports count (a file in ``folder``); without one, those any file of the
-    folder imports. Only paths that can be read without running anything count: string
+    ``_init_paths.py`` a script imports first, which adds ``../lib``), or by a script of the
+    folder itself. Only the modules that ``importer`` imports count (a file in ``folder``),
+    and ``importer``'s own edits; without one, those any file of the folder imports or makes. Only paths that can be read without running anything count: string
     constants, ``__file__``, the module's own top-level names, and ``os.path``'s
     ``join``/``dirname``/``abspath``/``realpath``/``normpath``; a relative path (the working
     directory's) is not followed. Existing folders only; each folder read once (again when
@@ -117,11 +117,13 @@ def path_roots(folder: str, importer: Optional[str] = None) -> Tuple[str, ...]:
                 edits[name[:-3]], imports[name[:-3]] = _module_path_edits(os.path.join(folder, name))
         _ROOTS[key] = (edits, imports)
     edits, imports = _ROOTS[key]
+    # and what a script of the folder adds itself (``sys.path.insert(1, os.path.join(sys.path[0],
+    # '../utils'))`` before ``from utilities import create_logging``, audioset_tagging_cnn)
     if importer is not None:
         stem = os.path.splitext(os.path.basename(importer))[0]
-        wanted = imports.get(stem, frozenset())
+        wanted = imports.get(stem, frozenset()) | {stem}
     else:
-        wanted = frozenset().union(*imports.values()) if imports else frozenset()
+        wanted = (frozenset().union(*imports.values()) if imports else frozenset()) | frozenset(edits)
     found: List[str] = []
     for stem in sorted(wanted):
         for root in edits.get(stem, []):
@@ -180,6 +182,8 @@ def _module_path_edits(path: str, cwd: Optional[str] = None) -> Tuple[List[str],
         if (isinstance(e, ast.Call) and not e.args and not e.keywords and isinstance(e.func, ast.Attribute)
                 and e.func.attr == "getcwd" and ast.unparse(e.func.value) == "os"):
             return cwd
+        if isinstance(e, ast.Subscript) and ast.unparse(e) == "sys.path[0]":
+            return os.path.dirname(os.path.abspath(path))  # the script's folder (audioset_tagging_cnn's `../utils`)
         return None
 
     def added(call: ast.Call) -> Optional[ast.AST]:
