@@ -26,6 +26,23 @@ from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.wraps import dp_wraps
 
 
+def _outside_forward(m, w) -> str:
+    """Why a functional ``data_parallel`` outside a module's ``forward`` is left alone: where
+    it is, and what the user can do (BigGAN's sampling helpers call it under ``no_grad``)."""
+    from dp2ddp.model.training import under_no_grad
+
+    func = m.enclosing_function(w.call)
+    where = f"in `{func.name}()`" if func is not None else "at module level"
+    module = m.source(w.module)
+    why = (f"`{m.source(w.call.func)}({module}, ...)` {where} runs {module} over the GPUs outside an nn.Module's forward of "
+           "this script (dp2ddp replaces a functional data_parallel only inside a module's forward, by wrapping the module's "
+           "instances in DistributedDataParallel)")
+    if under_no_grad(m, w.call):
+        return (why + f"; it runs without gradients (sampling or evaluation): call `{module}(...)` directly there, each rank "
+                "running its own batch, then migrate")
+    return why + "; call the module directly there and wrap it where it is built, then migrate"
+
+
 def propose(ctx: Context) -> List[Finding]:
     m = ctx.m
     wraps = [w for w in dp_wraps(m) if w.functional]
@@ -39,7 +56,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         cls = m.enclosing_class(w.call)
         if not is_module_class(m, cls) or m.parent(cls) is not m.tree:
-            out.append(ctx.block(w.call, "DDP101", "data_parallel outside a method of an nn.Module class of this script; migrate this by hand"))
+            out.append(ctx.block(w.call, "DDP101", _outside_forward(m, w)))
             continue
         inputs = w.args.get("inputs")
         if isinstance(inputs, ast.Tuple):
