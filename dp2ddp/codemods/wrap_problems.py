@@ -11,7 +11,7 @@ import ast
 from typing import List, Optional, Set
 
 from dp2ddp.codemods.context import Context
-from dp2ddp.engine import Finding, InsertAfter
+from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_module_class
@@ -55,23 +55,84 @@ def problems(ctx: Context) -> List[Finding]:
 
 
 def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
-    """DDP180: an optimizer step under a test of the loss (``if is_valid_number(loss.item()):
+    """An optimizer step under a test of the loss (``if is_valid_number(loss.item()):
     optimizer.step()``). Under DDP each rank tests the loss of its own share: one may step
-    where another skips, and the replicas part for good. Checked once the mode is known: a
-    script with its own distributed path keeps its own decisions."""
+    where another skips, and the replicas part for good. Where the test reads the loss once,
+    where every rank evaluates it, the read goes through ``loss_of_every_rank(...)`` (the
+    ranks' losses all-reduced and averaged: every rank tests one value, the whole batch's,
+    DDP181); else refused (DDP180). Checked once the mode is known: a script with its own
+    distributed path keeps its own decisions."""
     from dp2ddp.model.steps import loss_decided_steps
 
     m = ctx.m
     if not dp_wraps(m) or ctx.mode != "plain":
         return []  # (a script with its own distributed path decides its steps as its authors run it under DDP)
-    return [ctx.block(step, "DDP180", (
-        f"`{m.source(step)}` runs only if `{' '.join(m.source(test.test).split())[:60]}` (line {test.lineno}), a test of "
-        + (f"`{m.source(read)}`, the loss" if m.source(read) == m.source(loss) else
-           f"`{m.source(read)}`, computed from the loss `{m.source(loss)}`")
-        + ": under DDP each rank tests the loss of its own share of the batch, so one rank may "
-        "step where another skips and the replicas part for good; test a value every rank agrees on (the loss "
-        "all-reduced, as the original's one process saw it), then migrate"))
-        for step, test, read, loss in loss_decided_steps(m)]
+    out: List[Finding] = []
+    name = None
+    for step, test, read, loss in loss_decided_steps(m):
+        what = (f"`{m.source(read)}`, the loss" if m.source(read) == m.source(loss) else
+                f"`{m.source(read)}`, computed from the loss `{m.source(loss)}`")
+        cond = " ".join(m.source(test.test).split())[:60]
+        if not _read_by_every_rank(m, test, read) or not _the_loss_itself(m, read, loss):
+            out.append(ctx.block(step, "DDP180", (
+                f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: under DDP each rank tests "
+                "the loss of its own share of the batch, so one rank may step where another skips and the replicas part for "
+                "good, and dp2ddp cannot make every rank test one value here (the test reads it more than once, only on some "
+                "paths, or reads a value computed from it); test a value every rank agrees on (the loss all-reduced, as the original's one process saw "
+                "it), then migrate")))
+            continue
+        if name is None:
+            name = ctx.fresh_name("loss_of_every_rank")
+            ctx.define_after_imports("loss_of_every_rank.py.tmpl", loss_of_every_rank=name, dist=ctx.name("dist"),
+                                     torch=ctx.name("torch"))
+        out.append(ctx.note(read, "DDP181", (
+            f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: every rank tests the ranks' "
+            f"losses averaged ({name}, an all-reduce), the whole batch's as in the original, so every rank steps or skips "
+            "alike"), [Replace(ctx.cst(read), lambda u: ctx.expr(f"{name}({{x}})", x=u))]))
+    return out
+
+
+_SAME_NUMBER = frozenset({"item", "detach", "data", "cpu", "float", "clone", "double"})
+
+
+def _the_loss_itself(m, read: ast.AST, loss: ast.AST) -> bool:
+    """``read`` is the loss, or a name bound only to the loss's value (``value =
+    loss.item()``, ``float(loss)``, ``loss.detach()``): averaged over the ranks it is the
+    whole batch's. Not a value computed from it (``done = i + 1 if loss.item() < 10 else 0``)."""
+    if m.source(read) == m.source(loss):
+        return True
+    _, bindings = m.lookup(read.id, m.scope_of(read))  # type: ignore[attr-defined]
+    if not bindings:
+        return False
+    for b in bindings:
+        v = b.value if b.kind == "assign" else None
+        while v is not None and not (isinstance(v, ast.Name) and v.id == getattr(loss, "id", None)):
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in _SAME_NUMBER and not v.args:
+                v = v.func.value
+            elif isinstance(v, ast.Attribute) and v.attr in _SAME_NUMBER:
+                v = v.value
+            elif isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "float" and len(v.args) == 1:
+                v = v.args[0]
+            else:
+                v = None
+        if v is None:
+            return False
+    return True
+
+
+def _read_by_every_rank(m, test: ast.If, read: ast.AST) -> bool:
+    """``read`` is the only read of its name in the test, and nothing between it and the
+    test's root can skip it (``and``/``or``, ``x if c else y``, a lambda or comprehension)."""
+    reads = [n for n in ast.walk(test.test) if isinstance(n, ast.Name) and n.id == getattr(read, "id", None)]
+    if len(reads) != 1:
+        return False
+    node = m.parent(read)
+    while node is not None and node is not test:
+        if isinstance(node, (ast.BoolOp, ast.IfExp, ast.Lambda, ast.comprehension, ast.ListComp, ast.GeneratorExp,
+                             ast.SetComp, ast.DictComp, ast.NamedExpr)):
+            return False
+        node = m.parent(node)
+    return node is test
 
 
 def _second_order(ctx: Context) -> List[Finding]:

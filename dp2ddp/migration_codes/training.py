@@ -33,10 +33,29 @@ CODES: Tuple[MigrationCode, ...] = (
         "holds the loss of its own share: one rank may step where another skips, and from then on the replicas hold "
         "different parameters, which DDP never brings back together (it averages gradients, not parameters). A NaN on "
         "one rank also reaches the others through the averaged gradients.",
-        "Test a value every rank agrees on: all-reduce the loss first (`value = loss.detach().clone(); "
+        "Where the test reads the loss once, on every path, the migration makes every rank test the ranks' losses "
+        "averaged (DDP181). Otherwise test a value every rank agrees on: all-reduce the loss first (`value = "
+        "loss.detach().clone(); "
         "dist.all_reduce(value); value /= dist.get_world_size()`), which is the original's loss of the whole batch "
         "where the loss is a mean, and test that; or take the risk with `--accept DDP180`.",
         "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
+        "    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n"
+        "    if torch.isfinite(loss) and loss < 10:\n        opt.step()\n",
+    ),
+    MigrationCode(
+        "DDP181", "loss-test-of-every-rank", "info",
+        "an optimizer step under a test of the loss now tests the ranks' losses averaged",
+        "Trainers skip a step whose loss is not a finite number or too large (`if is_valid_number(loss.item()): "
+        "optimizer.step()`). Under DataParallel the one process tested the loss of the whole batch; under DDP each "
+        "rank holds the loss of its own share, and a rank that stepped where another skipped would leave the replicas "
+        "apart for good. The migration reads the loss in the test through `loss_of_every_rank(...)`, written once into "
+        "the script: the ranks' losses all-reduced and averaged (the whole batch's loss where it is a mean, or a sum "
+        "the migration scales), so every rank tests one value and steps or skips alike.",
+        "Nothing to do. A test that reads the loss more than once, or only on some paths (`a and b`, `x if c else y`), "
+        "is refused instead (DDP180).",
+        "The read of the loss in the test becomes `loss_of_every_rank(loss)`; one all-reduce per step.",
         IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
         "loader = torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=16)\nfor x in loader:\n"
         "    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n"
