@@ -112,6 +112,26 @@ def test_a_replayed_permutation_names_set_epoch(site):
         "  advice: call `loader.sampler.set_epoch(epoch)` at the start of every epoch"]
 
 
+def test_one_rank_whose_first_samples_come_back_by_chance_is_no_replay(site):
+    """SfmLearner on four scenes: one sample a rank a batch, and rank 0's first samples of
+    epoch 1 happened to be those of epoch 0 while rank 1's changed. A missing reshuffle
+    replays on every rank; this one is no finding."""
+    def cut(order, r):
+        return order[r::2] if r else sorted(order[0::2])  # rank 0: the same order in both epochs
+
+    out = partition.analyze(_original(site), _sharded([0, 1], site, cut=cut), 2)
+    assert out["problems"] == []
+    assert out["loaders"][0]["order"] == "new each epoch"
+
+
+def test_a_handful_of_samples_cannot_tell_a_replay(site):
+    mig = _sharded([0, 0], site, cut=lambda order, r: order[r::2][:1])
+    out = partition.analyze(_original(site), mig, 2)
+    assert not any("replays" in p for p in out["problems"])
+    assert out["loaders"][0]["order"] == "too few samples to tell"
+    assert partition.summary(out["loaders"][0]).endswith("too few samples an epoch to tell whether the order changes")
+
+
 def test_a_replay_is_no_finding_where_the_original_does_not_reshuffle(site):
     orig = _run("original", [[_pass(1, e, list(range(N)), site, kind="SequentialSampler") for e in range(2)]])
     mig = _sharded([0, 0], site, cut=lambda order, r: list(range(N))[r::2])

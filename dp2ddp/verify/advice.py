@@ -106,7 +106,7 @@ def module_prefix(d: dict, keys_of: str, dp_in_original: bool, readers=()) -> Tu
         if not wanting:
             names = ", ".join(f"{r.path}:{r.line}" for r in readers[:3])
             return ("warning", message + f"; the project's own loader{'s' if len(readers) > 1 else ''} ({names}) "
-                    "load the migration's keys", "nothing to do for this project's code; other code that loads "
+                    f"load{'' if len(readers) > 1 else 's'} the migration's keys", "nothing to do for this project's code; other code that loads "
                     "these files into " + fits_o + " needs the other keys")
         w = wanting[0]
         return ("problem", message + f"; {w.path}:{w.line}, the project's own loader, wants the original's keys", advice)

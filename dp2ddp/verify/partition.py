@@ -53,6 +53,8 @@ def examples(x: int, limit: int = MAX_EXAMPLES) -> List[int]:
 
 
 def _ranks(ranks: List[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
     if len(ranks) == 2:
         return f"rank {ranks[0]} and rank {ranks[1]}"
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
@@ -377,10 +379,18 @@ def _order(ranks, rank_ids, orig, who, kind, problems, section) -> None:
     if orig and len(orig) >= 2:
         reshuffles = _differs(orig[0].get("head") or [], orig[1].get("head") or [])
     replay = [r for r in rank_ids if not _differs(ranks[r][0].get("head") or [], ranks[r][1].get("head") or [])]
+    compared = sum(min(len(ranks[r][0].get("head") or []), len(ranks[r][1].get("head") or [])) for r in rank_ids)
+    # a missing reshuffle replays on every rank (they all run one sampler's code); one rank's
+    # few first samples may come back by chance (1 sample a rank a batch: 1 chance in the
+    # epoch's size), and a handful of samples in all cannot tell the two apart
+    if replay and (len(replay) < len(rank_ids) or compared < _ORDER_EVIDENCE):
+        section["order"] = "too few samples to tell" if compared < _ORDER_EVIDENCE else "new each epoch"
+        section["original_reshuffles"] = reshuffles
+        return
     section["order"] = "replayed" if replay else "new each epoch"
     section["original_reshuffles"] = reshuffles
     if replay and reshuffles:
-        on = "every rank" if len(replay) == len(rank_ids) else _ranks(replay).replace("ranks", "rank", 0)
+        on = "every rank"
         if kind == "DistributedSampler":
             why = f"`set_epoch` is not called for {who}"
             advice = "call `loader.sampler.set_epoch(epoch)` at the start of every epoch"
@@ -389,6 +399,9 @@ def _order(ranks, rank_ids, orig, who, kind, problems, section) -> None:
             advice = "draw a new order every epoch (DistributedSampler with `set_epoch(epoch)`, or dp2ddp's `shard_loader`)"
         problems.append(f"epoch 1 replays epoch 0 on {on} (the original reshuffles): {why}")
         problems.append(f"  advice: {advice}")
+
+
+_ORDER_EVIDENCE = 4  # first samples compared over all ranks before a replay is judged
 
 
 def _differs(a: List[int], b: List[int]) -> bool:
@@ -441,5 +454,6 @@ def summary(section: Dict[str, Any]) -> str:
         parts.append(f"epoch {e['epoch']}: " + ", ".join(bits))
     order = section.get("order")
     tail = {"new each epoch": "a new order each epoch", "replayed": "epoch 1 replays epoch 0",
-            "one epoch seen": "one epoch seen"}.get(order, "")
+            "one epoch seen": "one epoch seen",
+            "too few samples to tell": "too few samples an epoch to tell whether the order changes"}.get(order, "")
     return f"{section['loader']}: " + "; ".join(parts) + (f"; {tail}" if tail else "")
