@@ -242,3 +242,18 @@ def test_the_lowest_versions_are_the_bounds():
     assert bounds and set(bounds) == set(pins), (bounds, pins)
     for name, low in bounds.items():
         assert [int(x) for x in pins[name].split(".")][: len(low.split("."))] == [int(x) for x in low.split(".")], name
+
+
+# Call arguments read by position (``call.args[i]``) instead of by the callee's signature
+# (dp2ddp/model/call_args.py ``argument``, ``SemanticModel.argument_for``): issue 21 counted
+# 47 and a later review 117. The count may only fall; lower the bound as reads move over.
+POSITIONAL_READS_AT_MOST = 112
+
+
+def test_positional_argument_reads_do_not_grow():
+    reads = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "dp2ddp").rglob("*.py")) if "probe" not in p.parts
+             for i, line in enumerate(p.read_text().splitlines(), 1) if ".args[" in line]
+    assert len(reads) <= POSITIONAL_READS_AT_MOST, (
+        f"{len(reads)} reads of call arguments by position (at most {POSITIONAL_READS_AT_MOST}): read a parameter by "
+        "name through dp2ddp.model.call_args.argument (a library's call) or SemanticModel.argument_for (the script's "
+        "own function)")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 from typing import List, Optional, Set
 
-import libcst as cst
 
 from dp2ddp.codemods.context import Context, add_kwarg
 from dp2ddp.codemods.rank_zero_setup import in_a_choosing_expression, propose as setup_on_rank_zero
@@ -38,7 +37,7 @@ from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
 from dp2ddp.model.writers import (LoggerMaker, logging_setups, Writer, companion_folder_races, companion_writes, logger_makers,
-                                   training_class_saves, writers, writing_class)
+                                   open_mode, training_class_saves, writers, writing_class)
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
 
 
@@ -574,8 +573,8 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         if path is None:
             return ctx.block(call, "DDP110", f"{_what(w)} without a path dp2ddp can read: restrict it to rank 0, then migrate")
         if w.kind == "open":
-            mode = call.args[1] if len(call.args) > 1 else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
-            if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)) or "x" in mode.value or "r" in mode.value:
+            mode = open_mode(call)  # ("r" where no mode is given, None where it is not a literal)
+            if mode is None or "x" in mode or "r" in mode:
                 return ctx.block(call, "DDP110", "file opened for writing in a mode dp2ddp cannot redirect: restrict it to rank 0, then migrate")
             if _rank_specific(m, path):
                 return None

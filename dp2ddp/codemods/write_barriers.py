@@ -11,10 +11,12 @@ module that reads the path it is given); :func:`routed_write_sites` gives the ca
 from __future__ import annotations
 
 import ast
-from typing import List, Set, Tuple
+from typing import List, Optional, Set, Tuple
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter
+from dp2ddp.model.call_args import (FROM_PRETRAINED_PARAMS, LOAD_PARAMS, NUMPY_LOAD_PARAMS, OPEN_PARAMS, READ_CSV_PARAMS,
+                                    STREAM_PARAMS, argument)
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOAD, OPEN
 from dp2ddp.model.ranks import rank_guarded
@@ -115,12 +117,27 @@ def _read_paths(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
     out = []
     for call in m.nodes(ast.Call):
         q = m.qualified_names(call.func)
-        arg = call.args[0] if call.args else None
-        if arg is None:
-            continue
         if q & READS or (q & OPEN and not _writes(call)) or (isinstance(call.func, ast.Attribute) and call.func.attr == "from_pretrained"):
-            out.append((call, ast.dump(arg)))
+            arg = _read_path(q, call)  # by the callee's signature: ``torch.load(f=path)`` too
+            if arg is not None:
+                out.append((call, ast.dump(arg)))
     return out
+
+
+def _read_path(q, call: ast.Call) -> Optional[ast.AST]:
+    """The path (or stream) a reading call is given."""
+    if q & LOAD:
+        return argument(call, LOAD_PARAMS, "f")
+    if q & OPEN:
+        return argument(call, OPEN_PARAMS, "file")
+    if "numpy.load" in q:
+        return argument(call, NUMPY_LOAD_PARAMS, "file")
+    if "pandas.read_csv" in q:
+        return argument(call, READ_CSV_PARAMS, "filepath_or_buffer")
+    for name, params in STREAM_PARAMS.items():
+        if name in q:
+            return argument(call, params, params[0])
+    return argument(call, FROM_PRETRAINED_PARAMS, FROM_PRETRAINED_PARAMS[0])
 
 
 def _writes(call: ast.Call) -> bool:

@@ -14,6 +14,7 @@ import ast
 from typing import Optional
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.call_args import LOAD_PARAMS, argument
 from dp2ddp.model.names import LOAD
 from dp2ddp.model.ranks import mentions_rank
 from dp2ddp.model.syntax import FUNCTIONS, terminal
@@ -72,7 +73,8 @@ def _same(m: SemanticModel, e: ast.AST, depth: int) -> bool:
         if q and q <= LOAD:
             # a checkpoint read from a path that is the same on every rank: the same file (a write
             # of it in this run is followed by a barrier before any rank reads it: write_barriers)
-            return all(same(a) for a in e.args[:1]) and all(same(k.value) for k in e.keywords if k.arg in ("f",))
+            f = argument(e, LOAD_PARAMS, "f")
+            return f is not None and same(f)
     return False
 
 

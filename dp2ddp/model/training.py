@@ -21,7 +21,8 @@ from typing import Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.project_defs import project_def
-from dp2ddp.model.syntax import terminal
+from dp2ddp.model.call_args import SET_GRAD_ENABLED_PARAMS, argument
+from dp2ddp.model.syntax import is_const, terminal
 
 from dp2ddp.model.flow import ALL_ARGS  # iterator wrappers whose arguments are all iterated
 
@@ -42,7 +43,8 @@ def under_no_grad(m: SemanticModel, node: ast.AST) -> bool:
                 e = item.context_expr
                 if isinstance(e, ast.Call) and m.is_name(e.func, NO_GRAD):
                     return True
-                if isinstance(e, ast.Call) and m.is_name(e.func, {"torch.set_grad_enabled"}) and e.args and isinstance(e.args[0], ast.Constant) and e.args[0].value is False:
+                if isinstance(e, ast.Call) and m.is_name(e.func, {"torch.set_grad_enabled"}) and is_const(
+                        argument(e, SET_GRAD_ENABLED_PARAMS, "mode"), False):
                     return True
         elif isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in a.decorator_list:

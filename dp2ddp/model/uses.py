@@ -20,6 +20,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.call_args import REQUIRES_GRAD_PARAMS, argument
 from dp2ddp.model.syntax import FUNCTIONS, root_name
 
 # the nn.Module API DDP and DataParallel share with the module they wrap
@@ -268,7 +269,7 @@ def sets_true(m: SemanticModel, change: ast.AST) -> Optional[bool]:
     if isinstance(change, ast.Call) and isinstance(change.func, ast.Attribute) and change.func.attr == "requires_grad_":
         if not change.args and not change.keywords:
             return True
-        v = change.args[0] if change.args else change.keywords[0].value
+        v = argument(change, REQUIRES_GRAD_PARAMS, "requires_grad")
         if isinstance(v, ast.Constant) and isinstance(v.value, bool):
             return v.value
         return None

@@ -25,7 +25,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Set, Tuple
 
-from dp2ddp.model.call_args import COPY_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
+from dp2ddp.model.call_args import COPY_PARAMS, OPEN_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dead_code import never_runs
 from dp2ddp.model.names import (
@@ -63,7 +63,7 @@ class Writer:
 def open_mode(call: ast.Call, position: int = 1) -> Optional[str]:
     """The mode of ``open(path, mode)`` (``position=0`` for ``path.open(mode)``): ``"r"``
     when absent, ``None`` when it is not a literal."""
-    mode = call.args[position] if len(call.args) > position else (kwarg(call, "mode").value if kwarg(call, "mode") else None)  # type: ignore[union-attr]
+    mode = argument(call, OPEN_PARAMS[1 - position:], "mode")
     if mode is None:
         return "r"
     if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
