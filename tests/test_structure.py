@@ -257,3 +257,16 @@ def test_positional_argument_reads_do_not_grow():
         f"{len(reads)} reads of call arguments by position (at most {POSITIONAL_READS_AT_MOST}): read a parameter by "
         "name through dp2ddp.model.call_args.argument (a library's call) or SemanticModel.argument_for (the script's "
         "own function)")
+
+
+def test_the_architecture_page_lists_the_transforms_in_their_order():
+    """docs/architecture.md names the transforms in the order codemods.TRANSFORMS runs them."""
+    import re
+
+    from dp2ddp.codemods import TRANSFORMS
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    para = text[text.index("then one transform per module"):]
+    para = para[: para.index("\n\n")]
+    named = [n for n in re.findall(r"`([a-z_]+)`", para) if n != "TRANSFORMS"]
+    assert named == [t.__module__.rsplit(".", 1)[-1] for t in TRANSFORMS]
