@@ -270,3 +270,16 @@ def test_the_architecture_page_lists_the_transforms_in_their_order():
     para = para[: para.index("\n\n")]
     named = [n for n in re.findall(r"`([a-z_]+)`", para) if n != "TRANSFORMS"]
     assert named == [t.__module__.rsplit(".", 1)[-1] for t in TRANSFORMS]
+
+
+def test_every_fact_a_transform_reads_is_declared():
+    """A transform that reads a fact (``ctx.need(X)``, ``ctx.has(X)``) declares it in ``NEEDS``
+    (or provides it itself): the engine orders transforms by the declarations only."""
+    from dp2ddp import codemods
+
+    for mod in codemods._MODULES:
+        tree = ast.parse(Path(mod.__file__).read_text())
+        read = {n.args[0].id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                and n.func.attr in ("need", "has") and n.args and isinstance(n.args[0], ast.Name)}
+        declared = {c.__name__ for c in getattr(mod, "NEEDS", ()) + getattr(mod, "PROVIDES", ())}
+        assert read <= declared, (mod.__name__, read - declared)

@@ -61,6 +61,9 @@ class MixedPlan:
     spawn_targets: dict = field(default_factory=dict)  # mp.spawn target function -> the spawn call
 
 
+NEEDS = (MixedPlan,)  # made by detect_mode, which runs before every transform
+
+
 def detect_mode(ctx: Context) -> List[Finding]:
     """Decide plain or mixed; in mixed mode, check that the distributed path can be completed."""
     m = ctx.m

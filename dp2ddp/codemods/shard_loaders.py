@@ -38,6 +38,7 @@ import libcst as cst
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import OwnSamplers, ShardHelper
+from dp2ddp.codemods.mixed import MixedPlan
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.batch_shapes import fixed_reshapes
@@ -55,6 +56,7 @@ SHARD_CLASS = "ShardedBatches"
 STREAM_CLASS = "ShardedStream"
 
 
+NEEDS = (MixedPlan,)
 PROVIDES = (OwnSamplers, ShardHelper)
 
 # why a loader an evaluation loop also reads is not sharded (evaluated_apart)
@@ -634,7 +636,6 @@ def _switches(ctx: Context) -> Dict[int, str]:
     """The tests that switch a mixed script's distributed path on (``if args.distributed:``,
     and tests spelled the same), by id, with the branch that runs under torchrun
     (:func:`dp2ddp.model.own_path.switch_tests` of mixed.detect_mode's plan)."""
-    from dp2ddp.codemods.mixed import MixedPlan
     from dp2ddp.model.own_path import switch_tests
 
     try:
