@@ -42,7 +42,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not torchrun and not slow" $(PYTEST_ARGS)
 
 # The whole suite on the lowest versions pyproject.toml admits (constraints-lowest.txt),
-# in its own environment. A separate CI job (`make test-lowest`), not part of `make test`:
+# in its own environment. Run by hand or by a CI job of its own (not .ci/run, which runs `make test` only):
 # torch 2.2 comes from PyPI as its CUDA build: 2.8 GB to download, 5.1 GB installed.
 test-lowest: $(VENV_LOWEST)/.dp2ddp-installed
 	$(VENV_LOWEST)/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
