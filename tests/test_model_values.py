@@ -576,3 +576,23 @@ def test_a_model_a_project_factory_places_is_placed_and_one_it_does_not_is_not(t
         train.write_text((src / "placed_by_the_projects_model_factory.in.py").read_text())
         m = build(train.read_text(), str(train))
         assert placed_by_maker(m, dp_wraps(m)[0].module) is places
+
+
+def test_a_receiver_rebound_by_its_own_methods_is_followed_once_per_call(tmp_path, monkeypatch) -> None:
+    """`x = x.m1(); x = x.m2(); ...` (a text cleaner's 29 `s = s.replace(...)` lines): every
+    binding of `x` is an origin of every other, and resolving each call's method explored
+    them in every order (n! steps: 29 lines ran for minutes). Each call is resolved once
+    now, however the calls reach one another."""
+    from dp2ddp.model import project_defs
+
+    n = 7
+    body = "".join(f"    x = x.m{i}()\n" for i in range(n))
+    train = _write(tmp_path, {"train.py": "import torch\n\n\ndef clean(x):\n" + body + "    return x\n\n\n"
+                              "net = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"})
+    m = build(train.read_text(), str(train))
+    calls = []
+    real = project_defs._resolve_instance_method
+    monkeypatch.setattr(project_defs, "_resolve_instance_method", lambda mm, f: calls.append(f) or real(mm, f))
+    for c in m.nodes(ast.Call):
+        project_def(m, c.func)
+    assert len(calls) <= n * (n + 2), len(calls)  # each call once per question asked (n! before)

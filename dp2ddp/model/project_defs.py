@@ -41,6 +41,28 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
 
 
 _ACTIVE: set = set()  # instance methods being resolved (``x = x.method()`` must not recurse)
+# what an instance method or call resolved to, kept while the outermost resolution runs: each
+# receiver is followed once. Without it, ``x = x.m1(); x = x.m2(); ...`` (every binding of
+# ``x`` an origin of every other) was explored in every order: n lines took n! steps
+# (29 ``s = s.replace(...)`` lines of a text cleaner ran for minutes).
+_RESOLVED: Dict[Tuple[str, int], Optional[Tuple["SemanticModel", ast.AST, str]]] = {}
+
+
+def _once(kind: str, m: "SemanticModel", func: ast.AST, resolve) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    key = (kind, id(func))
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    if id(func) in _ACTIVE:
+        return None
+    outermost = not _ACTIVE
+    _ACTIVE.add(id(func))
+    try:
+        got = _RESOLVED[key] = resolve(m, func)
+        return got
+    finally:
+        _ACTIVE.discard(id(func))
+        if outermost:
+            _RESOLVED.clear()
 
 
 def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
@@ -49,29 +71,29 @@ def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["Seman
     and the script's own functions: :func:`dp2ddp.model.flow.origins`; other values, ``None``
     or a call of unknown make on another path, are no class of the script's): that class's
     method of that name (its own or a base class's in the same module)."""
+    if not isinstance(func, ast.Attribute):
+        return None
+    return _once("method", m, func, _resolve_instance_method)
+
+
+def _resolve_instance_method(m: "SemanticModel", func: ast.Attribute) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
     from dp2ddp.model.flow import origins
 
-    if not isinstance(func, ast.Attribute) or id(func) in _ACTIVE:
+    classes = set()
+    found = None
+    for node, path in origins(m, func.value):
+        got = class_of_call(m, node) if not path else None
+        if got is None:
+            continue  # not an object of a class of this project (None, a value of unknown make)
+        if not got[2]:
+            return None  # a class of the script itself: resolve_call's business
+        classes.add((id(got[0]), id(got[1])))
+        found = got
+    if found is None or len(classes) != 1:
         return None
-    _ACTIVE.add(id(func))
-    try:
-        classes = set()
-        found = None
-        for node, path in origins(m, func.value):
-            got = class_of_call(m, node) if not path else None
-            if got is None:
-                continue  # not an object of a class of this project (None, a value of unknown make)
-            if not got[2]:
-                return None  # a class of the script itself: resolve_call's business
-            classes.add((id(got[0]), id(got[1])))
-            found = got
-        if found is None or len(classes) != 1:
-            return None
-        pm, cls, rel = found
-        method = method_of(pm, cls, func.attr, 0)
-        return (pm, method, rel) if method is not None else None
-    finally:
-        _ACTIVE.discard(id(func))
+    pm, cls, rel = found
+    method = method_of(pm, cls, func.attr, 0)
+    return (pm, method, rel) if method is not None else None
 
 
 def _instance_call(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
@@ -79,25 +101,25 @@ def _instance_call(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["Semanti
     one project class (``EarlyStopping(patience=7)``) that defines ``__call__`` (its own or a
     base class's in the same module): that method. A model class (``forward``, with
     ``nn.Module``'s ``__call__``) is not one."""
+    if not isinstance(func, (ast.Name, ast.Attribute)):
+        return None
+    return _once("call", m, func, _resolve_instance_call)
+
+
+def _resolve_instance_call(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
     from dp2ddp.model.flow import origins
 
-    if not isinstance(func, (ast.Name, ast.Attribute)) or id(func) in _ACTIVE:
+    found = None
+    for node, path in origins(m, func):
+        got = class_of_call(m, node) if not path else None
+        if got is None or not got[2] or (found is not None and found[1] is not got[1]):
+            return None  # a value of unknown make, the script's own class, or two classes
+        found = got
+    if found is None:
         return None
-    _ACTIVE.add(id(func))
-    try:
-        found = None
-        for node, path in origins(m, func):
-            got = class_of_call(m, node) if not path else None
-            if got is None or not got[2] or (found is not None and found[1] is not got[1]):
-                return None  # a value of unknown make, the script's own class, or two classes
-            found = got
-        if found is None:
-            return None
-        pm, cls, rel = found
-        method = method_of(pm, cls, "__call__", 0)
-        return (pm, method, rel) if method is not None else None
-    finally:
-        _ACTIVE.discard(id(func))
+    pm, cls, rel = found
+    method = method_of(pm, cls, "__call__", 0)
+    return (pm, method, rel) if method is not None else None
 
 
 def method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, depth: int) -> Optional[ast.AST]:
