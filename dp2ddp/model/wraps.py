@@ -224,26 +224,8 @@ def type_position(m: SemanticModel, ref: ast.AST) -> bool:
     return False
 
 
-def annotation_position(m: SemanticModel, ref: ast.AST) -> bool:
-    """``ref`` is (inside) a type annotation: ``def build(...) -> nn.DataParallel:``,
-    ``model: Optional[nn.DataParallel] = None``, a parameter's annotation (kospeech's model
-    builders). It names what the function returns or the name holds: after the migration,
-    the DDP wrapper."""
-    node, parent = ref, m.parent(ref)
-    while isinstance(parent, (ast.Subscript, ast.Tuple, ast.BinOp)):  # Optional[DP], Union[DP, X], DP | None
-        node, parent = parent, m.parent(parent)
-    if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return parent.returns is node
-    if isinstance(parent, ast.arg):
-        return parent.annotation is node
-    if isinstance(parent, ast.AnnAssign):
-        return parent.annotation is node
-    return False
-
-
 def dp_type_refs(m: SemanticModel) -> List[ast.AST]:
-    """DataParallel where a type is tested or annotated (``isinstance(m, DP)``, ``-> DP``)."""
-    return [r for r in m.refs(DP) if type_position(m, r) or annotation_position(m, r)]
+    return [r for r in m.refs(DP) if type_position(m, r)]
 
 
 def dp_other_refs(m: SemanticModel) -> List[ast.AST]:
@@ -257,7 +239,7 @@ def dp_other_refs(m: SemanticModel) -> List[ast.AST]:
             continue
         if id(r) in bases:
             continue
-        if type_position(m, r) or annotation_position(m, r):
+        if type_position(m, r):
             continue
         out.append(r)
     return out
