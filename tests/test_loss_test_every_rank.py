@@ -37,12 +37,13 @@ for xb, yb in loader:
         optimizer.step()
         steps += 1
 weights = [round(float(v), 6) for v in model.module.weight.flatten()]
-print("RESULT", os.environ.get("RANK", "-"), steps, weights)
+import sys
+sys.stdout.write("RESULT %s %d %s\\n" % (os.environ.get("RANK", "-"), steps, weights))  # one write: ranks do not interleave
 '''
 
 
 def _results(output: str):
-    return {m.group(1): (int(m.group(2)), m.group(3)) for m in re.finditer(r"RESULT (\S+) (\d+) (\[.*\])", output)}
+    return {m.group(1): (int(m.group(2)), m.group(3)) for m in re.finditer(r"RESULT (\S+) (\d+) (\[[^\]]*\])", output)}
 
 
 @pytest.mark.torchrun
