@@ -271,7 +271,8 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
     seen: Set[int] = set()
     for loop in training_loops(m):
         reached = set(m.reach(loop))
-        for call in m.reached_calls(loop):
+        calls = list(m.reached_calls(loop))  # read once: the closures' calls, then the project's losses
+        for call in calls:
             if m.resolve_call(call) is None:
                 for closure in _closures(m, call):  # ``loss_fn(out, y)``, a closure a loss factory returned
                     reached |= m.reach(closure)
@@ -282,7 +283,7 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
                 if hit is not None and id(func) not in seen:
                     seen.add(id(func))
                     out.append(InBatchLoss(func, "", hit[0].lineno, name, hit[1], func))
-        for call in m.reached_calls(loop):
+        for call in calls:
             found = _project_callable(m, call)
             if found is None:
                 continue

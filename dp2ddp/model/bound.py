@@ -60,9 +60,7 @@ def maybe_unbound(m: SemanticModel, name: str, stmt: ast.stmt) -> bool:
     func = m.enclosing_function(stmt)
     if func is None or not isinstance(func, FUNCTIONS):
         return False
-    args = func.args
-    params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
-    params |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+    params = set(m.params(func)) | {a.arg for a in (func.args.vararg, func.args.kwarg) if a is not None}
     if name in params:
         return False
     inside = [n for n in ast.walk(func) if m.enclosing_function(n) is func]

@@ -172,20 +172,17 @@ def _total_of(m: SemanticModel, e: ast.AST, params: Set[str], depth: int = 0) ->
 
 def _summing_loss_call(m: SemanticModel, call: ast.Call) -> bool:
     """A ``torch.nn`` loss that sums: the functional given ``reduction="sum"``, or
-    ``self.<attr>(...)`` where the class's ``__init__`` makes ``self.<attr>`` a summing
+    ``self.<attr>(...)`` where the class (its family) assigns ``self.<attr>`` once, a summing
     ``torch.nn`` loss class."""
     if summing_keyword(call) is not None:
         return any(q.startswith("torch.nn.functional.") for q in m.qualified_names(call.func))
+    from dp2ddp.model.flow import attribute_assignments
+
     f = call.func
     if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"):
         return False
     cls = m.enclosing_class(m.enclosing_function(call))
-    init = m.methods(cls).get("__init__") if cls is not None else None
-    if init is None:
-        return False
-    made = [n.value for n in ast.walk(init) if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and t.attr == f.attr
-        for t in n.targets)]
+    made = attribute_assignments(m, cls).get(f.attr, []) if cls is not None else []
     return len(made) == 1 and isinstance(made[0], ast.Call) and summing_keyword(made[0]) is not None and any(
         q.startswith("torch.nn.") and not q.startswith("torch.nn.functional.") for q in m.qualified_names(made[0].func))
 
