@@ -20,13 +20,13 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.valid_means import count_means, valid_count_means
+from dp2ddp.model.valid_means import batch_means, count_means, valid_count_means
 
 
 def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "plain":
         return []
-    out = _counts(ctx)
+    out = _counts(ctx) + _batch_means(ctx)
     found = valid_count_means(ctx.m)
     if not found:
         return out
@@ -66,4 +66,31 @@ def _counts(ctx: Context) -> List[Finding]:
         out.append(ctx.note(c.division, "DDP169", f"the loss is divided by `{count}`, a count of the batch that differs "
                             f"between the ranks' shares: {name}({count}) is the count of every rank's share over the world "
                             "size, so the step is the original's", [edit]))
+    return out
+
+
+def _batch_means(ctx: Context) -> List[Finding]:
+    found = batch_means(ctx.m)
+    if not found:
+        return []
+    m = ctx.m
+    out: List[Finding] = []
+    for b in found:
+        if b.mixed is not None:
+            out.append(ctx.block(b.division, "DDP183", (
+                f"the loss is a mean over its batch divided by the batch's size `{m.source(b.size)}`, together with "
+                f"`{' '.join(m.source(b.mixed).split())[:60]}` (line {b.mixed.lineno}), which dp2ddp cannot show is a mean: "
+                "under DDP each rank divides by its share's size, world_size times smaller; dividing the mean by the "
+                "whole batch's size would change the other term's step if it is a sum; divide each term on its own, "
+                "then migrate")))
+    if out:
+        return out
+    name = ctx.fresh_name("whole_batch_size")
+    ctx.define_after_imports("whole_batch_size.py.tmpl", whole_batch_size=name, dist=ctx.name("dist"))
+    for b in found:
+        size = m.source(b.size)
+        edit = Replace(ctx.cst(b.size), lambda u: ctx.expr(f"{name}({{s}})", s=u))
+        out.append(ctx.note(b.division, "DDP182", f"the loss is a mean over its batch divided by the batch's size `{size}` "
+                            f"again: each rank's share is world_size times smaller, so {name}({size}) divides by the whole "
+                            "batch's size and the step is the original's", [edit]))
     return out

@@ -176,6 +176,42 @@ CODES: Tuple[MigrationCode, ...] = (
         "loss = (per_sample * mask).sum() / global_count(mask.sum())\n",
     ),
     MigrationCode(
+        "DDP182", "mean-over-batch-size", "info",
+        "a mean loss divided by its batch's size again: the size becomes the whole batch's",
+        "Segmentation trainers in the DeepLab manner divide a loss that is already a mean over the batch by the "
+        "batch's size once more (`batch_average`: `loss = criterion(out, y); loss /= n`). DataParallel divided the "
+        "whole batch's mean by the whole batch's size. Under DDP each rank divides its share's mean by its share's "
+        "size, world_size times smaller, and the gradients are averaged over the ranks: every step would be "
+        "world_size times the original's, silently. (A sum divided by its batch's size is a mean, right as it is: "
+        "left alone.)",
+        "The size passes through `whole_batch_size(...)` (written once into the script): this rank's share's size times "
+        "the world size, which is the whole batch's, since every rank's share is as large (the migration's loaders "
+        "pad a batch that does not split evenly). The step is then the original's.",
+        "Safe: no collective. A mean is a `torch.nn` loss with the mean reduction (a class followed to its calls, or "
+        "a functional), `.mean()` or `torch.mean(x)`; the size is `x.size(0)`, `len(x)`, `x.shape[0]` or a name bound "
+        "to one (`n, c, h, w = x.size()`). Divided together with a term dp2ddp cannot name as a mean, the file is "
+        "refused instead (DDP183). A division in another module's loss class is not found: `verify` compares the "
+        "losses.",
+        IMPORTS + "model = nn.DataParallel(nn.Conv2d(3, 2, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "criterion = nn.CrossEntropyLoss()\nx, y = torch.randn(4, 3, 8, 8), torch.randint(0, 2, (4, 8, 8))\n"
+        "n = x.size(0)\nloss = criterion(model(x), y)\nloss /= n\nloss.backward()\nopt.step()\n",
+        "loss /= whole_batch_size(n)\n",
+    ),
+    MigrationCode(
+        "DDP183", "mean-over-batch-size-mixed", "error",
+        "a mean loss divided by its batch's size together with a term that may be a sum; the file is left unchanged",
+        "`(criterion(out, y) + extra) / x.size(0)`: the mean's division must become the whole batch's size (DDP182), "
+        "because each rank's share is world_size times smaller; a sum over the samples divided by its batch's size "
+        "is a mean and right as it is. dp2ddp cannot tell which `extra` is, and either edit would change one of the "
+        "two terms' steps.",
+        "Divide each term on its own (`criterion(out, y) / x.size(0) + extra / x.size(0)`), or make the other term "
+        "a named mean or sum, then migrate. `--accept DDP183` writes the migration without the change.",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 3))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "criterion = nn.CrossEntropyLoss()\nx, y = torch.randn(8, 4), torch.randint(0, 3, (8,))\nout = model(x)\n"
+        "loss = (criterion(out, y) + out.abs().max()) / x.size(0)\nloss.backward()\nopt.step()\n",
+    ),
+    MigrationCode(
         "DDP118", "sum-reduction-scale", "error",
         "a summed loss (`reduction=\"sum\"`, `size_average=False`) that dp2ddp cannot keep at DataParallel's scale; "
         "the file is left unchanged",

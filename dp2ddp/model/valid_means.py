@@ -6,13 +6,16 @@ shares weighted alike. The count of valid targets of a loss with ``ignore_index`
 from __future__ import annotations
 
 import ast
-from typing import List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
 from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.training import under_no_grad
+
+if TYPE_CHECKING:
+    from dp2ddp.model.losses import Division
 
 
 # torch.nn losses whose mean is over the targets that are not ``ignore_index``
@@ -32,7 +35,7 @@ class CountMean(NamedTuple):
 
 
 def count_means(m: SemanticModel) -> List[CountMean]:
-    """Terms of a loss a training backward differentiates (:func:`loss_terms`) that are a
+    """Terms of a loss a training backward differentiates (:func:`_divisions`) that are a
     division by a count summed from the data (a division inside a term, such as logits
     divided by a count, is not the loss's normaliser, and the count of every rank's share
     over the world size would not give its value): a ``.sum()`` (``torch.sum``, ``count_nonzero``), under
@@ -43,25 +46,121 @@ def count_means(m: SemanticModel) -> List[CountMean]:
     got = m.cache.get("losses:counts")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.losses import loss_terms, trains_parameters
+    out: List[CountMean] = []
+    for d in _divisions(m):
+        count = data_count(m, d.divisor)
+        if count is not None:
+            out.append(CountMean(d.node, count))
+    m.cache["losses:counts"] = out
+    return out
+
+
+def _divisions(m: SemanticModel) -> List["Division"]:
+    """The divisions of the losses training backward passes differentiate by their batch's
+    size or a count of it (:func:`dp2ddp.model.losses.loss_divisions`: a division inside a
+    term, such as logits divided by a count, is not the loss's normaliser), outside a
+    module's ``forward`` and ``torch.no_grad()``; each once."""
+    got = m.cache.get("losses:divisions")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.losses import loss_divisions, trains_parameters
     from dp2ddp.model.steps import backward_calls, differentiated
 
-    out: List[CountMean] = []
+    out = []
     seen = set()
     for call in backward_calls(m):
         operand = differentiated(m, call)
         if operand is None or not trains_parameters(m, call) or in_forward(m, call):
             continue
-        for term in loss_terms(m, operand):  # a term is the division itself: the loss's normaliser
-            if not (isinstance(term, ast.BinOp) and isinstance(term.op, ast.Div)) or id(term) in seen:
+        for d in loss_divisions(m, operand):
+            if id(d.node) in seen or in_forward(m, d.node) or under_no_grad(m, d.node):
                 continue
-            count = data_count(m, term.right)
-            if count is None or in_forward(m, term) or under_no_grad(m, term):
-                continue
-            seen.add(id(term))
-            out.append(CountMean(term, count))
-    m.cache["losses:counts"] = out
+            seen.add(id(d.node))
+            out.append(d)
+    m.cache["losses:divisions"] = out
     return out
+
+
+class BatchMean(NamedTuple):
+    """A loss that is a mean over its batch divided by the batch's size again (DeepLab's
+    ``batch_average``: ``loss = criterion(out, y); loss /= n``). DataParallel divided the
+    whole batch's mean by the whole batch's size; under DDP each rank divides its share's
+    mean by its share's size, world_size times smaller, and the gradients are averaged: each
+    step world_size times the original's. Dividing by the whole batch's size (every rank's
+    share is as large: the migration's loaders pad to equal shares) gives the original's."""
+
+    division: ast.AST  # ``loss / n``, or the ``loss /= n`` statement
+    size: ast.AST  # the batch size it divides by
+    mixed: Optional[ast.AST] = None  # a term divided with the mean that is no mean dp2ddp can name (a sum, or unknown)
+
+
+def batch_means(m: SemanticModel) -> List[BatchMean]:
+    """Divisions of a training loss by its batch's size (:func:`_divisions`) where a term
+    divided is a mean over the batch: a ``torch.nn`` loss with the mean reduction (a class
+    followed to its calls, or a functional), ``.mean()`` or ``torch.mean(x)``. A sum divided
+    by its batch's size is a mean, right as it is: left alone. Where the mean is divided
+    together with another term, ``mixed`` names it."""
+    got = m.cache.get("losses:batch-means")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.losses import batch_size_of
+
+    kinds = _mean_or_sum_uses(m)
+    out: List[BatchMean] = []
+    for d in _divisions(m):
+        if not batch_size_of(m, d.divisor):
+            continue
+        verdicts = [kinds.get(id(t)) or _reduced(m, t) for t in d.inner]
+        if "mean" not in verdicts:
+            continue
+        other = next((t for t, v in zip(d.inner, verdicts) if v != "mean"), None)
+        out.append(BatchMean(d.node, d.divisor, other))
+    m.cache["losses:batch-means"] = out
+    return out
+
+
+_LOSS_SUFFIXES = ("Loss", "_loss", "cross_entropy", "kl_div", "binary_cross_entropy")
+
+
+def _mean_or_sum_uses(m: SemanticModel) -> Dict[int, str]:
+    """id(call of a ``torch.nn`` loss) -> "mean" or "sum", by the reduction where it is made."""
+    out = {}
+    for made in m.nodes(ast.Call):
+        names = [q for q in m.qualified_names(made.func) if q.startswith("torch.nn.")]
+        if not names or not names[0].endswith(_LOSS_SUFFIXES):
+            continue
+        kind = _reduction(made)
+        if kind is None:
+            continue
+        functional = names[0].startswith("torch.nn.functional.")
+        for use in [made] if functional else class_uses(m, made):
+            out[id(use)] = kind
+    return out
+
+
+def _reduction(made: ast.Call) -> Optional[str]:
+    from dp2ddp.model.syntax import summing_keyword
+
+    if summing_keyword(made) is not None:
+        return "sum"
+    reduction = kwarg(made, "reduction")
+    if kwarg(made, "size_average") is not None or kwarg(made, "reduce") is not None:
+        return None
+    if reduction is None or (isinstance(reduction.value, ast.Constant) and reduction.value.value == "mean"):
+        return "mean"
+    return None
+
+
+def _reduced(m: SemanticModel, t: ast.AST) -> Optional[str]:
+    """``x.mean()``/``torch.mean(x)``: "mean"; ``x.sum()``/``torch.sum(x)``: "sum"."""
+    if not isinstance(t, ast.Call) or t.keywords:
+        return None
+    if isinstance(t.func, ast.Attribute) and t.func.attr in ("mean", "sum") and not t.args:
+        return t.func.attr
+    for what in ("mean", "sum"):
+        if m.is_name(t.func, {f"torch.{what}"}) and len(t.args) == 1:
+            return what
+    return None
 
 
 class ValidMean(NamedTuple):
