@@ -3,6 +3,7 @@ the project modules that hold its DataParallel wraps as one plan."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -1187,3 +1188,37 @@ def test_a_logging_helper_the_script_imports_through_its_own_sys_path_edit_runs_
     r = retry_exit_abort(lambda: run_script(["main.py"], out / "pytorch", env=_env(), nproc=2), "logging")
     assert r.returncode == 0, r.stdout[-3000:]
     assert sorted(p.name for p in (out / "pytorch" / "logs").iterdir()) == ["0000.log"]
+
+
+TRAINER_HANDED_CALLBACKS = ROOT / "fixtures" / "project" / "trainer_handed_callbacks"
+
+
+@pytest.mark.torchrun
+def test_saves_of_callbacks_a_training_class_is_handed_are_refused_alone_and_made_on_rank_zero_as_a_project(
+        tmp_path: Path, capsys) -> None:
+    """``Trainer(model, ..., model_checkpoint=ModelCheckpoint(...), training_monitor=...)``:
+    the trainer's epoch loop calls methods of the objects it was handed, whose classes (in
+    other project modules) save the model and write a history file with no rank test.
+    Alone: refused at the ``Trainer(...)`` call, naming each save (before, the migration was
+    written and every rank wrote the same files at once). As a project: the callbacks'
+    modules are migrated with the script and only rank 0 saves, each file once, as the
+    original did; the trainer's module is left as it was."""
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINER_HANDED_CALLBACKS, d)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    for where in ("callbacks/checkpoint.py:16", "callbacks/monitor.py:11"):
+        assert (f"train.py:25:15: DDP110 Trainer trains (engine/trainer.py:16) and saves a file with no rank test "
+                f"({where})") in err, err
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 1  # 1: DDP171, a CPU-only fixture
+    assert (out / "engine" / "trainer.py").read_bytes() == (d / "engine" / "trainer.py").read_bytes()
+    (out / "train.py").write_text(_RECORD_SAVES + (out / "train.py").read_text())
+    r = retry_exit_abort(lambda: run_script(["train.py"], out, env=_env(), nproc=2), "handed callbacks")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert not (out / "saves-rank1.txt").exists()
+    saves = [s for s in (out / "saves-rank0.txt").read_text().splitlines() if s.startswith("saved")]
+    assert [s for s in saves if "epoch_" in s] == ["saved/epoch_1.pth", "saved/epoch_2.pth", "saved/epoch_3.pth"], saves
+    assert len(json.loads((out / "saved" / "history.json").read_text())) == 3

@@ -462,7 +462,7 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
             return [ctx.note(w.call, "DDP132", f"{w.name} runs on every rank (it keeps state every rank needs), its "
                              f"torch.save ({w.where}) writing on rank 0 only ({helper}), and every rank waits for that file",
                              edits)]
-    if w.deeper and w.deletes is None and w.trains is None and not (w.only_writes and whole):
+    if (w.deeper or w.cached) and w.deletes is None and w.trains is None and not (w.only_writes and whole):
         if first:
             return []  # rank 0 runs it first for the folder it makes already: its writes too, one pair of barriers
         ahead = _write_first_on_rank_zero(ctx, w, stmt)
@@ -519,7 +519,7 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
     # every rank goes on once the others have written too: rank 0 never reads the file (a
     # checkpoint loaded after the loop) while another rank is still writing it
     together = ctx.barrier(comment=f"every rank has run {w.name}")
-    further = " further down" if w.deeper else ""
+    further = " further down" if w.deeper else " only where it finds none (a cache: the others read rank 0's)" if w.cached else ""
     return ctx.note(w.call, "DDP132", f"{w.name} runs on rank 0 first, then on the other ranks ({w.where} writes a file"
                     f"{further}, and every rank needs its result), and every rank goes on when all have run it: the ranks "
                     "never write it at once, and none reads it while another writes",

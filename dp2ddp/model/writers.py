@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Iterator, List, Optional, Set, Tuple
 
 from dp2ddp.model.call_args import COPY_PARAMS, OPEN_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
+from dp2ddp.model.cache_writes import writes_when_missing
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dead_code import never_runs
+from dp2ddp.model.handed_saves import handed_object_saves
 from dp2ddp.model.names import (
     COPY,
     FILE_WRITES,
@@ -180,10 +182,12 @@ class CompanionRace:
     module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
     trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
     deeper: bool = False  # companion writes: the write is in a function the call reaches, not its own
+    cached: bool = False  # companion writes: it writes only files it finds missing (:mod:`dp2ddp.model.cache_writes`)
     torch_saves: bool = False  # companion writes: its every write is a ``torch.save`` (see torch_saves_only)
     # training classes (:func:`training_class_saves`) only:
     leaves_early: Optional[str] = None  # ``base/base_trainer.py:97``: its epoch loop breaks on a test not shown alike
     shared_attrs: frozenset = frozenset()  # ``self.`` attributes the family's classes in other modules read
+    handed: bool = False  # the save is a method's of an object the class is handed (:mod:`dp2ddp.model.handed_saves`)
 
 
 LISTS = frozenset({"glob.glob", "glob.iglob", "os.listdir", "os.scandir", "os.walk"})
@@ -361,7 +365,8 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         gone = removes_in(pm, func)
         out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None,
                                  writes_only(pm, func) and trains is None and not deeper, module=pm.path, trains=trains,
-                                 deeper=deeper, torch_saves=_torch_saves_only(reached)))
+                                 deeper=deeper, torch_saves=_torch_saves_only(reached),
+                                 cached=not deeper and writes_when_missing(pm, func, writers(pm))))
     m.cache["companion_writes"] = out
     return out
 
@@ -523,6 +528,10 @@ def training_class_saves(m: SemanticModel) -> List[CompanionRace]:
         save = next((w for cm, cls, p in family for w in writers(cm)
                      if w.kind in ("save", "copy") and cm.contains(cls, w.call) and not rank_guarded(cm, w.call)), None)
         if save is None:
+            # a save of an object it is handed (``Trainer(..., model_checkpoint=ModelCheckpoint(...))``)
+            for hm, write, p in handed_object_saves(m, call, family, writers):
+                out.append(CompanionRace(call, found[1].name, f"{p}:{write.lineno}", module=hm.path, trains=trains,
+                                         leaves_early=_leaves_early(family), handed=True))
             continue
         cm, cls, p = next((cm, cls, p) for cm, cls, p in family if cm.contains(cls, save.call))
         shared = frozenset(a for fm, fc, _ in family if fm.path != cm.path for a in _self_reads(fm, fc))
