@@ -170,13 +170,19 @@ def definitions(root: Path = ROOT) -> List[str]:
 def used_words(root: Path = ROOT) -> Set[str]:
     """Every name the code reads: names, attributes, imported names, keyword arguments,
     and the words of string constants (``"dp2ddp.cli.check"``, ``getattr(x, "name")``).
-    A definition's own name, where it is defined, is not a use."""
+    A definition's own name, where it is defined, is not a use; nor is a docstring's word
+    (a function a docstring names, ``:func:`x```, is not called by it)."""
     words: Set[str] = set()
     for folder in USERS:
         for path in sorted((root / folder).rglob("*.py")):
             if path.resolve() == Path(__file__).resolve():
                 continue  # this file names dead code on purpose
-            for n in ast.walk(ast.parse(path.read_text(errors="replace"), str(path))):
+            tree = ast.parse(path.read_text(errors="replace"), str(path))
+            docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+                    and isinstance(n.value.value, str)}
+            for n in ast.walk(tree):
+                if id(n) in docs:
+                    continue
                 if isinstance(n, ast.Name):
                     words.add(n.id)
                 elif isinstance(n, ast.Attribute):
@@ -209,6 +215,8 @@ def test_the_dead_code_check_sees_a_dead_function(tmp_path):
     module = tmp_path / "dp2ddp" / "probe.py"
     module.write_text("def nobody_calls_this(): return 1\n\n\nclass Tool:\n    def unused_method(self): pass\n")
     assert dead(tmp_path) == {"dp2ddp/probe.py: nobody_calls_this", "dp2ddp/probe.py: Tool", "dp2ddp/probe.py: Tool.unused_method"}
+    (tmp_path / "dp2ddp" / "other.py").write_text('"""Calls :func:`nobody_calls_this`? No: a docstring names it."""\n')
+    assert "dp2ddp/probe.py: nobody_calls_this" in dead(tmp_path)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_probe.py").write_text("from dp2ddp.probe import Tool\nTool().unused_method()\n")
     assert dead(tmp_path) == {"dp2ddp/probe.py: nobody_calls_this"}
