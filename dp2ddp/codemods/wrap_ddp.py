@@ -257,6 +257,45 @@ def _partial(m: SemanticModel, w: Wrap) -> bool:
     )
 
 
+def _parts_called_alone(m: SemanticModel, w: Wrap, root: ast.Name) -> Optional[str]:
+    """``model.features = DP(model.features)`` migrates as a wrap of the whole ``model``
+    (pytorch/examples' AlexNet and VGG): right where the script runs the whole model's
+    forward. Not where it wraps several parts of it, or calls a part itself
+    (``model.embeds(x)``, ``model.head(model.body(x))``): that forward would bypass the
+    wrapper, and the parts' gradients would go unsynchronised."""
+    func = m.enclosing_function(w.call)
+    scope = func if func is not None else m.tree
+    others = [o for o in dp_wraps(m) if o is not w and o.target is not None and _partial(m, o)
+              and root_name(o.target) is not None and root_name(o.target).id == root.id
+              and m.enclosing_function(o.call) is func]
+    if others:
+        return (f"DataParallel wraps several parts of `{root.id}` (lines {w.call.lineno}, "
+                f"{', '.join(str(o.call.lineno) for o in others)}): DistributedDataParallel wraps one model whose forward "
+                "runs, once; wrap the whole model where it is built, then migrate")
+    for n in ast.walk(scope):
+        if _calls_a_part(n, root.id) and n.lineno > w.call.lineno:
+            return (f"DataParallel wraps `{m.source(w.target)}`, a part of `{root.id}`, and the script calls "
+                    f"`{m.source(n.func)}` itself (line {n.lineno}): wrapped whole, that forward would bypass "
+                    "DistributedDataParallel and the parts' gradients would go unsynchronised; wrap the whole model and "
+                    "call it, then migrate")
+    return None
+
+
+# methods of a module the script may call on the whole model after a part's wrap
+_WRAPPER_METHODS = frozenset({"parameters", "named_parameters", "state_dict", "load_state_dict", "train", "eval", "to",
+                              "cuda", "cpu", "zero_grad", "modules", "named_modules", "children", "buffers",
+                              "named_buffers", "apply", "float", "half", "double", "requires_grad_", "register_buffer"})
+
+
+def _calls_a_part(n: ast.AST, root: str) -> bool:
+    """``model.embeds(x)``, ``model.body.head(x)``: a part of the model called (not one of
+    nn.Module's own methods, ``model.parameters()``, ``model.features.cuda()``)."""
+    if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)) or n.func.attr in _WRAPPER_METHODS:
+        return False
+    owner = root_name(n.func)
+    return owner is not None and owner.id == root and (isinstance(n.func.value, ast.Attribute) or bool(n.args or n.keywords))
+
+
 PLACED_NOTE = ("; the module is placed on this rank's GPU at the wrap when CUDA is available, as DataParallel "
                "placed it on its one device (DistributedDataParallel moves nothing)")
 
@@ -367,9 +406,17 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         if root is not None and root.id == "self":
             if is_module_class(m, m.enclosing_class(stmt)):
                 return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
+            return [ctx.block(call, "DDP101", (
+                f"DataParallel wraps `{m.source(target)}`, a part of `{m.source(target.value)}` (an attribute of an object "  # type: ignore[attr-defined]
+                "that is no nn.Module): DistributedDataParallel must wrap the model whose forward runs, once, and the "
+                "model's other trained parameters would not be synchronised; wrap the whole model where it is built, "
+                "then migrate"))]
         elif root is not None:
             if not _module_like(m, root.id):
                 return [ctx.block(call, "DDP101", f"cannot tell whether {root.id} is the model; migrate this wrap by hand")]
+            problem = _parts_called_alone(m, w, root)
+            if problem is not None:
+                return [ctx.block(call, "DDP101", problem)]
             partial_root = root
 
     if not w.conditions and partial_root is None:
