@@ -12,7 +12,8 @@ from dp2ddp.model.core import build
 from dp2ddp.model.project_defs import project_def
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.loaders import loaders
-from dp2ddp.model.training import training_loops, trained_origins, updates
+from dp2ddp.model.training import training_loops, updates
+from dp2ddp.model.training_feeds import trained_origins
 
 ROOT = Path(__file__).resolve().parent.parent
 

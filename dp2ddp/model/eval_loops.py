@@ -45,7 +45,8 @@ from dp2ddp.model.loaders import Loader
 from dp2ddp.model.rank_alike import same_on_every_rank
 from dp2ddp.model.ranks import ends_flow
 from dp2ddp.model.syntax import FUNCTIONS, terminal
-from dp2ddp.model.training import is_backward, iterated, under_no_grad
+from dp2ddp.model.training import is_backward, under_no_grad
+from dp2ddp.model.training_feeds import iterated
 
 
 @dataclass

@@ -189,7 +189,7 @@ class ValueFlow:
                 out |= self._bound(b.target, d)
             elif b.kind == "param" and where.kind == "function":
                 # no caller in this module passes it: the parameter itself (a caller in
-                # another module binds it: training.trained_origins, project_load_sites)
+                # another module binds it: training_feeds.trained_origins, project_load_sites)
                 out |= self._param(where.node, e.id, d) or {(e, ())}
             else:
                 out.add((e, ()))
