@@ -43,7 +43,8 @@ def settings_loops(m: SemanticModel) -> List[SettingsLoop]:
     got = m.cache.get("training:settings")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.flow import container_mutations, key_loop, origins
+    from dp2ddp.model.flow import key_loop, origins
+    from dp2ddp.model.stores import container_mutations
     from dp2ddp.model.handles import expr_handle
     from dp2ddp.model.names import DATALOADER
     from dp2ddp.model.rank_alike import same_on_every_rank
