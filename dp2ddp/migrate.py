@@ -34,13 +34,13 @@ class Options:
     role: str = "script"
     # helper role: ``(function name, line, parameter)`` of the module's functions (a class's
     # ``__init__``) to which the entry script hands the values their training loops iterate:
-    # the entry's migration shards what it hands (dp2ddp.model.training.handed_params)
+    # the entry's migration shards what it hands (dp2ddp.model.training_feeds.handed_params)
     handed: frozenset = frozenset()
     # entry role: the real paths of the project modules migrated with the entry (their writes,
     # folders and loaders are their own migrations' business)
     plan_modules: frozenset = frozenset()
     # helper role: a module without DataParallel that trains on loaders it makes itself
-    # (training.foreign_training): migrated for its loaders, writers and prints
+    # (foreign_training.foreign_training): migrated for its loaders, writers and prints
     trains_only: bool = False
     # helper role: ``self.`` attributes that subclasses in other modules read (the module holds
     # the base of a training class the entry makes): a writer kept in one cannot be ``None``
@@ -381,11 +381,11 @@ def _left_behind(entry: str, out) -> None:
 def _trainers(entry: str, helpers: set) -> list:
     """``(path relative to the entry's folder, real path)`` of the project modules without
     DataParallel where the entry's calls train on loaders made there
-    (:func:`dp2ddp.model.training.foreign_training`): migrated with it, for their loaders."""
+    (:func:`dp2ddp.model.foreign_training.foreign_training`): migrated with it, for their loaders."""
     import os
 
     from dp2ddp.model.project_defs import file_model
-    from dp2ddp.model.training import foreign_training
+    from dp2ddp.model.foreign_training import foreign_training
 
     em = file_model(entry)
     base = os.path.dirname(os.path.abspath(entry))
@@ -424,7 +424,7 @@ def _handed_params(entry: str) -> dict:
     import os
 
     from dp2ddp.model.project_defs import file_model
-    from dp2ddp.model.training import handed_params
+    from dp2ddp.model.training_feeds import handed_params
 
     em = file_model(entry)
     out: dict = {}

@@ -12,7 +12,8 @@ from dp2ddp.model.core import build
 from dp2ddp.model.project_defs import project_def
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.loaders import loaders
-from dp2ddp.model.training import training_loops, trained_origins, updates
+from dp2ddp.model.training import training_loops, updates
+from dp2ddp.model.training_feeds import trained_origins
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -563,7 +564,7 @@ def test_a_loss_class_returning_a_total_is_a_sum_here_or_in_a_project_module(tmp
 
 
 def test_a_model_a_project_factory_places_is_placed_and_one_it_does_not_is_not(tmp_path) -> None:
-    from dp2ddp.model.placement import placed_by_maker
+    from dp2ddp.model.placed_elsewhere import placed_by_maker
     from dp2ddp.model.wraps import dp_wraps
 
     src = ROOT / "fixtures" / "wrap_ddp"

@@ -44,9 +44,9 @@ def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Un
 
 def _settings_need(ctx: Context, out: List[Finding]) -> bool:
     """A training loop over a list of settings (``for width in widths:`` around a forward
-    and backward pass, :func:`dp2ddp.model.training.settings_loops`) may set the model up
+    and backward pass, :func:`dp2ddp.model.settings_loops.settings_loops`) may set the model up
     differently for each item, so a pass may leave parameters unused that another uses."""
-    from dp2ddp.model.training import settings_loops
+    from dp2ddp.model.settings_loops import settings_loops
 
     loops = [s for s in settings_loops(ctx.m) if s.same]
     if not loops:

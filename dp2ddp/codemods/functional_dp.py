@@ -21,7 +21,7 @@ from dp2ddp.codemods.wrapper_refs import route_uses
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, outer_chain
 from dp2ddp.model.kinds import is_module_class
-from dp2ddp.model.placement import absorb_placement
+from dp2ddp.model.wrap_placement import absorb_placement
 from dp2ddp.model.syntax import FUNCTIONS
 from dp2ddp.model.wraps import dp_wraps
 

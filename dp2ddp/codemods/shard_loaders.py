@@ -49,7 +49,7 @@ from dp2ddp.model.loader_makers import loaders_returned_by, returned_loaders, su
 from dp2ddp.model.loaders import Loader, distributed_sampler, evaluated_apart, grouped_batches, loaders, sampler_values
 from dp2ddp.model.names import DATALOADER, DISTRIBUTED_SAMPLER
 from dp2ddp.model.syntax import is_main_test, kwarg, terminal
-from dp2ddp.model.training import NOT_DATA
+from dp2ddp.model.training_feeds import NOT_DATA
 
 SHARD_FUNCTION = "shard_loader"
 SHARD_CLASS = "ShardedBatches"
@@ -249,7 +249,7 @@ def _sized_by_the_batch(m, loader: Loader) -> Optional[str]:
 def _reshaped_whole(m, loader: Loader) -> Optional[str]:
     """Why a loader whose batches the training step reshapes by fixed sizes (few-shot
     episodes) cannot be shared out sample by sample."""
-    from dp2ddp.model.training import iterated
+    from dp2ddp.model.training_feeds import iterated
 
     for loop, call, where in fixed_reshapes(m):
         if not isinstance(loop, ast.For):
@@ -302,7 +302,9 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
       would train on all of it."""
     from dp2ddp.model.batches import hand_loops
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import fed_origins, fed_values, handed_values, settings_loops
+    from dp2ddp.model.phase_keys import fed_origins
+    from dp2ddp.model.settings_loops import settings_loops
+    from dp2ddp.model.training_feeds import fed_values, handed_values
 
     m = ctx.m
     unknown: List[Tuple[ast.AST, ast.AST, ast.AST]] = []  # (origin, value, loop)
@@ -429,7 +431,7 @@ def _foreign_training(ctx: Context) -> List[Finding]:
     """A call into project code that trains on a loader made there, in a module this
     migration does not edit (a helper of the same project migration shards its own):
     refused, every rank would train on all of it."""
-    from dp2ddp.model.training import foreign_training
+    from dp2ddp.model.foreign_training import foreign_training
 
     out: List[Finding] = []
     for f in foreign_training(ctx.m):
@@ -444,10 +446,10 @@ def _foreign_training(ctx: Context) -> List[Finding]:
 
 def _read_outside_training(ctx: Context, sharded: List[Tuple[ast.Call, str]]) -> List[Finding]:
     """A loader this migration shards, also read by a loop that only computes a statistic of
-    its batches (:func:`dp2ddp.model.training.statistic_loops`): sharded, each rank would
+    its batches (:func:`dp2ddp.model.statistic_loops.statistic_loops`): sharded, each rank would
     compute it over its own share and the ranks would train with different values. Refused
     with the loop."""
-    from dp2ddp.model.training import statistic_loops
+    from dp2ddp.model.statistic_loops import statistic_loops
 
     labels = {id(c): label for c, label in sharded}
     return [ctx.block(loop, "DDP105", f"{labels[id(call)]} is sharded between the ranks, but the loop at line {loop.lineno} also "
@@ -459,11 +461,11 @@ def _read_outside_training(ctx: Context, sharded: List[Tuple[ast.Call, str]]) ->
 
 def _handed_trainers(ctx: Context, sharded_calls: set, sharded_names: set) -> List[Finding]:
     """The model handed to project code that trains it over data it finds there
-    (:func:`dp2ddp.model.training.handed_trainers`), in a module this migration does not
+    (:func:`dp2ddp.model.foreign_training.handed_trainers`), in a module this migration does not
     edit, with no loader this migration shards handed in beside it: refused, every rank
     would train on all of that data."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import handed_trainers
+    from dp2ddp.model.foreign_training import handed_trainers
 
     m = ctx.m
     out: List[Finding] = []
@@ -552,7 +554,7 @@ def _yields_known(m, node: ast.AST, known: set) -> bool:
     """A generator of the script (``sample_data(...)``) that yields only batches of sharded
     loaders."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import yielded_values
+    from dp2ddp.model.training_feeds import yielded_values
 
     values = yielded_values(m, node)
     got = [o for v in values for o in origins(m, v)]

@@ -26,7 +26,7 @@ Anything else (``dim != 0``, unknown arguments, aliases, subclasses) blocks the 
 This module holds :func:`propose` and the edit at each wrap site; the rest lives beside
 it: the refusals checked before any transform runs (:mod:`.wrap_problems`), the wraps
 taken off (:mod:`.unwrap`), the wrap moved below the module's placement
-(:mod:`.wrap_hoist`; where it goes is :mod:`dp2ddp.model.placement`'s fact),
+(:mod:`.wrap_hoist`; where it goes is :mod:`dp2ddp.model.wrap_placement`'s fact),
 ``find_unused_parameters`` (:mod:`.find_unused`), and the uses routed through
 ``.module``, the type checks and the import (:mod:`.wrapper_refs`).
 """
@@ -58,12 +58,11 @@ from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.bound import binding_conditions, maybe_unbound
-from dp2ddp.model.placement import placed_by_caller
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.names import DDP
-from dp2ddp.model.placement import (absorb_placement, late_cuda, late_placements, placed_anywhere, placed_by_dataparallel,
-                                     placed_by_maker)
+from dp2ddp.model.placed_elsewhere import placed_anywhere, placed_by_caller, placed_by_maker
+from dp2ddp.model.wrap_placement import absorb_placement, late_cuda, late_placements, placed_by_dataparallel
 from dp2ddp.model.rebound_wrappers import regrown_after_wrap, rebound_trained, replaced_after_wrap
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS, root_name, terminal
 from dp2ddp.model.uses import wrapper_keys
@@ -357,7 +356,7 @@ def _rewrapped_later(m: SemanticModel, w: Wrap) -> Optional[ast.stmt]:
     its ``if`` so that every rank wraps, and this one, moved there too, becomes the same one
     wrap (not a DDP of a DDP on the path that skips the ``if``). ``None`` where there is no
     such later wrap, or the name is read between the two (it must be the wrapper there)."""
-    from dp2ddp.model.placement import absorb_placement
+    from dp2ddp.model.wrap_placement import absorb_placement
     from dp2ddp.model.wraps import dp_wraps
 
     if w.target is None or w.stmt is None:

@@ -1,5 +1,5 @@
 """The DDP wrap moved below the statements that still place or initialise the module
-(where it goes is a fact: :func:`dp2ddp.model.placement.absorb_placement`): :class:`Hoist`
+(where it goes is a fact: :func:`dp2ddp.model.wrap_placement.absorb_placement`): :class:`Hoist`
 holds what travels with a moved wrap, :func:`unwrap_in_place` / :func:`drop_emptied_if`
 take it from where it was, :func:`insert_hoisted` writes it; :func:`placed_late` refuses a
 placement that comes after the point where every rank must wrap."""
@@ -14,7 +14,7 @@ import libcst as cst
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter, Remove, Replace
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.placement import late_placements
+from dp2ddp.model.wrap_placement import late_placements
 from dp2ddp.model.wraps import Wrap
 
 
@@ -29,7 +29,7 @@ class Hoist:
         self.comment: Optional[cst.TrailingWhitespace] = None
         self.guarded = False
         self.late_cuda: Optional[ast.stmt] = None  # a later ``t.cuda()`` the wrap does first
-        self.place = False  # the module is on no GPU before the wrap: DataParallel placed it (placement.placed_by_dataparallel)
+        self.place = False  # the module is on no GPU before the wrap: DataParallel placed it (wrap_placement.placed_by_dataparallel)
         self.cls: Optional[str] = None  # the script's DataParallel subclass the wrap made
         self.sync_bn = False  # the original synchronised BatchNorm across the GPUs (model/sync_bn.py)
         self.kept_under: Optional[ast.expr] = None  # the test the module exists under (model/bound.py): the wrap stays under it
@@ -88,14 +88,14 @@ def insert_hoisted(ctx: Context, hoist: Hoist, find_unused: bool) -> Finding:
 
 
 def cuda_first(ctx: Context, module_text: str) -> str:
-    """The module placed on the current GPU as it is wrapped (see :func:`~dp2ddp.model.placement.late_cuda`)."""
+    """The module placed on the current GPU as it is wrapped (see :func:`~dp2ddp.model.wrap_placement.late_cuda`)."""
     torch = ctx.name("torch")
     return f"{module_text}.cuda() if {torch}.cuda.is_available() else {module_text}"
 
 
 def placed_at_wrap(ctx: Context, module_text: str, module: Optional[ast.AST]) -> str:
     """The module placed on the current GPU as DataParallel placed it at the wrap
-    (:func:`~dp2ddp.model.placement.placed_by_dataparallel`): a name as :func:`cuda_first`
+    (:func:`~dp2ddp.model.wrap_placement.placed_by_dataparallel`): a name as :func:`cuda_first`
     writes it; any other expression (``Net()``, evaluated once) through ``.to``."""
     if isinstance(module, (ast.Name, ast.Attribute)):
         return cuda_first(ctx, module_text)

@@ -13,7 +13,7 @@ made it, through
   value they wrap;
 * containers: the items of list, tuple, set and dict literals, ``.append``/``.extend``/
   ``d[k] = v`` into a named container, ``zip``/``enumerate``/``.items()``/``.values()``;
-  ``d["k"]`` selects the item of that key;
+  ``d["k"]`` selects the item of that key (what is stored where: :mod:`dp2ddp.model.stores`);
 * both branches of ``a if c else b`` and ``a or b``.
 
 An origin is ``(node, path)``: the expression that made the value and, when the value is a
@@ -29,7 +29,9 @@ import ast
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.stores import attribute_assignments, container_mutations, keyed_stores
 from dp2ddp.model.syntax import FUNCTIONS, terminal
+
 
 Origin = Tuple[ast.AST, Tuple[object, ...]]
 
@@ -189,7 +191,7 @@ class ValueFlow:
                 out |= self._bound(b.target, d)
             elif b.kind == "param" and where.kind == "function":
                 # no caller in this module passes it: the parameter itself (a caller in
-                # another module binds it: training.trained_origins, project_load_sites)
+                # another module binds it: training_feeds.trained_origins, project_load_sites)
                 out |= self._param(where.node, e.id, d) or {(e, ())}
             else:
                 out.add((e, ()))
@@ -375,84 +377,6 @@ def _default(func: ast.AST, name: str) -> Optional[ast.AST]:
     return None
 
 
-def attribute_assignments(m: SemanticModel, cls: ast.ClassDef) -> Dict[str, List[ast.AST]]:
-    """``attr -> values`` of every ``self.attr = value`` in ``cls``'s family (the classes of
-    this module it derives from and those deriving from it: they share ``self``)."""
-    memo = m.cache.setdefault("flow:attrs", {})
-    root = m.root_class(cls)
-    got = memo.get(id(root))  # type: ignore[union-attr]
-    if got is not None:
-        return got  # type: ignore[return-value]
-    out: Dict[str, List[ast.AST]] = {}
-    for c in m.family(cls):
-        for node in ast.walk(c):
-            if isinstance(node, ast.Assign):
-                targets, value = node.targets, node.value
-            elif isinstance(node, ast.AnnAssign) and node.value is not None:
-                targets, value = [node.target], node.value
-            else:
-                continue
-            for t in targets:
-                for attr, v in _self_stores(t, value):
-                    out.setdefault(attr, []).append(v)
-    memo[id(root)] = out  # type: ignore[index]
-    return out
-
-
-def _self_stores(target: ast.AST, value: ast.AST):
-    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-        yield target.attr, value
-    elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
-        for t, v in zip(target.elts, value.elts):
-            yield from _self_stores(t, v)
-    elif isinstance(target, (ast.Tuple, ast.List)):
-        for i, t in enumerate(target.elts):
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                yield t.attr, ast.Subscript(value=value, slice=ast.Constant(i), ctx=ast.Load())
-
-
-def container_mutations(m: SemanticModel) -> Dict[object, List[ast.AST]]:
-    """handle of a named container -> the values put into it (append/extend/insert/add,
-    ``c[k] = v``, ``c.update(...)``, ``c.setdefault(k, v)``)."""
-    got = m.cache.get("flow:mutations")
-    if got is not None:
-        return got  # type: ignore[return-value]
-    from dp2ddp.model.handles import expr_handle
-
-    out: Dict[object, List[ast.AST]] = {}
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if not isinstance(f, ast.Attribute) or f.attr not in ("append", "extend", "insert", "add", "update", "setdefault"):
-            continue
-        h = expr_handle(m, f.value) if isinstance(f.value, (ast.Name, ast.Attribute)) else None
-        if h is None:
-            continue
-        vals: List[ast.AST] = []
-        if f.attr in ("append", "add") and call.args:
-            vals.append(call.args[0])
-        elif f.attr == "insert" and len(call.args) > 1:
-            vals.append(call.args[1])
-        elif f.attr == "setdefault" and len(call.args) > 1:
-            vals.append(call.args[1])
-        elif f.attr == "extend" and call.args:
-            a = call.args[0]
-            vals.extend(a.elts if isinstance(a, (ast.List, ast.Tuple)) else [])
-        elif f.attr == "update":
-            vals.extend(k.value for k in call.keywords if k.arg is not None)
-            for a in call.args:
-                if isinstance(a, ast.Dict):
-                    vals.extend(a.values)
-        out.setdefault(h, []).extend(vals)
-    for node in m.nodes(ast.Assign):
-        for t in node.targets:
-            if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)):
-                h = expr_handle(m, t.value)
-                if h is not None:
-                    out.setdefault(h, []).append(node.value)
-    m.cache["flow:mutations"] = out
-    return out
-
-
 # ---------------------------------------------------------------------- keyed containers
 # ``loaders = {x: DataLoader(sets[x], ...) for x in ["train", "val"]}`` and
 # ``loaders = {"train": DataLoader(...), "val": DataLoader(...)}``, walked by phase
@@ -612,25 +536,3 @@ def key_values(m: SemanticModel, key: ast.AST) -> Optional[Tuple[object, ...]]:
 def item_origins(m: SemanticModel, container: ast.AST, keys: Tuple[object, ...]) -> List[Origin]:
     """The origins of ``container[key]`` for each of ``keys``."""
     return list(ValueFlow.of(m).keyed(container, keys, 0))
-
-
-def keyed_stores(m: SemanticModel, container: ast.AST) -> Dict[object, List[ast.AST]]:
-    """``key -> values`` stored into the named dict ``container`` by ``d[key] = value``
-    (``None`` for a key that is not a constant)."""
-    from dp2ddp.model.handles import expr_handle
-
-    h = expr_handle(m, container)
-    if h is None:
-        return {}
-    index = m.cache.get("flow:keyed")
-    if index is None:
-        index = {}
-        for node in m.nodes(ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)):
-                    th = expr_handle(m, t.value)
-                    if th is not None:
-                        k = t.slice.value if isinstance(t.slice, ast.Constant) else None
-                        index.setdefault(th, {}).setdefault(k, []).append(node.value)  # type: ignore[union-attr]
-        m.cache["flow:keyed"] = index
-    return index.get(h, {})  # type: ignore[union-attr]

@@ -32,7 +32,7 @@ def handed_object_saves(m: SemanticModel, call: ast.Call, family, writers) -> Li
     ``__init__``, where ``call`` hands that parameter an object of a project class made in
     the script: ``(that class's module model, the write, the module's path)``. ``writers``:
     :func:`dp2ddp.model.writers.writers` (passed in: that module reads this one)."""
-    from dp2ddp.model.flow import attribute_assignments
+    from dp2ddp.model.stores import attribute_assignments
     from dp2ddp.model.project_defs import class_of_call
     from dp2ddp.model.ranks import rank_guarded
 

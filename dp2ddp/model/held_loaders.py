@@ -51,7 +51,7 @@ def held_loader(m: SemanticModel, call: ast.AST) -> Optional[HeldLoader]:
 def class_holds(cm: SemanticModel, cls: ast.ClassDef) -> Optional[Tuple[str, ast.Call]]:
     """``(attribute, DataLoader call)`` where class ``cls`` iterates, in its own
     ``__iter__``, one attribute that only its own ``__init__`` sets, to a DataLoader."""
-    from dp2ddp.model.training import iterated as iterated_values
+    from dp2ddp.model.training_feeds import iterated as iterated_values
 
     methods = cm.methods(cls)
     init, it = methods.get("__init__"), methods.get("__iter__")

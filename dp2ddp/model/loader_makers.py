@@ -259,7 +259,7 @@ def training_sites(m: SemanticModel, r: Returned) -> Optional[List[Tuple[ast.stm
     [name])]``, or ``None`` where a training loop's loader is not bound so, or where every
     call of the function binds a training loader (nothing is evaluation apart)."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import NOT_DATA, fed_values
+    from dp2ddp.model.training_feeds import NOT_DATA, fed_values
 
     func = m.enclosing_function(r.call)
     if func is None:

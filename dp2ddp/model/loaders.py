@@ -367,7 +367,8 @@ def evaluated_apart(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     and an early stop that one rank takes and the other does not. The loop, or ``None``."""
     from dp2ddp.model.flow import origins
     from dp2ddp.model.syntax import terminal
-    from dp2ddp.model.training import NOT_DATA, fed_values, iterated, training_loops, under_no_grad
+    from dp2ddp.model.training import training_loops, under_no_grad
+    from dp2ddp.model.training_feeds import NOT_DATA, fed_values, iterated
 
     factory = m.enclosing_function(call)
     fed = [(v, loop) for v, loop in fed_values(m)  # the loops that take the training batches (not epochs)
@@ -402,7 +403,8 @@ def grouped_batches(m: SemanticModel) -> List[Tuple[Loader, ast.AST, ast.AST]]:
     over the item (``for batchs in loader: for batch in batchs: ...backward()``), the loader
     given a ``collate_fn``. ``(loader, outer loop, inner loop)``."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.training import iterated, training_loops
+    from dp2ddp.model.training import training_loops
+    from dp2ddp.model.training_feeds import iterated
 
     got = m.cache.get("loaders:grouped")
     if got is not None:
@@ -427,8 +429,8 @@ def grouped_batches(m: SemanticModel) -> List[Tuple[Loader, ast.AST, ast.AST]]:
 
 def feeds_training(m: SemanticModel, node: ast.AST, path: tuple = ()) -> bool:
     """What ``node`` makes (item ``path`` of it) is iterated by a training loop
-    (:func:`dp2ddp.model.training.trained_origins`)."""
-    from dp2ddp.model.training import trained_origins
+    (:func:`dp2ddp.model.training_feeds.trained_origins`)."""
+    from dp2ddp.model.training_feeds import trained_origins
 
     return (id(node), path) in trained_origins(m)
 

@@ -176,7 +176,7 @@ def _summing_loss_call(m: SemanticModel, call: ast.Call) -> bool:
     ``torch.nn`` loss class."""
     if summing_keyword(call) is not None:
         return any(q.startswith("torch.nn.functional.") for q in m.qualified_names(call.func))
-    from dp2ddp.model.flow import attribute_assignments
+    from dp2ddp.model.stores import attribute_assignments
 
     f = call.func
     if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"):

@@ -25,7 +25,7 @@ import ast
 from typing import Iterable, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.flow import container_mutations
+from dp2ddp.model.stores import container_mutations
 from dp2ddp.model.handles import expr_handle
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.project_defs import class_of_call

@@ -2,7 +2,7 @@
 
 A training loop over a count (``for it in range(iters):``, ``while True:``) gets its batch
 inside the body. Loaders reached there (``next(it)`` of a DataLoader's iterator,
-``holder.get_batch()``) are :func:`dp2ddp.model.training.fed_values`; batches cut by index
+``holder.get_batch()``) are :func:`dp2ddp.model.training_feeds.fed_values`; batches cut by index
 (``x[i:i + bs]``) are :func:`dp2ddp.model.batches.hand_loops`. What is left feeds the
 forward from a call of another kind: a function that draws its batch at random
 (``get_batch(split)`` indexing a corpus at ``torch.randint`` positions), a method of an
@@ -78,7 +78,8 @@ def pulled_batches(m: SemanticModel) -> List[Pulled]:
     """The training loops over a count whose forward is fed a batch pulled from a call dp2ddp
     cannot shard (see the module docstring); one per loop."""
     from dp2ddp.model.batches import hand_loops, trained_forwards
-    from dp2ddp.model.training import NOT_DATA, fed_values, updates
+    from dp2ddp.model.training import updates
+    from dp2ddp.model.training_feeds import NOT_DATA, fed_values
 
     got = m.cache.get("pulled-batches")
     if got is not None:

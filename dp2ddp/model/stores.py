@@ -1,0 +1,115 @@
+"""What a module stores where: ``self`` attributes and named containers.
+
+:func:`attribute_assignments`: every ``self.attr = value`` of a class's family;
+:func:`container_mutations`: the values put into a named container (``c.append(v)``,
+``c[k] = v``, ``c.update(...)``); :func:`keyed_stores`: the values stored into a named
+dict under each constant key. Indexes read off the syntax once per model, with no value
+followed; :mod:`dp2ddp.model.flow` follows values through them.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Dict, List
+
+from dp2ddp.model.core import SemanticModel
+
+
+def attribute_assignments(m: SemanticModel, cls: ast.ClassDef) -> Dict[str, List[ast.AST]]:
+    """``attr -> values`` of every ``self.attr = value`` in ``cls``'s family (the classes of
+    this module it derives from and those deriving from it: they share ``self``)."""
+    memo = m.cache.setdefault("flow:attrs", {})
+    root = m.root_class(cls)
+    got = memo.get(id(root))  # type: ignore[union-attr]
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: Dict[str, List[ast.AST]] = {}
+    for c in m.family(cls):
+        for node in ast.walk(c):
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            else:
+                continue
+            for t in targets:
+                for attr, v in _self_stores(t, value):
+                    out.setdefault(attr, []).append(v)
+    memo[id(root)] = out  # type: ignore[index]
+    return out
+
+
+def _self_stores(target: ast.AST, value: ast.AST):
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+        yield target.attr, value
+    elif isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) and len(target.elts) == len(value.elts):
+        for t, v in zip(target.elts, value.elts):
+            yield from _self_stores(t, v)
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for i, t in enumerate(target.elts):
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                yield t.attr, ast.Subscript(value=value, slice=ast.Constant(i), ctx=ast.Load())
+
+
+def container_mutations(m: SemanticModel) -> Dict[object, List[ast.AST]]:
+    """handle of a named container -> the values put into it (append/extend/insert/add,
+    ``c[k] = v``, ``c.update(...)``, ``c.setdefault(k, v)``)."""
+    got = m.cache.get("flow:mutations")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.handles import expr_handle
+
+    out: Dict[object, List[ast.AST]] = {}
+    for call in m.nodes(ast.Call):
+        f = call.func
+        if not isinstance(f, ast.Attribute) or f.attr not in ("append", "extend", "insert", "add", "update", "setdefault"):
+            continue
+        h = expr_handle(m, f.value) if isinstance(f.value, (ast.Name, ast.Attribute)) else None
+        if h is None:
+            continue
+        vals: List[ast.AST] = []
+        if f.attr in ("append", "add") and call.args:
+            vals.append(call.args[0])
+        elif f.attr == "insert" and len(call.args) > 1:
+            vals.append(call.args[1])
+        elif f.attr == "setdefault" and len(call.args) > 1:
+            vals.append(call.args[1])
+        elif f.attr == "extend" and call.args:
+            a = call.args[0]
+            vals.extend(a.elts if isinstance(a, (ast.List, ast.Tuple)) else [])
+        elif f.attr == "update":
+            vals.extend(k.value for k in call.keywords if k.arg is not None)
+            for a in call.args:
+                if isinstance(a, ast.Dict):
+                    vals.extend(a.values)
+        out.setdefault(h, []).extend(vals)
+    for node in m.nodes(ast.Assign):
+        for t in node.targets:
+            if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)):
+                h = expr_handle(m, t.value)
+                if h is not None:
+                    out.setdefault(h, []).append(node.value)
+    m.cache["flow:mutations"] = out
+    return out
+
+
+def keyed_stores(m: SemanticModel, container: ast.AST) -> Dict[object, List[ast.AST]]:
+    """``key -> values`` stored into the named dict ``container`` by ``d[key] = value``
+    (``None`` for a key that is not a constant)."""
+    from dp2ddp.model.handles import expr_handle
+
+    h = expr_handle(m, container)
+    if h is None:
+        return {}
+    index = m.cache.get("flow:keyed")
+    if index is None:
+        index = {}
+        for node in m.nodes(ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and isinstance(t.value, (ast.Name, ast.Attribute)):
+                    th = expr_handle(m, t.value)
+                    if th is not None:
+                        k = t.slice.value if isinstance(t.slice, ast.Constant) else None
+                        index.setdefault(th, {}).setdefault(k, []).append(node.value)  # type: ignore[union-attr]
+        m.cache["flow:keyed"] = index
+    return index.get(h, {})  # type: ignore[union-attr]
