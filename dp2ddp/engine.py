@@ -153,8 +153,19 @@ class _Applier(cst.CSTTransformer):
                 self.hoists[e.node] = e
                 self.hoisted.setdefault(e.stmt, []).append(e)
             elif isinstance(e, Guard):
-                if any(s in self.guard_members for s in e.stmts):
-                    continue  # overlapping guard: the first one wins
+                held = {id(g): g for g in (self.guard_members.get(s) for s in e.stmts) if g is not None}
+                if held:
+                    # overlapping guards: one that holds the other wins (the writes of a run
+                    # guarded whole stay under it); two that only overlap would lose a statement
+                    if all(set(g.stmts) <= set(e.stmts) for g in held.values()):
+                        for g in held.values():
+                            self.guards.remove(g)  # type: ignore[arg-type]
+                            for s in g.stmts:
+                                del self.guard_members[s]
+                    elif any(set(e.stmts) <= set(g.stmts) for g in held.values()):
+                        continue
+                    else:
+                        raise OverlappingEdits(f"two guards overlap at `{_code(e.stmts[0])}`, neither holding the other")
                 self.guards.append(e)
                 for s in e.stmts:
                     self.guard_members[s] = e

@@ -109,3 +109,17 @@ def test_a_statement_moved_elsewhere_takes_its_comment_without_a_copy() -> None:
     stmt = _statement(module, "# make it")
     out = apply_edits(module, [Remove(stmt), InsertAfter(_statement(module, "net.cuda()"), (stmt,))]).code
     assert out == "x = 0\nnet.cuda()\n# make it\nnet = make()\n"
+
+
+def test_of_two_guards_the_one_that_holds_the_other_wins_whichever_comes_first() -> None:
+    """One transform guards a run of writer uses (``book.append(...)``, ``book.dump()``),
+    another the dump alone: the run's guard wins, so the append is not left unguarded on
+    ranks where the object is ``None`` (the first guard won before, and it crashed there).
+    Guards that only overlap would lose a statement: an error, never written."""
+    module = cst.parse_module("a()\nb()\nc()\n")
+    a, b, c = module.body
+    test = cst.parse_expression("rank == 0")
+    for edits in ([Guard((b,), test), Guard((a, b), test)], [Guard((a, b), test), Guard((b,), test)]):
+        assert apply_edits(module, edits).code == "if rank == 0:\n    a()\n    b()\nc()\n"
+    with pytest.raises(OverlappingEdits):
+        apply_edits(module, [Guard((a, b), test), Guard((b, c), test)])
