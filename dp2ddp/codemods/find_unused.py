@@ -61,7 +61,7 @@ def _settings_need(ctx: Context, out: List[Finding]) -> bool:
 
 def _requires_grad_needs(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Union[bool, str]:
     m = ctx.m
-    changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps)]
+    changes = [c for c in requires_grad_changes(m) if not _other_model(m, c, wraps) and not _runs_the_wrap(m, c, wraps)]
     if not changes:
         where = unfrozen_in_project(m)
         unread = None if where is not None else next(
@@ -184,6 +184,18 @@ def _other_model(m: SemanticModel, change: ast.AST, wraps: List[Wrap], depth: in
     if cls is not None and _root_is_self(owner) and {c.name for c in m.family(cls)} & made:
         return False  # Net.freeze_backbone(): self is the wrapped model
     return not (mine & wrapped)
+
+
+def _runs_the_wrap(m: SemanticModel, change: ast.AST, wraps: List[Wrap]) -> bool:
+    """``main()``: a call of the function that wraps (or of one that reaches it). Whether
+    the changes it reaches run before or after the wrap is judged where they are, inside."""
+    if not isinstance(change, ast.Call):
+        return False
+    target = m.resolve_call(change)
+    if target is None:
+        return False
+    reached = set(map(id, m.reach(target)))
+    return any(w.function is not None and id(w.function) in reached for w in wraps)
 
 
 def _root_is_self(node: ast.AST) -> bool:

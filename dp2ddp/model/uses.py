@@ -102,12 +102,30 @@ def wrapper_keys(m: SemanticModel, seeds: Iterable[VarKey], max_depth: int = 3) 
                 if pkey in keys or param in ("self", "cls"):
                     continue
                 args = [m.argument_for(func, c, param) for c in sites]
-                if args and all(a is not None and var_key(m, a) in keys for a in args):
+                if args and all(a is not None and var_key(m, a) in keys and not _before_its_wrap(m, a) for a in args):
                     keys.add(pkey)
                     added = True
         if not added:
             break
     return keys
+
+
+def _before_its_wrap(m: SemanticModel, arg: ast.AST) -> bool:
+    """``optimizer = create_optimizer(model)`` before ``model = nn.DataParallel(model)``: the
+    name is wrapped in its function, but only after this use (and not in a loop around
+    both), so the function is handed the bare model there."""
+    from dp2ddp.model.names import DDP, DP
+
+    if not isinstance(arg, ast.Name):
+        return False
+    func = m.enclosing_function(arg)
+    _, bindings = m.lookup(arg.id, m.scope_of(arg))
+    wraps = [b for b in bindings if b.kind == "assign" and isinstance(b.value, ast.Call)
+             and m.enclosing_function(b.node) is func
+             and any(isinstance(n, ast.Call) and m.qualified_names(n.func) & (DP | DDP) for n in ast.walk(b.value))]
+    loops = {id(loop) for loop in m.enclosing_loops(arg)}
+    return bool(wraps) and all(b.node.lineno > arg.lineno and not loops & {id(x) for x in m.enclosing_loops(b.node)}
+                               for b in wraps)
 
 
 def _alias_assigns(m: SemanticModel) -> List[ast.Assign]:
