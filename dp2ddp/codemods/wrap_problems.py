@@ -284,7 +284,8 @@ def trained_outside_wrap(ctx: Context) -> List[Finding]:
     m = ctx.m
     out = []
     for u in found(m):
-        text = m.source(u.module)
+        text = " ".join(m.source(u.module).split())
+        text = text if len(text) <= 60 else text[:57] + "..."
         made = m.position(u.made)[0]
         if u.what == "parameters":
             how = (f"its parameters are trained by the optimizer at {u.place}, but it is not inside "

@@ -27,6 +27,7 @@ from typing import Iterable, List, NamedTuple, Optional, Set, Tuple
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.stores import container_mutations
 from dp2ddp.model.handles import expr_handle
+from dp2ddp.model.held_parameters import held_modules
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.project_defs import class_of_call
 from dp2ddp.model.steps import binding_values, kind_of_value
@@ -64,9 +65,9 @@ def _find(m: SemanticModel) -> List[Unsynced]:
     seen: Set[str] = set()
     for opt, module in _optimized_modules(m):
         text = m.source(module)
-        if text in seen or _covered(text, inside):
-            continue
-        made = _made(m, module)
+        if text in seen or (_covered(text, inside) and not isinstance(module, ast.Call)):
+            continue  # (a module made where it is handed over is an object of its own)
+        made = _made(m, module) if not isinstance(module, ast.Call) else _made_here(m, module)
         if made is None:
             continue
         seen.add(text)
@@ -161,6 +162,19 @@ def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
     return found[0]
 
 
+def _made_here(m: SemanticModel, call: ast.Call) -> Optional[Tuple[ast.Call, str]]:
+    """A module made where it is handed over (``CriticBaseline(CriticNetwork(...))``, or
+    ``(A(...) if lstm else B(...)).to(device)``: the first of the choices)."""
+    made: ast.AST = call
+    while isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) and made.func.attr in ("to", "cuda", "cpu"):
+        made = made.func.value
+    for choice in ([made.body, made.orelse] if isinstance(made, ast.IfExp) else [made]):
+        cls = _module_class(m, choice) if isinstance(choice, ast.Call) else None
+        if cls is not None:
+            return choice, cls
+    return None
+
+
 def _unpacked_from(value: ast.AST, parent: Optional[ast.AST]) -> bool:
     """``a, b = value``: the binding's value is the whole call, not what it gives ``b``."""
     return isinstance(parent, ast.Assign) and any(isinstance(t, (ast.Tuple, ast.List)) for t in parent.targets)
@@ -188,6 +202,8 @@ def _optimized_modules(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST]]:
                 if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _PARAMETERS
                         and isinstance(n.func.value, (ast.Name, ast.Attribute))):
                     out.append((call, n.func.value))
+                else:  # ``baseline.get_learnable_parameters()``: a module the object holds
+                    out.extend((call, held) for held in held_modules(m, n))
     return out
 
 
@@ -200,7 +216,9 @@ def _stepped(m: SemanticModel, call: ast.Call) -> bool:
         f = c.func
         if isinstance(f, ast.Attribute) and (m.source(f.value) == text or any(m.source(a) == text for a in c.args)):
             return True
-    return False
+    # handed to the code that trains (``train_epoch(model, optimizer, ...)`` of a project module)
+    return any(m.source(a) == text for c in m.nodes(ast.Call) if m.resolve_call(c) is None
+               for a in [*c.args, *(k.value for k in c.keywords)])
 
 
 # ----------------------------------------------------------------------------- buffers
