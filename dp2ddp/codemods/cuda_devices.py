@@ -34,6 +34,13 @@ def _first_gpu(m, node: ast.AST) -> bool:
     return bool(_GPU_LIST.fullmatch(name))
 
 
+def _first_of_a_list(node: ast.AST) -> bool:
+    """``ids[0]``, ``args.gpus[0]``: the first item of a list, the index a device string
+    formats with ``cuda:`` (DataParallel's device 0, whatever the list is called)."""
+    return (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == 0
+            and isinstance(node.value, (ast.Name, ast.Attribute)))
+
+
 def _first_gpu_use(ctx: Context, call: ast.Call) -> Finding:
     m = ctx.m
     arg = call.args[0]
@@ -129,6 +136,14 @@ def propose(ctx: Context) -> List[Finding]:
         ):
             out.append(ctx.note(call, "DDP134", f"{m.source(call)} -> \"cuda\": this rank's GPU (the set-up selects it)",
                                 [Replace(ctx.cst(call), ctx.expr('"cuda"'))]))
+    for j in m.nodes(ast.JoinedStr):
+        # f"cuda:{n_gpu_use[0]}" -> "cuda": the first of the GPUs the script was given
+        parts = j.values
+        if (len(parts) == 2 and isinstance(parts[0], ast.Constant) and parts[0].value == "cuda:"
+                and isinstance(parts[1], ast.FormattedValue) and parts[1].format_spec is None and parts[1].conversion == -1
+                and _first_of_a_list(parts[1].value)):
+            out.append(ctx.note(j, "DDP134", f"{m.source(j)} -> \"cuda\": this rank's GPU (the set-up selects it)",
+                                [Replace(ctx.cst(j), ctx.expr('"cuda"'))]))
     for sub in m.nodes(ast.Subscript):
         key = sub.slice
         if m.is_name(sub.value, {"os.environ"}) and isinstance(key, ast.Constant) and key.value == "CUDA_VISIBLE_DEVICES":
