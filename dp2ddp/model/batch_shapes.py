@@ -29,15 +29,14 @@ def batch_value(m: SemanticModel, e: ast.AST, loop: ast.AST, depth: int = 0) -> 
     """``e`` is (a part of) a batch the loop iterates: its target, an item of it
     (``data[0]``, ``batch["img"]``), moved or retyped (``.to(device)``, ``.cuda()``,
     ``.float()``), or a name the loop binds to one of those."""
-    while True:
-        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
-            e = e.value
-        elif isinstance(e, ast.Attribute) and e.attr == "data":  # old code: img.data
-            e = e.value
-        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_ROWS:
-            e = e.func.value
-        else:
-            break
+    e = _rows_of(e)
+    if isinstance(e, (ast.ListComp, ast.GeneratorExp)) and len(e.generators) == 1 and depth <= 6:
+        # ``image1, image2, flow = [x.cuda() for x in data_blob]``: the batch's items, moved
+        g = e.generators[0]
+        item = _rows_of(e.elt)
+        if isinstance(g.target, ast.Name) and isinstance(item, ast.Name) and item.id == g.target.id and not g.ifs:
+            return batch_value(m, g.iter, loop, depth + 1)
+        return False
     if not isinstance(e, ast.Name) or depth > 6:
         return False
     target = getattr(loop, "target", None)
@@ -49,6 +48,19 @@ def batch_value(m: SemanticModel, e: ast.AST, loop: ast.AST, depth: int = 0) -> 
         ):
             return batch_value(m, n.value, loop, depth + 1)
     return False
+
+
+def _rows_of(e: ast.AST) -> ast.AST:
+    """What ``e`` holds the rows of: ``data[0]``, ``img.data``, ``x.cuda()`` -> the value itself."""
+    while True:
+        if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
+            e = e.value
+        elif isinstance(e, ast.Attribute) and e.attr == "data":  # old code: img.data
+            e = e.value
+        elif isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in _SAME_ROWS:
+            e = e.func.value
+        else:
+            return e
 
 
 def fixed_reshapes(m: SemanticModel) -> List[Tuple[ast.AST, ast.Call, str]]:
