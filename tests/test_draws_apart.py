@@ -83,3 +83,35 @@ def test_a_dataset_that_fetches_whole_batches_keeps_its_own_fetch(tmp_path) -> N
 
     batches = _epoch(helper, 0, Batched(), 0)[0]
     assert Batched.calls == len(batches) == 2
+
+
+def _seed_by_worker_id(worker_id: int) -> None:
+    """The common worker_init_fn that seeds NumPy and ``random`` from the worker's id alone:
+    alike on every rank."""
+    np.random.seed(worker_id)
+    random.seed(worker_id)
+
+
+def test_a_worker_init_fn_that_seeds_by_the_worker_id_alone_still_draws_apart_per_rank(tmp_path) -> None:
+    """With workers whose worker_init_fn seeds NumPy and ``random`` from the worker id, every
+    rank's workers drew the same crops and flips (RAFT's datasets reseed by the worker id;
+    verify's real run of it showed each global batch holding every augmentation twice).
+    WorkersApart runs the user's function, then moves the streams apart by the rank on
+    ranks other than 0: rank 0 draws as the original's workers did."""
+    helper = _helper(tmp_path)
+
+    def epoch(rank: int):
+        helper.dist = _Dist(rank)
+        helper.ShardedBatches.made = 0
+        torch.manual_seed(7)
+        loader = helper.shard_loader(DataLoader(Augmented(), batch_size=8, shuffle=True, num_workers=2,
+                                                worker_init_fn=_seed_by_worker_id))
+        return [b.clone() for b in loader]
+
+    ranks = [epoch(0), epoch(1)]
+    for b0, b1 in zip(*ranks):
+        for column in (1, 2, 3):
+            assert not set(b0[:, column].tolist()) & set(b1[:, column].tolist()), (column, b0, b1)
+    plain = DataLoader(Augmented(), batch_size=8, shuffle=False, num_workers=2, worker_init_fn=_seed_by_worker_id)
+    first = next(iter(plain))  # rank 0's workers: the user's seeding, untouched
+    assert float(first[0, 3]) == pytest.approx(float(np.random.RandomState(0).rand()))
