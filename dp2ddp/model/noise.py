@@ -24,6 +24,7 @@ import ast
 from dataclasses import dataclass
 from typing import List, Optional, Set, Tuple
 
+from dp2ddp.model.call_args import argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.batch_shapes import batch_value
 from dp2ddp.model.flow import origins
@@ -35,8 +36,8 @@ from dp2ddp.model.training import training_loops
 _DRAWS = ("torch.randn", "torch.rand", "torch.randint")
 # NumPy's: where the size stands (position, or the keyword only), and the dimensions-as-arguments ones
 _NP_SIZE_AT = {"uniform": 2, "normal": 2, "randint": 2, "standard_normal": 0, "random": 0, "random_sample": 0,
-               "laplace": 2, "logistic": 2, "lognormal": 2, "beta": None, "binomial": None, "choice": None,
-               "poisson": None, "exponential": None, "gamma": None}
+               "laplace": 2, "logistic": 2, "lognormal": 2, "beta": 2, "binomial": 2, "choice": 1,
+               "poisson": 1, "exponential": 1, "gamma": 2}
 _NP_DIMS = ("rand", "randn")
 # any draw of a random stream (a draw inside a loop over the items of a batch)
 _STREAMS = ("torch.", "numpy.random.", "random.")
@@ -92,6 +93,12 @@ def _shaped_like_batch(m: SemanticModel, call: ast.Call, loop: ast.AST) -> bool:
     ``torch.zeros_like(img).uniform_()``, ``img.new(img.size()).normal_()``)."""
     f = call.func
     q = m.qualified_names(f)
+    size = _numpy_size(m, call)
+    if size is not None:  # ``np.random.binomial(1, p, x.shape)``, ``np.random.rand(*x.shape)``
+        return _shape_of_batch(m, size, loop)
+    helper = m.resolve_call(call)
+    if helper is not None and loop is not None:
+        return _draws_shaped_like(m, call, helper, loop)
     if q & set(_LIKE):
         return bool(call.args) and batch_value(m, call.args[0], loop)
     if q & set(_SHAPED):
@@ -104,6 +111,47 @@ def _shaped_like_batch(m: SemanticModel, call: ast.Call, loop: ast.AST) -> bool:
         if name.endswith("_like"):
             return bool(made.args) and batch_value(m, made.args[0], loop)
         return len(made.args) == 1 and _shape_of_batch(m, made.args[0], loop)
+    return False
+
+
+def _numpy_size(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
+    """The whole size argument of a NumPy draw (``size=x.shape``, ``rand(*x.shape)``)."""
+    names = m.qualified_names(call.func)
+    if len(names) != 1 or not next(iter(names)).startswith("numpy.random."):
+        return None
+    fn = next(iter(names))[len("numpy.random."):]
+    if fn in _NP_DIMS:
+        starred = [a for a in call.args if isinstance(a, ast.Starred)]
+        return starred[0] if len(call.args) == 1 and starred else None
+    at = _NP_SIZE_AT.get(fn, -1)
+    if at == -1:
+        return None
+    params = tuple(f"_{i}" for i in range(at if at is not None else 0)) + ("size",)
+    return argument(call, params, "size") if at is not None else next((k.value for k in call.keywords if k.arg == "size"), None)
+
+
+def _draws_shaped_like(m: SemanticModel, call: ast.Call, helper: ast.AST, loop: ast.AST) -> bool:
+    """``mask_generator(p, x_batch)`` where the script's function does nothing but return a
+    draw shaped like its parameter (``return np.random.binomial(1, p, x.shape)``): drawn
+    world-size times at the call, it keeps no state and writes nothing."""
+    body = [s for s in getattr(helper, "body", []) if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return False
+    for n in ast.walk(body[0].value):
+        if not isinstance(n, ast.Call):
+            continue
+        size = _numpy_size(m, n)
+        if size is None and m.qualified_names(n.func) & set(_SHAPED) and len(n.args) == 1:
+            size = argument(n, ("size",), "size")
+        if isinstance(size, ast.Starred):
+            size = size.value
+        owner = size.value if isinstance(size, ast.Attribute) and size.attr == "shape" else (
+            size.func.value if isinstance(size, ast.Call) and isinstance(size.func, ast.Attribute) and size.func.attr == "size"
+            and not size.args else None)
+        if isinstance(owner, ast.Name) and owner.id in m.params(helper):
+            arg = m.argument_for(helper, call, owner.id)
+            if arg is not None and batch_value(m, arg, loop):
+                return True
     return False
 
 
