@@ -36,7 +36,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.noise import batch_permutations, draws_per_item, per_sample_draws
+from dp2ddp.model.noise import batch_permutations, draws_per_item, kept_stream_draws, per_sample_draws
 
 _COMMENT = "# dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)"
 
@@ -81,6 +81,12 @@ def propose(ctx: Context) -> List[Finding]:
             "loop runs over each rank's share and the ranks' streams are alike, so every rank would draw the same "
             "numbers for its items; draw them for the whole batch in one call (`torch.randn(n, ...)`), or take the "
             "risk with --accept DDP179")))
+    for call, where in kept_stream_draws(m):
+        out.append(ctx.block(call, "DDP179", (
+            f"`{' '.join(m.source(call).split())[:60]}` draws random numbers for the items of the batch from a generator "
+            f"its object keeps ({where}), seeded alike on every rank: under DDP every rank would draw the same numbers for "
+            "its share's items; draw them from the global random stream for the whole batch (or seed the object's "
+            "generator by the rank), or take the risk with --accept DDP179")))
     warned = set()
     for call in batch_permutations(m):
         func = m.enclosing_function(call)

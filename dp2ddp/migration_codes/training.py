@@ -87,7 +87,9 @@ CODES: Tuple[MigrationCode, ...] = (
         "share, and the ranks' random streams are seeded alike (so that random choices steering control flow agree): "
         "every rank would draw the same numbers for its items, and the global batch would hold world-size copies of "
         "them. No edit of the draw itself gives each rank the original's: it would have to skip the other ranks' "
-        "draws first.",
+        "draws first. The same holds for a method of an object that draws for the batch's items from a generator the "
+        "object keeps, seeded once (`mixup.get_lambda(batch_size=len(x))` over `self.random_state = "
+        "np.random.RandomState(1234)`): every rank's object draws alike.",
         "Draw the batch's noise in one call sized by the batch (`torch.randn(n, c, h, w) * std.view(-1, 1, 1, 1)`), "
         "which dp2ddp migrates (DDP162); or take the risk with `--accept DDP179`.",
         "No fix: the file is left unchanged.",

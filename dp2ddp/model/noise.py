@@ -300,3 +300,50 @@ def _in_data_class(m: SemanticModel, node: ast.AST) -> bool:
             names = {f.name for f in a.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
             return bool(names & {"__getitem__", "__iter__", "__len__"})
     return False
+
+
+# random generators an object may keep for itself, seeded once: alike on every rank
+_OWN_STREAMS = frozenset({"numpy.random.RandomState", "numpy.random.default_rng", "numpy.random.Generator",
+                          "random.Random", "torch.Generator"})
+
+
+def kept_stream_draws(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
+    """Calls in a training loop of a method of an object (of the script's or a project
+    module's class) that draws from a random generator the object keeps
+    (``self.random_state = np.random.RandomState(1234)``), handed the step's batch or its
+    size (``mixup.get_lambda(batch_size=len(x))``, audioset's mixup): ``(the call, where the
+    generator is made)``. Under DDP every rank's object holds the same generator, so every
+    rank draws the same numbers for its share's items; the migration cannot reach a stream
+    the object keeps (nor skip the other ranks' draws without knowing how many it makes)."""
+    from dp2ddp.model.project_defs import class_of_call
+    from dp2ddp.model.steps import binding_values
+    from dp2ddp.model.stores import attribute_assignments
+
+    got = m.cache.get("noise:kept")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, str]] = []
+    for loop in training_loops(m):
+        bound = names_bound(m, loop)
+        for n in own_nodes(m, loop):
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and isinstance(n.func.value, (ast.Name, ast.Attribute))):
+                continue
+            handed = [*n.args, *(k.value for k in n.keywords)]
+            if not any(_size_of_step_value(m, a, bound) or batch_value(m, a, loop) for a in handed):
+                continue
+            for made in binding_values(m, n.func.value) or []:
+                found = class_of_call(m, made) if isinstance(made, ast.Call) else None
+                if found is None:
+                    continue
+                cm, cls, where = found
+                method = cm.methods(cls).get(n.func.attr)
+                streams = {attr: v for attr, values in attribute_assignments(cm, cls).items() for v in values
+                           if isinstance(v, ast.Call) and cm.qualified_names(v.func) & _OWN_STREAMS}
+                read = next((streams[x.attr] for x in ast.walk(method) if method is not None and isinstance(x, ast.Attribute)
+                             and isinstance(x.value, ast.Name) and x.value.id == "self" and x.attr in streams), None)
+                if read is not None:
+                    out.append((n, f"{where}:{read.lineno}" if where else f"line {read.lineno}"))
+                    break
+    m.cache["noise:kept"] = out
+    return out
