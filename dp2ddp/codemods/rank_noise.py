@@ -36,7 +36,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, Replace
-from dp2ddp.model.noise import batch_permutations, draws_per_item, kept_stream_draws, per_sample_draws
+from dp2ddp.model.noise import batch_permutations, draws_per_item, kept_stream_draws, per_sample_draws, worker_id_seeds
 
 _COMMENT = "# dp2ddp: every rank draws the same noise for the global batch and keeps its own share (DataParallel drew one per item)"
 
@@ -87,6 +87,12 @@ def propose(ctx: Context) -> List[Finding]:
             f"its object keeps ({where}), seeded alike on every rank: under DDP every rank would draw the same numbers for "
             "its share's items; draw them from the global random stream for the whole batch (or seed the object's "
             "generator by the rank), or take the risk with --accept DDP179")))
+    for node, where in worker_id_seeds(m):
+        out.append(ctx.block(node, "DDP184", (
+            f"a dataset seeds its random streams from the DataLoader worker's id alone ({where}): under DDP worker k "
+            "of every rank seeds alike, so every rank would draw the same augmentations for its share; seed from "
+            "`torch.initial_seed()` (which differs per rank and worker once migrated), or take the risk with "
+            "--accept DDP184")))
     warned = set()
     for call in batch_permutations(m):
         func = m.enclosing_function(call)

@@ -214,6 +214,27 @@ CODES: Tuple[MigrationCode, ...] = (
         "loss = (criterion(out, y) + out.abs().max()) / x.size(0)\nloss.backward()\nopt.step()\n",
     ),
     MigrationCode(
+        "DDP184", "dataset-seeds-by-worker-id", "error",
+        "a dataset seeds its random streams from the DataLoader worker's id alone; the file is left unchanged",
+        "Optical-flow and detection datasets seed NumPy, `random` and torch inside `__getitem__` on their first call in "
+        "a worker: `np.random.seed(get_worker_info().id)`. Under DataParallel one process ran the workers, each with a "
+        "stream of its own. Under DDP every rank runs workers 0..k-1 and seeds them alike, after whatever per-rank seed "
+        "the migration gave them: every rank draws the same crops, flips and noise for its share, and a global batch "
+        "holds each augmentation world-size times.",
+        "Seed from `torch.initial_seed()` in the worker (`np.random.seed(torch.initial_seed() % 2**32)`), which the "
+        "migrated loader makes differ per rank and worker, then migrate; or take the risk with `--accept DDP184`. A "
+        "`worker_init_fn` that seeds from the worker id is handled (the migrated loader moves its streams apart per "
+        "rank); a seed inside the dataset runs after it and cannot be.",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "import numpy as np\nfrom torch.utils.data import DataLoader, Dataset, get_worker_info\n\n\n"
+        "class Crops(Dataset):\n    def __len__(self):\n        return 32\n\n    def __getitem__(self, i):\n"
+        "        info = get_worker_info()\n        if info is not None:\n            np.random.seed(info.id)\n"
+        "        return torch.tensor(np.random.rand(4), dtype=torch.float32)\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for x in DataLoader(Crops(), batch_size=8, num_workers=2):\n    loss = model(x).pow(2).mean()\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n",
+    ),
+    MigrationCode(
         "DDP118", "sum-reduction-scale", "error",
         "a summed loss (`reduction=\"sum\"`, `size_average=False`) that dp2ddp cannot keep at DataParallel's scale; "
         "the file is left unchanged",

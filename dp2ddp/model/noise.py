@@ -347,3 +347,50 @@ def kept_stream_draws(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
                     break
     m.cache["noise:kept"] = out
     return out
+
+
+_SEEDS = frozenset({"numpy.random.seed", "random.seed", "torch.manual_seed", "torch.random.manual_seed"})
+
+
+def worker_id_seeds(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
+    """Seeds a dataset's ``__getitem__``/``__iter__`` gives the random streams from the
+    DataLoader worker's id alone (``np.random.seed(get_worker_info().id)``, RAFT's datasets),
+    in this module or a project module it calls into: ``(the script's call that reaches it,
+    or the seed itself when it is this module's; where)``. Under DDP every rank's worker
+    ``k`` seeds alike after whatever the migration gave it, so every rank draws the same
+    augmentations."""
+    from dp2ddp.model.project_defs import project_calls
+
+    got = m.cache.get("noise:worker_seeds")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, str]] = []
+    seen = set()
+    modules = [(m, None, "")] + [(pm, call, rel) for call, (pm, _, rel) in project_calls(m)]
+    for pm, call, rel in modules:
+        if id(pm) in seen:
+            continue
+        seen.add(id(pm))
+        seed = _worker_id_seed(pm)
+        if seed is not None:
+            out.append((call if call is not None else seed, f"{rel}:{seed.lineno}" if rel else f"line {seed.lineno}"))
+    m.cache["noise:worker_seeds"] = out
+    return out
+
+
+def _worker_id_seed(pm: SemanticModel) -> Optional[ast.Call]:
+    for func in pm.nodes(ast.FunctionDef):
+        if func.name not in ("__getitem__", "__iter__", "__getitems__"):
+            continue
+        infos = {t.id for n in ast.walk(func) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                 and pm.qualified_names(n.value.func) & {"torch.utils.data.get_worker_info"}
+                 for t in n.targets if isinstance(t, ast.Name)}
+        for n in ast.walk(func):
+            if not (isinstance(n, ast.Call) and pm.qualified_names(n.func) & _SEEDS):
+                continue
+            for a in ast.walk(n):
+                if (isinstance(a, ast.Attribute) and a.attr == "id" and (
+                        isinstance(a.value, ast.Name) and a.value.id in infos
+                        or isinstance(a.value, ast.Call) and pm.qualified_names(a.value.func) & {"torch.utils.data.get_worker_info"})):
+                    return n
+    return None
