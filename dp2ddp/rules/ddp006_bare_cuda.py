@@ -28,12 +28,22 @@ def _device_literal_site(m, node: ast.Constant) -> bool:
     return False
 
 
+def _tests_for_the_wrapper(m) -> bool:
+    """``isinstance(model, (DataParallel, DistributedDataParallel))``."""
+    for call in m.calls_spelled("isinstance"):
+        for n in ast.walk(call):
+            if isinstance(n, (ast.Name, ast.Attribute)) and m.qualified_names(n) & DDP:
+                return True
+    return False
+
+
 def check(m):
     if not is_ddp_code(m) or m.calls(CUDA_DEVICE_SELECT) or mentions_local_rank(m):
         return
-    if (m.calls(DDP) or m.calls(_IS_INITIALIZED)) and not m.calls(INIT) and not has_entry_point(m):
-        # a project's helper (it wraps a model, or asks whether a process group exists before it
-        # reads the rank): the script that starts the process group picks the device
+    if (m.calls(DDP) or m.calls(_IS_INITIALIZED) or _tests_for_the_wrapper(m)) and not m.calls(INIT) and not has_entry_point(m):
+        # a project's helper (it wraps a model, asks whether a process group exists, or tests
+        # whether it was handed the wrapper): the script that starts the process group picks
+        # the device
         return
     for call in m.calls_spelled("cuda"):
         f = call.func
@@ -92,5 +102,10 @@ RULE = Rule(
             "    if (dist.get_rank() if dist.is_initialized() else 0) == 0:\n        print(x)\n"
         ),
         Valid("import torch.distributed as dist\n\nif tensor.device.type == \"cuda\":\n    pass\n"),
+        Valid(  # a migrated helper that only tests whether it was handed the wrapper (PointRCNN's loss functions)
+            "import torch.nn as nn\nfrom torch.nn.parallel import DistributedDataParallel\n\n\ndef model_fn(model, data):\n"
+            "    x = data.cuda(non_blocking=True)\n    if isinstance(model, (nn.DataParallel, DistributedDataParallel)):\n"
+            "        model = model.module\n    return model(x)\n"
+        ),
     ),
 )
