@@ -54,18 +54,26 @@ def propose(ctx: Context) -> List[Finding]:
 
 def _counts(ctx: Context) -> List[Finding]:
     found = count_means(ctx.m)
+    return _divisor_through(ctx, "global_count", [(c.division, c.count) for c in found], "DDP169", lambda count, name: (
+        f"the loss is divided by `{count}`, a count of the batch that differs between the ranks' shares: {name}({count}) "
+        "is the count of every rank's share over the world size, so the step is the original's"), torch=True)
+
+
+def _divisor_through(ctx: Context, helper: str, found, code: str, message, torch: bool = False) -> List[Finding]:
+    """Each ``(division, divisor)`` of ``found`` divides by ``helper(divisor)`` instead, the
+    helper written once into the script from ``<helper>.py.tmpl``."""
     if not found:
         return []
     m = ctx.m
-    name = ctx.fresh_name("global_count")
-    ctx.define_after_imports("global_count.py.tmpl", global_count=name, torch=ctx.name("torch"), dist=ctx.name("dist"))
+    name = ctx.fresh_name(helper)
+    names = {helper: name, "dist": ctx.name("dist")}
+    if torch:
+        names["torch"] = ctx.name("torch")
+    ctx.define_after_imports(f"{helper}.py.tmpl", **names)
     out: List[Finding] = []
-    for c in found:
-        count = m.source(c.count)
-        edit = Replace(ctx.cst(c.count), lambda u: ctx.expr(f"{name}({{c}})", c=u))
-        out.append(ctx.note(c.division, "DDP169", f"the loss is divided by `{count}`, a count of the batch that differs "
-                            f"between the ranks' shares: {name}({count}) is the count of every rank's share over the world "
-                            "size, so the step is the original's", [edit]))
+    for division, divisor in found:
+        edit = Replace(ctx.cst(divisor), lambda u: ctx.expr(f"{name}({{d}})", d=u))
+        out.append(ctx.note(division, code, message(m.source(divisor), name), [edit]))
     return out
 
 
@@ -85,12 +93,6 @@ def _batch_means(ctx: Context) -> List[Finding]:
                 "then migrate")))
     if out:
         return out
-    name = ctx.fresh_name("whole_batch_size")
-    ctx.define_after_imports("whole_batch_size.py.tmpl", whole_batch_size=name, dist=ctx.name("dist"))
-    for b in found:
-        size = m.source(b.size)
-        edit = Replace(ctx.cst(b.size), lambda u: ctx.expr(f"{name}({{s}})", s=u))
-        out.append(ctx.note(b.division, "DDP182", f"the loss is a mean over its batch divided by the batch's size `{size}` "
-                            f"again: each rank's share is world_size times smaller, so {name}({size}) divides by the whole "
-                            "batch's size and the step is the original's", [edit]))
-    return out
+    return _divisor_through(ctx, "whole_batch_size", [(b.division, b.size) for b in found], "DDP182", lambda size, name: (
+        f"the loss is a mean over its batch divided by the batch's size `{size}` again: each rank's share is world_size "
+        f"times smaller, so {name}({size}) divides by the whole batch's size and the step is the original's"))
