@@ -315,7 +315,7 @@ def kept_stream_draws(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
     generator is made)``. Under DDP every rank's object holds the same generator, so every
     rank draws the same numbers for its share's items; the migration cannot reach a stream
     the object keeps (nor skip the other ranks' draws without knowing how many it makes)."""
-    from dp2ddp.model.project_defs import class_of_call
+    from dp2ddp.model.project_defs import class_of_call, method_of
     from dp2ddp.model.steps import binding_values
     from dp2ddp.model.stores import attribute_assignments
 
@@ -337,10 +337,12 @@ def kept_stream_draws(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
                 if found is None:
                     continue
                 cm, cls, where = found
-                method = cm.methods(cls).get(n.func.attr)
+                method = method_of(cm, cls, n.func.attr, 0)  # its own, or a base class's of its module
+                if method is None:
+                    continue
                 streams = {attr: v for attr, values in attribute_assignments(cm, cls).items() for v in values
                            if isinstance(v, ast.Call) and cm.qualified_names(v.func) & _OWN_STREAMS}
-                read = next((streams[x.attr] for x in ast.walk(method) if method is not None and isinstance(x, ast.Attribute)
+                read = next((streams[x.attr] for x in ast.walk(method) if isinstance(x, ast.Attribute)
                              and isinstance(x.value, ast.Name) and x.value.id == "self" and x.attr in streams), None)
                 if read is not None:
                     out.append((n, f"{where}:{read.lineno}" if where else f"line {read.lineno}"))
