@@ -34,7 +34,7 @@ from dp2ddp.model.training import training_loops
 
 # the draws whose size the migration can read: ``randn(*size)``, ``rand(*size)``, ``randint([low,] high, size)``
 _DRAWS = ("torch.randn", "torch.rand", "torch.randint")
-# NumPy's: where the size stands (position, or the keyword only), and the dimensions-as-arguments ones
+# NumPy's: where the size argument stands, and the dimensions-as-arguments ones
 _NP_SIZE_AT = {"uniform": 2, "normal": 2, "randint": 2, "standard_normal": 0, "random": 0, "random_sample": 0,
                "laplace": 2, "logistic": 2, "lognormal": 2, "beta": 2, "binomial": 2, "choice": 1,
                "poisson": 1, "exponential": 1, "gamma": 2}
@@ -123,11 +123,9 @@ def _numpy_size(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     if fn in _NP_DIMS:
         starred = [a for a in call.args if isinstance(a, ast.Starred)]
         return starred[0] if len(call.args) == 1 and starred else None
-    at = _NP_SIZE_AT.get(fn, -1)
-    if at == -1:
+    if fn not in _NP_SIZE_AT:
         return None
-    params = tuple(f"_{i}" for i in range(at if at is not None else 0)) + ("size",)
-    return argument(call, params, "size") if at is not None else next((k.value for k in call.keywords if k.arg == "size"), None)
+    return argument(call, tuple(f"_{i}" for i in range(_NP_SIZE_AT[fn])) + ("size",), "size")
 
 
 def _draws_shaped_like(m: SemanticModel, call: ast.Call, helper: ast.AST, loop: ast.AST) -> bool:
@@ -143,11 +141,7 @@ def _draws_shaped_like(m: SemanticModel, call: ast.Call, helper: ast.AST, loop: 
         size = _numpy_size(m, n)
         if size is None and m.qualified_names(n.func) & set(_SHAPED) and len(n.args) == 1:
             size = argument(n, ("size",), "size")
-        if isinstance(size, ast.Starred):
-            size = size.value
-        owner = size.value if isinstance(size, ast.Attribute) and size.attr == "shape" else (
-            size.func.value if isinstance(size, ast.Call) and isinstance(size.func, ast.Attribute) and size.func.attr == "size"
-            and not size.args else None)
+        owner = _shape_owner(size)
         if isinstance(owner, ast.Name) and owner.id in m.params(helper):
             arg = m.argument_for(helper, call, owner.id)
             if arg is not None and batch_value(m, arg, loop):
@@ -156,13 +150,19 @@ def _draws_shaped_like(m: SemanticModel, call: ast.Call, helper: ast.AST, loop: 
 
 
 def _shape_of_batch(m: SemanticModel, e: ast.AST, loop: ast.AST) -> bool:
+    owner = _shape_owner(e)
+    return owner is not None and batch_value(m, owner, loop)
+
+
+def _shape_owner(e: Optional[ast.AST]) -> Optional[ast.AST]:
+    """``x`` of ``x.shape``, ``x.size()`` (or ``*x.shape``): the tensor a size is the shape of."""
     if isinstance(e, ast.Starred):
         e = e.value
     if isinstance(e, ast.Attribute) and e.attr == "shape":
-        return batch_value(m, e.value, loop)
+        return e.value
     if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "size" and not e.args:
-        return batch_value(m, e.func.value, loop)
-    return False
+        return e.func.value
+    return None
 
 
 def _count(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
@@ -192,15 +192,9 @@ def _numpy_count(m: SemanticModel, call: ast.Call) -> Optional[ast.AST]:
     (q,) = names
     if not q.startswith("numpy.random."):
         return None
-    fn = q[len("numpy.random."):]
-    if fn in _NP_DIMS:
+    if q[len("numpy.random."):] in _NP_DIMS:
         return call.args[0] if call.args else None
-    if fn not in _NP_SIZE_AT:
-        return None
-    size = next((k.value for k in call.keywords if k.arg == "size"), None)
-    at = _NP_SIZE_AT[fn]
-    if size is None and at is not None and len(call.args) > at:
-        size = call.args[at]
+    size = _numpy_size(m, call)
     if isinstance(size, (ast.Tuple, ast.List)):
         size = size.elts[0] if size.elts and not isinstance(size.elts[0], ast.Starred) else None
     return size
@@ -352,6 +346,7 @@ def kept_stream_draws(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
 
 
 _SEEDS = frozenset({"numpy.random.seed", "random.seed", "torch.manual_seed", "torch.random.manual_seed"})
+_WORKER_INFO = frozenset({"torch.utils.data.get_worker_info"})
 
 
 def worker_id_seeds(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
@@ -385,7 +380,7 @@ def _worker_id_seed(pm: SemanticModel) -> Optional[ast.Call]:
         if func.name not in ("__getitem__", "__iter__", "__getitems__"):
             continue
         infos = {t.id for n in ast.walk(func) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-                 and pm.qualified_names(n.value.func) & {"torch.utils.data.get_worker_info"}
+                 and pm.qualified_names(n.value.func) & _WORKER_INFO
                  for t in n.targets if isinstance(t, ast.Name)}
         for n in ast.walk(func):
             if not (isinstance(n, ast.Call) and pm.qualified_names(n.func) & _SEEDS):
@@ -393,6 +388,6 @@ def _worker_id_seed(pm: SemanticModel) -> Optional[ast.Call]:
             for a in ast.walk(n):
                 if (isinstance(a, ast.Attribute) and a.attr == "id" and (
                         isinstance(a.value, ast.Name) and a.value.id in infos
-                        or isinstance(a.value, ast.Call) and pm.qualified_names(a.value.func) & {"torch.utils.data.get_worker_info"})):
+                        or isinstance(a.value, ast.Call) and pm.qualified_names(a.value.func) & _WORKER_INFO)):
                     return n
     return None
