@@ -17,9 +17,11 @@ method the class calls on it and the save there.
 from __future__ import annotations
 
 import ast
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.stores import constructor_argument
+from dp2ddp.model.syntax import self_attribute_method
 
 _SAVES = ("save", "copy", "open")
 
@@ -32,26 +34,22 @@ def handed_object_saves(m: SemanticModel, call: ast.Call, family, writers) -> Li
     ``__init__``, where ``call`` hands that parameter an object of a project class made in
     the script: ``(that class's module model, the write, the module's path)``. ``writers``:
     :func:`dp2ddp.model.writers.writers` (passed in: that module reads this one)."""
-    from dp2ddp.model.stores import attribute_assignments
     from dp2ddp.model.project_defs import class_of_call
     from dp2ddp.model.ranks import rank_guarded
+    from dp2ddp.model.steps import binding_values
 
     out: List[Tuple[SemanticModel, ast.Call, str]] = []
     for cm, cls, _ in family:
-        init = cm.methods(cls).get("__init__")
-        if init is None:
-            continue
-        params = set(cm.params(init)) - {"self"}
-        kept = {attr: v.id for attr, values in attribute_assignments(cm, cls).items() for v in values
-                if isinstance(v, ast.Name) and v.id in params and len(values) == 1}
         for node in ast.walk(cls):
-            target = _method_on_self_attribute(node)
-            if target is None or target[0] not in kept:
+            target = self_attribute_method(node)
+            if target is None:
                 continue
             attr, meth = target
-            handed = cm.argument_for(init, call, kept[attr])
-            made = _made_by(m, handed)
-            found = class_of_call(m, made) if made is not None else None
+            handed = constructor_argument(cm, cls, call, attr)
+            if isinstance(handed, ast.Name):  # the one construction a name is bound to
+                values = binding_values(m, handed)
+                handed = values[0] if values and len(values) == 1 else None
+            found = class_of_call(m, handed) if isinstance(handed, ast.Call) else None
             if found is None or not found[2]:
                 continue  # an object of no project class (the script's own are migrated with it)
             hm, hcls, where = found
@@ -63,24 +61,3 @@ def handed_object_saves(m: SemanticModel, call: ast.Call, family, writers) -> Li
             if write is not None and all(h is not hm for h, _, _ in out):
                 out.append((hm, write, where))
     return out
-
-
-def _method_on_self_attribute(node: ast.AST) -> Optional[Tuple[str, str]]:
-    """``self.attr.meth(...)``: ``(attr, meth)``."""
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-        return None
-    owner = node.func.value
-    if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self":
-        return owner.attr, node.func.attr
-    return None
-
-
-def _made_by(m: SemanticModel, e: Optional[ast.AST]) -> Optional[ast.Call]:
-    """The construction an argument is: the call itself, or the one call a name is bound to."""
-    if isinstance(e, ast.Call):
-        return e
-    if isinstance(e, ast.Name):
-        _, bindings = m.lookup(e.id, m.scope_of(e))
-        if len(bindings) == 1 and bindings[0].kind == "assign" and isinstance(bindings[0].value, ast.Call):
-            return bindings[0].value
-    return None

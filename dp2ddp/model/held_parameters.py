@@ -16,10 +16,12 @@ baseline does), so :mod:`dp2ddp.model.outside_wrap` can tell whether it is insid
 from __future__ import annotations
 
 import ast
-from typing import List, Optional
+from typing import List
 
 from dp2ddp.model.call_args import argument
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.stores import constructor_argument
+from dp2ddp.model.syntax import self_attribute_method
 
 _PARAMETERS = frozenset({"parameters", "named_parameters"})
 
@@ -43,14 +45,16 @@ def held_modules(m: SemanticModel, call: ast.AST, depth: int = 0) -> List[ast.AS
             continue
         cm, cls, _ = found
         method = cm.methods(cls).get(meth)
-        init = cm.methods(cls).get("__init__")
-        if method is None or init is None:
+        if method is None:
             continue
         for ret in (n.value for n in ast.walk(method) if isinstance(n, ast.Return) and n.value is not None):
-            attr, inner = _self_attribute_call(ret)
-            if attr is None:
+            if isinstance(ret, ast.Call) and isinstance(ret.func, ast.Name) and ret.func.id == "list" and len(ret.args) == 1:
+                ret = argument(ret, ("iterable",), "iterable")  # ``list(self.critic.parameters())``
+            read = self_attribute_method(ret) if isinstance(ret, ast.Call) and not ret.args else None
+            if read is None:
                 continue
-            arg = _constructor_argument(cm, cls, init, made, attr)
+            attr, inner = read
+            arg = constructor_argument(cm, cls, made, attr)
             if arg is None:
                 continue
             if inner in _PARAMETERS:
@@ -59,27 +63,3 @@ def held_modules(m: SemanticModel, call: ast.AST, depth: int = 0) -> List[ast.AS
                 # a baseline that delegates to the one it holds: ``self.baseline.get_learnable_parameters()``
                 out.extend(held_modules(m, ast.Call(func=ast.Attribute(value=arg, attr=inner), args=[], keywords=[]), depth + 1))
     return out
-
-
-def _self_attribute_call(ret: ast.AST):
-    """``list(self.critic.parameters())`` / ``self.critic.parameters()`` -> ("critic",
-    "parameters"); ``self.baseline.get_learnable_parameters()`` -> ("baseline", that name)."""
-    if isinstance(ret, ast.Call) and isinstance(ret.func, ast.Name) and ret.func.id == "list" and len(ret.args) == 1:
-        ret = argument(ret, ("iterable",), "iterable")
-    if not (isinstance(ret, ast.Call) and isinstance(ret.func, ast.Attribute) and not ret.args):
-        return None, None
-    owner = ret.func.value
-    if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self":
-        return owner.attr, ret.func.attr
-    return None, None
-
-
-def _constructor_argument(cm: SemanticModel, cls: ast.ClassDef, init: ast.AST, made: ast.Call, attr: str) -> Optional[ast.AST]:
-    """The argument ``made`` passes for the parameter of ``__init__`` that ``self.<attr>``
-    keeps (assigned once, from the parameter itself)."""
-    from dp2ddp.model.stores import attribute_assignments
-
-    values = attribute_assignments(cm, cls).get(attr, [])
-    if len(values) != 1 or not isinstance(values[0], ast.Name) or values[0].id not in cm.params(init):
-        return None
-    return cm.argument_for(init, made, values[0].id)

@@ -10,9 +10,20 @@ followed; :mod:`dp2ddp.model.flow` follows values through them.
 from __future__ import annotations
 
 import ast
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from dp2ddp.model.core import SemanticModel
+
+
+def constructor_argument(cm: SemanticModel, cls: ast.ClassDef, made: ast.Call, attr: str) -> Optional[ast.AST]:
+    """The argument ``made`` (a construction of ``cls``, of module ``cm``) passes for the
+    parameter of ``__init__`` that ``self.<attr>`` keeps (assigned once, from the parameter
+    itself): a trainer's ``self.model_checkpoint``, a baseline's ``self.critic``."""
+    init = cm.methods(cls).get("__init__")
+    values = attribute_assignments(cm, cls).get(attr, []) if init is not None else []
+    if len(values) != 1 or not isinstance(values[0], ast.Name) or values[0].id not in cm.params(init):
+        return None
+    return cm.argument_for(init, made, values[0].id)
 
 
 def attribute_assignments(m: SemanticModel, cls: ast.ClassDef) -> Dict[str, List[ast.AST]]:

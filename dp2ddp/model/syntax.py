@@ -133,3 +133,13 @@ def root_name(expr: ast.AST) -> Optional[ast.Name]:
     while isinstance(expr, ast.Attribute):
         expr = expr.value
     return expr if isinstance(expr, ast.Name) else None
+
+
+def self_attribute_method(node: ast.AST) -> Optional[Tuple[str, str]]:
+    """``self.attr.meth(...)``: ``(attr, meth)``; else ``None``."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return None
+    owner = node.func.value
+    if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self":
+        return owner.attr, node.func.attr
+    return None
