@@ -63,7 +63,7 @@ def _into_a_guarded_handle(pm: SemanticModel, w) -> bool:
 
 
 def _guarded(pm: SemanticModel, func: ast.AST, call: ast.Call, path: ast.AST) -> bool:
-    text = _plain(pm, path)
+    text = _plain(path)
     if text is None:
         return False
     child, node = call, pm.parent(call)
@@ -81,7 +81,7 @@ def _within(child: ast.AST, block) -> bool:
     return any(child is s for s in block)
 
 
-def _plain(pm: SemanticModel, e: ast.AST) -> Optional[str]:
+def _plain(e: Optional[ast.AST]) -> Optional[str]:
     """``p`` or ``self.p``: a path a test and a write can be told to share."""
     if isinstance(e, ast.Name):
         return e.id
@@ -99,9 +99,9 @@ def _tested_path(pm: SemanticModel, test: ast.AST):
         return None
     f = test.func
     if pm.qualified_names(f) & _EXISTS and len(test.args) == 1:
-        text = _plain(pm, argument(test, ("path",), "path"))
+        text = _plain(argument(test, ("path",), "path"))
     elif isinstance(f, ast.Attribute) and f.attr in _PATH_METHODS and not test.args:
-        text = _plain(pm, f.value)
+        text = _plain(f.value)
     else:
         return None
     return (text, negated) if text is not None else None

@@ -453,13 +453,9 @@ def loss_divisions(m: SemanticModel, operand: ast.AST) -> List[Division]:
 
 
 def _normaliser(m: SemanticModel, e: ast.AST) -> bool:
-    return _batch_size(m, e) or data_count(m, e) is not None
+    return batch_size_of(m, e) or data_count(m, e) is not None
 
 
-def batch_size_of(m: SemanticModel, e: ast.AST) -> bool:
-    """``e`` is the size of a batch where it is computed (``x.size(0)``, ``len(x)``, a name
-    bound once to one, products of them)."""
-    return _batch_size(m, e)
 
 
 def _line(binding) -> int:
@@ -559,18 +555,20 @@ def _divided_by_batch(m: SemanticModel, node: ast.AST) -> bool:
         if not isinstance(parent, ast.BinOp):
             return False
         if isinstance(parent.op, ast.Div) and parent.left is node:
-            if _batch_size(m, parent.right):
+            if batch_size_of(m, parent.right):
                 return True
         elif isinstance(parent.op, ast.Mult):
             other = parent.right if parent.left is node else parent.left
-            if isinstance(other, ast.BinOp) and isinstance(other.op, ast.Div) and _batch_size(m, other.right):
+            if isinstance(other, ast.BinOp) and isinstance(other.op, ast.Div) and batch_size_of(m, other.right):
                 return True
         else:
             return False
         node = parent
 
 
-def _batch_size(m: SemanticModel, e: ast.AST) -> bool:
+def batch_size_of(m: SemanticModel, e: ast.AST) -> bool:
+    """``e`` is the size of a batch where it is computed (``x.size(0)``, ``len(x)``, a name
+    bound once to one, or to the first of ``x.size()``'s unpacked; products of them)."""
     todo = [e]
     while todo:
         e = todo.pop()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 from dp2ddp.model.batch_counts import data_count
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
-from dp2ddp.model.syntax import kwarg
+from dp2ddp.model.syntax import kwarg, summing_keyword
 from dp2ddp.model.training import under_no_grad
 
 if TYPE_CHECKING:
@@ -139,8 +139,6 @@ def _mean_or_sum_uses(m: SemanticModel) -> Dict[int, str]:
 
 
 def _reduction(made: ast.Call) -> Optional[str]:
-    from dp2ddp.model.syntax import summing_keyword
-
     if summing_keyword(made) is not None:
         return "sum"
     reduction = kwarg(made, "reduction")
