@@ -18,7 +18,6 @@ from dp2ddp.codemods.context import EVERY_PARAMETER, FROZEN_AT_WRAP, Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_tensor
-from dp2ddp.model.syntax import LOOPS
 from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true, unfrozen_in_project, unread_model_class
 from dp2ddp.model.wraps import Wrap
 
@@ -207,12 +206,7 @@ def _root_is_self(node: ast.AST) -> bool:
 def _before_wrap(m: SemanticModel, node: ast.AST, w: Wrap) -> bool:
     """``node`` runs before the wrap: same function (or module level), earlier statement,
     not in a loop around the wrap."""
-    if m.enclosing_function(node) is not w.function:
-        return False
-    wl = w.stmt
-    if any(isinstance(a, LOOPS) and m.contains(a, wl) for a in m.ancestors(node)):
-        return False
-    return (node.lineno, node.col_offset) < (wl.lineno, wl.col_offset)
+    return m.enclosing_function(node) is w.function and m.runs_before(node, w.stmt)
 
 
 def _runs_before_wrap(m: SemanticModel, node: ast.AST, w: Wrap, depth: int = 0) -> bool:

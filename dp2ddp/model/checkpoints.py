@@ -137,16 +137,7 @@ def restored_before_wrap(m: SemanticModel, assign: ast.AST) -> bool:
     wraps = [w for w in dp_wraps(m) if not w.functional and not (w.stmt is not None and in_exiting_branch(m, w))]
     if not wraps:
         return False
-    func = m.enclosing_function(assign)
-    for w in wraps:
-        if m.enclosing_function(w.stmt) is not func:
-            return False
-        if (assign.lineno, assign.col_offset) >= (w.stmt.lineno, w.stmt.col_offset):  # type: ignore[attr-defined]
-            return False
-        loops = {id(a) for a in m.ancestors(assign) if isinstance(a, (ast.For, ast.AsyncFor, ast.While))}
-        if any(id(a) in loops for a in m.ancestors(w.stmt) if isinstance(a, (ast.For, ast.AsyncFor, ast.While))):
-            return False
-    return True
+    return all(m.runs_before(assign, w.stmt) for w in wraps)
 
 
 def restored_before(m: SemanticModel, wrappers: Set[VarKey]) -> List[ast.AST]:

@@ -125,6 +125,15 @@ class Structure:
             child = a
         return out
 
+    def runs_before(self, node: ast.AST, later: ast.AST) -> bool:
+        """``node`` runs before ``later`` wherever both run: in the same function (or both
+        at module level), earlier in the source, and in no loop that also holds ``later``."""
+        if self.enclosing_function(node) is not self.enclosing_function(later):
+            return False
+        if any(isinstance(a, LOOPS) and self.contains(a, later) for a in self.ancestors(node)):
+            return False
+        return (node.lineno, node.col_offset) < (later.lineno, later.col_offset)  # type: ignore[attr-defined]
+
     def branches(self, node: ast.AST, stop: Tuple[type, ...] = ()) -> List[Tuple[ast.AST, str]]:
         """The conditional constructs around ``node`` up to its function (or the first
         ancestor of a type in ``stop``), innermost first, each with the field of it that

@@ -123,9 +123,7 @@ def _before_its_wrap(m: SemanticModel, arg: ast.AST) -> bool:
     wraps = [b for b in bindings if b.kind == "assign" and isinstance(b.value, ast.Call)
              and m.enclosing_function(b.node) is func
              and any(isinstance(n, ast.Call) and m.qualified_names(n.func) & (DP | DDP) for n in ast.walk(b.value))]
-    loops = {id(loop) for loop in m.enclosing_loops(arg)}
-    return bool(wraps) and all(b.node.lineno > arg.lineno and not loops & {id(x) for x in m.enclosing_loops(b.node)}
-                               for b in wraps)
+    return bool(wraps) and all(m.runs_before(arg, b.node) for b in wraps)
 
 
 def _alias_assigns(m: SemanticModel) -> List[ast.Assign]:
