@@ -150,9 +150,7 @@ def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
     if not values:
         return None
     found = []
-    for v in values:
-        while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda", "cpu", "float", "double", "half"):
-            v = v.func.value  # ``CenterLoss(...).cuda()``
+    for v in map(_unplaced, values):  # ``CenterLoss(...).cuda()``
         if not isinstance(v, ast.Call):
             return None
         cls = _module_class(m, v)
@@ -162,12 +160,17 @@ def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
     return found[0]
 
 
+def _unplaced(v: ast.AST) -> ast.AST:
+    """The module a ``.to(device)``/``.cuda()``/``.float()`` chain starts from."""
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda", "cpu", "float", "double", "half"):
+        v = v.func.value
+    return v
+
+
 def _made_here(m: SemanticModel, call: ast.Call) -> Optional[Tuple[ast.Call, str]]:
     """A module made where it is handed over (``CriticBaseline(CriticNetwork(...))``, or
     ``(A(...) if lstm else B(...)).to(device)``: the first of the choices)."""
-    made: ast.AST = call
-    while isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) and made.func.attr in ("to", "cuda", "cpu"):
-        made = made.func.value
+    made = _unplaced(call)
     for choice in ([made.body, made.orelse] if isinstance(made, ast.IfExp) else [made]):
         cls = _module_class(m, choice) if isinstance(choice, ast.Call) else None
         if cls is not None:
