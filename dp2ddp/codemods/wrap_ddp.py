@@ -280,10 +280,10 @@ def _parts_called_alone(m: SemanticModel, w: Wrap, root: ast.Name) -> Optional[s
     return None
 
 
-# methods of a module the script may call on the whole model after a part's wrap
-_WRAPPER_METHODS = frozenset({"parameters", "named_parameters", "state_dict", "load_state_dict", "train", "eval", "to",
-                              "cuda", "cpu", "zero_grad", "modules", "named_modules", "children", "buffers",
-                              "named_buffers", "apply", "float", "half", "double", "requires_grad_", "register_buffer"})
+# nn.Module's own methods the script may call on the whole model after a part's wrap: those
+# that tell a name holds a model (MODULE_LIKE_ATTRS), and more
+_WRAPPER_METHODS = frozenset(MODULE_LIKE_ATTRS | {"cpu", "modules", "named_modules", "children", "buffers", "named_buffers",
+                                                  "apply", "float", "half", "double", "requires_grad_", "register_buffer"})
 
 
 def _calls_a_part(n: ast.AST, root: str) -> bool:
