@@ -453,10 +453,10 @@ def test_project_packages_put_on_sys_path_by_a_module_beside_the_script_are_foun
     # a script beside it that does not import _paths gets nothing from it
     (d / "tools" / "other.py").write_text("import torch\n")
     assert path_roots(str(d / "tools"), importer=str(d / "tools" / "other.py")) == ()
-    # only what can be read without running anything: a relative folder (the working
-    # directory's), one read from the environment, or a folder that is not there count not
+    # only what can be read without running anything: a folder read from the environment,
+    # or one that is not there, counts not
     (d / "tools" / "_paths.py").write_text(
-        "import os, sys\nsys.path.insert(0, '../lib')\nsys.path.append(os.environ['LIB'])\n"
+        "import os, sys\nsys.path.append(os.environ['LIB'])\n"
         "sys.path.append(os.path.join(os.path.dirname(__file__), 'missing'))\n"
     )
     from dp2ddp.model import module_files
@@ -464,6 +464,38 @@ def test_project_packages_put_on_sys_path_by_a_module_beside_the_script_are_foun
     module_files._ROOTS.clear()
     assert path_roots(str(d / "tools")) == ()
     assert module_file(str(d / "tools"), "engine.loop") is None
+
+
+def test_a_folder_put_on_sys_path_relative_to_the_working_directory_is_read_from_the_scripts_folder(tmp_path: Path, capsys) -> None:
+    """``sys.path.append('core')`` (RAFT's train.py, run from the repository's root): the
+    folder is the working directory's, read from the script's own folder, where such a
+    script is run from. Its dataset seeds each worker by its id alone, a fact dp2ddp must
+    see to refuse (DDP184): with the folder unread, the migration was written and every
+    rank drew the same augmentations."""
+    from dp2ddp.model import module_files
+    from dp2ddp.model.module_files import module_file, path_roots
+
+    d = tmp_path / "proj"
+    (d / "core").mkdir(parents=True)
+    (d / "core" / "seeded.py").write_text(
+        "import random\nimport torch\n\n\nclass Pairs(torch.utils.data.Dataset):\n"
+        "    def __init__(self):\n        self.seeded = False\n\n    def __len__(self):\n        return 16\n\n"
+        "    def __getitem__(self, i):\n        if not self.seeded:\n            info = torch.utils.data.get_worker_info()\n"
+        "            if info is not None:\n                random.seed(info.id)\n                self.seeded = True\n"
+        "        return torch.full((4,), float(i) + random.random()), i % 2\n")
+    (d / "train.py").write_text(
+        "import sys\nsys.path.append('core')\n\nimport torch\nimport torch.nn as nn\nfrom seeded import Pairs\n\n\n"
+        "def main():\n    model = nn.DataParallel(nn.Linear(4, 2))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    loader = torch.utils.data.DataLoader(Pairs(), batch_size=4, shuffle=True, num_workers=2)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.cross_entropy(model(x), y)\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    module_files._ROOTS.clear()
+    assert path_roots(str(d), importer=str(d / "train.py")) == (str(d / "core"),)
+    assert module_file(str(d), "seeded") == str(d / "core" / "seeded.py")
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert re.search(r"train\.py:12:\d+: DDP184 .*core/seeded\.py:16", capsys.readouterr().err)
+    assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
 
 
 def test_a_project_training_function_that_writes_what_each_rank_saw_further_down_is_refused(tmp_path: Path, capsys) -> None:
@@ -1222,3 +1254,50 @@ def test_saves_of_callbacks_a_training_class_is_handed_are_refused_alone_and_mad
     saves = [s for s in (out / "saves-rank0.txt").read_text().splitlines() if s.startswith("saved")]
     assert [s for s in saves if "epoch_" in s] == ["saved/epoch_1.pth", "saved/epoch_2.pth", "saved/epoch_3.pth"], saves
     assert len(json.loads((out / "saved" / "history.json").read_text())) == 3
+
+
+def _closure_step_project(d: Path, loss_line: str) -> None:
+    """A detection trainer's shape: ``Trainer(model, steps.make_step(), optimizer)``, the
+    trainer class keeping the step it is handed (a tuple assignment) and calling it where it
+    trains; the step a closure whose sibling computes the loss."""
+    d.mkdir(parents=True)
+    (d / "steps.py").write_text(
+        "import torch\nimport torch.nn.functional as F\n\n\ndef make_step():\n"
+        "    def point_loss(out, y):\n        per_point = F.cross_entropy(out, y.clamp(min=0), reduction='none')\n"
+        "        valid = (y >= 0).float()\n" + loss_line +
+        "\n    def model_fn(model, batch):\n        x, y = batch\n        return point_loss(model(x), y)\n\n    return model_fn\n")
+    (d / "trainer.py").write_text(
+        "class Trainer:\n    def __init__(self, model, model_fn, optimizer):\n"
+        "        self.model, self.model_fn, self.optimizer = model, model_fn, optimizer\n\n"
+        "    def _train_it(self, batch):\n        loss = self.model_fn(self.model, batch)\n"
+        "        self.optimizer.zero_grad()\n        loss.backward()\n        self.optimizer.step()\n\n"
+        "    def train(self, epochs, loader):\n        for epoch in range(epochs):\n            for batch in loader:\n"
+        "                self._train_it(batch)\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nimport steps\nfrom trainer import Trainer\n\n\ndef main():\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(-1, 3, (32,)))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 3))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    Trainer(model, steps.make_step(), opt).train(2, loader)\n\n\nif __name__ == '__main__':\n    main()\n")
+
+
+def test_a_count_normalised_loss_handed_to_a_trainer_class_is_refused(tmp_path: Path, capsys) -> None:
+    """PointRCNN's shape: the step handed to ``Trainer(...)`` divides by the valid points of
+    its batch (``torch.clamp(valid.sum(), min=1.0)``) in a closure of another module. Under
+    DDP the trainer would call it on each rank's share, each dividing by its own count: the
+    migration was written and trained another step. Refused (DDP185), naming both places;
+    a plain mean in the same place migrates."""
+    d = tmp_path / "proj"
+    _closure_step_project(d, "        return (per_point * valid).sum() / torch.clamp(valid.sum(), min=1.0)\n")
+    before = (d / "train.py").read_bytes()
+    for argv in (["rewrite", str(d / "train.py")], ["rewrite", "--with-helpers", "--diff", str(d / "train.py")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert re.search(r"train\.py:13:20: DDP185 `steps\.make_step\(\)`, handed to Trainer\(\) as `model_fn` and called "
+                         r"where it trains \(trainer\.py:6\), averages the loss over a count of its batch \(steps\.py:9\)", err), err
+    assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
+    e = tmp_path / "mean"
+    _closure_step_project(e, "        return (per_point * valid).mean()\n")
+    assert main(["rewrite", str(e / "train.py")]) in (0, 1)
+    assert "DDP185" not in capsys.readouterr().err
+    assert (e / "train_ddp.py").is_file()

@@ -11,7 +11,9 @@ loss when averaged over the ranks (DDP163). A loss the step divides by a count i
 from the batch itself (``(loss * mask).sum() / mask.sum()``: :class:`CountMean`) gets the
 count of every rank's share instead, over the world size: ``global_count(mask.sum())``
 (one all-reduce of a number per step), as fairseq normalises by its global token count
-(DDP169). A mixed script's own distributed path is left as it is.
+(DDP169). Such a loss handed to a project module's training code (``Trainer(model, model_fn)``)
+is out of the script's reach: refused (DDP185). A mixed script's own distributed path is
+left as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dp2ddp.model.valid_means import batch_means, count_means, valid_count_means
 def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "plain":
         return []
-    out = _counts(ctx) + _batch_means(ctx)
+    out = _counts(ctx) + _batch_means(ctx) + _handed(ctx)
     found = valid_count_means(ctx.m)
     if not found:
         return out
@@ -57,6 +59,20 @@ def _counts(ctx: Context) -> List[Finding]:
     return _divisor_through(ctx, "global_count", [(c.division, c.count) for c in found], "DDP169", lambda count, name: (
         f"the loss is divided by `{count}`, a count of the batch that differs between the ranks' shares: {name}({count}) "
         "is the count of every rank's share over the world size, so the step is the original's"), torch=True)
+
+
+def _handed(ctx: Context) -> List[Finding]:
+    """DDP185 for a loss the script hands to a project module's training code that averages
+    over a count of its batch (:func:`dp2ddp.model.handed_losses.handed_count_means`)."""
+    from dp2ddp.model.handed_losses import handed_count_means
+
+    m = ctx.m
+    return [ctx.block(h.arg, "DDP185", (
+        f"`{' '.join(m.source(h.arg).split())[:60]}`, handed to {m.source(h.call.func)}() as `{h.param}` and called where "
+        f"it trains ({h.rel}:{h.line}), averages the loss over a count of its batch ({where}): under DDP each process "
+        "would divide by its own share's count and the ranks' means would count alike, another step than the "
+        "original's; divide by the count of every rank's share there (all-reduce the count, over the world size), "
+        "then migrate")) for h, where in handed_count_means(m)]
 
 
 def _divisor_through(ctx: Context, helper: str, found, code: str, message, torch: bool = False) -> List[Finding]:

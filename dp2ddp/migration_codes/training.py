@@ -235,6 +235,29 @@ CODES: Tuple[MigrationCode, ...] = (
         "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n",
     ),
     MigrationCode(
+        "DDP185", "handed-count-mean", "error",
+        "a loss handed to a project module's training code averages over a count of its batch; the file is left "
+        "unchanged",
+        "Detection trainers hand their loss to a trainer class or function of the project: `Trainer(model, model_fn, "
+        "optimizer)`, where `model_fn` (often a closure a decorator returns) divides its terms by a count of the batch, "
+        "`loss.sum() / torch.clamp(mask.sum(), min=1.0)` (the positive anchors, the valid points), or uses a loss with "
+        "`ignore_index`. The trainer calls it on each rank's share under DDP: every rank divides by its own share's "
+        "count and the gradients are averaged, the shares weighted alike, another step than DataParallel's, which "
+        "divided by the whole batch's count. The rewrite of the script cannot put the count of every rank's share "
+        "inside code it only hands on.",
+        "Divide by the count of every rank's share where the loss is computed (all-reduce the count, over the world "
+        "size, as fairseq and mmdetection do), or make that function part of the script, then migrate; or take the "
+        "risk with `--accept DDP185`. The same division in the script's own training step is migrated (DDP169).",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "from trainer import Trainer\n\n\n"
+        "def masked_step(model, batch):\n    x, y = batch\n"
+        "    per_sample = nn.functional.cross_entropy(model(x), y, reduction='none')\n    mask = (y != 0).float()\n"
+        "    return (per_sample * mask).sum() / torch.clamp(mask.sum(), min=1.0)\n\n\n"
+        "model = nn.DataParallel(nn.Linear(4, 3))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 3, (16,)))\n"
+        "Trainer(model, masked_step, opt).fit(torch.utils.data.DataLoader(data, batch_size=8, shuffle=True))\n",
+    ),
+    MigrationCode(
         "DDP118", "sum-reduction-scale", "error",
         "a summed loss (`reduction=\"sum\"`, `size_average=False`) that dp2ddp cannot keep at DataParallel's scale; "
         "the file is left unchanged",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from dp2ddp.model.call_args import argument
 from dp2ddp.model.core import SemanticModel
 
 
@@ -17,7 +18,7 @@ _SAME_NUMBER = frozenset({"float", "double", "long", "int", "to", "cuda", "cpu",
 
 def data_count(m: SemanticModel, e: ast.AST, depth: int = 0) -> Optional[ast.AST]:
     """The node of a data-dependent count that ``e`` is, under ``max(1, c)``,
-    ``c.clamp(min=1)``, ``float(c)``, ``c.float()``, ``c + eps``: a ``.sum()`` call of data,
+    ``c.clamp(min=1)``, ``torch.clamp(c, min=1)``, ``float(c)``, ``c.float()``, ``c + eps``: a ``.sum()`` call of data,
     or a name its function binds only to such counts (``num_pos = (labels > 0).sum()``); else
     None."""
     for _ in range(6):
@@ -28,6 +29,9 @@ def data_count(m: SemanticModel, e: ast.AST, depth: int = 0) -> Optional[ast.AST
             e = e.args[0] if e.args[1] is consts[0] else e.args[1]
         elif isinstance(e, ast.Call) and m.is_name(e.func, {"builtins.float", "builtins.int"}) and len(e.args) == 1:
             e = e.args[0]
+        elif (isinstance(e, ast.Call) and m.is_name(e.func, {"torch.clamp", "torch.clamp_min", "torch.clip"})
+              and argument(e, _CLAMP, "input") is not None and _is_none(argument(e, _CLAMP, "max"))):
+            e = argument(e, _CLAMP, "input")  # ``torch.clamp(mask.sum(), min=1.0)``
         elif isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and (
                 e.func.attr in _SAME_NUMBER or e.func.attr in ("clamp", "clamp_min")) and m.resolve_call(e) is None:
             if e.func.attr == "clamp" and any(k.arg == "max" for k in e.keywords):
@@ -58,6 +62,14 @@ def data_count(m: SemanticModel, e: ast.AST, depth: int = 0) -> Optional[ast.AST
     if summed is None or not _from_data(m, summed, 0):
         return None
     return e
+
+
+_CLAMP = ("input", "min", "max")
+
+
+def _is_none(e: Optional[ast.AST]) -> bool:
+    """No value: not passed, or ``None``."""
+    return e is None or (isinstance(e, ast.Constant) and e.value is None)
 
 
 def _from_data(m: SemanticModel, e: ast.AST, depth: int) -> bool:

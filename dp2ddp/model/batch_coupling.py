@@ -167,7 +167,7 @@ COMPARES = "compares the samples of a batch with each other"
 DIVIDES = "divides totals over the whole batch (a ratio of sums, as a Dice or IoU loss takes)"
 
 
-def _bodies(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
+def bodies_when_called(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
     """The function itself, or a class's ``forward`` / ``__call__`` and the methods of the
     class they call (``self._dice_loss(...)``), followed through the methods those call."""
     if not isinstance(node, ast.ClassDef):
@@ -188,7 +188,7 @@ def _bodies(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
                 todo.append(methods[n.func.attr])
 
 
-def _project_callable(m: SemanticModel, call: ast.Call):
+def project_callable(m: SemanticModel, call: ast.Call):
     """The project's def or class a call runs, or a class of this module: named directly
     (``SupConLoss(...)(x)``, ``losses.nt_xent(z)``) or through the value it calls
     (``criterion = SupConLoss(...)``, also returned by a setup function of the script)."""
@@ -284,17 +284,17 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
                     seen.add(id(func))
                     out.append(InBatchLoss(func, "", hit[0].lineno, name, hit[1], func))
         for call in calls:
-            found = _project_callable(m, call)
+            found = project_callable(m, call)
             if found is None:
                 continue
             pm, node, rel = found
             if not _LOSS_NAME.search(node.name) or id(node) in seen:  # type: ignore[attr-defined]
                 continue
-            for body in _bodies(pm, node):
+            for body in bodies_when_called(pm, node):
                 hit = _comparison_in(body, pm)
                 if hit is not None:
                     seen.add(id(node))
-                    entry = next(_bodies(pm, node))
+                    entry = next(bodies_when_called(pm, node))
                     out.append(InBatchLoss(call, rel, hit[0].lineno, node.name, hit[1], entry))  # type: ignore[attr-defined]
                     break
     m.cache["batch_coupling:in_batch_losses"] = out
@@ -329,12 +329,12 @@ def coupling_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: int 
     name = cls.name if cls is not None and node.name in ("__call__", "forward") else getattr(node, "name", "")  # type: ignore[attr-defined]
     if depth > 3 or not _LOSS_NAME.search(name):
         return None
-    for body in _bodies(pm, node):
+    for body in bodies_when_called(pm, node):
         hit = _comparison_in(body, pm)
         if hit is not None:
             return name, f"{rel}:{hit[0].lineno}" if rel else f"line {hit[0].lineno}", hit[1]
         for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
-            found = _project_callable(pm, call)
+            found = project_callable(pm, call)
             if found is not None and found[1] is not node:
                 there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
                 got = coupling_when_called(found[0], found[1], there, depth + 1)

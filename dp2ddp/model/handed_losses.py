@@ -89,32 +89,103 @@ def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AS
     return out
 
 
+class Handed(NamedTuple):
+    """A value the script hands to a project module's code that calls it where it trains."""
+
+    call: ast.Call  # the script's call into the project (``do_train(..., loss_fn)``, ``Trainer(model, model_fn)``)
+    arg: ast.AST  # what it passes
+    param: str  # the parameter (or the attribute the object keeps it in) that code calls
+    rel: str  # the project module that calls it
+    line: int  # where it is called there
+    made: List[Tuple[SemanticModel, ast.AST, str]]  # what it is when called (:func:`_made_by`)
+
+
+def _called_attrs(pm: SemanticModel, cls: ast.ClassDef) -> List[Tuple[str, int]]:
+    """``(attr, line)``: attributes of ``self`` that methods of ``cls`` call where the call
+    trains (``loss, tb, disp = self.model_fn(self.model, batch)`` before ``loss.backward()``)."""
+    from dp2ddp.model.loss_calls import trains_here
+
+    out: List[Tuple[str, int]] = []
+    for method in pm.methods(cls).values():
+        for node in ast.walk(method):
+            f = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
+                    and f.attr not in pm.methods(cls) and trains_here(pm, node)):
+                out.append((f.attr, node.lineno))
+    return out
+
+
+def handed_callables(m: SemanticModel) -> List[Handed]:
+    """Every value this script hands to a project function (as a parameter it calls where it
+    trains) or to a project class's constructor (kept on ``self`` and called by a method
+    where it trains), with what it is when called."""
+    from dp2ddp.model.project_defs import project_def
+    from dp2ddp.model.stores import constructor_argument
+
+    got = m.cache.get("handed_callables")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Handed] = []
+    for call in m.nodes(ast.Call):
+        if m.resolve_call(call) is not None or not isinstance(call.func, (ast.Name, ast.Attribute)):
+            continue
+        found = project_def(m, call.func)
+        if found is None:
+            continue
+        pm, func, rel = found
+        if isinstance(func, FUNCTIONS):
+            passed = [(param, line, pm.argument_for(func, call, param)) for param, line in _called_params(pm, func)]
+        elif isinstance(func, ast.ClassDef):
+            passed = [(attr, line, constructor_argument(pm, func, call, attr)) for attr, line in _called_attrs(pm, func)]
+        else:
+            continue
+        for param, line, arg in passed:
+            if arg is not None:
+                out.append(Handed(call, arg, param, rel, line, _made_by(m, arg)))
+    m.cache["handed_callables"] = out
+    return out
+
+
 def handed_in_batch_losses(m: SemanticModel) -> List[HandedLoss]:
     """Every loss this script hands to a project module's training code that couples the
     samples of the batch (see the module docstring)."""
-    from dp2ddp.model.project_defs import project_def
-
     got = m.cache.get("handed_losses")
     if got is not None:
         return got  # type: ignore[return-value]
     out: List[HandedLoss] = []
     seen: Set[int] = set()
-    for call in m.nodes(ast.Call):
-        if m.resolve_call(call) is not None or not isinstance(call.func, (ast.Name, ast.Attribute)):
+    for h in handed_callables(m):
+        if id(h.arg) in seen:
             continue
-        found = project_def(m, call.func)
-        if found is None or not isinstance(found[1], FUNCTIONS):
-            continue
-        pm, func, rel = found
-        for param, line in _called_params(pm, func):
-            arg = pm.argument_for(func, call, param)
-            if arg is None or id(arg) in seen:
-                continue
-            for made in _made_by(m, arg):
-                hit = coupling_when_called(*made)
-                if hit is not None:
-                    seen.add(id(arg))
-                    out.append(HandedLoss(call, arg, param, rel, line, *hit))
-                    break
+        for made in h.made:
+            hit = coupling_when_called(*made)
+            if hit is not None:
+                seen.add(id(h.arg))
+                out.append(HandedLoss(h.call, h.arg, h.param, h.rel, h.line, *hit))
+                break
     m.cache["handed_losses"] = out
+    return out
+
+
+def handed_count_means(m: SemanticModel) -> List[Tuple[Handed, str]]:
+    """``(handed, where)``: values this script hands to a project module's training code
+    that average the loss over a count of the batch when called (``where``:
+    :func:`dp2ddp.model.valid_means.count_mean_when_called`). Under DDP that code computes
+    it on each rank's share, and the script's rewrite cannot reach inside it."""
+    from dp2ddp.model.valid_means import count_mean_when_called
+
+    out: List[Tuple[Handed, str]] = []
+    seen: Set[int] = set()  # each value, and each function it is, once (``model_fn`` and ``model_fn_eval`` alike)
+    for h in handed_callables(m):
+        if id(h.arg) in seen:
+            continue
+        for pm, node, rel in h.made:
+            if id(node) in seen:
+                seen.add(id(h.arg))
+                break
+            where = count_mean_when_called(pm, node, rel)
+            if where is not None:
+                seen.update((id(h.arg), id(node)))
+                out.append((h, where))
+                break
     return out

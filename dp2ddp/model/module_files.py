@@ -99,7 +99,8 @@ def path_roots(folder: str, importer: Optional[str] = None) -> Tuple[str, ...]:
     and ``importer``'s own edits; without one, those any file of the folder imports or makes. Only paths that can be read without running anything count: string
     constants, ``__file__``, the module's own top-level names, and ``os.path``'s
     ``join``/``dirname``/``abspath``/``realpath``/``normpath``; a relative path (the working
-    directory's) is not followed. Existing folders only; each folder read once (again when
+    directory's: ``sys.path.append('core')``) is read from ``folder``, where a script beside
+    these modules is usually run from. Existing folders only; each folder read once (again when
     a file is added to it or removed)."""
     try:
         key = f"{os.path.realpath(folder)}:{os.stat(folder).st_mtime_ns}"  # a file added since: read again
@@ -114,7 +115,7 @@ def path_roots(folder: str, importer: Optional[str] = None) -> Tuple[str, ...]:
             names = []
         for name in names:
             if name.endswith(".py"):
-                edits[name[:-3]], imports[name[:-3]] = _module_path_edits(os.path.join(folder, name))
+                edits[name[:-3]], imports[name[:-3]] = _module_path_edits(os.path.join(folder, name), cwd=folder)
         _ROOTS[key] = (edits, imports)
     edits, imports = _ROOTS[key]
     # and what a script of the folder adds itself (``sys.path.insert(1, os.path.join(sys.path[0],

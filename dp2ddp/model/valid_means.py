@@ -6,9 +6,11 @@ shares weighted alike. The count of valid targets of a loss with ``ignore_index`
 from __future__ import annotations
 
 import ast
+import os
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
 from dp2ddp.model.batch_counts import data_count
+from dp2ddp.model.batch_coupling import bodies_when_called, project_callable
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
 from dp2ddp.model.syntax import kwarg, summing_keyword
@@ -211,6 +213,59 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
             out.append(ValidMean(use, value, ignore.value, made, shared))
     m.cache["losses:valid"] = out
     return out
+
+
+def count_mean_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: int = 0,
+                           seen: Optional[set] = None) -> Optional[str]:
+    """``path:line`` of a loss term that calling ``node`` (a function or a loss class of
+    module ``pm``, at ``rel`` from the script's folder) averages over a count of its batch: a
+    division by a count summed from the data (:func:`data_count`), or a ``torch.nn`` loss
+    with ``ignore_index`` (a mean over the valid targets) — in its body, in the functions of
+    its module it calls (a closure's sibling ``get_rpn_loss``), or in the project's (three
+    calls deep). Not what is only read (under ``.item()``/``.detach()``, or
+    ``torch.no_grad()``): a metric divides too. Code in another module that trains calls it
+    on its own share under DDP, and the rewrite of the script cannot put the count of every
+    rank's share inside it."""
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    seen = set() if seen is None else seen
+    if depth > 3 or id(node) in seen:
+        return None
+    seen.add(id(node))
+    for body in bodies_when_called(pm, node):
+        for n in ast.walk(body):
+            divisor = (n.right if isinstance(n, ast.BinOp) else n.value) if isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, ast.Div) else None
+            ignoring = (isinstance(n, ast.Call) and kwarg(n, "ignore_index") is not None
+                        and any(q.startswith("torch.nn.") and q.rsplit(".", 1)[-1] in _IGNORING for q in pm.qualified_names(n.func)))
+            if (ignoring or (divisor is not None and data_count(pm, divisor) is not None)) and not _only_read(pm, n):
+                return f"{rel}:{n.lineno}" if rel else f"line {n.lineno}"
+        for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
+            target = pm.resolve_call(call)
+            if isinstance(target, FUNCTIONS) and target is not node:
+                got = count_mean_when_called(pm, target, rel, depth + 1, seen)
+            else:
+                found = project_callable(pm, call)
+                if found is None or found[1] is node:
+                    continue
+                there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
+                got = count_mean_when_called(found[0], found[1], there, depth + 1, seen)
+            if got is not None:
+                return got
+    return None
+
+
+def _only_read(m: SemanticModel, node: ast.AST) -> bool:
+    """``node`` is computed to be read, not differentiated: under ``torch.no_grad()``, or
+    inside ``.item()``/``.detach()``/``.cpu()`` or ``float(...)`` of its statement."""
+    if under_no_grad(m, node):
+        return True
+    for a in m.ancestors(node):
+        if isinstance(a, ast.stmt):
+            return False
+        if isinstance(a, ast.Call) and ((isinstance(a.func, ast.Attribute) and a.func.attr in ("item", "detach", "cpu", "tolist"))
+                                        or m.is_name(a.func, {"builtins.float"})):
+            return True
+    return False
 
 
 def _constant(e: ast.AST) -> bool:

@@ -209,6 +209,14 @@ OPTIONS: dict = {"DDP160": {"shard_eval": True}, "DDP161": {"shard_eval": True}}
 # codes drawn only with a project module beside the script (file name -> text), written
 # next to the example before it is migrated
 PROJECT_MODULES: dict = {
+    "DDP185": {  # a trainer class that keeps the step it is handed and calls it where it trains
+        "trainer.py": (
+            "class Trainer:\n    def __init__(self, model, step_fn, optimizer):\n"
+            "        self.model, self.step_fn, self.optimizer = model, step_fn, optimizer\n\n"
+            "    def fit(self, batches):\n        for batch in batches:\n            loss = self.step_fn(self.model, batch)\n"
+            "            self.optimizer.zero_grad()\n            loss.backward()\n            self.optimizer.step()\n"
+        ),
+    },
     "DDP110": {  # it also keeps the folder in a module global: rank 0 cannot run it alone
         "saver.py": (
             "import os\nimport shutil\n\nLAST = None\n\n\nclass Saver:\n    def __init__(self, folder):\n"
