@@ -1301,3 +1301,71 @@ def test_a_count_normalised_loss_handed_to_a_trainer_class_is_refused(tmp_path: 
     assert main(["rewrite", str(e / "train.py")]) in (0, 1)
     assert "DDP185" not in capsys.readouterr().err
     assert (e / "train_ddp.py").is_file()
+
+
+def _metric_project(d: Path, dropped: str) -> None:
+    """A metric-learning project's shape: ``losses.create(name, ...)`` picks a loss class
+    from the package's dict by the configured name; ``mkdir_if_missing`` in a helper package
+    drops the error of a folder that exists (``dropped``: its handler's body)."""
+    (d / "losses").mkdir(parents=True)
+    (d / "utils").mkdir()
+    (d / "utils" / "__init__.py").write_text("from .osutils import mkdir_if_missing\n")
+    (d / "utils" / "osutils.py").write_text(
+        "import errno\nimport os\n\n\ndef mkdir_if_missing(path):\n    try:\n        os.makedirs(path)\n"
+        "    except OSError as e:\n" + dropped)
+    (d / "losses" / "plain.py").write_text(
+        "import torch.nn as nn\n\n\nclass PlainLoss(nn.Module):\n    def forward(self, out, y):\n"
+        "        return nn.functional.cross_entropy(out, y)\n")
+    (d / "losses" / "pairs.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass PairLoss(nn.Module):\n    def forward(self, feats, y):\n"
+        "        sim = torch.matmul(feats, feats.t())\n        same = (y.unsqueeze(0) == y.unsqueeze(1)).float()\n"
+        "        return ((sim - same) ** 2).mean()\n")
+    (d / "losses" / "__init__.py").write_text(
+        "from .pairs import PairLoss\nfrom .plain import PlainLoss\n\n__factory = {\n    'pairs': PairLoss,\n"
+        "    'plain': PlainLoss,\n}\n\n\ndef create(name, *args, **kwargs):\n    return __factory[name](*args, **kwargs)\n")
+    (d / "train.py").write_text(
+        "import argparse\nimport os\n\nimport torch\nimport torch.nn as nn\n\nimport losses\nfrom utils import mkdir_if_missing\n\n\n"
+        "def main():\n    parser = argparse.ArgumentParser()\n    parser.add_argument('--loss', default='plain')\n"
+        "    parser.add_argument('--save_dir', default='runs')\n    args = parser.parse_args()\n"
+        "    for sub in sorted(os.listdir('.')):\n        mkdir_if_missing(os.path.join(args.save_dir, 'seen'))\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 3))\n    criterion = losses.create(args.loss).cuda()\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(2):\n        for x, y in loader:\n"
+        "            loss = criterion(model(x), y)\n            opt.zero_grad()\n            loss.backward()\n            opt.step()\n"
+        "\n\nif __name__ == '__main__':\n    main()\n")
+
+
+def test_a_loss_a_factory_picks_from_its_dict_by_name_is_any_of_them(tmp_path: Path, capsys) -> None:
+    """``losses.create(args.loss).cuda()`` returns ``__factory[name](...)``: the loss the
+    script gets is whichever class the configuration names, so each of the dict's classes
+    counts; one of them compares the batch's samples (DDP153). Deep_Metric's migration was
+    written with every rank's loss over half the batch."""
+    d = tmp_path / "proj"
+    _metric_project(d, "        if e.errno != errno.EEXIST:\n            raise\n")
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"train\.py:25:20: DDP153 PairLoss compares the samples of a batch with each other \(losses/pairs\.py:7\)", err), err
+    assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
+    # with the pairwise loss out of the dict, the same project migrates: the folder is made
+    # by a helper that drops FileExistsError, under a loop over what exists (no barrier needed)
+    (d / "losses" / "__init__.py").write_text(
+        "from .plain import PlainLoss\n\n__factory = {\n    'plain': PlainLoss,\n}\n\n\n"
+        "def create(name, *args, **kwargs):\n    return __factory[name](*args, **kwargs)\n")
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+    assert "DDP110" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("handler", [
+    pytest.param("        print('exists:', path)\n        raise SystemExit(1)\n", id="a_handler_that_exits_still_races"),
+    pytest.param("        if e.errno == errno.EEXIST:\n            raise\n", id="a_handler_that_reraises_the_exists_error_still_races"),
+])
+def test_a_folder_helper_that_does_not_drop_the_exists_error_is_refused_in_a_loop(tmp_path: Path, capsys, handler: str) -> None:
+    d = tmp_path / "proj"
+    _metric_project(d, handler)
+    (d / "losses" / "__init__.py").write_text(
+        "from .plain import PlainLoss\n\n__factory = {\n    'plain': PlainLoss,\n}\n\n\n"
+        "def create(name, *args, **kwargs):\n    return __factory[name](*args, **kwargs)\n")
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert re.search(r"DDP110 mkdir_if_missing creates a folder without exist_ok \(utils/osutils\.py:7\)", capsys.readouterr().err)

@@ -586,10 +586,11 @@ def test_project_root_reaches_a_folder_the_script_adds_relative_to_where_it_runs
     elsewhere.mkdir(parents=True)
     monkeypatch.chdir(elsewhere)  # a relative path is not this process's
     assert project_root(script) == tmp_path.resolve()
-    # a module beside a script that adds a path relative to the working directory adds none
+    # a module beside a script that adds a path relative to the working directory: read as
+    # from the script's folder, where such a script is usually run from (not from here)
     (tmp_path / "image_classification" / "_paths.py").write_text("import os, sys\nsys.path.insert(0, os.path.abspath('..'))\n")
     (tmp_path / "image_classification" / "other.py").write_text("import _paths\n")
-    assert path_roots(str(tmp_path / "image_classification")) == ()
+    assert path_roots(str(tmp_path / "image_classification")) == (str(tmp_path),)
 
 
 def test_a_file_above_the_projects_copy_is_named_with_the_project_root_advice_not_a_barrier(tmp_path):

@@ -32,9 +32,9 @@ import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.project_defs import class_of_call, project_def
+from dp2ddp.model.project_defs import class_of_call, project_def, returned_classes
 from dp2ddp.model.call_args import argument
-from dp2ddp.model.syntax import summing_keyword
+from dp2ddp.model.syntax import FUNCTIONS, summing_keyword, unplaced
 
 _LOSS_NAME = re.compile(r"loss|criterion|xent|contrast|infonce|simclr|supcon|triplet|ntx", re.I)
 _MATMUL = {"matmul", "mm", "einsum_pairs"}
@@ -189,22 +189,35 @@ def bodies_when_called(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
 
 
 def project_callable(m: SemanticModel, call: ast.Call):
+    """The first of :func:`project_callables`, or ``None``."""
+    found = project_callables(m, call)
+    return found[0] if found else None
+
+
+def project_callables(m: SemanticModel, call: ast.Call) -> List[Tuple[SemanticModel, ast.AST, str]]:
     """The project's def or class a call runs, or a class of this module: named directly
     (``SupConLoss(...)(x)``, ``losses.nt_xent(z)``) or through the value it calls
-    (``criterion = SupConLoss(...)``, also returned by a setup function of the script)."""
+    (``criterion = SupConLoss(...)``, also returned by a setup function of the script, also
+    placed: ``.cuda()``); every class a project factory may pick by name
+    (``losses.create(args.loss)``: :func:`dp2ddp.model.project_defs.returned_classes`)."""
     from dp2ddp.model.flow import origins
 
     found = project_def(m, call.func) or class_of_call(m, call)
     if found is not None:
-        return found
+        return [found]
     if not isinstance(call.func, (ast.Name, ast.Attribute)):
-        return None
+        return []
     for node, path in origins(m, call.func):
+        node = unplaced(node)
         if isinstance(node, ast.Call) and not path:
             found = project_def(m, node.func) or class_of_call(m, node)
             if found is not None and isinstance(found[1], ast.ClassDef):
-                return found
-    return None
+                return [found]
+            if found is not None and isinstance(found[1], FUNCTIONS):
+                picked = returned_classes(*found)
+                if picked:
+                    return picked
+    return []
 
 
 class InBatchLoss(NamedTuple):
@@ -284,14 +297,10 @@ def in_batch_losses(m: SemanticModel) -> List[InBatchLoss]:
                     seen.add(id(func))
                     out.append(InBatchLoss(func, "", hit[0].lineno, name, hit[1], func))
         for call in calls:
-            found = project_callable(m, call)
-            if found is None:
-                continue
-            pm, node, rel = found
-            if not _LOSS_NAME.search(node.name) or id(node) in seen:  # type: ignore[attr-defined]
-                continue
-            for body in bodies_when_called(pm, node):
-                hit = _comparison_in(body, pm)
+            for pm, node, rel in project_callables(m, call):
+                if not _LOSS_NAME.search(node.name) or id(node) in seen:  # type: ignore[attr-defined]
+                    continue
+                hit = next((h for h in (_comparison_in(body, pm) for body in bodies_when_called(pm, node)) if h is not None), None)
                 if hit is not None:
                     seen.add(id(node))
                     entry = next(bodies_when_called(pm, node))

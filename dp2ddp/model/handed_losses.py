@@ -13,7 +13,7 @@ from typing import List, NamedTuple, Set, Tuple
 
 from dp2ddp.model.batch_coupling import coupling_when_called
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.syntax import FUNCTIONS
+from dp2ddp.model.syntax import FUNCTIONS, unplaced
 
 
 class HandedLoss(NamedTuple):
@@ -63,7 +63,7 @@ def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AS
     """What ``arg`` (a value of the script) is when called: this module's function, a
     closure a project function returns, a project loss class's instance."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.project_defs import class_of_call, project_def
+    from dp2ddp.model.project_defs import class_of_call, project_def, returned_classes
 
     out: List[Tuple[SemanticModel, ast.AST, str]] = []
     for node, path in origins(m, arg):
@@ -73,6 +73,9 @@ def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AS
             _, bindings = m.lookup(node.id, m.scope_of(node))
             out.extend((m, b.node, "") for b in bindings if isinstance(b.node, FUNCTIONS))
         elif isinstance(node, ast.Call):
+            node = unplaced(node)  # ``losses.create(name, margin=m).cuda()``
+            if not isinstance(node, ast.Call):
+                continue
             found = project_def(m, node.func) if isinstance(node.func, (ast.Name, ast.Attribute)) else None
             if found is None:
                 cls = class_of_call(m, node)
@@ -86,6 +89,7 @@ def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AS
             for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)):
                 _, bindings = pm.lookup(ret.value.id, pm.scope_of(ret.value))
                 out.extend((pm, b.node, rel) for b in bindings if isinstance(b.node, FUNCTIONS))
+            out.extend(returned_classes(pm, func, rel))  # ``losses.create(name)``: any class its dict names
     return out
 
 

@@ -31,7 +31,7 @@ from dp2ddp.model.held_parameters import held_modules
 from dp2ddp.model.kinds import is_module_class
 from dp2ddp.model.project_defs import class_of_call
 from dp2ddp.model.steps import binding_values, kind_of_value
-from dp2ddp.model.syntax import root_name
+from dp2ddp.model.syntax import root_name, unplaced
 from dp2ddp.model.wraps import dp_wraps
 
 _NOT_TRAINED = frozenset({"DataParallel", "DistributedDataParallel"})
@@ -150,7 +150,7 @@ def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
     if not values:
         return None
     found = []
-    for v in map(_unplaced, values):  # ``CenterLoss(...).cuda()``
+    for v in map(unplaced, values):  # ``CenterLoss(...).cuda()``
         if not isinstance(v, ast.Call):
             return None
         cls = _module_class(m, v)
@@ -160,17 +160,10 @@ def _made(m: SemanticModel, module: ast.AST) -> Optional[Tuple[ast.Call, str]]:
     return found[0]
 
 
-def _unplaced(v: ast.AST) -> ast.AST:
-    """The module a ``.to(device)``/``.cuda()``/``.float()`` chain starts from."""
-    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda", "cpu", "float", "double", "half"):
-        v = v.func.value
-    return v
-
-
 def _made_here(m: SemanticModel, call: ast.Call) -> Optional[Tuple[ast.Call, str]]:
     """A module made where it is handed over (``CriticBaseline(CriticNetwork(...))``, or
     ``(A(...) if lstm else B(...)).to(device)``: the first of the choices)."""
-    made = _unplaced(call)
+    made = unplaced(call)
     for choice in ([made.body, made.orelse] if isinstance(made, ast.IfExp) else [made]):
         cls = _module_class(m, choice) if isinstance(choice, ast.Call) else None
         if cls is not None:

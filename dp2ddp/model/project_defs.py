@@ -267,3 +267,34 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
             if any(mod.contains(f, call) for f in reached):
                 todo.append((mod2, node2, os.path.normpath(os.path.join(os.path.dirname(path), rel2)), depth + 1))
     return out
+
+
+def factory_classes(pm: "SemanticModel", value: ast.AST, rel: str) -> List[Tuple["SemanticModel", ast.AST, str]]:
+    """What a factory of module ``pm`` (at ``rel``) returns with ``return __factory[name](*args,
+    **kwargs)``: every class its module's own dict literal names (``{'Binomial':
+    BinomialLoss, ...}``), since the name picked is the configuration's: what the caller
+    gets is any of them."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Subscript) and isinstance(value.func.value, ast.Name)):
+        return []
+    _, bindings = pm.lookup(value.func.value.id, pm.scope_of(value))
+    if len(bindings) != 1 or not isinstance(bindings[0].value, ast.Dict):
+        return []
+    out: List[Tuple["SemanticModel", ast.AST, str]] = []
+    for v in bindings[0].value.values:
+        found = project_def(pm, v) if isinstance(v, (ast.Name, ast.Attribute)) else None
+        if found is not None and isinstance(found[1], ast.ClassDef):
+            there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
+            out.append((found[0], found[1], there))
+        elif isinstance(v, ast.Name):
+            _, own = pm.lookup(v.id, pm.scope_of(v))
+            out.extend((pm, b.node, rel) for b in own if isinstance(b.node, ast.ClassDef))
+    return out
+
+
+def returned_classes(pm: "SemanticModel", func: ast.AST, rel: str) -> List[Tuple["SemanticModel", ast.AST, str]]:
+    """The classes a project function ``func`` (of module ``pm`` at ``rel``) makes and returns
+    by a name its module's dict gives them (:func:`factory_classes`)."""
+    out: List[Tuple["SemanticModel", ast.AST, str]] = []
+    for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and n.value is not None):
+        out.extend(factory_classes(pm, ret.value, rel))
+    return out

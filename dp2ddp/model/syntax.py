@@ -143,3 +143,10 @@ def self_attribute_method(node: ast.AST) -> Optional[Tuple[str, str]]:
     if isinstance(owner, ast.Attribute) and isinstance(owner.value, ast.Name) and owner.value.id == "self":
         return owner.attr, node.func.attr
     return None
+
+
+def unplaced(v: ast.AST) -> ast.AST:
+    """The module a ``.to(device)``/``.cuda()``/``.float()`` chain starts from."""
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in ("to", "cuda", "cpu", "float", "double", "half"):
+        v = v.func.value
+    return v

@@ -113,7 +113,8 @@ def writers(m: SemanticModel) -> List[Writer]:
         if not q or (isinstance(call.func, ast.Attribute) and call.func.attr == "mkdir" and not q & MKDIR):
             if _path_mkdir(m, call):
                 ok = kwarg(call, "exist_ok")
-                out.append(Writer("mkdir", call, call.func.value, idempotent=ok is not None and _truthy(ok.value)))  # type: ignore[attr-defined]
+                idem = (ok is not None and _truthy(ok.value)) or exists_dropped(m, call)
+                out.append(Writer("mkdir", call, call.func.value, idempotent=idem))  # type: ignore[attr-defined]
             continue
         first = call.args[0] if call.args else None
         if q & SAVE:
@@ -126,7 +127,7 @@ def writers(m: SemanticModel) -> List[Writer]:
             out.append(Writer("remove", call, first))
         elif q & MKDIR:
             ok = kwarg(call, "exist_ok")
-            idem = ok is not None and _truthy(ok.value)
+            idem = (ok is not None and _truthy(ok.value)) or exists_dropped(m, call)
             out.append(Writer("mkdir", call, first, idempotent=idem))
         elif q & OPEN:
             mode = open_mode(call)
@@ -161,6 +162,43 @@ def writer_of(m: SemanticModel, call: ast.AST) -> Optional[Writer]:
 def writes_mode(mode: Optional[str]) -> bool:
     """An :func:`open_mode` that writes (``w``, ``a``, ``x``, ``+``)."""
     return mode is not None and any(c in mode for c in WRITE_MODES)
+
+
+_EXISTS_ERRORS = frozenset({"builtins.FileExistsError", "builtins.OSError", "builtins.IOError", "builtins.EnvironmentError",
+                            "builtins.Exception", "os.error"})
+
+
+def exists_dropped(m: SemanticModel, call: ast.Call) -> bool:
+    """The mkdir's ``FileExistsError`` is caught and dropped, as idempotent as
+    ``exist_ok=True``: in the body of a ``try`` whose handler for it does nothing but
+    re-raise other errors (``except OSError as e: if e.errno != errno.EEXIST: raise``,
+    ``except FileExistsError: pass``). A handler that does anything else (prints and exits,
+    picks another folder) is not dropping it."""
+    child: ast.AST = call
+    for a in m.ancestors(call):
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return False
+        if isinstance(a, ast.Try) and any(child is st for st in a.body):
+            for h in a.handlers:
+                types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type] if h.type is not None else []
+                if (h.type is None or any(m.qualified_names(t) & _EXISTS_ERRORS for t in types)) and all(
+                        _drops_exists(st) for st in h.body):
+                    return True
+            return False
+        child = a
+    return False
+
+
+def _drops_exists(st: ast.stmt) -> bool:
+    """A handler's statement that drops a ``FileExistsError``: ``pass``, a docstring-like
+    constant, or ``if e.errno != errno.EEXIST: raise`` (re-raising the others)."""
+    if isinstance(st, ast.Pass) or (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)):
+        return True
+    if isinstance(st, ast.If) and not st.orelse and all(isinstance(b, ast.Raise) for b in st.body):
+        t = st.test
+        return (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.NotEq, ast.IsNot))
+                and "EEXIST" in ast.unparse(t))
+    return False
 
 
 def _truthy(node: ast.AST) -> bool:
