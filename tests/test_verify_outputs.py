@@ -490,6 +490,10 @@ def test_text_files_are_compared_by_their_lines(tmp_path, mig_text, kind, severi
     [
         ("2.2868,2.2802\n2.10,2.05\n", "2.2863,2.2794\n2.11,2.04\n", False),  # a loss log with no header: values of the run
         ("epoch,loss\n0,2.28\n", "epoch,acc\n0,2.28\n", True),  # a header that changed: other columns
+        ("epoch,loss\n0,2.28\n", "0,2.28\n1,2.10\n", True),  # the header is gone
+        ("loss_1,loss_2\n0.3,0.2\n", "loss_1,loss_2\n0.4,0.1\n", False),  # names with digits, the same
+        # log lines with times (temporal-shift-module's log.csv): the run's values, not columns
+        ("Epoch: [0][0/2],  lr: 0.00100\tTime 4.046 (4.046)\tLoss 3.9262\n", "Epoch: [0][0/2],  lr: 0.00100\tTime 5.678 (5.678)\tLoss 3.9262\n", False),
     ],
 )
 def test_a_csv_whose_first_row_is_numbers_has_no_header_to_compare(tmp_path, orig_text, mig_text, header_problem):

@@ -66,7 +66,7 @@ def compare_csv(rep, entry, shown, a, b, orig, mig, world) -> None:
         return
     entry["compared"] = "header and rows"
     line = mig.sites.get(b)
-    if ra[:1] != rb[:1] and not (_numbers(ra[:1]) and _numbers(rb[:1])):  # a first row of numbers is data, not a header
+    if ra[:1] != rb[:1] and (_header(ra[:1]) or _header(rb[:1])):  # a first row holding numbers is data, not a header
         entry["status"] = "differs"
         rep.add(shown, "header", "problem", f"{{path}}: its header differs ({', '.join((rb or [[]])[0][:MAX_LISTED])} "
                 f"against the original's {', '.join((ra or [[]])[0][:MAX_LISTED])})",
@@ -81,16 +81,25 @@ def compare_csv(rep, entry, shown, a, b, orig, mig, world) -> None:
                 ADVICE_RANK0 if severe else "rows that depend on the run are no finding; otherwise compare the files", line)
 
 
-def _numbers(rows) -> bool:
-    """A CSV row (a list of one row) whose every cell is a number: values of the run (a
-    loss log without a header), which differ as the run's values may, not columns."""
-    if not rows or not rows[0]:
+_PUNCT = "()[]{}:;,=%/|<>"
+
+
+def _header(rows) -> bool:
+    """A CSV's first row (a list of one row) is a header: names only, no cell holding a
+    number among its words. A row of numbers (a loss log without a header) or of log lines
+    (``Epoch: [0][0/2]  lr: 0.00100  Time 5.678 (5.678)``, temporal-shift-module's log.csv)
+    is the run's values, which differ as a run's values and times may, not columns."""
+    if not rows or not any(c.strip() for c in rows[0]):
         return False
-    try:
-        [float(c) for c in rows[0] if c.strip()]
-    except ValueError:
-        return False
-    return any(c.strip() for c in rows[0])
+    for cell in rows[0]:
+        for word in cell.replace("\t", " ").split():
+            for part in re.split(r"[" + re.escape(_PUNCT) + r"]+", word):
+                try:
+                    float(part)
+                except ValueError:
+                    continue
+                return False
+    return True
 
 
 def image_size(path: Path) -> Optional[Tuple[int, int]]:
