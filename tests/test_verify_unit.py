@@ -639,3 +639,35 @@ def test_the_summary_says_not_compared_where_nothing_was(steps, agree, compared,
     lines = dict(summary(report))
     assert lines["losses agree"] == losses_line
     assert lines["replicas in sync"] == replicas_line
+
+
+def _loss_run(role: str, losses, ranks=(0,)):
+    from dp2ddp.verify.runner import Rank, RunResult
+
+    out = {}
+    for r in ranks:
+        rank = Rank(rank=r, pid=100 + r)
+        rank.steps = [{"loss": x, "samples": 8 // len(ranks), "t": float(i)} for i, x in enumerate(losses)]
+        rank.end = {"ev": "end", "why": "limit", "steps": len(losses), "envelope": "chunks"}
+        out[r] = rank
+    return RunResult(role=role, exit_code=0, wall_s=1.0, ranks=out, logs=[])
+
+
+@pytest.mark.parametrize("stochastic, agree", [(["dropout"], True), (["batchnorm", "dropout"], True),
+                                                (["batchnorm"], False), ([], False)])
+def test_dropout_masks_are_judged_by_the_stochastic_tolerance_not_the_chunked_envelope(stochastic, agree):
+    """temporal-shift-module resumed: dropout 0.5 before its classifier, 2 steps. The chunked
+    run of the original drew its masks from the one stream in turn, nearly the original's;
+    each rank drew its own, 0.035 apart at step 2 against an envelope of 0.015: FAIL for a
+    legitimate difference. Dropout's masks go to --stochastic-rtol, as random draws do;
+    BatchNorm alone stays judged against the chunked envelope."""
+    from dp2ddp.verify.losses import judge_losses
+    from dp2ddp.verify.options import Options
+
+    opts = Options(steps=2, warmup=0, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0.0, timeout=30, user_dirs=[], nproc=2, nnodes=1)
+    orig, env = _loss_run("original", [4.0, 3.8]), _loss_run("envelope", [4.0, 3.799])
+    mig = _loss_run("migrated", [4.0, 3.66], ranks=(0, 1))
+    problems, notes = [], []
+    judged = judge_losses(orig, mig, env, opts, stochastic, 2, problems, notes)
+    assert judged["agree"] is agree, (problems, notes)
+    assert any("does not cover dropout's masks" in n for n in notes) is ("dropout" in stochastic)

@@ -86,7 +86,8 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     without DDP). The migration may differ at step k by ENVELOPE_FACTOR times the largest
     relative difference the envelope run reached up to step k, or by --rtol (the
     precision floor), whichever is larger. BatchNorm and dropout are compared as a moving
-    average. Without an envelope (it failed, or one process): --rtol, or --stochastic-rtol
+    average; random draws in the step, and dropout's masks, which no run of the original
+    draws as the ranks do, are judged by --stochastic-rtol alone. Without an envelope (it failed, or one process): --rtol, or --stochastic-rtol
     for BatchNorm and dropout."""
     so, sm = series(orig), series(mig)
     se = series(envelope) if envelope is not None and not envelope.hung and envelope.exit_code == 0 else {}
@@ -95,10 +96,12 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
         ends = [r.end for r in envelope.ranks.values() if r.end]
         method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
         bn_chunks = method == "perturb" and any(e.get("bn_chunks") for e in ends)
-        if "random" in stochastic:
+        if "random" in stochastic or "dropout" in stochastic:
             se = {}  # each rank draws its own random numbers: no run of the original reproduces them
-            notes.append("the noise envelope does not cover random draws in the training step (each rank draws "
-                         "from its own stream, the original drew the whole batch's): --stochastic-rtol decides")
+            notes.append("the noise envelope does not cover " + (
+                "random draws in the training step" if "random" in stochastic else "dropout's masks (the chunked run "
+                "draws them from the original's one stream in turn)") + " (each rank draws from its own stream, the "
+                "original drew the whole batch's): --stochastic-rtol decides")
         elif method == "perturb" and stochastic == ["batchnorm"] and bn_chunks:
             method = "perturb+bn"  # the envelope run normalised each chunk on its own: per-rank statistics covered
         elif method == "perturb" and stochastic:
