@@ -1369,3 +1369,35 @@ def test_a_folder_helper_that_does_not_drop_the_exists_error_is_refused_in_a_loo
         "def create(name, *args, **kwargs):\n    return __factory[name](*args, **kwargs)\n")
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert re.search(r"DDP110 mkdir_if_missing creates a folder without exist_ok \(utils/osutils\.py:7\)", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("listing_first", [False, True], ids=["a_cache_listed_after_it_is_made_runs_on_rank_zero_first",
+                                                             "a_folder_named_from_a_listing_is_refused"])
+def test_a_listing_counts_only_where_it_can_name_the_folder_made(tmp_path: Path, capsys, listing_first: bool) -> None:
+    """pytorch_pretrained_bert's ``get_from_cache``: makes its cache folder when missing, then
+    lists it for a file already downloaded. The listing names no folder: rank 0 runs it first
+    (DDP132). DeepLab's Saver lists ``experiment_*`` to number the folder it then makes:
+    every rank would pick its own (DDP110)."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    made = "    if not os.path.exists(folder):\n        os.makedirs(folder)\n"
+    listed = "    found = [f for f in os.listdir(folder if os.path.isdir(folder) else '.') if f.startswith(name)]\n"
+    (d / "cache.py").write_text(
+        "import os\n\n\ndef fetch(name, folder='cache'):\n" + (listed + made if listing_first else made + listed)
+        + "    return os.path.join(folder, found[-1] if found else name)\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nfrom cache import fetch\n\n\ndef main():\n    path = fetch('weights')\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n    print(path)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    code = main(["rewrite", str(d / "train.py")])
+    err = capsys.readouterr().err
+    if listing_first:
+        assert code == 1 and re.search(r"train\.py:8:\d+: DDP110 fetch picks the folder it creates from what already exists", err), err
+        assert not (d / "train_ddp.py").exists()
+    else:
+        assert code == 0, err
+        assert "dist.barrier()" in (d / "train_ddp.py").read_text()

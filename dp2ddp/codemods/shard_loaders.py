@@ -358,7 +358,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
             continue
         rebinds.append((stmt, [target]))  # type: ignore[arg-type]
     for node, value, loop in unknown:
-        if (id(node), ()) in known or _wraps_known(m, node, known) or _yields_known(m, node, known):
+        if (id(node), ()) in known or _wraps_known(m, node, known) or _yields_known(m, node, known) or _collects_known(m, node, known):
             continue
         line = m.position(loop)[0]
         what = m.source(node)
@@ -548,6 +548,19 @@ def _wraps_known(m, node: ast.AST, known: set) -> bool:
         return False
     got = origins(m, node.args[0])
     return _all_known(got, known)
+
+
+def _collects_known(m, node: ast.AST, known: set) -> bool:
+    """``[batch for batch in train_dataloader]`` (SpanBERT's list of batches, shuffled by the
+    script each epoch): a comprehension over sharded loaders only, one ``for`` and no ``if``,
+    which holds one element per batch of the loader: under DDP, this rank's share of every
+    batch, in the loader's order. (A filter could keep other batches on each rank: not one.)"""
+    from dp2ddp.model.flow import origins
+
+    if not isinstance(node, (ast.ListComp, ast.GeneratorExp)) or len(node.generators) != 1:
+        return False
+    gen = node.generators[0]
+    return not gen.ifs and not gen.is_async and _all_known(origins(m, gen.iter), known)
 
 
 def _yields_known(m, node: ast.AST, known: set) -> bool:

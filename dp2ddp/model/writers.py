@@ -236,11 +236,16 @@ def _live_calls(pm: SemanticModel, func: ast.AST) -> Iterator[ast.Call]:
     return (c for c in ast.walk(func) if isinstance(c, ast.Call) and not never_runs(pm, c))
 
 
-def lists_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
+def lists_in(pm: SemanticModel, func: ast.AST, before: Optional[ast.AST] = None) -> Optional[int]:
     """A folder listed (``glob``, ``listdir``, ``Path.iterdir``): names picked from what
-    already exists differ between ranks that run one after the other."""
+    already exists differ between ranks that run one after the other. With ``before`` (the
+    mkdir), only a listing that comes before it, which can name the folder it makes
+    (DeepLab's ``experiment_*`` count): a cache that lists its folder for a file after
+    making it (``fnmatch.filter(os.listdir(cache_dir), ...)``) names no folder."""
     for call in _live_calls(pm, func):
         if pm.is_name(call.func, LISTS) or (isinstance(call.func, ast.Attribute) and call.func.attr in ("iterdir", "glob", "rglob")):
+            if before is not None and (call.lineno, call.col_offset) > (before.lineno, before.col_offset):  # type: ignore[attr-defined]
+                continue
             return call.lineno
     return None
 
@@ -359,7 +364,7 @@ def companion_folder_races(m: SemanticModel) -> List[CompanionRace]:
             w = next((w for w in writers(mod) if w.kind == "mkdir" and not w.idempotent and mod.contains(owner, w.call)), None)
             if w is not None:
                 gone = removes_in(mod, owner) or renames_in(mod, owner)
-                listed = lists_in(mod, owner)
+                listed = lists_in(mod, owner, before=w.call)
                 races.append(CompanionRace(call, node.name, f"{path}:{w.call.lineno}", f"{path}:{gone}" if gone else None,
                                            lists=f"{path}:{listed}" if listed else None,
                                            checked=checked_mkdir(mod, w.call, owner), module=pm.path))

@@ -111,7 +111,7 @@ def _why_rank_zero(reach) -> Optional[str]:
                 continue
             at = f"{path}:{w.call.lineno}"
             gone = removes_in(mod, fn) or renames_in(mod, fn)
-            listed = lists_in(mod, fn)
+            listed = lists_in(mod, fn, before=w.call)
             clock = _clock_in(mod, fn, path)
             if gone:
                 found.append((4, f"moves or removes a folder and makes one ({path}:{gone}, {at}): every rank would move "
