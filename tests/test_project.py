@@ -1401,3 +1401,32 @@ def test_a_listing_counts_only_where_it_can_name_the_folder_made(tmp_path: Path,
     else:
         assert code == 0, err
         assert "dist.barrier()" in (d / "train_ddp.py").read_text()
+
+
+def test_a_project_function_that_hands_back_the_wrapper_it_was_given_keeps_it(tmp_path: Path, capsys) -> None:
+    """deep_gcns: ``model, best, epoch = load_pretrained_models(model, path, phase)`` of
+    utils/ckpt_util.py returns the model it was given (its weights loaded): the same wrapper,
+    not another model (no DDP101). One that returns a new model is another value (DDP101)."""
+    d = tmp_path / "proj"
+    (d / "utils").mkdir(parents=True)
+    (d / "utils" / "__init__.py").write_text("")
+    (d / "utils" / "ckpt.py").write_text(
+        "import os\n\nimport torch\n\n\ndef load_pretrained(model, path):\n    epoch = -1\n"
+        "    if path and os.path.isfile(path):\n        state = torch.load(path)\n        model.load_state_dict(state['model'])\n"
+        "        epoch = state['epoch']\n    return model, epoch\n\n\n"
+        "def fresh(model, path):\n    return torch.nn.Linear(4, 1), -1\n")
+    script = (
+        "import torch\nimport torch.nn as nn\n\nfrom utils.ckpt import fresh, load_pretrained\n\n\ndef main():\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    model, start = LOADER(model, '')\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(start + 1, 2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    (d / "train.py").write_text(script.replace("LOADER", "load_pretrained"))
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+    assert "DistributedDataParallel(" in (d / "train_ddp.py").read_text()
+    (d / "train_ddp.py").unlink()
+    (d / "train.py").write_text(script.replace("LOADER", "fresh"))
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert "DDP101 `model, start = fresh(model, '')` (line 11) binds `model` to another model after the wrap" in capsys.readouterr().err

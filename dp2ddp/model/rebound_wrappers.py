@@ -15,7 +15,8 @@ never synchronises (DDP117).
 
 What counts as the same value: ``x = x.cuda()``, ``x = x.to(d)``, ``x = x.train()`` and the
 other methods that return the module itself, a function of the script that hands back the
-parameter it was given (``model, hist = train_model(model, ...)``); a new ``DataParallel``
+parameter it was given (``model, hist = train_model(model, ...)``, also one of a project
+module: ``model, best, epoch = load_pretrained_models(model, path)``); a new ``DataParallel``
 wrap of the name is a wrap of its own. Bindings come from the model's scopes, not from the spelling.
 """
 
@@ -53,8 +54,8 @@ def _keeps_value(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
 
 
 def _handed_back(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
-    """``model, hist = train_model(model, ...)``: a function of this script given ``name``
-    returns that parameter, unchanged, where ``stmt`` binds ``name`` (on every ``return``)."""
+    """``model, hist = train_model(model, ...)``: a function of this script or of a project
+    module given ``name`` returns that parameter, unchanged, where ``stmt`` binds ``name`` (on every ``return``)."""
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Call)):
         return False
     t = stmt.targets[0]
@@ -64,10 +65,16 @@ def _handed_back(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
         index = next(i for i, e in enumerate(t.elts) if isinstance(e, ast.Name) and e.id == name)
     else:
         return False
-    func = m.resolve_call(stmt.value)
+    from dp2ddp.model.project_defs import project_def
+
+    func, fm = m.resolve_call(stmt.value), m
+    if func is None and isinstance(stmt.value.func, (ast.Name, ast.Attribute)):
+        found = project_def(m, stmt.value.func)  # ``load_pretrained_models(model, path)`` of utils/ckpt_util.py
+        if found is not None:
+            fm, func = found[0], found[1]
     if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
-    returns = [r for r in ast.walk(func) if isinstance(r, ast.Return) and m.enclosing_function(r) is func]
+    returns = [r for r in ast.walk(func) if isinstance(r, ast.Return) and fm.enclosing_function(r) is func]
     locals_ = set()
     for r in returns:
         v = r.value
@@ -79,8 +86,8 @@ def _handed_back(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
     if len(locals_) != 1:
         return False
     param = locals_.pop()
-    arg = m.argument_for(func, stmt.value, param) if param in m.params(func) else None
-    scope = m.scopes.get(func)
+    arg = fm.argument_for(func, stmt.value, param) if param in fm.params(func) else None
+    scope = fm.scopes.get(func)
     bound = scope.bindings.get(param, []) if scope is not None else []
     return isinstance(arg, ast.Name) and arg.id == name and all(b.kind == "param" for b in bound)
 
