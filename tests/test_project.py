@@ -1430,3 +1430,33 @@ def test_a_project_function_that_hands_back_the_wrapper_it_was_given_keeps_it(tm
     (d / "train.py").write_text(script.replace("LOADER", "fresh"))
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert "DDP101 `model, start = fresh(model, '')` (line 11) binds `model` to another model after the wrap" in capsys.readouterr().err
+
+
+def test_a_project_trainer_that_pulls_its_batches_from_a_queue_is_refused(tmp_path: Path, capsys) -> None:
+    """kospeech: the trainer module (migrated with the script, it tests for DataParallel)
+    trains in ``while True:`` on ``inputs, targets, lengths = queue.get()``, a queue its own
+    loader threads fill. It wraps no model, so no forward of a wrap led to the batch, and the
+    migration was written: every rank would pull whole batches of its own. Refused (DDP105)."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "trainer.py").write_text(
+        "import queue\nimport threading\n\nimport torch\nimport torch.nn as nn\n\n\n"
+        "def fill(q, data, bs):\n    for i in range(0, len(data[0]), bs):\n        q.put((data[0][i:i + bs], data[1][i:i + bs]))\n"
+        "    q.put((torch.zeros(0, 4), torch.zeros(0, 1)))\n\n\n"
+        "def train(model, data, optimizer, epochs=2):\n    for epoch in range(epochs):\n        q = queue.Queue(4)\n"
+        "        threading.Thread(target=fill, args=(q, data, 8), daemon=True).start()\n        while True:\n"
+        "            inputs, targets = q.get()\n            if inputs.shape[0] == 0:\n                break\n"
+        "            loss = nn.functional.mse_loss(model(inputs), targets)\n            optimizer.zero_grad()\n"
+        "            loss.backward()\n            optimizer.step()\n"
+        "    core = model.module if isinstance(model, nn.DataParallel) else model\n    return core\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nimport trainer\n\n\ndef main():\n"
+        "    data = (torch.randn(32, 4), torch.randn(32, 1))\n    model = nn.DataParallel(nn.Linear(4, 1))\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    trainer.train(model, data, opt)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", "--with-helpers", "--diff", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"trainer\.py:19:\d+: DDP105 the training loop at line 18 takes its batch from no DataLoader: "
+                     r"`q\.get\(\)` \(line 19\) hands it a batch from something dp2ddp cannot shard", err), err
+    assert (d / "train.py").read_bytes() == before

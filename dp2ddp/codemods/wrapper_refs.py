@@ -17,7 +17,7 @@ from dp2ddp.model.collectives import VarKey, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import LOOPS
 from dp2ddp.model.uses import half_unwrapped, wrapper_keys, wrapper_uses
-from dp2ddp.model.wraps import dp_type_refs, dp_wraps
+from dp2ddp.model.wraps import dp_type_refs, dp_wraps, in_annotation
 
 _DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
 
@@ -150,7 +150,7 @@ def type_refs(ctx: Context) -> List[Finding]:
         if isinstance(parent, ast.Tuple) and id(parent) not in done_tuples:
             done_tuples.add(id(parent))
             edits.append(Replace(ctx.cst(parent), _dedupe_elements))
-        out.append(ctx.note(ref, "DDP100", "type check now names DistributedDataParallel", edits))
+        out.append(ctx.note(ref, "DDP100", f"type {'hint' if in_annotation(m, ref) else 'check'} now names DistributedDataParallel", edits))
     return out
 
 

@@ -96,13 +96,35 @@ def pulled_batches(m: SemanticModel) -> List[Pulled]:
     for loop in loops:
         if id(loop) in fed or id(loop) in cut or not _is_count_loop(loop) or not updates(m, loop):
             continue
-        for forward, _ in trained_forwards(m, loop):
+        forwards = trained_forwards(m, loop)
+        for forward, _ in forwards:
             found = _source(m, loop, forward)
             if found is not None:
                 out.append(Pulled(loop, forward, found[0], found[1]))
                 break
+        if not forwards:
+            unpacked = _unpacked_pull(m, loop)
+            if unpacked is not None:
+                out.append(Pulled(loop, unpacked, unpacked, "pulled"))
     m.cache["pulled-batches"] = out
     return out
+
+
+def _unpacked_pull(m: SemanticModel, loop: ast.AST) -> Optional[ast.Call]:
+    """Where the module wraps no model it trains (a project's trainer, handed the wrapper:
+    no forward of a wrap to follow), a batch unpacked in the loop's own pass from a fetch of
+    an object that holds the data: ``inputs, targets, lengths = queue.get()`` (kospeech's
+    trainer, fed by its own loader threads), ``x, y = provider.next_batch()``. Two names or
+    more at once, a batch's fields, not a setting read from a dict."""
+    for n in own_nodes(m, loop):
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], (ast.Tuple, ast.List))
+                and len(n.targets[0].elts) >= 2 and isinstance(n.value, ast.Call) and innermost_loop(m, n) is loop):
+            continue
+        f = n.value.func
+        if (isinstance(f, ast.Attribute) and f.attr in _FETCHING and m.resolve_call(n.value) is None
+                and not _library_call(m, n.value) and not _holds_a_loader(m, f.value)):
+            return n.value
+    return None
 
 
 def _source(m: SemanticModel, loop: ast.AST, forward: ast.Call):

@@ -9,7 +9,7 @@ and spellings that cannot be resolved.
   why DistributedDataParallel cannot stand in for its base (``None``: it can; then its
   calls are wraps like DataParallel's, with ``Wrap.cls`` the class).
 * :func:`dp_type_refs`: ``isinstance(m, nn.DataParallel)``, ``type(m) in (DP, DDP)``:
-  code that tells the wrapper from the module.
+  code that tells the wrapper from the module; and type hints (``-> nn.DataParallel``).
 * :func:`dp_other_refs`: any other use (an alias, a subclass, an argument).
 * :func:`unresolved_dp`: code that names DataParallel in a way the model cannot
   resolve (star imports, ``getattr``, a class of another package named ``*DataParallel``).
@@ -213,7 +213,9 @@ _TYPE_CHECKS = frozenset({"builtins.isinstance", "builtins.issubclass"})
 
 def type_position(m: SemanticModel, ref: ast.AST) -> bool:
     """``isinstance(x, DP)``, ``isinstance(x, (DP, ...))``, ``type(x) is DP``,
-    ``type(x) in (DP, DDP)``, ``issubclass``."""
+    ``type(x) in (DP, DDP)``, ``issubclass``; or an annotation (:func:`in_annotation`)."""
+    if in_annotation(m, ref):
+        return True
     cur, parent = ref, m.parent(ref)
     if isinstance(parent, (ast.Tuple, ast.List, ast.Set)):
         cur, parent = parent, m.parent(parent)
@@ -222,6 +224,17 @@ def type_position(m: SemanticModel, ref: ast.AST) -> bool:
     if isinstance(parent, ast.Compare):
         return all(isinstance(op, (ast.Is, ast.IsNot, ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in parent.ops)
     return False
+
+
+def in_annotation(m: SemanticModel, ref: ast.AST) -> bool:
+    """``def build(cfg) -> nn.DataParallel:``, ``model: Optional[nn.DataParallel]``: a type
+    hint, which runs nothing (kospeech's model builders)."""
+    cur, parent = ref, m.parent(ref)
+    while isinstance(parent, (ast.Subscript, ast.Tuple, ast.BinOp)):
+        cur, parent = parent, m.parent(parent)
+    return ((isinstance(parent, ast.arg) and parent.annotation is cur)
+            or (isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) and parent.returns is cur)
+            or (isinstance(parent, ast.AnnAssign) and parent.annotation is cur))
 
 
 def dp_type_refs(m: SemanticModel) -> List[ast.AST]:
