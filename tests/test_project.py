@@ -1460,3 +1460,47 @@ def test_a_project_trainer_that_pulls_its_batches_from_a_queue_is_refused(tmp_pa
     assert re.search(r"trainer\.py:19:\d+: DDP105 the training loop at line 18 takes its batch from no DataLoader: "
                      r"`q\.get\(\)` \(line 19\) hands it a batch from something dp2ddp cannot shard", err), err
     assert (d / "train.py").read_bytes() == before
+
+
+def test_a_project_loss_a_factory_method_returns_averaging_over_valid_pixels_is_refused(tmp_path: Path, capsys) -> None:
+    """DeepLab's shape: ``self.criterion = SegLosses(weight).build_loss(mode)`` returns
+    ``self.CrossEntropyLoss`` (or ``self.FocalLoss``), whose ``nn.CrossEntropyLoss(...,
+    ignore_index=255)`` averages over the valid pixels of the batch it is given. Under DDP
+    each rank's mean covers its share's valid pixels, the means weighted alike: another step,
+    and the rewrite cannot edit the loss module. Refused (DDP185); the same loss without
+    ignore_index migrates."""
+    d = tmp_path / "proj"
+    (d / "utils").mkdir(parents=True)
+    (d / "utils" / "__init__.py").write_text("")
+    loss = (
+        "import torch.nn as nn\n\n\nclass SegLosses:\n    def __init__(self, weight=None):\n        self.weight = weight\n\n"
+        "    def build_loss(self, mode='ce'):\n        if mode == 'ce':\n            return self.CrossEntropyLoss\n"
+        "        return self.PlainLoss\n\n"
+        "    def CrossEntropyLoss(self, logit, target):\n"
+        "        criterion = nn.CrossEntropyLoss(weight=self.weight, ignore_index=255)\n"
+        "        return criterion(logit, target.long())\n\n"
+        "    def PlainLoss(self, logit, target):\n        return nn.functional.cross_entropy(logit, target.long())\n")
+    (d / "utils" / "loss.py").write_text(loss)
+    (d / "utils" / "metrics.py").write_text(  # a count the step only logs: no loss of it
+        "def pixel_accuracy(logit, target):\n    valid = target != 255\n"
+        "    return ((logit.argmax(1) == target) & valid).sum() / valid.sum()\n")
+    (d / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nfrom utils.loss import SegLosses\nfrom utils.metrics import pixel_accuracy\n\n\nclass Trainer:\n"
+        "    def __init__(self):\n        data = torch.utils.data.TensorDataset(torch.randn(16, 3, 4, 4), torch.randint(0, 3, (16, 4, 4)))\n"
+        "        self.loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "        self.model = nn.DataParallel(nn.Conv2d(3, 3, 1))\n"
+        "        self.criterion = SegLosses().build_loss(mode='ce')\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n"
+        "    def training(self, epoch):\n        for image, target in self.loader:\n"
+        "            out = self.model(image)\n            loss = self.criterion(out, target)\n            self.optimizer.zero_grad()\n"
+        "            loss.backward()\n            self.optimizer.step()\n            print(pixel_accuracy(out, target))\n\n\n"
+        "def main():\n    trainer = Trainer()\n    for epoch in range(2):\n        trainer.training(epoch)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"train\.py:19:\d+: DDP185 `self\.criterion\(out, target\)` runs CrossEntropyLoss, project "
+                     r"code that averages the loss over a count of its batch \(utils/loss\.py:14\)", err), err
+    assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
+    (d / "utils" / "loss.py").write_text(loss.replace(", ignore_index=255", ""))
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err

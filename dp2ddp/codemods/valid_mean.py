@@ -67,7 +67,15 @@ def _handed(ctx: Context) -> List[Finding]:
     from dp2ddp.model.handed_losses import handed_count_means
 
     m = ctx.m
-    return [ctx.block(h.arg, "DDP185", (
+    from dp2ddp.model.valid_means import project_count_means
+
+    own = [ctx.block(p.call, "DDP185", (
+        f"`{' '.join(m.source(p.call).split())[:60]}` runs {p.name}, "
+        f"{'a loss of this script dp2ddp cannot rewrite' if p.own else 'project code'} that averages the loss over a count "
+        f"of its batch ({p.where}): under DDP each process would divide by its own share's count and the ranks' means "
+        "would count alike, another step than the original's; divide by the count of every rank's share there "
+        "(all-reduce the count, over the world size), then migrate")) for p in project_count_means(m)]
+    return own + [ctx.block(h.arg, "DDP185", (
         f"`{' '.join(m.source(h.arg).split())[:60]}`, handed to {m.source(h.call.func)}() as `{h.param}` and called where "
         f"it trains ({h.rel}:{h.line}), averages the loss over a count of its batch ({where}): under DDP each process "
         "would divide by its own share's count and the ranks' means would count alike, another step than the "

@@ -244,7 +244,9 @@ CODES: Tuple[MigrationCode, ...] = (
         "`ignore_index`. The trainer calls it on each rank's share under DDP: every rank divides by its own share's "
         "count and the gradients are averaged, the shares weighted alike, another step than DataParallel's, which "
         "divided by the whole batch's count. The rewrite of the script cannot put the count of every rank's share "
-        "inside code it only hands on.",
+        "inside code it only hands on. The same holds for such a loss the script's own step calls from a project "
+        "module (DeepLab's `SegmentationLosses(...).build_loss(mode)`, whose `nn.CrossEntropyLoss(ignore_index=255)` "
+        "averages over the valid pixels): every method or class the factory may return counts.",
         "Divide by the count of every rank's share where the loss is computed (all-reduce the count, over the world "
         "size, as fairseq and mmdetection do), or make that function part of the script, then migrate; or take the "
         "risk with `--accept DDP185`. The same division in the script's own training step is migrated (DDP169).",

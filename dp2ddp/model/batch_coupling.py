@@ -32,7 +32,7 @@ import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.project_defs import class_of_call, project_def, returned_classes
+from dp2ddp.model.project_defs import class_of_call, project_def, returned_callables
 from dp2ddp.model.call_args import argument
 from dp2ddp.model.syntax import FUNCTIONS, summing_keyword, unplaced
 
@@ -199,7 +199,7 @@ def project_callables(m: SemanticModel, call: ast.Call) -> List[Tuple[SemanticMo
     (``SupConLoss(...)(x)``, ``losses.nt_xent(z)``) or through the value it calls
     (``criterion = SupConLoss(...)``, also returned by a setup function of the script, also
     placed: ``.cuda()``); every class a project factory may pick by name
-    (``losses.create(args.loss)``: :func:`dp2ddp.model.project_defs.returned_classes`)."""
+    (``losses.create(args.loss)``: :func:`dp2ddp.model.project_defs.returned_callables`)."""
     from dp2ddp.model.flow import origins
 
     found = project_def(m, call.func) or class_of_call(m, call)
@@ -214,7 +214,7 @@ def project_callables(m: SemanticModel, call: ast.Call) -> List[Tuple[SemanticMo
             if found is not None and isinstance(found[1], ast.ClassDef):
                 return [found]
             if found is not None and isinstance(found[1], FUNCTIONS):
-                picked = returned_classes(*found)
+                picked = returned_callables(*found)
                 if picked:
                     return picked
     return []

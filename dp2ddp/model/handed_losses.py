@@ -63,7 +63,7 @@ def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AS
     """What ``arg`` (a value of the script) is when called: this module's function, a
     closure a project function returns, a project loss class's instance."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.project_defs import class_of_call, project_def, returned_classes
+    from dp2ddp.model.project_defs import class_of_call, project_def, returned_callables
 
     out: List[Tuple[SemanticModel, ast.AST, str]] = []
     for node, path in origins(m, arg):
@@ -86,10 +86,9 @@ def _made_by(m: SemanticModel, arg: ast.AST) -> List[Tuple[SemanticModel, ast.AS
             if isinstance(func, ast.ClassDef):
                 out.append((pm, func, rel))
                 continue
-            for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and isinstance(n.value, ast.Name)):
-                _, bindings = pm.lookup(ret.value.id, pm.scope_of(ret.value))
-                out.extend((pm, b.node, rel) for b in bindings if isinstance(b.node, FUNCTIONS))
-            out.extend(returned_classes(pm, func, rel))  # ``losses.create(name)``: any class its dict names
+            # a closure it returns (``make_loss(cfg)``'s ``loss_func``), or any class of the dict it
+            # picks from by name (``losses.create(name)``)
+            out.extend(returned_callables(pm, func, rel))
     return out
 
 

@@ -291,10 +291,23 @@ def factory_classes(pm: "SemanticModel", value: ast.AST, rel: str) -> List[Tuple
     return out
 
 
-def returned_classes(pm: "SemanticModel", func: ast.AST, rel: str) -> List[Tuple["SemanticModel", ast.AST, str]]:
-    """The classes a project function ``func`` (of module ``pm`` at ``rel``) makes and returns
-    by a name its module's dict gives them (:func:`factory_classes`)."""
+def returned_callables(pm: "SemanticModel", func: ast.AST, rel: str) -> List[Tuple["SemanticModel", ast.AST, str]]:
+    """What a project function ``func`` (of module ``pm`` at ``rel``) returns to be called:
+    the classes it makes by a name its module's dict gives them (:func:`factory_classes`),
+    and the methods of its own object or functions of its module it returns by name
+    (DeepLab's ``SegmentationLosses(...).build_loss(mode)``: ``return self.CrossEntropyLoss``
+    on one branch, ``return self.FocalLoss`` on another)."""
     out: List[Tuple["SemanticModel", ast.AST, str]] = []
+    cls = pm.enclosing_class(func)
+    methods = pm.methods(cls) if cls is not None else {}
     for ret in (n for n in ast.walk(func) if isinstance(n, ast.Return) and n.value is not None):
-        out.extend(factory_classes(pm, ret.value, rel))
+        v = ret.value
+        out.extend(factory_classes(pm, v, rel))
+        if (isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self"
+                and isinstance(methods.get(v.attr), (ast.FunctionDef, ast.AsyncFunctionDef))):
+            out.append((pm, methods[v.attr], rel))
+        elif isinstance(v, ast.Name) and pm.enclosing_function(ret) is func:
+            _, bindings = pm.lookup(v.id, pm.scope_of(v))
+            if bindings and all(b.kind == "def" for b in bindings):
+                out.extend((pm, b.node, rel) for b in bindings)
     return out

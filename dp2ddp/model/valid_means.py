@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
 from dp2ddp.model.batch_counts import data_count
-from dp2ddp.model.batch_coupling import bodies_when_called, project_callable
+from dp2ddp.model.batch_coupling import bodies_when_called, project_callable, project_callables
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
 from dp2ddp.model.syntax import kwarg, summing_keyword
@@ -252,6 +252,77 @@ def count_mean_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: in
             if got is not None:
                 return got
     return None
+
+
+class ProjectCountMean(NamedTuple):
+    """A loss of the project's code, called in this script's training step, that averages
+    over a count of its batch (:func:`count_mean_when_called`)."""
+
+    call: ast.Call  # ``self.criterion(output, target)``
+    name: str  # what it runs (``CrossEntropyLoss``)
+    where: str  # the count: ``utils/loss.py:23``
+    own: bool = False  # a loss class of this script (its forward not followed by the count rewrite)
+
+
+def project_count_means(m: SemanticModel) -> List[ProjectCountMean]:
+    """Calls in this script's training loops (outside ``torch.no_grad()``) of project code
+    that averages the loss over a count of its batch: a project loss class or function, or
+    a method a project factory returns (DeepLab's ``build_loss(mode)``: every method it may
+    return counts). Not the wrapped model's forward: DataParallel already ran that on each
+    share. The script's rewrite cannot put the count of every rank's share inside them."""
+    from dp2ddp.model.collectives import var_key
+    from dp2ddp.model.training import training_loops
+    from dp2ddp.model.uses import dp_wrapper_keys
+
+    got = m.cache.get("losses:project_counts")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    from dp2ddp.model.batch_coupling import in_batch_losses
+
+    keys = dp_wrapper_keys(m)
+    feeds = _feeding_backward(m)
+    out: List[ProjectCountMean] = []
+    seen: set = {id(b.node) for b in in_batch_losses(m)}  # refused as coupling the batch already (DDP153)
+    for loop in training_loops(m):
+        for call in m.reached_calls(loop):
+            if id(call) in seen or id(call) not in feeds or under_no_grad(m, call) or in_forward(m, call):
+                continue
+            seen.add(id(call))
+            if isinstance(call.func, (ast.Name, ast.Attribute)) and var_key(m, call.func) in keys:
+                continue  # the wrapped model's forward
+            for pm, node, rel in project_callables(m, call):
+                if id(node) in seen:
+                    break  # that loss named once, where the step first calls it
+                where = count_mean_when_called(pm, node, rel)
+                if where is not None:
+                    seen.add(id(node))
+                    out.append(ProjectCountMean(call, getattr(node, "name", "?"), where, pm is m))
+                    break
+    m.cache["losses:project_counts"] = out
+    return out
+
+
+def _feeding_backward(m: SemanticModel) -> set:
+    """The calls whose values a training backward differentiates: the loss it is called on,
+    followed through the names it is made of to what binds them (``loss = self.criterion(out,
+    y)``, ``loss = a + b``), not a metric the step only logs."""
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.steps import backward_calls, differentiated
+
+    out: set = set()
+    todo = [differentiated(m, b) for b in backward_calls(m)]
+    seen: set = set()
+    while todo and len(seen) < 2000:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        for n in ast.walk(e):
+            if isinstance(n, ast.Call):
+                out.add(id(n))
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                todo.extend(o for o, _ in origins(m, n))
+    return out
 
 
 def _only_read(m: SemanticModel, node: ast.AST) -> bool:
