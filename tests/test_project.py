@@ -1504,3 +1504,51 @@ def test_a_project_loss_a_factory_method_returns_averaging_over_valid_pixels_is_
     assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
     (d / "utils" / "loss.py").write_text(loss.replace(", ignore_index=255", ""))
     assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+
+
+def _logger_project(d: Path, script_tail: str = "") -> None:
+    """SimSiam's shape: a project Logger keeping a step counter and a plotter's history on
+    itself, changing the dict it is handed (tensors to floats) and writing files."""
+    (d / "tools").mkdir(parents=True)
+    (d / "tools" / "__init__.py").write_text("from .logger import Logger\n")
+    (d / "tools" / "logger.py").write_text(
+        "import json\nimport os\n\nimport torch\n\n\nclass Logger:\n    def __init__(self, log_dir):\n"
+        "        self.log_dir = log_dir\n        self.counter = {}\n        self.history = {}\n\n"
+        "    def update_scalers(self, ordered_dict):\n        for key, value in ordered_dict.items():\n"
+        "            if isinstance(value, torch.Tensor):\n                ordered_dict[key] = value.item()\n"
+        "            self.counter[key] = self.counter.get(key, 0) + 1\n"
+        "            self.history.setdefault(key, []).append(ordered_dict[key])\n"
+        "        with open(os.path.join(self.log_dir, 'history.json'), 'w') as f:\n            json.dump(self.history, f)\n")
+    (d / "train.py").write_text(
+        "import os\n\nimport torch\nimport torch.nn as nn\n\nfrom tools import Logger\n\n\ndef main():\n"
+        "    os.makedirs('logs', exist_ok=True)\n    logger = Logger('logs')\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n"
+        "            data_dict = {'loss': loss.detach()}\n            logger.update_scalers(data_dict)\n"
+        + script_tail + "\n\nif __name__ == '__main__':\n    main()\n")
+
+
+def test_a_logger_object_that_keeps_its_state_to_itself_runs_on_rank_zero(tmp_path: Path, capsys) -> None:
+    """``logger.update_scalers(data_dict)`` keeps a counter and a history on the logger,
+    turns the dict's tensors into floats and writes a file. Nothing but its own methods
+    reads that state, and the dict is made anew before each read: on rank 0 alone it writes
+    what the original wrote, the other ranks losing nothing they use (DDP132)."""
+    d = tmp_path / "proj"
+    _logger_project(d)
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+    out = (d / "train_ddp.py").read_text()
+    assert "if dist.get_rank() == 0:\n                logger.update_scalers(data_dict)" in out
+
+
+@pytest.mark.parametrize("tail, why", [
+    ("    print(logger.counter)\n", "the_state_is_read_by_the_script"),
+    ("    print(data_dict)\n", "the_dict_it_changes_is_read_after_the_call"),
+])
+def test_a_logger_whose_state_or_changed_argument_the_script_reads_is_refused(tmp_path: Path, capsys, tail: str, why: str) -> None:
+    d = tmp_path / "proj"
+    _logger_project(d, tail)
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert "DDP110 Logger.update_scalers writes a file (tools/logger.py:19) on every rank" in capsys.readouterr().err

@@ -290,6 +290,48 @@ def propose(ctx: Context) -> List[Finding]:
             "only (on every rank it would pick the same log file and write it at once); the other ranks' logging goes "
             "nowhere, as their printing does"), [Guard((ctx.bridge.statement(stmt),), ctx.expr(ctx.rank0()))]))
     out.extend(_graphs_of_the_bare_module(ctx))
+    out.extend(_clock_named_reads(ctx))
+    return out
+
+
+def _clock_named_reads(ctx: Context) -> List[Finding]:
+    """A file written on rank 0 under a name from the clock that every rank reads again after
+    the write (:mod:`dp2ddp.model.clock_paths`): the name becomes rank 0's on every rank
+    (``rank_zero_value(...)``, one broadcast where it is bound, which every rank passes
+    alike; else DDP110), and the barrier after rank 0's write
+    (:func:`dp2ddp.codemods.write_barriers.barriers`, which counts that read) makes every
+    rank wait for the file."""
+    from dp2ddp.model.clock_paths import clock_named_reads
+
+    m = ctx.m
+    out: List[Finding] = []
+    done: set = set()
+    for c in clock_named_reads(m):
+        if rank_guarded(m, c.read):
+            continue
+        bindings = m.bindings_of(c.name)
+        bound = bindings[0] if len(bindings) == 1 and bindings[0].kind == "assign" else None
+        bind_stmt = m.statement_of(bound.node) if bound is not None else None
+        func = m.enclosing_function(c.write)
+        if (bind_stmt is None or not isinstance(bind_stmt, ast.Assign) or len(bind_stmt.targets) != 1
+                or m.enclosing_function(bind_stmt) is not func or not ctx.bridge.alone_on_line(bind_stmt)
+                or not _same_passes(m, bind_stmt)):
+            out.append(ctx.block(c.write, "DDP110", (
+                f"the file is written under `{c.name.id}`, named from the clock (`{' '.join(m.source(c.clock).split())[:40]}`, "
+                f"line {c.clock.lineno}), and line {c.read.lineno} reads `{c.name.id}` after the write on every rank: rank 0 "
+                "alone writes the file, but each rank names it by its own clock, so another rank may look for a file nobody "
+                "wrote; let rank 0 choose the name and send it to the others (dist.broadcast_object_list), then migrate")))
+            continue
+        if id(bind_stmt) in done:
+            continue
+        done.add(id(bind_stmt))
+        helper = ctx.fresh_name("rank_zero_value")
+        ctx.define_after_imports("rank_zero_value.py.tmpl", rank_zero_value=helper, dist=ctx.name("dist"))
+        edits = [Replace(ctx.cst(bind_stmt.value), lambda u, h=helper: ctx.expr(f"{h}({{v}})", v=u))]
+        out.append(ctx.note(c.write, "DDP132", (
+            f"`{c.name.id}` is named from the clock (line {c.clock.lineno}) and read again on every rank (line "
+            f"{c.read.lineno}): every rank takes rank 0's name ({helper}); the barrier after rank 0's write makes them "
+            "wait for the file"), edits))
     return out
 
 

@@ -14,6 +14,7 @@ import ast
 from typing import List, Optional, Set, Tuple
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.model.clock_paths import clock_named_reads
 from dp2ddp.engine import Finding, InsertAfter
 from dp2ddp.model.call_args import (FROM_PRETRAINED_PARAMS, LOAD_PARAMS, NUMPY_LOAD_PARAMS, OPEN_PARAMS, READ_CSV_PARAMS,
                                     STREAM_PARAMS, argument)
@@ -216,6 +217,10 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
                     continue
                 if any(ast.dump(a) == path for a in list(call.args) + [k.value for k in call.keywords]) and _callee_reads(m, call):
                     later.append(call)
+            # a name read from the clock, handed on after the write (``args.eval_from = model_path``
+            # then ``linear_eval(args)``): every rank reads rank 0's name (rank_writers), then the file
+            later += [c.read for c in clock_named_reads(m) if ast.dump(c.name) == path
+                      and m.enclosing_function(c.read) is m.enclosing_function(stmt) and c.read not in later]
             if local:
                 later = [c for c in later if m.enclosing_function(c) is m.enclosing_function(stmt)]
             if not later:

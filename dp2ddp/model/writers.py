@@ -43,6 +43,7 @@ from dp2ddp.model.names import (
     TQDM,
     WANDB_INIT,
 )
+from dp2ddp.model.output_objects import MUTATING, changed_params, output_only_call, trains_in
 from dp2ddp.model.project_defs import class_of_call, project_calls, reach_across
 from dp2ddp.model.syntax import kwarg
 
@@ -291,17 +292,11 @@ def renames_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     return None
 
 
-def trains_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
-    """The line where ``func`` (of module ``pm``) trains: its first training loop, or else
-    its first ``.backward()`` call; ``None`` where it does not."""
-    from dp2ddp.model.steps import backward_calls
-    from dp2ddp.model.training import training_loops
-
-    loop = next((lp for lp in training_loops(pm) if pm.contains(func, lp)), None)
-    if loop is not None:
-        return loop.lineno
-    back = next((c for c in backward_calls(pm) if pm.contains(func, c)), None)
-    return back.lineno if back is not None else None
+def _base_is_self(e: ast.AST) -> bool:
+    """``self.a[k].b``, ``self.log.setdefault(k, [])``: a value reached from ``self``."""
+    while isinstance(e, (ast.Attribute, ast.Subscript, ast.Call)):
+        e = e.func if isinstance(e, ast.Call) else e.value
+    return isinstance(e, ast.Name) and e.id == "self"
 
 
 def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
@@ -319,11 +314,15 @@ def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
             return False
         if isinstance(n, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom)):
             return False
-        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and isinstance(n.value, ast.Name) and n.value.id == "self":
-            return False
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend", "update", "add", "pop", "insert") and isinstance(n.func.value, ast.Attribute):
-            return False  # self.history.append(...): state kept for later
-    return True
+        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                if isinstance(t, (ast.Attribute, ast.Subscript)) and _base_is_self(t):
+                    return False  # self.x = ..., self.counter[key] = ...: state kept for later
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in MUTATING:
+            recv = n.func.value
+            if isinstance(recv, ast.Attribute) or (isinstance(recv, (ast.Call, ast.Subscript)) and _base_is_self(recv)):
+                return False  # self.history.append(...), self.log.setdefault(k, []).append(v): state kept for later
+    return not changed_params(pm, func)  # ``ordered_dict[key] = value.item()``: the caller's dict changed
 
 
 def _trains_where(pm: SemanticModel, func: ast.AST, rel: str) -> Optional[str]:
@@ -407,7 +406,8 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
         gone = removes_in(pm, func)
         out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None,
-                                 writes_only(pm, func) and trains is None and not deeper, module=pm.path, trains=trains,
+                                 (writes_only(pm, func) or output_only_call(m, call, pm, func)) and trains is None
+                                 and (not deeper or output_only_call(m, call, pm, func)), module=pm.path, trains=trains,
                                  deeper=deeper, torch_saves=_torch_saves_only(reached),
                                  cached=not deeper and writes_when_missing(pm, func, writers(pm))))
     m.cache["companion_writes"] = out

@@ -34,13 +34,10 @@ from typing import List, Optional, Tuple
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import LOGGING_FILE, OPEN, SUMMARY_WRITERS
 from dp2ddp.model.project_defs import project_calls, reach_across
-from dp2ddp.model.writers import checked_mkdir, lists_in, removes_in, renames_in, trains_in, writers
+from dp2ddp.model.clock_paths import CLOCK
+from dp2ddp.model.output_objects import trains_in
+from dp2ddp.model.writers import checked_mkdir, lists_in, removes_in, renames_in, writers
 
-CLOCK = frozenset({
-    "datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow", "datetime.date.today",
-    "time.time", "time.strftime", "time.localtime", "time.gmtime", "time.ctime", "time.asctime", "time.time_ns",
-    "uuid.uuid1", "uuid.uuid4",
-})
 # process state the generated code copies from rank 0 to the other ranks
 REPLAYED_CALLS = frozenset({
     "random.seed", "numpy.random.seed", "torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_seed",
