@@ -46,6 +46,9 @@ class Options:
     # the base of a training class the entry makes): a writer kept in one cannot be ``None``
     # on other ranks, since those reads are not this migration's to guard
     shared_attrs: frozenset = frozenset()
+    # helper role: a transformers model class the entry or a project module imports (its wraps
+    # of a handed model then find unused parameters: codemods/find_unused.py)
+    transformers_model: Optional[str] = None
 
 
 def _acts(options: Optional["Options"]) -> bool:
@@ -258,6 +261,21 @@ def migrate_file(path: str, options: Optional[Options] = None) -> Result:
     return migrate_source(src.data, src.display, options)
 
 
+def _transformers_in_project(entry: str) -> Optional[str]:
+    """A transformers model class the entry script or one of its project modules imports
+    (:func:`dp2ddp.model.uses.transformers_model_import`)."""
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.uses import transformers_model_import
+    from dp2ddp.project import project_modules
+
+    for path in [entry] + sorted(project_modules(entry)):
+        pm = file_model(path)
+        found = transformers_model_import(pm) if pm is not None else None
+        if found is not None:
+            return found
+    return None
+
+
 def migrate_project(entry: str, options: Optional[Options] = None):
     """Migrate ``entry`` and the project modules with DataParallel it reaches, as one plan
     (``rewrite --with-helpers``): every helper in the ``helper`` role, the entry in the
@@ -275,11 +293,13 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     saving = _saving_trainers(entry)
     trainers += [t for t in saving if t[1] not in {real for _, real in helpers + trainers}]
     handed = _handed_params(entry) if helpers or trainers else {}
+    library = _transformers_in_project(entry) if helpers else None
     for rel, real in sorted(helpers + trainers):
         src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
         res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ())),
                                                             trains_only=(rel, real) in trainers,
-                                                            shared_attrs=saving.get((rel, real), frozenset())))
+                                                            shared_attrs=saving.get((rel, real), frozenset()),
+                                                            transformers_model=library))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
     # helpers that only test for DataParallel wrap nothing: an entry that names no DataParallel

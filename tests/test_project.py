@@ -1552,3 +1552,65 @@ def test_a_logger_whose_state_or_changed_argument_the_script_reads_is_refused(tm
     _logger_project(d, tail)
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert "DDP110 Logger.update_scalers writes a file (tools/logger.py:19) on every rank" in capsys.readouterr().err
+
+
+def test_a_transformers_model_is_wrapped_finding_unused_parameters(tmp_path: Path, capsys) -> None:
+    """lonePatient's run_xlnet.py: ``XlnetForMultiLable.from_pretrained(...)`` (a class of the
+    project deriving from transformers' ``XLNetPreTrainedModel``) handed to a Trainer whose
+    helper ``model_device(n_gpu, model)`` wraps it. XLNet leaves ``mask_emb`` unused in a
+    classification step: the migration crashed at step 2 with "Expected to have finished
+    reduction". Its wraps now find unused parameters, as transformers' Trainer builds DDP;
+    a script wrapping its own plain model does not."""
+    d = tmp_path / "proj"
+    (d / "models").mkdir(parents=True)
+    (d / "models" / "__init__.py").write_text("")
+    (d / "models" / "xlnet_head.py").write_text(
+        "import torch.nn as nn\nfrom transformers.modeling_xlnet import XLNetModel, XLNetPreTrainedModel\n\n\n"
+        "class XlnetForLabels(XLNetPreTrainedModel):\n    def __init__(self, config):\n        super().__init__(config)\n"
+        "        self.transformer = XLNetModel(config)\n        self.classifier = nn.Linear(config.d_model, 2)\n\n"
+        "    def forward(self, ids):\n        return self.classifier(self.transformer(ids)[0][:, -1])\n")
+    (d / "tools.py").write_text(
+        "import torch\n\n\ndef model_device(n_gpu, model):\n    device = torch.device('cuda' if n_gpu else 'cpu')\n"
+        "    if n_gpu > 1:\n        model = torch.nn.DataParallel(model)\n    model = model.to(device)\n    return model, device\n")
+    (d / "train.py").write_text(
+        "import torch\n\nfrom models.xlnet_head import XlnetForLabels\nfrom tools import model_device\n\n\ndef main():\n"
+        "    model = XlnetForLabels.from_pretrained('xlnet-base-cased')\n"
+        "    model, device = model_device(torch.cuda.device_count(), model)\n"
+        "    data = torch.utils.data.TensorDataset(torch.randint(0, 100, (16, 8)), torch.randint(0, 2, (16,)))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(2):\n        for ids, y in loader:\n"
+        "            loss = torch.nn.functional.cross_entropy(model(ids), y)\n            opt.zero_grad()\n"
+        "            loss.backward()\n            opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out") + "/", str(d / "train.py")]) in (0, 1)
+    err = capsys.readouterr()
+    tools = (tmp_path / "out" / "tools.py").read_text()
+    assert "find_unused_parameters=True" in tools, err
+    assert "the model is a transformers model (`XLNetModel` of transformers.modeling_xlnet)" in " ".join(err.out.split())
+    # the same project with a model of its own (no transformers class imported anywhere)
+    (d / "models" / "xlnet_head.py").write_text(
+        "import torch.nn as nn\n\n\nclass XlnetForLabels(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.emb = nn.Embedding(100, 8)\n        self.classifier = nn.Linear(8, 2)\n\n"
+        "    def forward(self, ids):\n        return self.classifier(self.emb(ids).mean(1))\n\n    @classmethod\n"
+        "    def from_pretrained(cls, name):\n        return cls()\n")
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out2") + "/", str(d / "train.py")]) in (0, 1)
+    capsys.readouterr()
+    assert "find_unused_parameters=True" not in (tmp_path / "out2" / "tools.py").read_text()
+
+
+def test_a_transformers_model_wrapped_in_the_script_finds_unused_parameters(tmp_path: Path, capsys) -> None:
+    """The n_gpu-era fine-tuning script: ``model = model_class.from_pretrained(...)`` with the
+    class from transformers, wrapped where ``n_gpu > 1``."""
+    script = tmp_path / "run_glue.py"
+    script.write_text(
+        "import torch\nfrom transformers import XLNetForSequenceClassification\n\n\ndef main():\n"
+        "    n_gpu = torch.cuda.device_count()\n    model_class = XLNetForSequenceClassification\n"
+        "    model = model_class.from_pretrained('xlnet-base-cased')\n    if n_gpu > 1:\n"
+        "        model = torch.nn.DataParallel(model)\n"
+        "    data = torch.utils.data.TensorDataset(torch.randint(0, 100, (16, 8)), torch.randint(0, 2, (16,)))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for epoch in range(2):\n        for ids, y in loader:\n"
+        "            loss = model(ids, labels=y)[0]\n            if n_gpu > 1:\n                loss = loss.mean()\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(script)]) in (0, 1)
+    capsys.readouterr()
+    assert "find_unused_parameters=True" in (tmp_path / "run_glue_ddp.py").read_text()

@@ -18,7 +18,8 @@ from dp2ddp.codemods.context import EVERY_PARAMETER, FROZEN_AT_WRAP, Context
 from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_tensor
-from dp2ddp.model.uses import changed_owner, requires_grad_changes, sets_true, unfrozen_in_project, unread_model_class
+from dp2ddp.model.uses import (changed_owner, from_pretrained_model, requires_grad_changes, sets_true,
+                              transformers_model_import, unfrozen_in_project, unread_model_class)
 from dp2ddp.model.wraps import Wrap
 
 
@@ -32,6 +33,14 @@ def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Un
     got = _requires_grad_needs(ctx, wraps, out)
     if got:
         return got
+    library = _transformers_model(ctx, wraps)
+    if library is not None:
+        out.append(ctx.note(wraps[0].call, "DDP125", (
+            f"the model is a transformers model ({library}), whose forward dp2ddp does not read and which may leave "
+            "parameters unused in a step (XLNet's mask_emb): DistributedDataParallel(..., find_unused_parameters=True), "
+            "as transformers' own Trainer builds it, or a step fails with \"Expected to have finished reduction in the "
+            "prior iteration\"")))
+        return True
     branch = _branch_only_submodule(ctx.m)
     if branch is not None:
         out.append(ctx.note(wraps[0].call, "DDP125", f"{branch}: on the other path its parameters get no gradient; "
@@ -39,6 +48,43 @@ def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Un
                             "with \"Expected to have finished reduction in the prior iteration\""))
         return True
     return _settings_need(ctx, out)
+
+
+def _transformers_model(ctx: Context, wraps: List[Wrap]) -> Optional[str]:
+    """The transformers model class the wraps hold, where one does: a module made by
+    ``.from_pretrained(...)`` in a script that (or whose project modules) imports such a
+    class; in a project migration's helper, a wrap of what its callers hand it, where the
+    project imports one (:attr:`dp2ddp.migrate.Options.transformers_model`)."""
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.project import project_modules
+
+    m = ctx.m
+    if ctx.role == "helper":
+        handed = getattr(ctx.options, "transformers_model", None)
+        if handed and any(_is_param(m, w.module) for w in wraps):
+            return handed
+    if not any(from_pretrained_model(m, w.module) for w in wraps):
+        return None
+    found = transformers_model_import(m)
+    if found is None and m.path not in ("<string>", "<stdin>", "-") and os.path.exists(m.path):
+        for real in sorted(project_modules(m.path, m.tree)):
+            pm = file_model(real)
+            found = transformers_model_import(pm) if pm is not None else None
+            if found is not None:
+                break
+    return found
+
+
+def _is_param(m: SemanticModel, module: Optional[ast.AST]) -> bool:
+    """``model`` of ``def model_device(n_gpu, model): ... model = DataParallel(model)``: a
+    parameter of the function, its other bindings made from the name itself
+    (``model = model.to(device)``, the wrap)."""
+    if not isinstance(module, ast.Name):
+        return False
+    bindings = m.bindings_of(module)
+    return any(b.kind == "param" for b in bindings) and all(
+        b.kind == "param" or (b.value is not None and any(isinstance(n, ast.Name) and n.id == module.id for n in ast.walk(b.value)))
+        for b in bindings)
 
 
 def _settings_need(ctx: Context, out: List[Finding]) -> bool:

@@ -375,6 +375,36 @@ _LIBRARY_MODELS = frozenset({"torch", "torchvision", "timm", "transformers", "to
                              "detectron2", "fairseq", "pytorch_transformers", "pytorch_pretrained_bert", "diffusers"})
 
 
+_TRANSFORMERS = frozenset({"transformers", "pytorch_transformers", "pytorch_pretrained_bert"})
+
+
+def transformers_model_import(m: SemanticModel) -> Optional[str]:
+    """A model class the module imports from a transformers-family package
+    (``XLNetPreTrainedModel``, ``BertForSequenceClassification``): its ``forward`` is not
+    dp2ddp's to read, and such models may leave parameters unused in a step (XLNet's
+    ``mask_emb``). ``"`XLNetModel` of transformers.modeling_xlnet"`` or ``None``."""
+    for node in ast.walk(m.tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level and node.module.split(".")[0] in _TRANSFORMERS:
+            for a in node.names:
+                if a.name.endswith("Model") or "For" in a.name:
+                    return f"`{a.name}` of {node.module}"
+    return None
+
+
+def from_pretrained_model(m: SemanticModel, module: Optional[ast.AST]) -> bool:
+    """The wrapped module is made by ``X.from_pretrained(...)`` (a transformers-style model,
+    the class picked by the script or derived from one), or is a parameter of the function
+    that wraps it (made by its callers)."""
+    from dp2ddp.model.flow import origins
+
+    if module is None:
+        return False
+    for node, _ in origins(m, module):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "from_pretrained":
+            return True
+    return False
+
+
 def unread_model_class(m: SemanticModel, module: Optional[ast.AST]) -> Optional[str]:
     """The class a wrapped module is made from, where it comes from a module dp2ddp cannot
     read: not beside the script, not a library (``from custom import Custom`` of SiamMask's
