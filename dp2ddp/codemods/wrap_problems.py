@@ -201,6 +201,8 @@ def _dtype_after_wrap(ctx: Context) -> List[Finding]:
         after = [w for w in wraps if w.function is not func or m.position(use.node) > m.end_position(w.stmt)]
         if not (len(after) == len(wraps) and wraps):
             continue
+        if _rebound_since_wrap(m, use.node, wraps):
+            continue  # ``model = Bert.from_pretrained(out_dir)`` after the training: a bare model of its own
         rewrap = _rewrap_after(ctx, use, call, wraps)
         if rewrap is not None:
             out.append(rewrap)
@@ -211,6 +213,26 @@ def _dtype_after_wrap(ctx: Context) -> List[Finding]:
                 "made, and after the conversion the ranks' gradients would not be averaged (the replicas drift apart); "
                 "convert the model before the wrap, then migrate"))]
     return out
+
+
+def _rebound_since_wrap(m: SemanticModel, holder: ast.AST, wraps) -> bool:
+    """The name ``holder`` reads is bound to something other than a wrap between the last
+    wrap of its function and ``holder`` (SpanBERT's test phase loads a fresh model under the
+    same name): it holds that value, not the wrapper."""
+    if not isinstance(holder, ast.Name):
+        return False
+    func = m.enclosing_function(holder)
+    ends = [m.end_position(w.stmt) for w in wraps if w.function is func]
+    if not ends:
+        return False
+    wrap_stmts = {id(w.stmt) for w in wraps}
+    for b in m.bindings_of(holder):
+        stmt = m.statement_of(b.node)
+        if stmt is None or id(stmt) in wrap_stmts or m.enclosing_function(stmt) is not func:
+            continue
+        if max(ends) < m.position(stmt) < m.position(holder):
+            return True
+    return False
 
 
 def _rewrap_after(ctx: Context, use, call: ast.Call, wraps) -> Optional[Finding]:
