@@ -53,6 +53,10 @@ class _Dist:
     def get_world_size(self) -> int:
         return WORLD
 
+    def broadcast_object_list(self, objects, src: int = 0) -> None:
+        """Every simulated rank runs from the same state of the script's streams, as the
+        migration's ranks do (rank 0's, sent at set-up): each holds rank 0's objects already."""
+
 
 class Lines(IterableDataset):
     """A text stream: each worker reads every num_workers-th line (get_worker_info in __iter__)."""

@@ -50,7 +50,8 @@ from dp2ddp.model.syntax import kwarg
 WRITE_MODES = ("w", "a", "x", "+")
 LOGGING_CONFIG = frozenset({"logging.config.dictConfig", "logging.config.fileConfig"})
 # pandas' writers of a frame to a file: methods of a value, so told by name
-FRAME_WRITES = frozenset({"to_csv", "to_json", "to_pickle", "to_parquet", "to_excel", "to_hdf", "to_feather"})
+FRAME_WRITES = frozenset({"to_csv", "to_json", "to_pickle", "to_parquet", "to_excel", "to_hdf", "to_feather",
+                          "to_json_file"})  # (a transformers config's to_json_file(path), as SpanBERT saves it)
 # transformers' (and its older names') writers of a model, tokenizer or config to a folder
 PRETRAINED_SAVES = frozenset({"save_pretrained", "save_vocabulary"})
 
