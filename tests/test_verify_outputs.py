@@ -288,6 +288,26 @@ def test_values_beyond_the_envelope_stay_problems_without_batchnorm_or_dropout(t
     assert "its values differ beyond float noise" in d["message"]
 
 
+def _with_small(scale: float, seed: int):
+    """A state with ordinary weights and one tensor of ``scale`` magnitude drawn from ``seed``."""
+    state = dict(_bn_state(0.0))
+    g = torch.Generator().manual_seed(seed)
+    state["key.bias"] = torch.randn(32, generator=g) * scale
+    return state
+
+
+@pytest.mark.parametrize("scale, problem", [(1e-11, False), (1e-3, True)])
+def test_a_tensor_left_at_float_noise_differs_by_noise_not_by_what_it_computes(tmp_path, scale, problem):
+    """SpanBERT's TACRED run: an attention key's bias, which no gradient reaches, holds values
+    of 1e-11 and differed by 1.8e-11 (relative difference 1.39): verify called the checkpoint
+    changed. Measured against the checkpoint's typical magnitude such a tensor is equal; a
+    small tensor with values of its own (1e-3) that differ stays a problem."""
+    o, m, e = _runs_with_envelope(tmp_path, _with_small(scale, 1), _with_small(scale, 2), _with_small(scale, 1))
+    rep = _compare(o, m, envelope=e, split=True, stochastic=[])
+    kinds = [(d["kind"], d["severity"]) for d in rep["differences"]]
+    assert (("values", "problem") in kinds) is problem, rep["differences"]
+
+
 def test_structure_changes_stay_problems_where_the_envelope_did_not_split(tmp_path):
     state = _bn_state(0.0)
     half = {k: (v.half() if k == "1.weight" else v) for k, v in _bn_state(0.5).items()}

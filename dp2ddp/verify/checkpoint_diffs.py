@@ -170,11 +170,12 @@ def _values(rep, entry, shown, fa, fb, fe, line, unjudged: Optional[str] = None)
     ta = {norm.sub(r"\1", k): v for k, v in ta.items()}
     te = {norm.sub(r"\1", k): v for k, v in te.items()}
     worst, where = 0.0, None
+    typical = _typical_magnitude(ta, torch)
     for k, x in ta.items():
         y, z = tb.get(k), te.get(k)
         if y is None or z is None or x.shape != y.shape or x.shape != z.shape or not x.is_floating_point():
             continue
-        dm, de = _reldiff(x, y, torch), _reldiff(x, z, torch)
+        dm, de = _reldiff(x, y, torch, typical), _reldiff(x, z, torch, typical)
         allowed = max(ACCUMULATOR_FLOOR if ACCUMULATOR.search(k) else VALUE_FLOOR, ENVELOPE_FACTOR * de)
         ratio = dm / allowed
         if ratio > worst:
@@ -197,10 +198,24 @@ def _values(rep, entry, shown, fa, fb, fe, line, unjudged: Optional[str] = None)
                 "synchronised model (`model.module`)", line)
 
 
-def _reldiff(x, y, torch) -> float:
+def _typical_magnitude(state, torch) -> float:
+    """The root mean square of every floating-point value the checkpoint holds."""
+    total, count = 0.0, 0
+    for v in state.values():
+        if hasattr(v, "is_floating_point") and v.is_floating_point() and v.numel():
+            total += float(v.double().pow(2).sum())
+            count += v.numel()
+    return math.sqrt(total / count) if count and math.isfinite(total) else 0.0
+
+
+def _reldiff(x, y, torch, typical: float = 0.0) -> float:
+    """The difference of two tensors relative to their size, or to the checkpoint's typical
+    magnitude where they are far smaller: a tensor left at float noise (an attention key's
+    bias, which no gradient reaches: values of 1e-11) differs by noise of its own size,
+    which is no difference in what the model computes."""
     x, y = x.double(), y.double()
     num = float(torch.linalg.vector_norm(x - y))
-    den = max(float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(y)), 1e-30)
+    den = max(float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(y)), typical * math.sqrt(x.numel()), 1e-30)
     return num / den if math.isfinite(num) else math.inf
 
 
