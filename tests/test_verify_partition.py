@@ -387,3 +387,64 @@ def test_a_streams_samples_are_told_apart_by_content_and_its_partition_judged(tm
     assert "epoch 0: 5+5 served, disjoint, the original's epoch exactly" in partition.summary(loader)
     lost = partition.analyze(_run("original", [[rec]]), _run("migrated", [[halves[0]], [_with_prints(halves[1], prints[5:9])]]), 2)
     assert "1 of the original's 10 samples of epoch 0 were served by no rank (told apart by their content)" in lost["problems"][0]
+
+
+_LIST_THEN_EVAL = """\
+import random
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def evaluate(model, loader):
+    model.eval()
+    total = 0.0
+    for x, y in loader:  # fetched outside no_grad, in eval mode
+        with torch.no_grad():
+            total += nn.functional.cross_entropy(model(x), y, reduction="sum").item()
+    model.train()
+    return total
+
+
+def main():
+    random.seed(3)
+    torch.manual_seed(3)
+    data = TensorDataset(torch.randn(32, 6), torch.randint(0, 2, (32,)))
+    train_loader = DataLoader(data, batch_size=8, drop_last=True)
+    train_batches = [b for b in train_loader]
+    eval_loader = DataLoader(data, batch_size=16)
+    model = nn.DataParallel(nn.Linear(6, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        random.shuffle(train_batches)
+        for step, (x, y) in enumerate(train_batches):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if step == 1:
+                print("eval", evaluate(model, eval_loader))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.torchrun
+def test_an_evaluation_between_steps_of_a_list_of_batches_is_not_the_training_loader(tmp_path):
+    """SpanBERT reads its training batches into a list before the first step and evaluates
+    mid-epoch: the evaluation loader (whole on every rank, as the migration keeps it) was the
+    only loader fetched between two steps, so verify took it for the training loader and
+    failed the migration ("not sharded", "the global batch differs"). Batches fetched while
+    the wrapped model is in eval mode are an evaluation's, not a step's."""
+    from dp2ddp.cli import main as cli
+    from tests.verify_helpers import verify
+
+    (tmp_path / "train.py").write_text(_LIST_THEN_EVAL)
+    assert cli(["rewrite", "-q", str(tmp_path / "train.py")]) in (0, 1)
+    assert "train_loader = shard_loader(DataLoader(data, batch_size=8" in (tmp_path / "train_ddp.py").read_text()
+    code, rep, text, _ = verify(tmp_path, str(tmp_path / "train.py"), "--migrated", str(tmp_path / "train_ddp.py"), "--steps", "0")
+    assert code == 0, text
+    assert "not sharded" not in text and "global batch differs" not in text, text

@@ -535,9 +535,13 @@ def _wraps(m, node: ast.AST, feeds: set) -> bool:
     return any(id(n) in feeds for n, _ in origins(m, node.args[0]))
 
 
-def _all_known(got, known) -> bool:
-    """Every origin in ``got`` is a loader value already planned (itself, or the whole of it)."""
-    return bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+def _all_known(m, got, known) -> bool:
+    """Every origin in ``got`` is a loader value already planned (itself, or the whole of it),
+    and none an evaluation loader this migration keeps whole on every rank (a list of its
+    batches, or a wrapper of it, fed to training would train every rank on all of it)."""
+    evaluation = {id(ld.call) for ld in loaders(m) if not ld.training}
+    return (bool(got) and all((id(n), p) in known or (id(n), ()) in known for n, p in got)
+            and not any(id(n) in evaluation for n, _ in got))
 
 
 def _wraps_known(m, node: ast.AST, known: set) -> bool:
@@ -547,7 +551,7 @@ def _wraps_known(m, node: ast.AST, known: set) -> bool:
     if not isinstance(node, ast.Call) or not node.args or isinstance(node.args[0], ast.Starred):
         return False
     got = origins(m, node.args[0])
-    return _all_known(got, known)
+    return _all_known(m, got, known)
 
 
 def _collects_known(m, node: ast.AST, known: set) -> bool:
@@ -560,7 +564,7 @@ def _collects_known(m, node: ast.AST, known: set) -> bool:
     if not isinstance(node, (ast.ListComp, ast.GeneratorExp)) or len(node.generators) != 1:
         return False
     gen = node.generators[0]
-    return not gen.ifs and not gen.is_async and _all_known(origins(m, gen.iter), known)
+    return not gen.ifs and not gen.is_async and _all_known(m, origins(m, gen.iter), known)
 
 
 def _yields_known(m, node: ast.AST, known: set) -> bool:
@@ -571,7 +575,7 @@ def _yields_known(m, node: ast.AST, known: set) -> bool:
 
     values = yielded_values(m, node)
     got = [o for v in values for o in origins(m, v)]
-    return _all_known(got, known)
+    return _all_known(m, got, known)
 
 
 def _partly_distributed(m, loader: Loader) -> bool:

@@ -63,6 +63,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 import zlib
 
 _S = None  # the probe state, once activated
@@ -115,6 +116,7 @@ class _State:
         self.fetched = {}  # samples fetched since the last step, per loader (id of its index sampler)
         self.last = None  # the loader of the most recent training batch
         self.fed = None  # the loader of the most recent batch when the step's last backward ran
+        self.wrapper = None  # a weak reference to the DataParallel/DDP module that ran most recently
         self.trained = []  # loaders that fed a primary step, in the order of their first
         self.pending = []  # (step tuple without loss, pinned host tensor, event) waiting for the device
         self.opts = {}  # id(optimizer) -> _Opt (an id freed and reused is a new optimizer)
@@ -618,11 +620,15 @@ def _on_torch(torch):
         # that a step counts only the loader that fed it (see _on_step): the migration
         # keeps evaluation loaders whole on every rank, and counting their batches would
         # make the migrated run's global batch look larger than the original's. Batches
-        # fetched under torch.no_grad() feed no backward: not counted at all.
+        # fetched under torch.no_grad() feed no backward: not counted at all, nor those
+        # fetched while the wrapped model is in eval mode (an evaluation pass whose loop
+        # fetches outside no_grad, SpanBERT's between two steps of a list of batches read
+        # before training).
         s = _S
         counts = self.__dict__.get("_dp2ddp_counts")
         n = counts.popleft() if counts else None  # the samples its index sampler named for this batch
-        if s.on and is_grad_enabled():
+        wrapper = s.wrapper() if s.wrapper is not None else None
+        if s.on and is_grad_enabled() and (wrapper is None or wrapper.training):
             key = id(getattr(self, "_index_sampler", None))
             fetched = s.fetched
             fetched[key] = fetched.get(key, 0) + (n if n is not None else _batch_size(batch, Tensor))
@@ -758,6 +764,7 @@ def _on_torch(torch):
         def forward(self, *args, _real=real_forward, _kind=kind, **kwargs):
             if _S.on:
                 _S.modules.add(_kind)
+                _S.wrapper = weakref.ref(self)
             return _real(self, *args, **kwargs)
 
         functools.update_wrapper(forward, real_forward)
