@@ -210,7 +210,9 @@ def propose(ctx: Context) -> List[Finding]:
     how = (
         "each rank takes whole batches in turn (--keep-batch-size: the per-process batch stays the original's)"
         if ctx.options.keep_batch_size
-        else "each rank takes its share of every batch (the global batch, the order and the steps per epoch stay the original's)"
+        else ("each rank takes its share of every batch (the global batch, the order and the steps per epoch stay the "
+              "original's; a batch that does not split evenly between the ranks is padded with its own first samples, "
+              "as DistributedSampler pads)")
     )
     anchor = wrapped[0][0] if wrapped else rebinds[0][0]
     out.append(ctx.note(anchor, "DDP130", f"{', '.join(dict.fromkeys(labels))} sharded between the ranks by {fn}: {how}; "
