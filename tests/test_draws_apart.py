@@ -115,27 +115,3 @@ def test_a_worker_init_fn_that_seeds_by_the_worker_id_alone_still_draws_apart_pe
     plain = DataLoader(Augmented(), batch_size=8, shuffle=False, num_workers=2, worker_init_fn=_seed_by_worker_id)
     first = next(iter(plain))  # rank 0's workers: the user's seeding, untouched
     assert float(first[0, 3]) == pytest.approx(float(np.random.RandomState(0).rand()))
-
-
-def _order(helper, rank: int, seed: int):
-    helper.dist = _Dist(rank)
-    helper.ShardedBatches.made = 0
-    torch.manual_seed(seed)
-    loader = helper.shard_loader(DataLoader(Plain(), batch_size=8, shuffle=True))
-    return [b[:, 0].tolist() for b in loader]
-
-
-def test_the_shuffles_follow_the_scripts_seed(tmp_path) -> None:
-    """SimSiam run with seed 0 and seed 1: the migrated loader drew one order for both (its
-    batch sampler ran under seed 0 + epoch), where the original's RandomSampler drew from the
-    script's seeded stream. The seed now comes from that stream, read without drawing it; the
-    ranks still split the same batches."""
-    helper = _helper(tmp_path)
-    a, b = _order(helper, 0, 0), _order(helper, 1, 0)
-    assert all(not set(x) & set(y) for x, y in zip(a, b))  # each rank its share of the same batches
-    assert _order(helper, 0, 0) == a  # the same seed, the same order
-    assert _order(helper, 0, 1) != a  # another seed, another order
-    torch.manual_seed(5)
-    before = torch.get_rng_state()
-    helper.shard_loader(DataLoader(Plain(), batch_size=8, shuffle=True))
-    assert torch.equal(torch.get_rng_state(), before)  # the script's stream is read, not drawn from

@@ -39,7 +39,9 @@ def _helper(tmp_path: Path):
 
 
 class _Dist:
-    """torch.distributed as rank ``rank`` of a world of two sees it."""
+    """torch.distributed as rank ``rank`` of a world of two sees it. It has no collectives on
+    purpose: shard_loader and its batches must call none (a broadcast inside shard_loader
+    hung dgcnn's migration, whose loader is made under a rank-0-first guard)."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -52,10 +54,6 @@ class _Dist:
 
     def get_world_size(self) -> int:
         return WORLD
-
-    def broadcast_object_list(self, objects, src: int = 0) -> None:
-        """Every simulated rank runs from the same state of the script's streams, as the
-        migration's ranks do (rank 0's, sent at set-up): each holds rank 0's objects already."""
 
 
 class Lines(IterableDataset):
