@@ -41,13 +41,19 @@ def trains_in(pm: SemanticModel, func: ast.AST) -> Optional[int]:
     return back.lineno if back is not None else None
 
 
-def keeps_to_itself(pm: SemanticModel, func: ast.AST) -> bool:
-    """``func`` (a method of module ``pm``) returns nothing, binds no global, yields
-    nothing, trains nothing and reaches no collective: whatever it changes is its object's
-    (or an argument's: :func:`changed_params`)."""
+def every_rank_runs(pm: SemanticModel, func: ast.AST) -> bool:
+    """``func`` (of module ``pm``) reaches a collective (a DataParallel or DDP forward too)
+    or trains (its backward passes are collectives under DDP): every rank must run it."""
     from dp2ddp.model.collectives import reaching_functions
 
-    if func in reaching_functions(pm) or func in reaching_functions(pm, dp=True) or trains_in(pm, func) is not None:
+    return func in reaching_functions(pm) or func in reaching_functions(pm, dp=True) or trains_in(pm, func) is not None
+
+
+def keeps_to_itself(pm: SemanticModel, func: ast.AST) -> bool:
+    """``func`` (a method of module ``pm``) returns nothing, binds no global, yields
+    nothing, and no rank but one can skip it (:func:`every_rank_runs`): whatever it changes
+    is its object's (or an argument's: :func:`changed_params`)."""
+    if every_rank_runs(pm, func):
         return False
     for n in ast.walk(func):
         if isinstance(n, ast.Return) and n.value is not None and not (isinstance(n.value, ast.Constant) and n.value.value is None):

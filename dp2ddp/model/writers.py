@@ -43,7 +43,7 @@ from dp2ddp.model.names import (
     TQDM,
     WANDB_INIT,
 )
-from dp2ddp.model.output_objects import MUTATING, changed_params, output_only_call, trains_in
+from dp2ddp.model.output_objects import MUTATING, changed_params, every_rank_runs, keeps_to_itself, output_only_call, trains_in
 from dp2ddp.model.project_defs import class_of_call, project_calls, reach_across
 from dp2ddp.model.syntax import kwarg
 
@@ -301,20 +301,13 @@ def _base_is_self(e: ast.AST) -> bool:
 
 
 def writes_only(pm: SemanticModel, func: ast.AST) -> bool:
-    """``func`` (of a project module) only produces output: it returns nothing, keeps no
-    state (no ``self.x = ...``, no ``global``), and reaches no collective. Running it on
-    rank 0 alone then changes nothing the other ranks read."""
-    from dp2ddp.model.collectives import reaching_functions
-
-    if func in reaching_functions(pm) or func in reaching_functions(pm, dp=True):
+    """``func`` (of a project module) only produces output: it returns nothing, reaches no
+    collective and trains nothing (:func:`dp2ddp.model.output_objects.keeps_to_itself`),
+    keeps no state on its object (``self.x = ...``, ``self.counter[key] = ...``) and changes
+    no argument. Running it on rank 0 alone then changes nothing the other ranks read."""
+    if not keeps_to_itself(pm, func):
         return False
-    if trains_in(pm, func) is not None:
-        return False  # under DDP its backward passes are collectives every rank must reach
     for n in ast.walk(func):
-        if isinstance(n, ast.Return) and n.value is not None and not (isinstance(n.value, ast.Constant) and n.value.value is None):
-            return False
-        if isinstance(n, (ast.Global, ast.Nonlocal, ast.Yield, ast.YieldFrom)):
-            return False
         if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
                 if isinstance(t, (ast.Attribute, ast.Subscript)) and _base_is_self(t):
@@ -406,9 +399,10 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         owner = pm.parent(func)
         name = f"{owner.name}.{func.name}" if isinstance(owner, ast.ClassDef) else func.name  # type: ignore[attr-defined]
         gone = removes_in(pm, func)
-        out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None,
-                                 (writes_only(pm, func) or output_only_call(m, call, pm, func)) and trains is None
-                                 and (not deeper or output_only_call(m, call, pm, func)), module=pm.path, trains=trains,
+        # only output: a function that only writes, its writes its own; or a method of an object
+        # the script keeps for output (:mod:`dp2ddp.model.output_objects`), its writes further down too
+        only = trains is None and ((writes_only(pm, func) and not deeper) or output_only_call(m, call, pm, func))
+        out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None, only, module=pm.path, trains=trains,
                                  deeper=deeper, torch_saves=_torch_saves_only(reached),
                                  cached=not deeper and writes_when_missing(pm, func, writers(pm))))
     m.cache["companion_writes"] = out
@@ -603,8 +597,6 @@ def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
     and writes nothing else, trains nothing, reaches no collective. On every rank they would
     pick the same file and write it at once; the script's own ``logging.basicConfig`` runs
     on rank 0, and so do these. ``(call, "path:line")`` of the log file."""
-    from dp2ddp.model.collectives import reaching_functions
-
     got = m.cache.get("logging_setups")
     if got is not None:
         return got  # type: ignore[return-value]
@@ -615,7 +607,7 @@ def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
             continue
         where = None
         for mod, f, path in reach_across(pm, func, rel):
-            if f in reaching_functions(mod) or f in reaching_functions(mod, dp=True) or trains_in(mod, f) is not None:
+            if every_rank_runs(mod, f):
                 where = None
                 break
             kinds = [w for w in writers(mod) if mod.contains(f, w.call) and w.kind not in ("print", "tqdm")]
