@@ -261,21 +261,6 @@ def migrate_file(path: str, options: Optional[Options] = None) -> Result:
     return migrate_source(src.data, src.display, options)
 
 
-def _transformers_in_project(entry: str) -> Optional[str]:
-    """A transformers model class the entry script or one of its project modules imports
-    (:func:`dp2ddp.model.uses.transformers_model_import`)."""
-    from dp2ddp.model.project_defs import file_model
-    from dp2ddp.model.uses import transformers_model_import
-    from dp2ddp.project import project_modules
-
-    for path in [entry] + sorted(project_modules(entry)):
-        pm = file_model(path)
-        found = transformers_model_import(pm) if pm is not None else None
-        if found is not None:
-            return found
-    return None
-
-
 def migrate_project(entry: str, options: Optional[Options] = None):
     """Migrate ``entry`` and the project modules with DataParallel it reaches, as one plan
     (``rewrite --with-helpers``): every helper in the ``helper`` role, the entry in the
@@ -293,7 +278,13 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     saving = _saving_trainers(entry)
     trainers += [t for t in saving if t[1] not in {real for _, real in helpers + trainers}]
     handed = _handed_params(entry) if helpers or trainers else {}
-    library = _transformers_in_project(entry) if helpers else None
+    library = None
+    if helpers:
+        from dp2ddp.model.project_defs import file_model
+        from dp2ddp.model.uses import transformers_model_in_project
+
+        em = file_model(entry)
+        library = transformers_model_in_project(em) if em is not None else None
     for rel, real in sorted(helpers + trainers):
         src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
         res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ())),

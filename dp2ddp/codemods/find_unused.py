@@ -19,7 +19,7 @@ from dp2ddp.engine import Finding
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.kinds import is_tensor
 from dp2ddp.model.uses import (changed_owner, from_pretrained_model, requires_grad_changes, sets_true,
-                              transformers_model_import, unfrozen_in_project, unread_model_class)
+                              transformers_model_in_project, unfrozen_in_project, unread_model_class)
 from dp2ddp.model.wraps import Wrap
 
 
@@ -55,9 +55,6 @@ def _transformers_model(ctx: Context, wraps: List[Wrap]) -> Optional[str]:
     ``.from_pretrained(...)`` in a script that (or whose project modules) imports such a
     class; in a project migration's helper, a wrap of what its callers hand it, where the
     project imports one (:attr:`dp2ddp.migrate.Options.transformers_model`)."""
-    from dp2ddp.model.project_defs import file_model
-    from dp2ddp.project import project_modules
-
     m = ctx.m
     if ctx.role == "helper":
         handed = getattr(ctx.options, "transformers_model", None)
@@ -65,14 +62,7 @@ def _transformers_model(ctx: Context, wraps: List[Wrap]) -> Optional[str]:
             return handed
     if not any(from_pretrained_model(m, w.module) for w in wraps):
         return None
-    found = transformers_model_import(m)
-    if found is None and m.path not in ("<string>", "<stdin>", "-") and os.path.exists(m.path):
-        for real in sorted(project_modules(m.path, m.tree)):
-            pm = file_model(real)
-            found = transformers_model_import(pm) if pm is not None else None
-            if found is not None:
-                break
-    return found
+    return transformers_model_in_project(m)
 
 
 def _is_param(m: SemanticModel, module: Optional[ast.AST]) -> bool:

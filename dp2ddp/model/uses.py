@@ -391,10 +391,28 @@ def transformers_model_import(m: SemanticModel) -> Optional[str]:
     return None
 
 
+def transformers_model_in_project(m: SemanticModel) -> Optional[str]:
+    """:func:`transformers_model_import` of the module, or else of the first of the project
+    modules it imports that has one."""
+    import os
+
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.project import project_modules
+
+    found = transformers_model_import(m)
+    if found is not None or m.path in ("<string>", "<stdin>", "-") or not os.path.exists(m.path):
+        return found
+    for real in sorted(project_modules(m.path, m.tree)):
+        pm = file_model(real)
+        found = transformers_model_import(pm) if pm is not None else None
+        if found is not None:
+            return found
+    return None
+
+
 def from_pretrained_model(m: SemanticModel, module: Optional[ast.AST]) -> bool:
     """The wrapped module is made by ``X.from_pretrained(...)`` (a transformers-style model,
-    the class picked by the script or derived from one), or is a parameter of the function
-    that wraps it (made by its callers)."""
+    the class picked by the script or derived from one)."""
     from dp2ddp.model.flow import origins
 
     if module is None:
