@@ -27,12 +27,11 @@ means and are not reported.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from typing import Dict, Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.project_defs import class_of_call, project_def, returned_callables
+from dp2ddp.model.project_defs import class_of_call, path_of, project_def, returned_callables
 from dp2ddp.model.call_args import argument
 from dp2ddp.model.syntax import FUNCTIONS, summing_keyword, unplaced
 
@@ -345,8 +344,7 @@ def coupling_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: int 
         for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
             found = project_callable(pm, call)
             if found is not None and found[1] is not node:
-                there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
-                got = coupling_when_called(found[0], found[1], there, depth + 1)
+                got = coupling_when_called(found[0], found[1], path_of(found, pm, rel), depth + 1)
                 if got is not None:
                     return got
     return None

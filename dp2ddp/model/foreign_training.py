@@ -132,7 +132,7 @@ def _class_functions(pm: SemanticModel, cls: ast.ClassDef, rel: str, depth: int)
     project module), with what each runs, as ``(module, function, path)``."""
     import os
 
-    from dp2ddp.model.project_defs import project_def, reach_across
+    from dp2ddp.model.project_defs import path_of, project_def, reach_across
 
     out = []
     for s in cls.body:
@@ -147,6 +147,5 @@ def _class_functions(pm: SemanticModel, cls: ast.ClassDef, rel: str, depth: int)
             continue
         found = project_def(pm, b) if isinstance(b, (ast.Name, ast.Attribute)) else None
         if found is not None and isinstance(found[1], ast.ClassDef):
-            path = os.path.normpath(os.path.join(os.path.dirname(rel), found[2]))
-            out.extend(_class_functions(found[0], found[1], path, depth + 1))
+            out.extend(_class_functions(found[0], found[1], path_of(found, pm, rel), depth + 1))
     return out

@@ -269,6 +269,13 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
     return out
 
 
+def path_of(found: Tuple["SemanticModel", ast.AST, str], pm: "SemanticModel", rel: str) -> str:
+    """Where ``found`` (what :func:`project_def` answered, asked from module ``pm``, which lies
+    at ``rel`` from the script's folder) lies, from the script's folder: ``rel`` for ``pm``'s
+    own definitions, else its path from ``pm``'s folder joined to that folder."""
+    return rel if found[0] is pm else os.path.normpath(os.path.join(os.path.dirname(rel), found[2]))
+
+
 def factory_classes(pm: "SemanticModel", value: ast.AST, rel: str) -> List[Tuple["SemanticModel", ast.AST, str]]:
     """What a factory of module ``pm`` (at ``rel``) returns with ``return __factory[name](*args,
     **kwargs)``: every class its module's own dict literal names (``{'Binomial':
@@ -283,8 +290,7 @@ def factory_classes(pm: "SemanticModel", value: ast.AST, rel: str) -> List[Tuple
     for v in bindings[0].value.values:
         found = project_def(pm, v) if isinstance(v, (ast.Name, ast.Attribute)) else None
         if found is not None and isinstance(found[1], ast.ClassDef):
-            there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
-            out.append((found[0], found[1], there))
+            out.append((found[0], found[1], path_of(found, pm, rel)))
         elif isinstance(v, ast.Name):
             _, own = pm.lookup(v.id, pm.scope_of(v))
             out.extend((pm, b.node, rel) for b in own if isinstance(b.node, ast.ClassDef))

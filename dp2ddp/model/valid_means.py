@@ -6,14 +6,14 @@ shares weighted alike. The count of valid targets of a loss with ``ignore_index`
 from __future__ import annotations
 
 import ast
-import os
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
 from dp2ddp.model.batch_counts import data_count
-from dp2ddp.model.batch_coupling import bodies_when_called, project_callable, project_callables
+from dp2ddp.model.batch_coupling import bodies_when_called, in_batch_losses, project_callable, project_callables
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
-from dp2ddp.model.syntax import kwarg, summing_keyword
+from dp2ddp.model.project_defs import path_of
+from dp2ddp.model.syntax import FUNCTIONS, kwarg, summing_keyword
 from dp2ddp.model.training import under_no_grad
 
 if TYPE_CHECKING:
@@ -176,6 +176,12 @@ class ValidMean(NamedTuple):
     shared: Optional[ast.AST] = None  # another loss bound to the same name (``criterion = CTCLoss()`` on another branch)
 
 
+def _ignoring_class(names) -> bool:
+    """One of ``names`` (qualified) is a ``torch.nn`` loss that averages over the targets that
+    are not ``ignore_index``."""
+    return any(q.startswith("torch.nn.") and q.rsplit(".", 1)[-1] in _IGNORING for q in names)
+
+
 def valid_count_means(m: SemanticModel) -> List[ValidMean]:
     """Losses with an explicit ``ignore_index`` and the default mean reduction, computed in
     the training step of this module on what the model returned: not inside a module's
@@ -189,7 +195,7 @@ def valid_count_means(m: SemanticModel) -> List[ValidMean]:
     out: List[ValidMean] = []
     for made in m.nodes(ast.Call):
         names = m.qualified_names(made.func)
-        if not any(q.startswith("torch.nn.") and q.rsplit(".", 1)[-1] in _IGNORING for q in names):
+        if not _ignoring_class(names):
             continue
         ignore = kwarg(made, "ignore_index")
         reduction = kwarg(made, "reduction")
@@ -226,8 +232,6 @@ def count_mean_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: in
     ``torch.no_grad()``): a metric divides too. Code in another module that trains calls it
     on its own share under DDP, and the rewrite of the script cannot put the count of every
     rank's share inside it."""
-    from dp2ddp.model.syntax import FUNCTIONS
-
     seen = set() if seen is None else seen
     if depth > 3 or id(node) in seen:
         return None
@@ -236,7 +240,7 @@ def count_mean_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: in
         for n in ast.walk(body):
             divisor = (n.right if isinstance(n, ast.BinOp) else n.value) if isinstance(n, (ast.BinOp, ast.AugAssign)) and isinstance(n.op, ast.Div) else None
             ignoring = (isinstance(n, ast.Call) and kwarg(n, "ignore_index") is not None
-                        and any(q.startswith("torch.nn.") and q.rsplit(".", 1)[-1] in _IGNORING for q in pm.qualified_names(n.func)))
+                        and _ignoring_class(pm.qualified_names(n.func)))
             if (ignoring or (divisor is not None and data_count(pm, divisor) is not None)) and not _only_read(pm, n):
                 return f"{rel}:{n.lineno}" if rel else f"line {n.lineno}"
         for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
@@ -247,8 +251,7 @@ def count_mean_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: in
                 found = project_callable(pm, call)
                 if found is None or found[1] is node:
                     continue
-                there = os.path.normpath(os.path.join(os.path.dirname(rel), found[2])) if found[0] is not pm else rel
-                got = count_mean_when_called(found[0], found[1], there, depth + 1, seen)
+                got = count_mean_when_called(found[0], found[1], path_of(found, pm, rel), depth + 1, seen)
             if got is not None:
                 return got
     return None
@@ -277,8 +280,6 @@ def project_count_means(m: SemanticModel) -> List[ProjectCountMean]:
     got = m.cache.get("losses:project_counts")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.batch_coupling import in_batch_losses
-
     keys = dp_wrapper_keys(m)
     feeds = _feeding_backward(m)
     out: List[ProjectCountMean] = []
