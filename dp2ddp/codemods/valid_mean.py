@@ -61,26 +61,28 @@ def _counts(ctx: Context) -> List[Finding]:
         "is the count of every rank's share over the world size, so the step is the original's"), torch=True)
 
 
-def _handed(ctx: Context) -> List[Finding]:
-    """DDP185 for a loss the script hands to a project module's training code that averages
-    over a count of its batch (:func:`dp2ddp.model.handed_losses.handed_count_means`)."""
-    from dp2ddp.model.handed_losses import handed_count_means
+_COUNTED_APART = ("under DDP each process would divide by its own share's count and the ranks' means would count alike, "
+                  "another step than the original's; divide by the count of every rank's share there (all-reduce the "
+                  "count, over the world size), then migrate")
 
-    m = ctx.m
+
+def _handed(ctx: Context) -> List[Finding]:
+    """DDP185 for a loss that averages over a count of its batch in code the rewrite cannot
+    edit: project code the script's own step calls
+    (:func:`dp2ddp.model.valid_means.project_count_means`), or a loss the script hands to a
+    project module's training code (:func:`dp2ddp.model.handed_losses.handed_count_means`)."""
+    from dp2ddp.model.handed_losses import handed_count_means
     from dp2ddp.model.valid_means import project_count_means
 
+    m = ctx.m
     own = [ctx.block(p.call, "DDP185", (
         f"`{' '.join(m.source(p.call).split())[:60]}` runs {p.name}, "
         f"{'a loss of this script dp2ddp cannot rewrite' if p.own else 'project code'} that averages the loss over a count "
-        f"of its batch ({p.where}): under DDP each process would divide by its own share's count and the ranks' means "
-        "would count alike, another step than the original's; divide by the count of every rank's share there "
-        "(all-reduce the count, over the world size), then migrate")) for p in project_count_means(m)]
+        f"of its batch ({p.where}): {_COUNTED_APART}")) for p in project_count_means(m)]
     return own + [ctx.block(h.arg, "DDP185", (
         f"`{' '.join(m.source(h.arg).split())[:60]}`, handed to {m.source(h.call.func)}() as `{h.param}` and called where "
-        f"it trains ({h.rel}:{h.line}), averages the loss over a count of its batch ({where}): under DDP each process "
-        "would divide by its own share's count and the ranks' means would count alike, another step than the "
-        "original's; divide by the count of every rank's share there (all-reduce the count, over the world size), "
-        "then migrate")) for h, where in handed_count_means(m)]
+        f"it trains ({h.rel}:{h.line}), averages the loss over a count of its batch ({where}): {_COUNTED_APART}"))
+        for h, where in handed_count_means(m)]
 
 
 def _divisor_through(ctx: Context, helper: str, found, code: str, message, torch: bool = False) -> List[Finding]:

@@ -92,7 +92,7 @@ def _header(rows) -> bool:
     if not rows or not any(c.strip() for c in rows[0]):
         return False
     for cell in rows[0]:
-        for word in cell.replace("\t", " ").split():
+        for word in cell.split():
             for part in re.split(r"[" + re.escape(_PUNCT) + r"]+", word):
                 try:
                     float(part)
