@@ -1506,6 +1506,39 @@ def test_a_project_loss_a_factory_method_returns_averaging_over_valid_pixels_is_
     assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
 
 
+def test_a_count_mean_on_any_class_a_factory_may_pick_in_a_helper_is_refused(tmp_path: Path, capsys) -> None:
+    """The script's step calls a project helper that builds its loss by name from a factory
+    (``crit = create(name)``): the factory's dict names a plain loss first and one with
+    ``ignore_index`` (a mean over the valid targets) second. Every class the factory may
+    pick is followed, not only the first: refused (DDP185) naming the second; with
+    neither averaging over a count, it migrates."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    losses = (
+        "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Plain(nn.Module):\n"
+        "    def forward(self, out, y):\n        return F.cross_entropy(out, y)\n\n\n"
+        "class Masked(nn.Module):\n    def forward(self, out, y):\n        return F.cross_entropy(out, y, ignore_index=-1)\n\n\n"
+        "LOSSES = {'plain': Plain, 'masked': Masked}\n\n\ndef create(name):\n    return LOSSES[name]()\n")
+    (d / "losses.py").write_text(losses)
+    (d / "helpers.py").write_text(
+        "from losses import create\n\n\ndef compute(out, y, name):\n    crit = create(name)\n    return crit(out, y)\n")
+    (d / "train.py").write_text(
+        "import sys\n\nimport torch\nimport torch.nn as nn\n\nfrom helpers import compute\n\n\ndef main():\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 3))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = compute(model(x), y, sys.argv[1])\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"train\.py:\d+:\d+: DDP185 .*losses\.py:12", err), err
+    assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
+    (d / "losses.py").write_text(losses.replace(", ignore_index=-1", ""))
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+
+
 def _logger_project(d: Path, script_tail: str = "") -> None:
     """SimSiam's shape: a project Logger keeping a step counter and a plotter's history on
     itself, changing the dict it is handed (tensors to floats) and writing files."""

@@ -187,12 +187,6 @@ def bodies_when_called(pm: SemanticModel, node: ast.AST) -> Iterator[ast.AST]:
                 todo.append(methods[n.func.attr])
 
 
-def project_callable(m: SemanticModel, call: ast.Call):
-    """The first of :func:`project_callables`, or ``None``."""
-    found = project_callables(m, call)
-    return found[0] if found else None
-
-
 def project_callables(m: SemanticModel, call: ast.Call) -> List[Tuple[SemanticModel, ast.AST, str]]:
     """The project's def or class a call runs, or a class of this module: named directly
     (``SupConLoss(...)(x)``, ``losses.nt_xent(z)``) or through the value it calls
@@ -342,9 +336,8 @@ def coupling_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: int 
         if hit is not None:
             return name, f"{rel}:{hit[0].lineno}" if rel else f"line {hit[0].lineno}", hit[1]
         for call in (n for n in ast.walk(body) if isinstance(n, ast.Call)):
-            found = project_callable(pm, call)
-            if found is not None and found[1] is not node:
-                got = coupling_when_called(found[0], found[1], path_of(found, pm, rel), depth + 1)
+            for found in project_callables(pm, call):  # every class a factory may pick
+                got = None if found[1] is node else coupling_when_called(found[0], found[1], path_of(found, pm, rel), depth + 1)
                 if got is not None:
                     return got
     return None

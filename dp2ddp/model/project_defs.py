@@ -173,7 +173,8 @@ def file_model(path: str) -> Optional["SemanticModel"]:
     """The model of the project file at ``path`` (read once, and again when edited since);
     ``None`` where it cannot be read or parsed."""
     try:
-        key = f"{os.path.realpath(path)}:{os.stat(path).st_mtime_ns}"  # a file edited since is read again
+        st = os.stat(path)  # a file edited since is read again (the size too: two writes within a clock tick share an mtime)
+        key = f"{os.path.realpath(path)}:{st.st_mtime_ns}:{st.st_size}"
     except OSError:
         return None
     if key not in _PROJECT_MODELS:
@@ -189,17 +190,13 @@ def _project_module(m: "SemanticModel", base: str, module: str) -> Optional[Tupl
     """The model of project module ``module`` and its path relative to ``base``; looked up
     once per script model (files are found and read once per run, and read again when
     edited since)."""
-    memo = m.cache.setdefault("_project_modules", {})
-    if module in memo:
-        return memo[module]  # type: ignore[index,return-value]
-    memo[module] = None  # type: ignore[index]
-    path = module_file(base, module)
-    if path is None or os.path.realpath(path) == os.path.realpath(m.path):
-        return None
-    pm = file_model(path)
-    if pm is not None:
-        memo[module] = (pm, os.path.relpath(path, base))  # type: ignore[index]
-    return memo[module]  # type: ignore[index,return-value]
+    memo = m.cache.setdefault("_project_modules", {})  # module -> its file (the model is read fresh:
+    if module not in memo:  # ``m`` may be a project module kept across runs while the file it imports changed)
+        path = module_file(base, module)
+        memo[module] = None if path is None or os.path.realpath(path) == os.path.realpath(m.path) else path  # type: ignore[index]
+    path = memo[module]  # type: ignore[index]
+    pm = file_model(path) if path is not None else None
+    return (pm, os.path.relpath(path, base)) if pm is not None else None
 
 
 def project_calls(m: "SemanticModel") -> List[Tuple[ast.Call, Tuple["SemanticModel", ast.AST, str]]]:

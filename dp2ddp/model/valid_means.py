@@ -9,7 +9,7 @@ import ast
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional
 
 from dp2ddp.model.batch_counts import data_count
-from dp2ddp.model.batch_coupling import bodies_when_called, in_batch_losses, project_callable, project_callables
+from dp2ddp.model.batch_coupling import bodies_when_called, in_batch_losses, project_callables
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.loss_calls import class_uses, in_forward, shared_binding, trains_here
 from dp2ddp.model.project_defs import path_of
@@ -247,11 +247,10 @@ def count_mean_when_called(pm: SemanticModel, node: ast.AST, rel: str, depth: in
             target = pm.resolve_call(call)
             if isinstance(target, FUNCTIONS) and target is not node:
                 got = count_mean_when_called(pm, target, rel, depth + 1, seen)
-            else:
-                found = project_callable(pm, call)
-                if found is None or found[1] is node:
-                    continue
-                got = count_mean_when_called(found[0], found[1], path_of(found, pm, rel), depth + 1, seen)
+            else:  # every class or function the call may run (a factory's picks too)
+                got = next((g for found in project_callables(pm, call) if found[1] is not node
+                            for g in [count_mean_when_called(found[0], found[1], path_of(found, pm, rel), depth + 1, seen)]
+                            if g is not None), None)
             if got is not None:
                 return got
     return None
