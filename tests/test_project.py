@@ -1647,3 +1647,46 @@ def test_a_transformers_model_wrapped_in_the_script_finds_unused_parameters(tmp_
     assert main(["rewrite", str(script)]) in (0, 1)
     capsys.readouterr()
     assert "find_unused_parameters=True" in (tmp_path / "run_glue_ddp.py").read_text()
+
+
+@pytest.mark.parametrize("helper_body, migrates", [
+    ("    dir_path = 'output/' + args.name\n", True),
+    ("    args.out = 'output/' + args.name\n    dir_path = args.out\n", False),  # the helper changes args: every rank reads it
+], ids=["helper-only-reads-its-argument", "helper-changes-its-argument-refused"])
+def test_a_results_writer_handing_its_argument_to_a_path_helper_runs_on_rank_0(tmp_path: Path, capsys, helper_body: str,
+                                                                               migrates: bool) -> None:
+    """TabSurvey's shape: ``save_results_to_file(args, results)`` builds its path with a
+    function of its module, ``get_output_path(args, ...)``, which only reads ``args``. The
+    writer changes nothing the other ranks read, so it runs on rank 0 alone; a path helper
+    that stores into ``args`` changes the caller's object, and the file is refused (DDP110)."""
+    d = tmp_path / "proj"
+    (d / "utils").mkdir(parents=True)
+    (d / "utils" / "__init__.py").write_text("")
+    (d / "utils" / "io_utils.py").write_text(
+        "import os\n\n\ndef get_output_path(args, filename):\n" + helper_body +
+        "    if not os.path.isdir(dir_path):\n        os.makedirs(dir_path)\n    return dir_path + '/' + filename\n\n\n"
+        "def save_results_to_file(args, results):\n    filename = get_output_path(args, filename='results.txt')\n"
+        "    with open(filename, 'a') as fh:\n        for key, value in results.items():\n"
+        "            fh.write('%s: %.5f\\n' % (key, value))\n")
+    (d / "train.py").write_text(
+        "import argparse\n\nimport torch\nimport torch.nn as nn\n\nfrom utils.io_utils import save_results_to_file\n\n\n"
+        "def main():\n    parser = argparse.ArgumentParser()\n    parser.add_argument('--name', default='run')\n"
+        "    args = parser.parse_args()\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    total = 0.0\n    for epoch in range(2):\n        for x, y in loader:\n"
+        "            loss = nn.functional.mse_loss(model(x), y)\n            opt.zero_grad()\n            loss.backward()\n"
+        "            opt.step()\n            total += loss.item()\n    save_results_to_file(args, {'loss': total})\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    before = (d / "train.py").read_bytes()
+    code = main(["rewrite", str(d / "train.py")])
+    err = capsys.readouterr().err
+    if migrates:
+        assert code == 0, err
+        out = (d / "train_ddp.py").read_text()
+        assert re.search(r"if dist\.get_rank\(\) == 0:\n\s+save_results_to_file\(args, \{'loss': total\}\)", out), out
+    else:
+        assert code == 1
+        assert re.search(r"train\.py:\d+:\d+: DDP110 save_results_to_file writes a file \(utils/io_utils\.py:\d+\) on every rank", err), err
+        assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()

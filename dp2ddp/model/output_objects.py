@@ -63,11 +63,13 @@ def keeps_to_itself(pm: SemanticModel, func: ast.AST) -> bool:
     return True
 
 
-def changed_params(pm: SemanticModel, func: ast.AST) -> set:
+def changed_params(pm: SemanticModel, func: ast.AST, depth: int = 0) -> set:
     """The parameters (not ``self``) ``func`` may change: stored into (``d[k] = v``), called
     with a mutating method, or handed to code of the project that may change them (a method
-    of its own object, ``self.plotter.update(d)``, or a function of its module); a library
-    call (``torch.save(state, path)``, ``json.dump(d, f)``) changes nothing it is given."""
+    of its own object, ``self.plotter.update(d)``; a function of its module that changes the
+    parameter it binds them to, followed three calls deep: ``get_output_path(args, ...)``
+    only reads ``args``); a library call (``torch.save(state, path)``, ``json.dump(d, f)``)
+    changes nothing it is given."""
     params = set(pm.params(func)) - {"self"}
     out: set = set()
     for n in ast.walk(func):
@@ -80,11 +82,32 @@ def changed_params(pm: SemanticModel, func: ast.AST) -> set:
             f = n.func
             if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in params and f.attr in MUTATING:
                 out.add(f.value.id)
-            ours = pm.resolve_call(n) is not None or (isinstance(f, ast.Attribute) and _on_self(f.value))
+            target = pm.resolve_call(n)
+            ours = target is not None or (isinstance(f, ast.Attribute) and _on_self(f.value))
             if ours and not (isinstance(f, ast.Name) and f.id in _READING):
-                out.update(a.id for a in list(n.args) + [k.value for k in n.keywords]
-                           if isinstance(a, ast.Name) and a.id in params)
+                handed = {a.id for a in list(n.args) + [k.value for k in n.keywords] if isinstance(a, ast.Name) and a.id in params}
+                if handed and _plain_function(pm, target) and depth < 3:
+                    changes = changed_params(pm, target, depth + 1)  # what the function changes, by its signature
+                    handed = {name for name in handed if any(
+                        isinstance(arg, ast.Name) and arg.id == name for q in changes
+                        for arg in [pm.argument_for(target, n, q)]) or _unbound(pm, target, n, name)}
+                out.update(handed)
     return out
+
+
+def _plain_function(pm: SemanticModel, target: Optional[ast.AST]) -> bool:
+    """A top-level function of the module with no ``*args``/``**kwargs``: every argument of
+    a call binds to a parameter :meth:`argument_for` can name."""
+    return (isinstance(target, FUNCTIONS) and pm.enclosing_class(target) is None
+            and target.args.vararg is None and target.args.kwarg is None)  # type: ignore[union-attr]
+
+
+def _unbound(pm: SemanticModel, target: ast.AST, call: ast.Call, name: str) -> bool:
+    """``name`` is passed in ``call`` where no parameter of ``target`` can be told to bind it."""
+    params = [p.arg for p in target.args.posonlyargs + target.args.args + target.args.kwonlyargs]  # type: ignore[attr-defined]
+    bound = [pm.argument_for(target, call, q) for q in params]
+    passed = [a for a in list(call.args) + [k.value for k in call.keywords] if isinstance(a, ast.Name) and a.id == name]
+    return any(not any(b is a for b in bound) for a in passed)
 
 
 def _on_self(e: ast.AST) -> bool:
