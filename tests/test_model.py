@@ -65,6 +65,42 @@ def test_import_names_and_mentions():
 # --------------------------------------------------------------------------- collectives
 
 
+def test_a_call_reaches_an_inherited_or_base_method():
+    """``super().__init__()``, ``super(C, self).setup()``, ``Base.__init__(self)`` reach the
+    base class's method, and ``Child()`` with no ``__init__`` of its own reaches the one it
+    inherits: a folder the base makes is seen from the subclass's construction."""
+    m = _m("""
+        class Base:
+            def __init__(self):
+                self.setup()
+
+            def setup(self):
+                pass
+
+
+        class Child(Base):
+            def __init__(self):
+                super().__init__()
+                super(Child, self).setup()
+                Base.__init__(self)
+
+
+        class Bare(Base):
+            pass
+
+
+        Bare()
+        Child()
+    """)
+    base_init, setup = m.classes["Base"].body
+    assert [m.resolve_call(c) for c in _calls(m, "super().__init__")] == [base_init]
+    assert [m.resolve_call(c) for c in _calls(m, "super(Child, self).setup")] == [setup]
+    assert [m.resolve_call(c) for c in _calls(m, "Base.__init__")] == [base_init]
+    assert [m.resolve_call(c) for c in _calls(m, "Bare")] == [base_init]
+    assert [m.resolve_call(c) for c in _calls(m, "Child")] == [m.classes["Child"].body[0]]
+    assert setup in m.reach(m.classes["Child"].body[0])
+
+
 def test_is_ddp_code():
     assert is_ddp_code(_m("import torch.distributed as dist\n"))
     assert is_ddp_code(_m("from torch.nn.parallel import DistributedDataParallel\n"))

@@ -31,7 +31,8 @@ def _place(tmp_path: Path, case: str) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("case", ["setup_call_clock_folder_seeds", "setup_call_config_class"])
+@pytest.mark.parametrize("case", ["setup_call_clock_folder_seeds", "setup_call_config_class",
+                                  "setup_call_configures_the_root_logger"])
 def test_the_migrations_pass_check(case: str, capsys) -> None:
     """`dp2ddp check` finds nothing in the migrations (the broadcast is reached by every rank:
     no DDP009)."""
@@ -42,6 +43,7 @@ def test_the_migrations_pass_check(case: str, capsys) -> None:
 @pytest.mark.parametrize("case,root,files", [
     ("setup_call_clock_folder_seeds", "runs", {"args.json", "model.pt"}),
     ("setup_call_config_class", "saved", {"config.json", "info.log", "model.pt"}),
+    ("setup_call_configures_the_root_logger", "log", {"train.log", "model.pt"}),
 ])
 def test_a_setup_call_runs_on_rank_zero_and_every_rank_uses_its_folder(tmp_path: Path, case: str, root: str, files: set) -> None:
     """Under torchrun (2 ranks) one run folder is made, and it holds what rank 0 wrote (the
@@ -54,6 +56,8 @@ def test_a_setup_call_runs_on_rank_zero_and_every_rank_uses_its_folder(tmp_path:
     assert r.returncode == 0, r.stdout[-3000:]
     (folder,) = list((d / root).iterdir())
     assert {p.name for p in folder.iterdir()} == files
+    if "train.log" in files:  # the root logger is rank 0's: each epoch logged once
+        assert (folder / "train.log").read_text().count("epoch 1 loss") == 1
     code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(d / "train_ddp.py"), "--steps", "0", cwd=d)
     assert code == 0, text
     assert rep["losses_agree"] and rep["replicas_in_sync"], text

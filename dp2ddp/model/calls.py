@@ -38,19 +38,22 @@ class Calls:
                 return None
             node = next(iter(defs.values()))
             if isinstance(node, ast.ClassDef):
-                return self.methods(node).get("__init__")
+                return self.method_of(node, "__init__")  # its own, or the one it inherits
             return node
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
+                and f.value.func.id == "super"):  # ``super().__init__(...)``: the base class's method
+            cls = self.enclosing_class(call)
+            base = self._base_class(cls) if cls is not None else None
+            return self.method_of(base, f.attr) if base is not None else None
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
             if f.value.id in ("self", "cls"):
                 cls = self.enclosing_class(call)
             else:
-                cls = self.instance_class(f.value)
+                cls = self.instance_class(f.value) or self._named_class(f.value)  # ``Base.__init__(self, ...)``
             start = cls
-            while cls is not None:
-                m = self.methods(cls).get(f.attr)
-                if m is not None:
-                    return m
-                cls = self._base_class(cls)
+            m = self.method_of(cls, f.attr) if cls is not None else None
+            if m is not None:
+                return m
             if start is not None and f.value.id in ("self", "cls"):
                 # defined by the one subclass of this module that has it (a template method)
                 found = [
@@ -104,6 +107,27 @@ class Calls:
                 return None
             classes.add(cls)
         return classes.pop() if len(classes) == 1 else None
+
+    def method_of(self, cls: ast.ClassDef, name: str) -> Optional[ast.AST]:
+        """Method ``name`` of ``cls``: its own, or the one it inherits from a class of this module."""
+        seen = set()
+        cur: Optional[ast.ClassDef] = cls
+        while cur is not None and id(cur) not in seen:
+            seen.add(id(cur))
+            m = self.methods(cur).get(name)
+            if m is not None:
+                return m
+            cur = self._base_class(cur)
+        return None
+
+    def _named_class(self, name: ast.Name) -> Optional[ast.ClassDef]:
+        """The class of this module that ``name`` is (every binding of it a ``class``)."""
+        _, bindings = self.lookup(name.id, self.scope_of(name))
+        nodes = {id(b.node): b.node for b in bindings}
+        if len(nodes) == 1 and all(b.kind == "class" for b in bindings):
+            node = next(iter(nodes.values()))
+            return node if isinstance(node, ast.ClassDef) else None
+        return None
 
     def _base_class(self, cls: ast.ClassDef) -> Optional[ast.ClassDef]:
         for b in cls.bases:

@@ -249,7 +249,7 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
     while todo:
         mod, fn, path, depth = todo.pop()
         if isinstance(fn, ast.ClassDef):
-            fn = next((s for s in fn.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+            fn = mod.method_of(fn, "__init__")  # its own, or the one it inherits from a class of its module
         if fn is None or (id(mod), id(fn)) in started:
             continue
         started.add((id(mod), id(fn)))

@@ -267,7 +267,8 @@ def _kept_state(mod: SemanticModel, fn: ast.AST, path: str) -> Optional[str]:
             if q & PROCESS_STATE:
                 return f"it changes the process ({sorted(q & PROCESS_STATE)[0]}, {path}:{n.lineno}), which the other ranks would not"
             f = n.func
-            if isinstance(f, ast.Attribute) and f.attr in MUTATORS and _module_level(mod, f.value) and not mod.qualified_names(f.value) & REPLAYED_STORES:
+            if (isinstance(f, ast.Attribute) and f.attr in MUTATORS and _module_level(mod, f.value)
+                    and not mod.qualified_names(f.value) & REPLAYED_STORES and not _logging_state(mod, f.value)):
                 return f"it changes the module-level `{mod.source(f.value)}` ({path}:{n.lineno}), which the other ranks would not"
         targets: List[ast.AST] = []
         if isinstance(n, ast.Assign):
@@ -281,6 +282,8 @@ def _kept_state(mod: SemanticModel, fn: ast.AST, path: str) -> Optional[str]:
                 if isinstance(s, (ast.Attribute, ast.Subscript)) and isinstance(s.ctx, (ast.Store, ast.Del)):
                     if mod.qualified_names(s.value) & REPLAYED_STORES or mod.qualified_names(s) & REPLAYED_STORES:
                         continue
+                    if _logging_state(mod, s.value):
+                        continue  # ``logging.root = logger``: output set up on rank 0, the others log nothing below WARNING
                     if _module_level(mod, s.value):
                         return f"it changes the module-level `{mod.source(s)}` ({path}:{n.lineno}), which the other ranks would not"
         value = n.value if isinstance(n, (ast.Return, ast.Assign)) else None
@@ -305,7 +308,23 @@ def _unpicklable(mod: SemanticModel, value: ast.AST) -> Optional[str]:
 
 
 def _on_self(t: ast.AST) -> bool:
-    return isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    """``self.x``, or a place reached from it (``self.args.writer``, ``self.state[k]``): what
+    the object sent to the other ranks holds."""
+    if not isinstance(t, (ast.Attribute, ast.Subscript)):
+        return False
+    while isinstance(t, (ast.Attribute, ast.Subscript)):
+        t = t.value
+    return isinstance(t, ast.Name) and t.id == "self"
+
+
+def _logging_state(mod: SemanticModel, expr: ast.AST) -> bool:
+    """``expr`` is the ``logging`` module or an object reached from it (``logging.root``):
+    its configuration decides only where messages go. Set up on rank 0 alone, the other
+    ranks log nothing below WARNING, as a hand migration that logs once wants."""
+    root = expr
+    while isinstance(root, (ast.Attribute, ast.Subscript)):
+        root = root.value
+    return isinstance(root, ast.Name) and "logging" in mod.qualified_names(root)
 
 
 def _module_level(mod: SemanticModel, expr: ast.AST) -> bool:
