@@ -1690,3 +1690,38 @@ def test_a_results_writer_handing_its_argument_to_a_path_helper_runs_on_rank_0(t
         assert code == 1
         assert re.search(r"train\.py:\d+:\d+: DDP110 save_results_to_file writes a file \(utils/io_utils\.py:\d+\) on every rank", err), err
         assert (d / "train.py").read_bytes() == before and not (d / "train_ddp.py").exists()
+
+
+@pytest.mark.parametrize("child", [
+    "class TrainOptions(BaseOptions):\n    pass\n",
+    "class TrainOptions(BaseOptions):\n    def __init__(self):\n        super().__init__()\n        self.args.lr = 0.1\n",
+], ids=["inherited-init", "super-init"])
+def test_a_clock_folder_made_by_a_base_class_of_another_module_runs_on_rank_0(tmp_path: Path, capsys, child: str) -> None:
+    """pix2pix's options shape: ``TrainOptions`` (options/train_options.py) derives from
+    ``BaseOptions`` (options/base_options.py), whose ``__init__`` makes the run's folder named
+    by the clock. The subclass inherits that ``__init__`` or calls ``super().__init__()``:
+    either way the folder is seen, and the set-up call runs on rank 0 (DDP114), where every
+    rank made a folder of its own before."""
+    d = tmp_path / "proj"
+    (d / "options").mkdir(parents=True)
+    (d / "options" / "__init__.py").write_text("")
+    (d / "options" / "base_options.py").write_text(
+        "import argparse\nimport os\nimport time\n\n\nclass BaseOptions:\n    def __init__(self):\n"
+        "        parser = argparse.ArgumentParser()\n        parser.add_argument('--root', default='runs')\n"
+        "        self.args = parser.parse_args()\n"
+        "        self.args.exp_dir = os.path.join(self.args.root, time.strftime('%Y%m%d-%H%M%S'))\n"
+        "        os.makedirs(self.args.exp_dir)\n\n    def parse(self):\n        return self.args\n")
+    (d / "options" / "train_options.py").write_text("from options.base_options import BaseOptions\n\n\n" + child)
+    (d / "train.py").write_text(
+        "import os\n\nimport torch\nimport torch.nn as nn\n\nfrom options.train_options import TrainOptions\n\n\n"
+        "def main():\n    opt = TrainOptions().parse()\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt_ = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n"
+        "            opt_.zero_grad()\n            loss.backward()\n            opt_.step()\n"
+        "    torch.save(model.module.state_dict(), os.path.join(opt.exp_dir, 'model.pt'))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+    out = (d / "train_ddp.py").read_text()
+    assert "opt = run_on_rank_zero(TrainOptions).parse()" in out, out

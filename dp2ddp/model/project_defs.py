@@ -249,7 +249,11 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
     while todo:
         mod, fn, path, depth = todo.pop()
         if isinstance(fn, ast.ClassDef):
-            fn = mod.method_of(fn, "__init__")  # its own, or the one it inherits from a class of its module
+            cls, fn = fn, mod.method_of(fn, "__init__")  # its own, or the one it inherits from a class of its module
+            if fn is None and depth < _ACROSS:  # inherited from a class of another project module
+                base = _foreign_base(mod, cls)
+                if base is not None:
+                    todo.append((base[0], base[1], path_of(base, mod, path), depth + 1))
         if fn is None or (id(mod), id(fn)) in started:
             continue
         started.add((id(mod), id(fn)))
@@ -263,7 +267,46 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
         for call, (mod2, node2, rel2) in project_calls(mod):
             if any(mod.contains(f, call) for f in reached):
                 todo.append((mod2, node2, os.path.normpath(os.path.join(os.path.dirname(path), rel2)), depth + 1))
+        for f in reached:  # ``super().__init__(...)`` of a class whose base lies in another project module
+            for call in mod.calls_in(f):
+                base = _super_target(mod, call)
+                if base is not None:
+                    todo.append((base[0], base[1], path_of(base, mod, path), depth + 1))
     return out
+
+
+def _foreign_base(mod: "SemanticModel", cls: ast.ClassDef) -> Optional[Tuple["SemanticModel", ast.ClassDef, str]]:
+    """The class of another project module that ``cls`` (or the class of its own module it
+    derives from) derives from: ``class Bare(base.Options): pass``."""
+    seen = set()
+    cur: Optional[ast.ClassDef] = cls
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        for b in cur.bases:
+            found = project_def(mod, b) if isinstance(b, (ast.Name, ast.Attribute)) else None
+            if found is not None and isinstance(found[1], ast.ClassDef):
+                return found  # type: ignore[return-value]
+        cur = next((mod.classes[b.id] for b in cur.bases if isinstance(b, ast.Name) and b.id in mod.classes
+                    and mod.classes[b.id] is not cur), None)
+    return None
+
+
+def _super_target(mod: "SemanticModel", call: ast.Call) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """What ``super().name(...)`` runs where the enclosing class's base is a class of another
+    project module: that class (for ``__init__``: :func:`reach_across` finds its constructor)
+    or its method ``name``; ``None`` otherwise (a base of this module: ``resolve_call``)."""
+    f = call.func
+    if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name)
+            and f.value.func.id == "super") or mod.resolve_call(call) is not None:
+        return None
+    cls = mod.enclosing_class(call)
+    base = _foreign_base(mod, cls) if cls is not None else None
+    if base is None:
+        return None
+    if f.attr == "__init__":
+        return base
+    method = base[0].method_of(base[1], f.attr)
+    return (base[0], method, base[2]) if method is not None else None
 
 
 def path_of(found: Tuple["SemanticModel", ast.AST, str], pm: "SemanticModel", rel: str) -> str:
