@@ -1725,3 +1725,33 @@ def test_a_clock_folder_made_by_a_base_class_of_another_module_runs_on_rank_0(tm
     assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
     out = (d / "train_ddp.py").read_text()
     assert "opt = run_on_rank_zero(TrainOptions).parse()" in out, out
+
+
+def test_a_save_method_inherited_from_a_base_class_of_another_module_runs_on_rank_0(tmp_path: Path, capsys) -> None:
+    """``saver.save(epoch)`` where ``Saver`` (lib/saver.py) inherits ``save`` from
+    ``BaseSaver`` (lib/base.py), which writes a checkpoint and appends to a log: the method is
+    found through the base class of the other module, and the call runs on rank 0. Before,
+    it was not found: every rank appended the log line and wrote the checkpoint."""
+    d = tmp_path / "proj"
+    (d / "lib").mkdir(parents=True)
+    (d / "lib" / "__init__.py").write_text("")
+    (d / "lib" / "base.py").write_text(
+        "import os\n\nimport torch\n\n\nclass BaseSaver:\n    def __init__(self, model, folder):\n"
+        "        self.model = model\n        self.folder = folder\n\n    def save(self, epoch):\n"
+        "        torch.save(self.model.state_dict(), os.path.join(self.folder, 'net_%d.pth' % epoch))\n"
+        "        with open(os.path.join(self.folder, 'log.txt'), 'a') as fh:\n            fh.write('saved %d\\n' % epoch)\n")
+    (d / "lib" / "saver.py").write_text(
+        "from lib.base import BaseSaver\n\n\nclass Saver(BaseSaver):\n    def describe(self):\n        return self.folder\n")
+    (d / "train.py").write_text(
+        "import os\n\nimport torch\nimport torch.nn as nn\n\nfrom lib.saver import Saver\n\n\ndef main():\n"
+        "    os.makedirs('ckpt', exist_ok=True)\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    saver = Saver(model, 'ckpt')\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n        saver.save(epoch)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
+    out = (d / "train_ddp.py").read_text()
+    assert re.search(r"if dist\.get_rank\(\) == 0:\n\s+saver\.save\(epoch\)", out), out

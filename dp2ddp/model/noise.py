@@ -331,9 +331,10 @@ def kept_stream_draws(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
                 if found is None:
                     continue
                 cm, cls, where = found
-                method = method_of(cm, cls, n.func.attr, 0)  # its own, or a base class's of its module
-                if method is None:
+                got = method_of(cm, cls, n.func.attr, where)  # its own, or a base class's
+                if got is None:
                     continue
+                method = got[1]
                 streams = {attr: v for attr, values in attribute_assignments(cm, cls).items() for v in values
                            if isinstance(v, ast.Call) and cm.qualified_names(v.func) & _OWN_STREAMS}
                 read = next((streams[x.attr] for x in ast.walk(method) if isinstance(x, ast.Attribute)

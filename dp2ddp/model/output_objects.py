@@ -170,12 +170,13 @@ def output_only_call(m: SemanticModel, call: ast.Call, pm: SemanticModel, func: 
         if not (isinstance(attr, ast.Attribute) and isinstance(use, ast.Call) and use.func is attr
                 and isinstance(m.parent(use), ast.Expr)):
             return False  # read, handed on, or a result used: the object is more than output
-        method = method_of(pm, cls, attr.attr, 0)
-        if not isinstance(method, FUNCTIONS) or not keeps_to_itself(pm, method):
+        got = method_of(pm, cls, attr.attr)  # its own, or a base class's (of another module too)
+        if got is None or not isinstance(got[1], FUNCTIONS) or not keeps_to_itself(got[0], got[1]):
             return False
-        changed = changed_params(pm, method)
+        mpm, method = got[0], got[1]
+        changed = changed_params(mpm, method)
         for p in changed:
-            arg = pm.argument_for(method, use, p)
+            arg = mpm.argument_for(method, use, p)
             if arg is None:
                 continue
             if not isinstance(arg, ast.Name) or not _dropped_after(m, arg, m.parent(use)):  # type: ignore[arg-type]

@@ -70,7 +70,7 @@ def _instance_method(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["Seman
     class are all of one project class (``data = Data_Loader(...)``, through names, ``self.x``
     and the script's own functions: :func:`dp2ddp.model.flow.origins`; other values, ``None``
     or a call of unknown make on another path, are no class of the script's): that class's
-    method of that name (its own or a base class's in the same module)."""
+    method of that name (its own or a base class's: :func:`method_of`)."""
     if not isinstance(func, ast.Attribute):
         return None
     return _once("method", m, func, _resolve_instance_method)
@@ -92,14 +92,13 @@ def _resolve_instance_method(m: "SemanticModel", func: ast.Attribute) -> Optiona
     if found is None or len(classes) != 1:
         return None
     pm, cls, rel = found
-    method = method_of(pm, cls, func.attr, 0)
-    return (pm, method, rel) if method is not None else None
+    return method_of(pm, cls, func.attr, rel)
 
 
 def _instance_call(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
     """``early_stopping(val_loss, model, path)`` where ``early_stopping`` holds an object of
     one project class (``EarlyStopping(patience=7)``) that defines ``__call__`` (its own or a
-    base class's in the same module): that method. A model class (``forward``, with
+    base class's: :func:`method_of`): that method. A model class (``forward``, with
     ``nn.Module``'s ``__call__``) is not one."""
     if not isinstance(func, (ast.Name, ast.Attribute)):
         return None
@@ -118,22 +117,29 @@ def _resolve_instance_call(m: "SemanticModel", func: ast.AST) -> Optional[Tuple[
     if found is None:
         return None
     pm, cls, rel = found
-    method = method_of(pm, cls, "__call__", 0)
-    return (pm, method, rel) if method is not None else None
+    return method_of(pm, cls, "__call__", rel)
 
 
-def method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, depth: int) -> Optional[ast.AST]:
-    """``cls``'s method ``name``, its own or one of its bases' of module ``pm``."""
+def method_of(pm: "SemanticModel", cls: ast.ClassDef, name: str, rel: str = "",
+              depth: int = 0) -> Optional[Tuple["SemanticModel", ast.AST, str]]:
+    """``cls``'s method ``name`` (``cls`` a class of module ``pm``, at ``rel`` from the
+    script's folder): its own, or one of its bases', in ``pm`` or in another project module
+    (``class Saver(BaseSaver)`` with ``BaseSaver.save`` in ``lib/base.py``); as ``(module
+    model, method, its module's path)``."""
     method = pm.methods(cls).get(name)
-    if method is not None or depth > 4:
-        return method
+    if method is not None:
+        return pm, method, rel
+    if depth > 4:
+        return None
     for b in cls.bases:
-        if isinstance(b, ast.Name):
-            base = next((s for s in pm.tree.body if isinstance(s, ast.ClassDef) and s.name == b.id), None)
-            if base is not None:
-                got = method_of(pm, base, name, depth + 1)
-                if got is not None:
-                    return got
+        if isinstance(b, ast.Name) and isinstance(pm.classes.get(b.id), ast.ClassDef) and pm.classes[b.id] is not cls:
+            got = method_of(pm, pm.classes[b.id], name, rel, depth + 1)
+        else:
+            found = project_def(pm, b) if isinstance(b, (ast.Name, ast.Attribute)) else None
+            got = (method_of(found[0], found[1], name, path_of(found, pm, rel), depth + 1)
+                   if found is not None and isinstance(found[1], ast.ClassDef) else None)
+        if got is not None:
+            return got
     return None
 
 

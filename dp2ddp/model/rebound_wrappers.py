@@ -307,8 +307,8 @@ def regrown_after_wrap(m: SemanticModel, wrapper: ast.AST, module: Optional[ast.
                 and var_key(m, f.value.value) in keys):
             continue
         for pm, cls, rel in classes:
-            method = method_of(pm, cls, f.attr, 0)
-            change = _changes_layers(pm, cls, method) if method is not None else None
+            method = method_of(pm, cls, f.attr, rel)
+            change = _changes_layers(pm, cls, method[1]) if method is not None else None
             if change is not None:
                 return Regrown(call, change, rel)
     return None
@@ -319,7 +319,8 @@ def _changes_layers(pm: SemanticModel, cls: ast.ClassDef, method: ast.AST) -> Op
     :func:`regrown_after_wrap`)."""
     from dp2ddp.model.project_defs import method_of
 
-    init = method_of(pm, cls, "__init__", 0)
+    got = method_of(pm, cls, "__init__")
+    init = got[1] if got is not None else None
     made = set()  # attributes __init__ sets from a call: its layers (and other objects)
     for n in ast.walk(init) if init is not None else ():
         if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):

@@ -202,9 +202,9 @@ def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
             if made is not None and made[2]:  # an object of a project class, called: its ``__call__``
                 # (``compute_loss_fct = MultipleChoiceLossCompute(crit, crit, coef, opt)``, then
                 # ``compute_loss_fct(X, Y, M, logits)`` backward and steps in loss.py)
-                method = method_of(made[0], made[1], "__call__", 0)
+                method = method_of(made[0], made[1], "__call__", made[2])
                 if method is not None:
-                    found.append((call, (made[0], method, made[2])))
+                    found.append((call, method))
                     break
     from dp2ddp.model.steps import is_backward as backward
 
