@@ -74,6 +74,7 @@ class Context:
         self._wrap_helpers: Dict[str, str] = {}  # template -> the name of the helper ddp_call writes for it (_WRAP_HELPERS)
         self._load_either: Optional[str] = None  # the name of the helper load_either_keys() writes
         self._saves_on_rank_zero: Optional[str] = None  # the name of the helper saves_on_rank_zero() writes
+        self._rank_zero_value: Optional[str] = None  # the name of the helper rank_zero_value() writes
         self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
         self._wrap_alone: Optional[str] = None  # the name of the function wrap_alone() writes
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
@@ -353,6 +354,14 @@ class Context:
             self.define_after_imports("saves_on_rank_zero.py.tmpl", helper=self._saves_on_rank_zero,
                                       torch=self.name("torch"), dist=self.name("dist"))
         return self._saves_on_rank_zero
+
+    def rank_zero_value(self) -> str:
+        """The name of ``rank_zero_value(value)``, written once into the module: rank 0's
+        value on every rank (one broadcast), for a name read from the clock."""
+        if self._rank_zero_value is None:
+            self._rank_zero_value = self.fresh_name("rank_zero_value")
+            self.define_after_imports("rank_zero_value.py.tmpl", rank_zero_value=self._rank_zero_value, dist=self.name("dist"))
+        return self._rank_zero_value
 
     def writes_nothing(self) -> str:
         """The name of a class, written once into the module, whose objects stand in for a

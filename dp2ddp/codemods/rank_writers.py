@@ -33,6 +33,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.dp_idioms import dp_helper_calls
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SUMMARY_WRITERS
+from dp2ddp.model.passes import same_passes
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
@@ -315,7 +316,7 @@ def _clock_named_reads(ctx: Context) -> List[Finding]:
         func = m.enclosing_function(c.write)
         if (bind_stmt is None or not isinstance(bind_stmt, ast.Assign) or len(bind_stmt.targets) != 1
                 or m.enclosing_function(bind_stmt) is not func or not ctx.bridge.alone_on_line(bind_stmt)
-                or not _same_passes(m, bind_stmt)):
+                or not same_passes(m, bind_stmt)):
             out.append(ctx.block(c.write, "DDP110", (
                 f"the file is written under `{c.name.id}`, named from the clock (`{' '.join(m.source(c.clock).split())[:40]}`, "
                 f"line {c.clock.lineno}), and line {c.read.lineno} reads `{c.name.id}` after the write on every rank: rank 0 "
@@ -325,8 +326,7 @@ def _clock_named_reads(ctx: Context) -> List[Finding]:
         if id(bind_stmt) in done:
             continue
         done.add(id(bind_stmt))
-        helper = ctx.fresh_name("rank_zero_value")
-        ctx.define_after_imports("rank_zero_value.py.tmpl", rank_zero_value=helper, dist=ctx.name("dist"))
+        helper = ctx.rank_zero_value()
         edits = [Replace(ctx.cst(bind_stmt.value), lambda u, h=helper: ctx.expr(f"{h}({{v}})", v=u))]
         out.append(ctx.note(c.write, "DDP132", (
             f"`{c.name.id}` is named from the clock (line {c.clock.lineno}) and read again on every rank (line "
@@ -394,7 +394,7 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
     if stmt is None or not ctx.bridge.alone_on_line(stmt):
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, in a "
                          "statement dp2ddp cannot order between the ranks: create it on rank 0 first, then migrate")
-    if not _same_passes(m, stmt):
+    if not same_passes(m, stmt):
         return ctx.block(race.call, "DDP110", f"{race.name} creates a folder without exist_ok ({race.where}) on every rank, under a "
                          "loop or a test that dp2ddp cannot show takes the same passes on every rank (so barriers around it "
                          "would not pair up): create it on rank 0 first, then migrate")
@@ -403,85 +403,6 @@ def _rank_zero_first(ctx: Context, race) -> Finding:
     after = ctx.barrier("rank0")
     return ctx.note(race.call, "DDP132", f"{race.name} runs on rank 0 first, then on the other ranks ({race.where} creates a "
                     "folder without exist_ok: no race)", [InsertBefore(line, (before,)), InsertAfter(line, (after,))])
-
-
-_ALIKE_CALLS = frozenset({"sorted", "list", "tuple", "enumerate", "len", "reversed", "range", "zip"})
-_ALIKE_METHODS = frozenset({"items", "keys", "values", "get"})
-
-
-def _same_passes(m: SemanticModel, stmt: ast.stmt, training: bool = False) -> bool:
-    """Every rank runs ``stmt`` the same number of times: each loop around it (in its
-    function) iterates a value that is the same on every rank, and each ``if`` around it
-    tests one (``for phase, o in sorted(opt["datasets"].items()): if phase == "train":``,
-    ``opt`` from a set-up call every rank gets from rank 0). A barrier before and after it
-    then pairs up across the ranks on every pass. With ``training``, a loop whose every pass
-    trains counts as alike too: DDP's collectives in it already need every rank to take its
-    passes together (an epoch loop that breaks on an early stop), and a barrier there pairs
-    up as surely as they do."""
-    from dp2ddp.model.training import trains
-
-    func = m.enclosing_function(stmt)
-    targets: Set[str] = set()
-    around = []
-    for a in m.ancestors(stmt):
-        if a is func:
-            break
-        around.append(a)
-    for a in reversed(around):  # outermost first: a loop's targets are alike inside it
-        if training and isinstance(a, (ast.For, ast.While)) and not a.orelse and any(trains(m, s) for s in a.body):
-            if isinstance(a, ast.For):
-                targets |= {n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)}
-            continue
-        if isinstance(a, (ast.While, ast.AsyncFor)):
-            return False
-        if isinstance(a, ast.For):
-            if a.orelse or not _alike(m, a.iter, targets):
-                return False
-            targets |= {n.id for n in ast.walk(a.target) if isinstance(n, ast.Name)}
-        elif isinstance(a, ast.If) and not _alike(m, a.test, targets):
-            return False
-        elif isinstance(a, (ast.Try, ast.With)):
-            return False
-    return True
-
-
-def _alike(m: SemanticModel, e: ast.AST, targets: Set[str]) -> bool:
-    from dp2ddp.model.rank_alike import same_on_every_rank
-
-    go = lambda x: _alike(m, x, targets)  # noqa: E731
-    if isinstance(e, ast.Constant):
-        return True
-    if isinstance(e, ast.Name):
-        return e.id in targets or _from_setup(m, e) or same_on_every_rank(m, e)
-    if isinstance(e, ast.Attribute):
-        return go(e.value)
-    if isinstance(e, ast.Subscript):
-        return go(e.value) and go(e.slice)
-    if isinstance(e, (ast.Tuple, ast.List, ast.Set)):
-        return all(go(x) for x in e.elts)
-    if isinstance(e, ast.Dict):
-        return all(k is not None and go(k) for k in e.keys) and all(go(v) for v in e.values)
-    if isinstance(e, ast.Compare):
-        return go(e.left) and all(go(c) for c in e.comparators)
-    if isinstance(e, ast.BoolOp):
-        return all(go(v) for v in e.values)
-    if isinstance(e, ast.UnaryOp):
-        return go(e.operand)
-    if isinstance(e, ast.Call) and not e.keywords:
-        f = e.func
-        if isinstance(f, ast.Name) and f.id in _ALIKE_CALLS and m.is_name(f, {f"builtins.{f.id}"}):
-            return all(go(a) for a in e.args)
-        if isinstance(f, ast.Attribute) and f.attr in _ALIKE_METHODS:
-            return go(f.value) and all(go(a) for a in e.args)
-    return False
-
-
-def _from_setup(m: SemanticModel, name: ast.Name) -> bool:
-    """Every binding of ``name`` is the result of a set-up call that rank 0 runs for every
-    rank (:mod:`rank_zero_setup`): the same object on every rank."""
-    ok = {id(s.call) for s in setup_calls(m) if s.refusal is None}
-    bindings = m.bindings_of(name)
-    return bool(bindings) and all(b.kind == "assign" and isinstance(b.value, ast.Call) and id(b.value) in ok for b in bindings)
 
 
 def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
@@ -497,7 +418,7 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
         # ``early_stopping(val_loss, model, path)``: a counter every rank needs, and a torch.save
         # of the synchronised model: every rank runs it, only rank 0's torch.save writes
         # (then every rank waits for rank 0's file: whoever loads it later finds it whole)
-        if _same_passes(ctx.m, stmt, training=True):
+        if same_passes(ctx.m, stmt, training=True):
             helper = ctx.saves_on_rank_zero()
             edits = [Replace(ctx.cst(w.call.func), lambda u, helper=helper: ctx.expr(f"{helper}({{f}})", f=u)),
                      InsertAfter(ctx.bridge.statement(stmt), (ctx.barrier(comment=f"every rank waits for rank 0's torch.save ({w.where})"),))]
@@ -549,7 +470,7 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
     same again, never at once. ``None`` where the ranks cannot be shown to pass the barriers
     alike, or no process group exists yet there."""
     m = ctx.m
-    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not _same_passes(m, stmt) or joins_the_others(m, w.call):
+    if stmt is None or not ctx.bridge.alone_on_line(stmt) or not same_passes(m, stmt) or joins_the_others(m, w.call):
         return None
     if ctx.mode == "plain" and ctx.role != "helper" and not ctx.in_setup_region(w.call):
         return None  # (a script with its own distributed path: the barriers wait only where its group exists)

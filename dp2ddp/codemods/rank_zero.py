@@ -287,22 +287,30 @@ def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call]) -> Finding:
 
 
 def _mkdirs(ctx: Context) -> List[Finding]:
-    """Folders are made on every rank, idempotently."""
+    """Folders are made on every rank, idempotently; one named by the clock under rank 0's
+    name (:func:`_clock_made_alike`)."""
     m = ctx.m
     edits = []
     first = None
     blocked = []
+    clocked: List[Finding] = []
     for w in writers(m):
         if w.kind != "mkdir" or rank_guarded(m, w.call):
             continue
         clock = _clock_named(m, w.path)
         if clock is not None:
-            blocked.append(ctx.block(w.call, "DDP110", (
-                f"the folder `{m.source(w.path)}` is named by the clock (`{m.source(clock)}`, line {clock.lineno}): each rank "
-                "would read its own time and make a folder of its own, or find another rank's under the same name (a "
-                "check that it does not exist yet then stops that rank); make the name on rank 0 and send it to the "
-                "others (dist.broadcast_object_list), then migrate")))
-            continue
+            wrap, why = _clock_made_alike(ctx, clock)
+            if wrap is None:
+                blocked.append(ctx.block(w.call, "DDP110", (
+                    f"the folder `{m.source(w.path)}` is named by the clock (`{m.source(clock)}`, line {clock.lineno}): each "
+                    "rank would read its own time and make a folder of its own, or find another rank's under the same name; "
+                    f"dp2ddp cannot give every rank rank 0's name: {why}; make the name on rank 0 and send it to the others "
+                    "(dist.broadcast_object_list), then migrate")))
+                continue
+            if wrap is not True and not any(f.node is clock for f in clocked):
+                clocked.append(ctx.note(clock, "DDP132", (
+                    f"the folder `{m.source(w.path)}` is named by the clock (line {clock.lineno}): every rank takes rank 0's "
+                    f"name ({ctx.rank_zero_value()}), so the ranks make and use one folder"), [wrap]))
         if w.idempotent:
             continue
         call = w.call
@@ -324,8 +332,61 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     if blocked:
         return blocked
     if not edits:
-        return []
-    return [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
+        return clocked
+    return clocked + [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
+
+
+_EXISTS = frozenset({"os.path.exists", "os.path.isdir", "os.path.isfile", "os.path.lexists", "os.listdir", "os.scandir",
+                     "glob.glob"})
+
+
+def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
+    """A path named from ``clock`` is looked for (``if os.path.exists(save_dir): raise``,
+    ``Path(d).exists()``, a listing) other than as the test of an ``if`` that only makes the
+    folder (``if not os.path.isdir(d): os.makedirs(d)``): with one name for every rank, a
+    rank would find the folder another rank made, and take the other branch."""
+    mkdirs = {id(w.call) for w in writers(m) if w.kind == "mkdir"}
+    for call in m.nodes(ast.Call):
+        f = call.func
+        looks = m.is_name(f, _EXISTS) or (isinstance(f, ast.Attribute) and f.attr in ("exists", "is_dir", "iterdir", "glob"))
+        what = call.args[0] if m.is_name(f, _EXISTS) and call.args else f.value if isinstance(f, ast.Attribute) else None
+        if not looks or what is None or _clock_named(m, what) is not clock:
+            continue
+        test = next((a for a in m.ancestors(call) if isinstance(a, ast.If)), None)
+        only_makes = (test is not None and m.contains(test.test, call) and not test.orelse
+                      and all(isinstance(s, ast.Expr) and id(s.value) in mkdirs for s in test.body))
+        if not only_makes:
+            return call
+    return None
+
+
+def _clock_made_alike(ctx: Context, clock: ast.Call):
+    """The edit that makes the clock read a folder is named from rank 0's on every rank:
+    ``stamp = rank_zero_value(datetime.now().strftime(...))``, one broadcast, where the read
+    is one assignment to a name bound nowhere else that every rank runs alike
+    (:func:`dp2ddp.model.passes.same_passes`) after the process group is set up; ``True``
+    where the file-name migration wraps that assignment already
+    (:func:`dp2ddp.codemods.rank_writers.propose`); ``None`` where it cannot be, with why."""
+    from dp2ddp.model.clock_paths import clock_named_reads
+    from dp2ddp.model.passes import same_passes
+
+    m = ctx.m
+    stmt = m.statement_of(clock)
+    line = stmt.lineno if stmt is not None else clock.lineno
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and len(m.bindings_of(stmt.targets[0])) == 1 and ctx.bridge.alone_on_line(stmt)):
+        return None, f"the clock is read at line {line} in no assignment of one name bound only there"
+    if not ctx.in_setup_region(stmt) or rank_guarded(m, stmt) or not same_passes(m, stmt):
+        return None, (f"line {line} does not run alike on every rank after the process group is set up (a broadcast "
+                      "there would not pair up)")
+    looked = _looked_for(m, clock)
+    if looked is not None:
+        return None, (f"line {looked.lineno} looks for it (`{m.source(looked)}`): with one name, a rank would find the "
+                      "folder another rank made and take the other branch")
+    if any(m.statement_of(b.node) is stmt for c in clock_named_reads(m) for b in m.bindings_of(c.name)):
+        return True, None
+    helper = ctx.rank_zero_value()
+    return Replace(ctx.cst(stmt.value), lambda u: ctx.expr(f"{helper}({{v}})", v=u)), None
 
 
 def _clock_named(m: SemanticModel, path: Optional[ast.AST]) -> Optional[ast.Call]:

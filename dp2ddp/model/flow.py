@@ -91,7 +91,10 @@ class ValueFlow:
         if isinstance(e, ast.Attribute):
             assigned = self._attribute_values(e)
             if assigned is None:
-                return {(e, ())}
+                out = {(e, ())}  # what the object held (a parser's option), and what was stored since:
+                for v in self._namespace_stores(e):  # ``args.checkpoint = "checkpoints/" + message``
+                    out |= self.value(v, d)
+                return out
             out: Set[Origin] = set()
             for v in assigned:
                 out |= self.value(v, d)
@@ -249,6 +252,25 @@ class ValueFlow:
         if default is not None:
             out |= self.value(default, d)
         return out
+
+    def _namespace_stores(self, e: ast.Attribute) -> List[ast.AST]:
+        """What the module stores into ``name.attr`` for the same variable ``name`` (an
+        argparse namespace, a config object of unknown class): ``args.checkpoint = ...``."""
+        m = self.m
+        if not isinstance(e.value, ast.Name):
+            return []
+        stores = m.cache.get("flow:namespace_stores")
+        if stores is None:
+            stores = {}
+            for n in m.nodes(ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id != "self":
+                        stores.setdefault((t.value.id, t.attr), []).append((t.value, n.value))
+            m.cache["flow:namespace_stores"] = stores
+        bindings = m.bindings_of(e.value)
+        if not bindings:
+            return []
+        return [v for owner, v in stores.get((e.value.id, e.attr), ()) if m.bindings_of(owner) == bindings]  # type: ignore[union-attr]
 
     def _attribute_values(self, e: ast.Attribute) -> Optional[List[ast.AST]]:
         """What is assigned to ``self.x`` / ``obj.x`` in the class it belongs to."""
