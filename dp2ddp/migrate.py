@@ -248,7 +248,46 @@ def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options
         raise InputError(path, None, f"dp2ddp could not combine its own edits ({e}); this is a bug of dp2ddp, "
                          "please report it with the file") from None
     out = new.bytes
+    own = None if "DDP186" in getattr(options, "accept", ()) else own_check(out, path, data, getattr(options, "role", "script"))
+    if own is not None:  # the migration fails dp2ddp's own check: nothing is written
+        kept = [f for f in migration.findings if f.severity != "info"]
+        for f in kept:
+            f.fix = None
+        return Result(path, data, False, Migration(findings=_sorted([own] + kept), blocked=True, applicable=True))
     return Result(path, out, out != data, migration)
+
+
+# what a project module migrated with its entry leaves to the entry: the process group, and
+# the rank's device (``torch.cuda.set_device(local_rank)``, which covers every module of the process)
+_ENTRY_FACTS = frozenset({"DDP006", "DDP008"})
+
+
+def own_check(out: bytes, path: str, data: bytes, role: str = "script") -> Optional[Finding]:
+    """The first finding of ``check``'s default rules on the migration ``out`` of ``data``,
+    as a DDP186 refusal placed at the input's line that the output's line came from (where
+    that line's text stands once in the input); ``None`` where the migration passes. Every
+    transform is meant to leave nothing for ``check`` to find: a finding here is a case the
+    migration missed (a ``torch.save`` inside a lambda), and the file is better refused. A
+    module migrated in the ``helper`` role is not asked what its entry sets up (_ENTRY_FACTS)."""
+    from dp2ddp.check.analyze import candidates, check_source
+    from dp2ddp.rules import RULES
+
+    skip = _ENTRY_FACTS if role == "helper" else frozenset()
+    rules = candidates(out, tuple(r.code for r in RULES if r.default and r.code not in skip))
+    if not rules:
+        return None
+    _, found, model, error = check_source(out, path, rules)
+    if error or not found:
+        return None
+    first = found[0]
+    text = model.line_text(first.line).strip()
+    model.release()
+    lines = [i for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1) if line.strip() == text]
+    line = lines[0] if len(lines) == 1 else 1
+    return Finding("DDP186", (
+        f"the migration would not pass dp2ddp's own check: {first.code} at its line {first.line} (`{text[:70]}`): "
+        f"{first.message}; nothing was written (a case the migration misses: please report it); migrate that "
+        "statement by hand, then migrate"), None, line=line, col=0, severity=BLOCKING)
 
 
 migrate_bytes = migrate_source

@@ -76,6 +76,15 @@ def apply_fixes(data: bytes, path: str, codes: Sequence[str], model, findings: l
     if new == data:
         out.diagnostics = _said(said, data, data, display, lines)
         return out
+    if migration is not None and not migration.blocked:
+        from dp2ddp.migrate import own_check
+
+        own = own_check(new, path, data)  # a migration that fails the check is not written (as `rewrite` does)
+        if own is not None:
+            out.blocked = True
+            refused = [own] + [f for f in migration.findings if f.severity != "info"]
+            out.diagnostics = _said(_selected(refused, codes), data, data, display, lines)
+            return out
     out.output = new
     out.fixed = len(done)
     # what is left: exactly what checking the new text reports (a fix may add code that

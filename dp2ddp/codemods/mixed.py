@@ -44,7 +44,6 @@ from dp2ddp.model.names import APEX_DDP, CUDA_SET_DEVICE, DDP, INIT, LAUNCH_MODU
 from dp2ddp.model.own_path import (activation_tests, env_decided, init_arguments, init_source, master_env_stores, namespace_origin,
                                    option_stores, rank_env_reads, spawn_flags, spellings, switch_tests)
 from dp2ddp.model.ranks import env_read, local_rank_arguments
-from dp2ddp.model.syntax import kwarg
 
 _ENV = {"init_method": '"env://"', "world_size": 'int({os}.environ["WORLD_SIZE"])', "rank": 'int({os}.environ["RANK"])'}
 
@@ -183,19 +182,7 @@ def propose(ctx: Context) -> List[Finding]:
     os_ = ctx.name("os")
     torch = ctx.name("torch")
     cuda = f"{torch}.cuda.is_available()"
-    # --local_rank defaults to torchrun's LOCAL_RANK
-    for call, _flag, from_torchrun in local_rank_arguments(m):
-        if from_torchrun:
-            continue  # already torchrun's LOCAL_RANK
-        default = kwarg(call, "default")
-        if default is not None:
-            new = ctx.expr('int({os}.environ.get("LOCAL_RANK", {d}))', os=os_, d=default.value)
-            out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK", [Replace(ctx.cst(default.value), new)]))
-        else:
-            from dp2ddp.codemods.context import add_kwarg
-
-            out.append(ctx.note(call, "DDP121", "--local_rank defaults to torchrun's LOCAL_RANK",
-                                [Replace(ctx.cst(call), lambda u: add_kwarg(u, "default", f'int({os_}.environ.get("LOCAL_RANK", -1))'))]))
+    # (--local_rank defaults to torchrun's LOCAL_RANK: dp2ddp.codemods.local_rank_flag, in every mode)
     # arguments set from torchrun's environment right after parsing
     for stmt, items in plan.adapter.items():
         ns = m.source(stmt.targets[0].elts[0] if isinstance(stmt.targets[0], ast.Tuple) else stmt.targets[0])  # type: ignore[attr-defined]

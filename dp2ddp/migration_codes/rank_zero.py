@@ -175,4 +175,20 @@ CODES: Tuple[MigrationCode, ...] = (
         "anything else is mapped onto the rank's device.",
         "Safe.",
     ),
+    MigrationCode(
+        "DDP186", "fails-own-check", "error",
+        "the migration would not pass `dp2ddp check`; the file is left unchanged",
+        "Every migration is checked with `check`'s default rules before it is written; each transform is meant to "
+        "leave nothing for them to find. A finding there is a case the migration missed, such as a `torch.save` "
+        "inside a lambda that the script calls later (`save = lambda tag: torch.save(...)`): it would run on every "
+        "rank. The message names the rule, the statement, and the line of the input it comes from where that line "
+        "stands once in the input.",
+        "Migrate that statement by hand (a `def` in place of the lambda, called under `if dist.get_rank() == 0:`), then "
+        "migrate; please report the file. `--accept DDP186` writes the migration anyway.",
+        "No fix: the file is left unchanged.",
+        IMPORTS + "model = nn.DataParallel(nn.Linear(4, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "save = lambda tag: torch.save(model.state_dict(), 'net_%s.pth' % tag)\n"
+        "for epoch in range(2):\n    loss = model(torch.randn(8, 4)).sum()\n    opt.zero_grad()\n    loss.backward()\n"
+        "    opt.step()\n    save(epoch)\n",
+    ),
 )
