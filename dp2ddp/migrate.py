@@ -449,14 +449,14 @@ def _trainers(entry: str, helpers: set) -> list:
 
 def _saving_trainers(entry: str) -> dict:
     """The project modules that hold the saves of a training class the entry makes
-    (:func:`dp2ddp.model.writers.training_class_saves`: ``Trainer(...)`` whose base saves
+    (:func:`dp2ddp.model.writing_classes.training_class_saves`: ``Trainer(...)`` whose base saves
     checkpoints with no rank test), as ``(path relative to the entry's folder, real path)``
     -> the ``self.`` attributes the class's family reads in other modules: migrated with the
     entry, so that their saves run on rank 0 there instead of being refused (DDP110)."""
     import os
 
     from dp2ddp.model.project_defs import file_model
-    from dp2ddp.model.writers import training_class_saves
+    from dp2ddp.model.writing_classes import training_class_saves
 
     em = file_model(entry)
     base = os.path.dirname(os.path.abspath(entry))

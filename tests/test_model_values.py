@@ -176,7 +176,7 @@ def test_a_class_a_package_re_exports_is_found_and_a_results_logger_is_a_writer(
     """``from utils import Logger`` where ``utils/__init__.py`` does ``from .logger import *``:
     the definition is found in utils/logger.py, and a plain class that opens its file for
     writing is a writer; a Dataset subclass that writes a cache is not."""
-    from dp2ddp.model.writers import writing_class
+    from dp2ddp.model.writing_classes import writing_class
 
     script = _write(tmp_path, {
         "utils/__init__.py": "from .logger import *\n",
@@ -396,7 +396,7 @@ def test_a_folder_moved_away_two_modules_below_the_script_is_a_race(tmp_path):
     """``option.parse()`` -> ``util.mkdir_and_rename()`` (a module of another package): an
     earlier run's folder is renamed and a new one made. Followed across both modules, the
     call races on every rank (rank 1 would move rank 0's new folder away)."""
-    from dp2ddp.model.writers import companion_folder_races
+    from dp2ddp.model.companion_writes import companion_folder_races
 
     project = ROOT / "fixtures" / "project" / "archive_on_start"
     m = build((project / "train.py").read_text(), str(project / "train.py"))
@@ -512,12 +512,12 @@ def test_a_checkpoint_read_from_a_path_alike_on_every_rank_is_alike():
 
 
 def test_a_console_helper_only_writes_to_the_terminal():
-    """``writers.console_helper``: a project function that draws on the terminal and returns
+    """``log_helpers.console_helper``: a project function that draws on the terminal and returns
     nothing (its clock helper included); not one that also returns a value, writes a file, or
     is not the project's."""
     from pathlib import Path
 
-    from dp2ddp.model.writers import console_helper
+    from dp2ddp.model.log_helpers import console_helper
 
     here = Path(__file__).resolve().parent.parent / "fixtures" / "rank_zero"
     src = ("import os\nfrom termbar import bar_and_count, bar_to_file, progress_bar\n"

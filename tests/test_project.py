@@ -290,7 +290,8 @@ def test_a_function_that_trains_and_saves_is_not_run_on_rank_0_alone() -> None:
     """The writer fact for project helpers: a function that trains (a loop of backward
     passes) is not 'only writes', however it ends with a save."""
     from dp2ddp.model.core import build
-    from dp2ddp.model.writers import trains_in, writes_only
+    from dp2ddp.model.companion_writes import writes_only
+    from dp2ddp.model.output_objects import trains_in
 
     path = ROOT / "fixtures" / "project" / "trains_in_a_plain_module" / "engine.py"
     pm = build(path.read_bytes(), str(path))

@@ -37,8 +37,10 @@ from dp2ddp.model.passes import same_passes
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
-from dp2ddp.model.writers import (LoggerMaker, logging_setups, Writer, companion_folder_races, companion_writes, logger_makers,
-                                   open_mode, training_class_saves, writers, writing_class)
+from dp2ddp.model.companion_writes import companion_folder_races, companion_writes
+from dp2ddp.model.log_helpers import LoggerMaker, logger_makers, logging_setups
+from dp2ddp.model.writers import Writer, open_mode, writers
+from dp2ddp.model.writing_classes import training_class_saves, writing_class
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
 
 
@@ -128,7 +130,7 @@ def _writer_like(m: SemanticModel):
 
 def _file_loggers(m: SemanticModel) -> dict:
     """Variables holding an object of a class that writes files (``logger_test =
-    Logger(path, title=title)``, :func:`dp2ddp.model.writers.writing_class`), every
+    Logger(path, title=title)``, :func:`dp2ddp.model.writing_classes.writing_class`), every
     assignment of which makes one and every use of which rank 0 alone can run (method calls
     as statements): made on rank 0 only, like a SummaryWriter. var key -> its creations.
     One used as a value stays on every rank, as before."""

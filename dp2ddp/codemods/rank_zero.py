@@ -37,7 +37,8 @@ from dp2ddp.model.names import DUMPS, PRINT
 from dp2ddp.model.rank_alike import per_process_path
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
 from dp2ddp.model.syntax import COMPREHENSIONS, kwarg
-from dp2ddp.model.writers import console_helper, open_mode, writer_of, writers, writes_mode
+from dp2ddp.model.log_helpers import console_helper
+from dp2ddp.model.writers import open_mode, writer_of, writers, writes_mode
 
 NEEDS = (GuardedWriters,)
 

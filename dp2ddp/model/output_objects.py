@@ -8,7 +8,7 @@ call, lose nothing they use. What it changes in an argument (``ordered_dict[key]
 value.item()``) is the caller's, so the script must not read that argument after the call
 (the dict is made anew each pass before it is read: :func:`_dropped_after`).
 :func:`output_only_call` says whether a call of a project method is such a call; the writers
-fact (:func:`dp2ddp.model.writers.companion_writes`) then lets it run on rank 0 alone.
+fact (:func:`dp2ddp.model.companion_writes.companion_writes`) then lets it run on rank 0 alone.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ from dp2ddp.model.names import LOGGING_FILE, OPEN, SUMMARY_WRITERS
 from dp2ddp.model.project_defs import project_calls, reach_across
 from dp2ddp.model.clock_paths import CLOCK
 from dp2ddp.model.output_objects import trains_in
-from dp2ddp.model.writers import checked_mkdir, lists_in, removes_in, renames_in, writers
+from dp2ddp.model.companion_writes import checked_mkdir, lists_in, removes_in, renames_in
+from dp2ddp.model.writers import writers
 
 # process state the generated code copies from rank 0 to the other ranks
 REPLAYED_CALLS = frozenset({

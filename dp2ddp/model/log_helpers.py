@@ -1,0 +1,156 @@
+"""Project helpers the script calls for its log and terminal output.
+
+:func:`logging_setups`: a call that configures logging to a file and does nothing else;
+:func:`logger_makers`: a function that gives a named logger a file handler and returns it;
+:func:`console_helper`: a function that only writes to the terminal (a progress bar). Under
+DDP every rank would run each; they run on rank 0.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.names import LOGGING_FILE
+from dp2ddp.model.output_objects import every_rank_runs
+from dp2ddp.model.project_defs import project_calls, reach_across
+from dp2ddp.model.writers import writers
+
+
+@dataclass
+class LoggerMaker:
+    """``logger = utils.get_logger(path)``: a project function that gives a named logger a
+    file handler and returns the logger. Run on every rank, each would append the same
+    lines to the one file (and print them)."""
+
+    stmt: ast.Assign  # the script's statement
+    name: str  # the name it binds
+    where: str  # ``utils.py:49``: the file handler
+
+
+def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
+    """Calls, as statements, of a project function that configures logging to a file
+    (``create_logging(logs_dir, filemode='w')``: ``logging.basicConfig(filename=...)`` or a
+    ``FileHandler``, in a folder it makes, under a name it picks from what the folder holds)
+    and writes nothing else, trains nothing, reaches no collective. On every rank they would
+    pick the same file and write it at once; the script's own ``logging.basicConfig`` runs
+    on rank 0, and so do these. ``(call, "path:line")`` of the log file."""
+    got = m.cache.get("logging_setups")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Call, str]] = []
+    for call, (pm, func, rel) in project_calls(m):
+        stmt = m.parent(call)
+        if isinstance(func, ast.ClassDef) or not (isinstance(stmt, ast.Expr) and stmt.value is call):
+            continue
+        where = None
+        for mod, f, path in reach_across(pm, func, rel):
+            if every_rank_runs(mod, f):
+                where = None
+                break
+            kinds = [w for w in writers(mod) if mod.contains(f, w.call) and w.kind not in ("print", "tqdm")]
+            if any(w.kind not in ("logconfig", "logfile", "mkdir") for w in kinds):
+                where = None
+                break
+            log = next((w for w in kinds if w.kind in ("logconfig", "logfile")), None)
+            if log is not None and where is None:
+                where = f"{path}:{log.call.lineno}"
+        if where is not None:
+            out.append((call, where))
+    m.cache["logging_setups"] = out
+    return out
+
+
+def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
+    got = m.cache.get("logger_makers")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[LoggerMaker] = []
+    for call, (pm, func, rel) in project_calls(m):
+        stmt = m.parent(call)
+        if (isinstance(func, ast.ClassDef) or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1
+                or not isinstance(stmt.targets[0], ast.Name)):
+            continue
+        handler = next((w for w in writers(pm) if w.kind == "logfile" and pm.contains(func, w.call)
+                        and pm.is_name(w.call.func, LOGGING_FILE)), None)
+        if handler is not None and _returns_a_logger(pm, func):
+            out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}"))
+    m.cache["logger_makers"] = out
+    return out
+
+
+def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
+    """Every ``return`` of ``func`` gives a name bound only to ``logging.getLogger(...)``."""
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    returns = [r for r in ast.walk(func) if isinstance(r, ast.Return) and pm.enclosing_function(r) is func]
+    if not isinstance(func, FUNCTIONS) or not returns:
+        return False
+    for r in returns:
+        if not isinstance(r.value, ast.Name):
+            return False
+        bindings = pm.bindings_of(r.value)
+        if not bindings or not all(b.kind == "assign" and isinstance(b.value, ast.Call)
+                                   and pm.is_name(b.value.func, {"logging.getLogger"}) for b in bindings):
+            return False
+    return True
+
+
+# what a console helper may call: output to the terminal, clocks, arithmetic and strings
+_CONSOLE_SAFE = frozenset({
+    "builtins.print", "builtins.int", "builtins.float", "builtins.str", "builtins.len", "builtins.range",
+    "builtins.round", "builtins.abs", "builtins.min", "builtins.max", "builtins.divmod", "builtins.format",
+    "builtins.isinstance", "builtins.sum", "sys.stdout.write", "sys.stdout.flush", "sys.stderr.write",
+    "sys.stderr.flush", "time.time", "time.perf_counter", "time.monotonic", "time.strftime", "time.localtime",
+    "math.floor", "math.ceil",
+})
+_CONSOLE_OUT = frozenset({"builtins.print", "sys.stdout.write", "sys.stderr.write"})
+# methods of the strings and lists such a helper builds
+_STRING_METHODS = frozenset({"append", "join", "format", "strip", "ljust", "rjust", "center", "split", "replace",
+                             "extend", "upper", "lower", "zfill"})
+
+
+def console_helper(m: SemanticModel, call: ast.Call) -> Optional[str]:
+    """``progress_bar(batch_idx, len(loader), msg)`` (kuangliu's utils): a call of a function
+    of this module or the project that only writes to the terminal: everything it runs (in
+    its module and the project modules it calls) is a print, ``sys.stdout.write``/``flush``,
+    a clock, arithmetic or string building, and it returns no value. Its name, or ``None``.
+    Under DDP every rank would draw it; like a print it runs on rank 0 (the display state it
+    keeps in module globals is its own)."""
+    from dp2ddp.model.project_defs import project_def
+
+    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    if found is not None:
+        pm, func, rel = found
+    else:
+        func = m.resolve_call(call)
+        pm, rel = m, m.path
+    if not isinstance(func, ast.FunctionDef) or any(
+            isinstance(n, ast.Return) and n.value is not None or isinstance(n, (ast.Yield, ast.YieldFrom))
+            for n in ast.walk(func)):
+        return None
+    reached = reach_across(pm, func, rel)
+    if not reached:
+        return None
+    defs = {(id(mod), id(f)) for mod, f, _ in reached}
+    out = False
+    for mod, f, _ in reached:
+        for n in ast.walk(f):
+            if not isinstance(n, ast.Call):
+                continue
+            names = mod.qualified_names(n.func)
+            if names and names <= _CONSOLE_SAFE:
+                out = out or bool(names & _CONSOLE_OUT)
+                continue
+            target = mod.resolve_call(n)
+            if target is not None and (id(mod), id(target)) in defs:
+                continue
+            there = project_def(mod, n.func) if isinstance(n.func, (ast.Name, ast.Attribute)) else None
+            if there is not None and any(there[0].path == md.path and there[1] is fd for md, fd, _ in reached):
+                continue
+            if isinstance(n.func, ast.Attribute) and n.func.attr in _STRING_METHODS and all("<locals>" in q for q in names):
+                continue  # ``L.append(...)``, ``''.join(L)`` on what it builds
+            return None
+    return func.name if out else None
