@@ -17,7 +17,7 @@ from dp2ddp.model.syntax import FUNCTIONS, kwarg, summing_keyword
 from dp2ddp.model.training import under_no_grad
 
 if TYPE_CHECKING:
-    from dp2ddp.model.losses import Division
+    from dp2ddp.model.loss_terms import Division
 
 
 # torch.nn losses whose mean is over the targets that are not ``ignore_index``
@@ -59,13 +59,14 @@ def count_means(m: SemanticModel) -> List[CountMean]:
 
 def _divisions(m: SemanticModel) -> List["Division"]:
     """The divisions of the losses training backward passes differentiate by their batch's
-    size or a count of it (:func:`dp2ddp.model.losses.loss_divisions`: a division inside a
+    size or a count of it (:func:`dp2ddp.model.loss_terms.loss_divisions`: a division inside a
     term, such as logits divided by a count, is not the loss's normaliser), outside a
     module's ``forward`` and ``torch.no_grad()``; each once."""
     got = m.cache.get("losses:divisions")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.losses import loss_divisions, trains_parameters
+    from dp2ddp.model.loss_terms import loss_divisions
+    from dp2ddp.model.losses import trains_parameters
     from dp2ddp.model.steps import backward_calls, differentiated
 
     out = []
@@ -105,7 +106,7 @@ def batch_means(m: SemanticModel) -> List[BatchMean]:
     got = m.cache.get("losses:batch-means")
     if got is not None:
         return got  # type: ignore[return-value]
-    from dp2ddp.model.losses import batch_size_of
+    from dp2ddp.model.loss_terms import batch_size_of
 
     kinds = _mean_or_sum_uses(m)
     out: List[BatchMean] = []
