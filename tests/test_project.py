@@ -1756,3 +1756,45 @@ def test_a_save_method_inherited_from_a_base_class_of_another_module_runs_on_ran
     assert main(["rewrite", str(d / "train.py")]) == 0, capsys.readouterr().err
     out = (d / "train_ddp.py").read_text()
     assert re.search(r"if dist\.get_rank\(\) == 0:\n\s+saver\.save\(epoch\)", out), out
+
+
+@pytest.mark.parametrize("tail, migrates", [
+    ("", True),
+    ("    if os.path.isfile(os.path.join(args.checkpoint, 'last.pth')):\n        print('resuming')\n", False),
+], ids=["clock-folder-made-by-a-project-mkdir_p", "looked-for-after-refused"])
+def test_a_clock_named_folder_a_project_mkdir_p_makes_takes_rank_0s_name(tmp_path: Path, capsys, tail: str, migrates: bool) -> None:
+    """A point-cloud trainer's shape: ``args.checkpoint`` is named from ``time_str`` (the
+    clock) and made by the project's ``mkdir_p`` (``try: os.makedirs(p)`` / ``except OSError
+    as exc: if exc.errno == errno.EEXIST and os.path.isdir(p): pass`` / ``else: raise``: as
+    idempotent as ``exist_ok=True``). Every rank would name it by its own clock: the clock
+    read takes rank 0's value. Where the script then looks for a file in it, one name could
+    let a rank find what another made: refused (DDP110) naming that line."""
+    d = tmp_path / "proj"
+    (d / "utils").mkdir(parents=True)
+    (d / "utils" / "__init__.py").write_text("from .misc import mkdir_p\n")
+    (d / "utils" / "misc.py").write_text(
+        "import errno\nimport os\n\n\ndef mkdir_p(path):\n    try:\n        os.makedirs(path)\n    except OSError as exc:\n"
+        "        if exc.errno == errno.EEXIST and os.path.isdir(path):\n            pass\n        else:\n            raise\n")
+    (d / "train.py").write_text(
+        "import argparse\nimport datetime\nimport os\n\nimport torch\nimport torch.nn as nn\n\nfrom utils import mkdir_p\n\n\n"
+        "def main():\n    args = argparse.ArgumentParser().parse_args()\n"
+        "    time_str = str(datetime.datetime.now().strftime('-%Y%m%d%H%M%S'))\n"
+        "    args.checkpoint = 'checkpoints/net' + time_str\n    if not os.path.isdir(args.checkpoint):\n"
+        "        mkdir_p(args.checkpoint)\n" + tail +
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for epoch in range(2):\n        for x, y in loader:\n            loss = nn.functional.mse_loss(model(x), y)\n"
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n"
+        "    torch.save(model.state_dict(), os.path.join(args.checkpoint, 'last.pth'))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    code = main(["rewrite", str(d / "train.py")])
+    err = capsys.readouterr().err
+    if migrates:
+        assert code == 0, err
+        out = (d / "train_ddp.py").read_text()
+        assert "time_str = rank_zero_value(str(datetime.datetime.now().strftime('-%Y%m%d%H%M%S')))" in out, out
+        assert "        mkdir_p(args.checkpoint)\n" in out and "barrier" not in out.split("def main")[1], out
+    else:
+        assert code == 1
+        assert re.search(r"train\.py:16:9: DDP110 the folder `args\.checkpoint` is named by the clock .* line 17 looks for it", err), err

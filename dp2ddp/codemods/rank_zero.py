@@ -21,7 +21,7 @@ the process group exists.
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import libcst as cst
 
@@ -295,7 +295,7 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     first = None
     blocked = []
     clocked: List[Finding] = []
-    for w in writers(m):
+    for w in writers(m) + _project_mkdirs(m):
         if w.kind != "mkdir" or rank_guarded(m, w.call):
             continue
         clock = _clock_named(m, w.path)
@@ -312,8 +312,8 @@ def _mkdirs(ctx: Context) -> List[Finding]:
                 clocked.append(ctx.note(clock, "DDP132", (
                     f"the folder `{m.source(w.path)}` is named by the clock (line {clock.lineno}): every rank takes rank 0's "
                     f"name ({ctx.rank_zero_value()}), so the ranks make and use one folder"), [wrap]))
-        if w.idempotent:
-            continue
+        if w.idempotent or isinstance(w, _ProjectMkdir):
+            continue  # a project function's folder: rank_writers orders the ranks around its call
         call = w.call
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
             continue
@@ -337,6 +337,31 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     return clocked + [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
 
 
+class _ProjectMkdir(NamedTuple):
+    """A call of a project function that makes a folder (``mkdir_p(args.checkpoint)``), with
+    the argument that names it, read as a script's mkdir is for the clock."""
+
+    call: ast.Call
+    path: ast.AST
+    kind: str = "mkdir"
+    idempotent: bool = False
+
+
+def _project_mkdirs(m: SemanticModel) -> List[_ProjectMkdir]:
+    """The script's calls of project functions that make a folder (in what they run, three
+    modules deep), once per argument that may name it: a folder named by the clock in the
+    script (``time_str`` in ``args.checkpoint``) is one every rank names by its own clock."""
+    from dp2ddp.model.project_defs import project_calls, reach_across
+
+    out = []
+    for call, (pm, node, rel) in project_calls(m):
+        if any(w.kind == "mkdir" and mod.contains(owner, w.call) for mod, owner, _ in reach_across(pm, node, rel)
+               for w in writers(mod)):
+            out.extend(_ProjectMkdir(call, a) for a in [*call.args, *(k.value for k in call.keywords)]
+                       if not isinstance(a, ast.Starred))
+    return out
+
+
 _EXISTS = frozenset({"os.path.exists", "os.path.isdir", "os.path.isfile", "os.path.lexists", "os.listdir", "os.scandir",
                      "glob.glob"})
 
@@ -346,7 +371,7 @@ def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
     ``Path(d).exists()``, a listing) other than as the test of an ``if`` that only makes the
     folder (``if not os.path.isdir(d): os.makedirs(d)``): with one name for every rank, a
     rank would find the folder another rank made, and take the other branch."""
-    mkdirs = {id(w.call) for w in writers(m) if w.kind == "mkdir"}
+    mkdirs = {id(w.call) for w in writers(m) + _project_mkdirs(m) if w.kind == "mkdir"}
     for call in m.nodes(ast.Call):
         f = call.func
         looks = m.is_name(f, _EXISTS) or (isinstance(f, ast.Attribute) and f.attr in ("exists", "is_dir", "iterdir", "glob"))
@@ -382,8 +407,8 @@ def _clock_made_alike(ctx: Context, clock: ast.Call):
                       "there would not pair up)")
     looked = _looked_for(m, clock)
     if looked is not None:
-        return None, (f"line {looked.lineno} looks for it (`{m.source(looked)}`): with one name, a rank would find the "
-                      "folder another rank made and take the other branch")
+        return None, (f"line {looked.lineno} looks for it (`{m.source(looked)}`): with one name, a rank could find what "
+                      "another rank made there and take the other branch")
     if any(m.statement_of(b.node) is stmt for c in clock_named_reads(m) for b in m.bindings_of(c.name)):
         return True, None
     helper = ctx.rank_zero_value()
@@ -398,9 +423,17 @@ def _clock_named(m: SemanticModel, path: Optional[ast.AST]) -> Optional[ast.Call
 
     if path is None:
         return None
-    made = [path] + [node for node, _ in origins(m, path)]
-    for n in list(made):
-        made += [node for name in ast.walk(n) if isinstance(name, ast.Name) and name is not n for node, _ in origins(m, name)]
+    made, seen, todo = [], set(), [(path, 0)]
+    while todo:  # what made the path, and what made the names and attributes it reads, four steps back
+        e, depth = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        made.append(e)
+        if depth < 4:
+            todo.extend((node, depth + 1) for node, _ in origins(m, e) if node is not e)
+            todo.extend((x, depth + 1) for x in ast.walk(e) if x is not e and isinstance(x, (ast.Name, ast.Attribute))
+                        and isinstance(x.ctx, ast.Load))
     for e in made:
         for c in ast.walk(e):
             if isinstance(c, ast.Call) and m.is_name(c.func, CLOCK):

@@ -193,13 +193,20 @@ def exists_dropped(m: SemanticModel, call: ast.Call) -> bool:
 
 def _drops_exists(st: ast.stmt) -> bool:
     """A handler's statement that drops a ``FileExistsError``: ``pass``, a docstring-like
-    constant, or ``if e.errno != errno.EEXIST: raise`` (re-raising the others)."""
+    constant, ``if e.errno != errno.EEXIST: raise`` (re-raising the others), or its mirror
+    ``if e.errno == errno.EEXIST and os.path.isdir(path): pass`` / ``else: raise``
+    (the ``mkdir_p`` of many training repositories)."""
     if isinstance(st, ast.Pass) or (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant)):
         return True
     if isinstance(st, ast.If) and not st.orelse and all(isinstance(b, ast.Raise) for b in st.body):
         t = st.test
         return (isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.NotEq, ast.IsNot))
                 and "EEXIST" in ast.unparse(t))
+    if (isinstance(st, ast.If) and st.orelse and all(isinstance(b, ast.Pass) for b in st.body)
+            and all(isinstance(b, ast.Raise) for b in st.orelse)):
+        tests = st.test.values if isinstance(st.test, ast.BoolOp) and isinstance(st.test.op, ast.And) else [st.test]
+        return any(isinstance(t, ast.Compare) and len(t.ops) == 1 and isinstance(t.ops[0], (ast.Eq, ast.Is))
+                   and "EEXIST" in ast.unparse(t) for t in tests)
     return False
 
 
