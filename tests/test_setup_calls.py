@@ -104,3 +104,16 @@ def test_a_result_that_cannot_be_pickled_stops_every_rank_with_the_reason(tmp_pa
     assert r.stdout.count("dp2ddp: setup() ran on rank 0 only (it makes the run's folder) and its result must reach the "
                           "other ranks, but it cannot be pickled") >= 1, r.stdout[-3000:]
     assert "Timeout" not in r.stdout
+
+
+@pytest.mark.torchrun
+def test_a_folder_named_by_the_clock_in_args_is_made_once(tmp_path: Path) -> None:
+    """`args.save = "eval-{}-{}".format(args.save, time.strftime(...))`, then a project helper
+    that makes it without exist_ok: under torchrun (2 ranks) one experiment folder, whose log
+    has each epoch once and whose scripts were copied once."""
+    d = _place(tmp_path, "setup_call_folder_named_by_the_clock_in_args")
+    r = retry_exit_abort(lambda: run_torchrun(d / "train_ddp.py", d), "clock_in_args")
+    assert r.returncode == 0, r.stdout[-3000:]
+    (folder,) = list(d.glob("eval-EXP-*"))
+    assert {p.name for p in folder.iterdir()} == {"log.txt", "scripts", "weights.pt"}
+    assert (folder / "log.txt").read_text().count("epoch 1 loss") == 1

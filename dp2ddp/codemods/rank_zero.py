@@ -386,6 +386,20 @@ def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
     return None
 
 
+def _bound_only_here(m: SemanticModel, target: ast.AST) -> bool:
+    """``target`` (an assignment's) is a name bound nowhere else, or an attribute of a
+    namespace (``args.save = ...``, not ``self``) that the module stores nowhere else."""
+    if isinstance(target, ast.Name):
+        return len(m.bindings_of(target)) == 1
+    if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id != "self"):
+        return False
+    owner = m.bindings_of(target.value)
+    stores = [t for n in m.nodes(ast.Assign, ast.AugAssign) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+              if isinstance(t, ast.Attribute) and t.attr == target.attr and isinstance(t.value, ast.Name)
+              and t.value.id == target.value.id and m.bindings_of(t.value) == owner]
+    return bool(owner) and len(stores) == 1
+
+
 def _clock_made_alike(ctx: Context, clock: ast.Call):
     """The edit that makes the clock read a folder is named from rank 0's on every rank:
     ``stamp = rank_zero_value(datetime.now().strftime(...))``, one broadcast, where the read
@@ -399,8 +413,8 @@ def _clock_made_alike(ctx: Context, clock: ast.Call):
     m = ctx.m
     stmt = m.statement_of(clock)
     line = stmt.lineno if stmt is not None else clock.lineno
-    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
-            and len(m.bindings_of(stmt.targets[0])) == 1 and ctx.bridge.alone_on_line(stmt)):
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and _bound_only_here(m, stmt.targets[0])
+            and ctx.bridge.alone_on_line(stmt)):
         return None, f"the clock is read at line {line} in no assignment of one name bound only there"
     if not ctx.in_setup_region(stmt) or rank_guarded(m, stmt) or not same_passes(m, stmt):
         return None, (f"line {line} does not run alike on every rank after the process group is set up (a broadcast "
