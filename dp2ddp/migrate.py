@@ -260,6 +260,8 @@ def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options
 # what a project module migrated with its entry leaves to the entry: the process group, and
 # the rank's device (``torch.cuda.set_device(local_rank)``, which covers every module of the process)
 _ENTRY_FACTS = frozenset({"DDP006", "DDP008"})
+# a --local_rank flag the migration keeps at its default on purpose (dp2ddp.codemods.local_rank_flag)
+_KEPT_ON_PURPOSE = frozenset({"DDP011"})
 
 
 def own_check(out: bytes, path: str, data: bytes, role: str = "script") -> Optional[Finding]:
@@ -272,7 +274,7 @@ def own_check(out: bytes, path: str, data: bytes, role: str = "script") -> Optio
     from dp2ddp.check.analyze import candidates, check_source
     from dp2ddp.rules import RULES
 
-    skip = _ENTRY_FACTS if role == "helper" else frozenset()
+    skip = (_ENTRY_FACTS if role == "helper" else frozenset()) | _KEPT_ON_PURPOSE
     rules = candidates(out, tuple(r.code for r in RULES if r.default and r.code not in skip))
     if not rules:
         return None

@@ -1798,3 +1798,52 @@ def test_a_clock_named_folder_a_project_mkdir_p_makes_takes_rank_0s_name(tmp_pat
     else:
         assert code == 1
         assert re.search(r"train\.py:16:9: DDP110 the folder `args\.checkpoint` is named by the clock .* line 17 looks for it", err), err
+
+
+def test_a_mixed_scripts_batch_divided_by_accumulation_steps_is_still_the_global_batch(tmp_path: Path, capsys) -> None:
+    """BERT-NER's shape: ``args.train_batch_size = args.train_batch_size //
+    args.gradient_accumulation_steps`` is no division by the world size; the script's own
+    DistributedSampler path reads it per process, so under torchrun the global batch doubled
+    (verify: 8 samples in the original, 16 over the ranks). Refused (DDP152) where dp2ddp
+    cannot divide it, never read as the script's own answer."""
+    (tmp_path / "train.py").write_text(
+        "import argparse\n\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, RandomSampler, TensorDataset\n"
+        "from torch.utils.data.distributed import DistributedSampler\n\n\ndef main():\n    parser = argparse.ArgumentParser()\n"
+        "    parser.add_argument('--local_rank', type=int, default=-1)\n    parser.add_argument('--train_batch_size', type=int, default=8)\n"
+        "    parser.add_argument('--gradient_accumulation_steps', type=int, default=1)\n    args = parser.parse_args()\n"
+        "    if args.local_rank == -1:\n        n_gpu = torch.cuda.device_count()\n    else:\n"
+        "        torch.distributed.init_process_group(backend='gloo')\n        n_gpu = 1\n"
+        "    args.train_batch_size = args.train_batch_size // args.gradient_accumulation_steps\n"
+        "    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    sampler = RandomSampler(data) if args.local_rank == -1 else DistributedSampler(data)\n"
+        "    loader = DataLoader(data, sampler=sampler, batch_size=args.train_batch_size)\n"
+        "    model = nn.Linear(4, 1)\n    if args.local_rank != -1:\n"
+        "        model = torch.nn.parallel.DistributedDataParallel(model)\n    elif n_gpu > 1:\n"
+        "        model = torch.nn.DataParallel(model)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for x, y in loader:\n        loss = nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n\n\nif __name__ == '__main__':\n    main()\n")
+    code = main(["rewrite", str(tmp_path / "train.py")])
+    err = capsys.readouterr().err
+    assert code == 1 and re.search(r"DDP152 loader reads `batch_size=args\.train_batch_size` per process", err), err
+
+
+def test_a_summary_writer_whose_folder_is_read_from_it_is_refused(tmp_path: Path, capsys) -> None:
+    """pytorch-semseg's shape: the writer is handed on as a value (so a stand-in would stand on
+    the other ranks), and the checkpoint path is read from it (``writer.file_writer.get_logdir()``)
+    on every rank: the stand-in cannot give it (rank 1 crashed at the first validation).
+    Refused (DDP110) naming the read."""
+    (tmp_path / "train.py").write_text(
+        "import os\n\nimport torch\nimport torch.nn as nn\nfrom torch.utils.tensorboard import SummaryWriter\n\n\n"
+        "def log(writer, value, i):\n    writer.add_scalar('loss', value, i)\n\n\n"
+        "def main():\n    writer = SummaryWriter('runs/x')\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for i, (x, y) in enumerate(loader):\n        loss = nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n"
+        "        loss.backward()\n        opt.step()\n        log(writer, loss.item(), i)\n"
+        "    path = os.path.join(writer.file_writer.get_logdir(), 'best.pkl')\n    torch.save(model.state_dict(), path)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    code = main(["rewrite", str(tmp_path / "train.py")])
+    err = capsys.readouterr().err
+    assert code == 1 and re.search(r"train\.py:24:\d+: DDP110 SummaryWriter left on every rank .* reads its state "
+                                   r"\(`writer\.file_writer`\)", err), err

@@ -491,6 +491,20 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
                     [InsertBefore(line, (before,)), InsertAfter(line, (after, together))])
 
 
+def _writer_state_read(m: SemanticModel, call: ast.Call) -> Optional[ast.Attribute]:
+    """The first read of something other than a writing method (``add_*``, ``flush``,
+    ``close``) of the SummaryWriter ``call`` makes: ``writer.file_writer.get_logdir()``,
+    ``writer.log_dir``."""
+    from dp2ddp.model.flow import origins
+
+    for a in m.nodes(ast.Attribute):
+        if (isinstance(a.ctx, ast.Load) and not a.attr.startswith("add_") and a.attr not in ("flush", "close")
+                and isinstance(a.value, (ast.Name, ast.Attribute, ast.Subscript))
+                and any(node is call for node, path in origins(m, a.value) if not path)):
+            return a  # type: ignore[return-value]
+    return None
+
+
 def _what(w: Writer) -> str:
     return {"tensorboard": "a SummaryWriter", "wandb": "a wandb run", "tqdm": "a tqdm bar", "logfile": "a log file", "open": "a file opened for writing"}[w.kind]
 
@@ -503,6 +517,12 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
     rank0 = ctx.env_rank0() if early else ctx.rank0()
     if w.kind == "tensorboard":
         named = m.qualified_names(call.func) & SUMMARY_WRITERS
+        read = _writer_state_read(m, call) if problem is not None and named else None
+        if read is not None:
+            return ctx.block(read, "DDP110", (
+                f"SummaryWriter left on every rank (one event file per rank): {problem}, and line {read.lineno} reads "
+                f"its state (`{m.source(read)}`), which a stand-in on the other ranks cannot give; read the folder "
+                "from the value the writer was made with, then migrate"))
         if problem is not None and named:
             # its uses cannot all be guarded (kept in a dict, handed on as a value): on the other
             # ranks a stand-in whose writing methods do nothing (and anything else stops loudly)

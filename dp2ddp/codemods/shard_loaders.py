@@ -32,6 +32,7 @@ refused.
 from __future__ import annotations
 
 import ast
+import re
 from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
@@ -615,7 +616,9 @@ def _batch_never_divided(m, value: Optional[ast.AST], on: Dict[int, str]) -> Opt
     when no statement of the script scales that value on every path of its function: HF's
     ``train_batch_size = per_gpu_train_batch_size * max(1, n_gpu)`` is the script's own
     answer; imagenet's ``args.batch_size = int(args.batch_size / ngpus_per_node)`` under
-    ``if args.gpu is not None:`` is not (torchrun leaves ``--gpu`` unset)."""
+    ``if args.gpu is not None:`` is not (torchrun leaves ``--gpu`` unset); nor is a division
+    by anything but a count of processes or GPUs (BERT-NER's ``args.train_batch_size //
+    args.gradient_accumulation_steps`` is still the global batch of a micro-step)."""
     if value is None or not isinstance(value, (ast.Name, ast.Attribute)):
         return None
     text = m.source(value)
@@ -625,11 +628,22 @@ def _batch_never_divided(m, value: Optional[ast.AST], on: Dict[int, str]) -> Opt
             continue
         if _conditional(m, node, on):
             continue  # scaled on one path only (imagenet's `if args.gpu is not None:`): not proven
-        if isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mult)):
+        if (isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mult))
+                and _counts_processes(m, node.value)):
             return None
-        if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult)) for b in ast.walk(node.value)):
+        if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult))
+                                                and _counts_processes(m, b) for b in ast.walk(node.value)):
             return None
     return value
+
+
+_PROCESS_COUNTS = re.compile(r"world_size|n_?gpu|ngpus|num_gpus|nprocs|device_count|gpus_per_node|nproc|gpu_ids|len\(.*gpu")
+
+
+def _counts_processes(m, e: ast.AST) -> bool:
+    """``e`` reads a count of processes or GPUs (``n_gpu``, ``ngpus_per_node``,
+    ``dist.get_world_size()``, ``len(args.gpu_ids)``): a scaling of the batch by them."""
+    return bool(_PROCESS_COUNTS.search(m.source(e)))
 
 
 def _divide(ctx: Context, label: str, value: ast.AST, division: Division) -> Finding:
