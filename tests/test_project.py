@@ -1847,3 +1847,32 @@ def test_a_summary_writer_whose_folder_is_read_from_it_is_refused(tmp_path: Path
     err = capsys.readouterr().err
     assert code == 1 and re.search(r"train\.py:24:\d+: DDP110 SummaryWriter left on every rank .* reads its state "
                                    r"\(`writer\.file_writer`\)", err), err
+
+
+def test_the_model_handed_to_a_trainer_picked_from_a_dict_is_refused(tmp_path: Path, capsys) -> None:
+    """mdistiller's shape: ``trainer_dict[cfg.trainer](name, distiller, train_loader, val_loader,
+    cfg)`` with the trainer classes in a project dict; the script itself has no backward pass.
+    The migration was written with exit 0: the loader unsharded, every rank logging and
+    saving in the trainer. Refused (DDP105): dp2ddp cannot tell what the call runs."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    (d / "engine.py").write_text(
+        "import torch\n\n\nclass BaseTrainer:\n    def __init__(self, name, model, train_loader, cfg):\n"
+        "        self.model, self.loader = model, train_loader\n"
+        "        self.opt = torch.optim.SGD(model.parameters(), lr=0.1)\n\n    def train(self):\n"
+        "        for x, y in self.loader:\n            loss = torch.nn.functional.mse_loss(self.model(x), y)\n"
+        "            self.opt.zero_grad()\n            loss.backward()\n            self.opt.step()\n"
+        "        torch.save(self.model.state_dict(), 'latest')\n\n\ntrainer_dict = {'base': BaseTrainer}\n")
+    (d / "train.py").write_text(
+        "import sys\n\nimport torch\nimport torch.nn as nn\n\nfrom engine import trainer_dict\n\n\ndef main():\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))\n"
+        "    train_loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = nn.DataParallel(nn.Linear(4, 1))\n"
+        "    trainer = trainer_dict[sys.argv[1]]('exp', model, train_loader, {})\n    trainer.train()\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    before = (d / "train.py").read_bytes()
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"train\.py:13:15: DDP105 `trainer_dict\[sys\.argv\[1\]\]\(\.\.\.\)` is handed the model, and dp2ddp "
+                     r"cannot tell what it runs", err), err
+    assert (d / "train.py").read_bytes() == before

@@ -468,10 +468,14 @@ def _handed_trainers(ctx: Context, sharded_calls: set, sharded_names: set) -> Li
     edit, with no loader this migration shards handed in beside it: refused, every rank
     would train on all of that data."""
     from dp2ddp.model.flow import origins
-    from dp2ddp.model.foreign_training import handed_trainers
+    from dp2ddp.model.foreign_training import handed_trainers, unfollowed_trainers
 
     m = ctx.m
-    out: List[Finding] = []
+    out: List[Finding] = [ctx.block(c, "DDP105", (
+        f"`{m.source(c.func)}(...)` is handed the model, and dp2ddp cannot tell what it runs (a callee picked at run "
+        "time); this script has no backward pass of its own, so that code trains the model, on loaders and with writes "
+        "dp2ddp cannot see: every rank could train on all of the data and write the same files; call the trainer by its "
+        "name (a class of the project), then migrate")) for c in unfollowed_trainers(m)]
     for h in handed_trainers(m):
         if ctx.migrated_with(h.module):
             continue

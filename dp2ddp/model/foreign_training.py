@@ -149,3 +149,30 @@ def _class_functions(pm: SemanticModel, cls: ast.ClassDef, rel: str, depth: int)
         if found is not None and isinstance(found[1], ast.ClassDef):
             out.extend(_class_functions(found[0], found[1], path_of(found, pm, rel), depth + 1))
     return out
+
+
+def unfollowed_trainers(m: SemanticModel) -> List[ast.Call]:
+    """Calls handed the DataParallel model whose callee is picked at run time (a class picked
+    from a dict: ``trainer_dict[cfg.SOLVER.TRAINER](name, distiller, train_loader, ...)``, or
+    returned by a call: ``get_trainer(cfg)(...)``), in
+    a script with no backward pass of its own: the training happens in that callee, and
+    whether its loaders are sharded, its writes made once, cannot be told."""
+    from dp2ddp.model.project_defs import class_of_call
+    from dp2ddp.model.steps import backward_calls
+    from dp2ddp.model.uses import dp_wrapper_uses
+
+    if backward_calls(m):
+        return []
+    out: List[ast.Call] = []
+    for u in dp_wrapper_uses(m):
+        call = m.parent(u.node)
+        if isinstance(call, ast.keyword):
+            call = m.parent(call)
+        if not isinstance(call, ast.Call) or call.func is u.node or call in out:
+            continue
+        if not (any(a is u.node for a in call.args) or any(k.value is u.node for k in call.keywords)):
+            continue
+        if not isinstance(call.func, (ast.Subscript, ast.Call)) or class_of_call(m, call) is not None:
+            continue  # a callee named in the code (a method of an object: read where it is known)
+        out.append(call)
+    return out
