@@ -17,20 +17,21 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import libcst as cst
+
 from dp2ddp.codemods.context import Context, add_kwarg
 from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.ranks import local_rank_arguments
 from dp2ddp.model.syntax import kwarg
 
 _NOTE = "--local_rank defaults to torchrun's LOCAL_RANK"
-
-
 _KEPT = "# noqa: DDP011 (dp2ddp: kept at its default, as the original ran; the set-up reads LOCAL_RANK)"
 
 
 def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "mixed":
-        return [f for f in map(lambda a: _kept(ctx, a[0]), local_rank_arguments(ctx.m)) if f is not None]
+        kept = (_kept(ctx, call) for call, _flag, _env in local_rank_arguments(ctx.m))
+        return [f for f in kept if f is not None]
     out: List[Finding] = []
     for call, _flag, from_torchrun in local_rank_arguments(ctx.m):
         if from_torchrun:
@@ -49,8 +50,6 @@ def propose(ctx: Context) -> List[Finding]:
 def _kept(ctx: Context, call) -> Optional[Finding]:
     """The flag's statement, on one line with no comment of its own, says why it keeps its
     default (a ``# noqa: DDP011`` with the reason): `check` then agrees with the migration."""
-    import libcst as cst
-
     stmt = ctx.m.statement_of(call)
     if stmt is None or stmt.lineno != stmt.end_lineno or not ctx.bridge.alone_on_line(stmt):
         return None

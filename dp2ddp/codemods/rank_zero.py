@@ -21,7 +21,7 @@ the process group exists.
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import libcst as cst
 
@@ -295,25 +295,32 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     first = None
     blocked = []
     clocked: List[Finding] = []
-    for w in writers(m) + _project_mkdirs(m):
-        if w.kind != "mkdir" or rank_guarded(m, w.call):
+
+    def named_alike(call: ast.Call, path: Optional[ast.AST]) -> bool:
+        """A folder named by the clock takes rank 0's name (else refused: False)."""
+        clock = _clock_named(m, path)
+        if clock is None:
+            return True
+        wrap, why = _clock_made_alike(ctx, clock)
+        if wrap is None:
+            blocked.append(ctx.block(call, "DDP110", (
+                f"the folder `{m.source(path)}` is named by the clock (`{m.source(clock)}`, line {clock.lineno}): each "
+                "rank would read its own time and make a folder of its own, or find another rank's under the same name; "
+                f"dp2ddp cannot give every rank rank 0's name: {why}; make the name on rank 0 and send it to the others "
+                "(dist.broadcast_object_list), then migrate")))
+            return False
+        if wrap is not True and not any(f.node is clock for f in clocked):
+            clocked.append(ctx.note(clock, "DDP132", (
+                f"the folder `{m.source(path)}` is named by the clock (line {clock.lineno}): every rank takes rank 0's "
+                f"name ({ctx.rank_zero_value()}), so the ranks make and use one folder"), [wrap]))
+        return True
+
+    for call, path in _project_mkdirs(m):  # a project function's folder: rank_writers orders the ranks around its call
+        if not rank_guarded(m, call):
+            named_alike(call, path)
+    for w in writers(m):
+        if w.kind != "mkdir" or rank_guarded(m, w.call) or not named_alike(w.call, w.path) or w.idempotent:
             continue
-        clock = _clock_named(m, w.path)
-        if clock is not None:
-            wrap, why = _clock_made_alike(ctx, clock)
-            if wrap is None:
-                blocked.append(ctx.block(w.call, "DDP110", (
-                    f"the folder `{m.source(w.path)}` is named by the clock (`{m.source(clock)}`, line {clock.lineno}): each "
-                    "rank would read its own time and make a folder of its own, or find another rank's under the same name; "
-                    f"dp2ddp cannot give every rank rank 0's name: {why}; make the name on rank 0 and send it to the others "
-                    "(dist.broadcast_object_list), then migrate")))
-                continue
-            if wrap is not True and not any(f.node is clock for f in clocked):
-                clocked.append(ctx.note(clock, "DDP132", (
-                    f"the folder `{m.source(w.path)}` is named by the clock (line {clock.lineno}): every rank takes rank 0's "
-                    f"name ({ctx.rank_zero_value()}), so the ranks make and use one folder"), [wrap]))
-        if w.idempotent or isinstance(w, _ProjectMkdir):
-            continue  # a project function's folder: rank_writers orders the ranks around its call
         call = w.call
         if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
             continue
@@ -337,28 +344,18 @@ def _mkdirs(ctx: Context) -> List[Finding]:
     return clocked + [ctx.note(first, "DDP132", "folders are created on every rank with exist_ok=True (no race between ranks)", edits)]
 
 
-class _ProjectMkdir(NamedTuple):
-    """A call of a project function that makes a folder (``mkdir_p(args.checkpoint)``), with
-    the argument that names it, read as a script's mkdir is for the clock."""
-
-    call: ast.Call
-    path: ast.AST
-    kind: str = "mkdir"
-    idempotent: bool = False
-
-
-def _project_mkdirs(m: SemanticModel) -> List[_ProjectMkdir]:
+def _project_mkdirs(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST]]:
     """The script's calls of project functions that make a folder (in what they run, three
-    modules deep), once per argument that may name it: a folder named by the clock in the
-    script (``time_str`` in ``args.checkpoint``) is one every rank names by its own clock."""
+    modules deep: ``mkdir_p(args.checkpoint)``), once per argument that may name it: a folder
+    named by the clock in the script (``time_str`` in ``args.checkpoint``) is one every rank
+    names by its own clock."""
     from dp2ddp.model.project_defs import project_calls, reach_across
 
     out = []
     for call, (pm, node, rel) in project_calls(m):
         if any(w.kind == "mkdir" and mod.contains(owner, w.call) for mod, owner, _ in reach_across(pm, node, rel)
                for w in writers(mod)):
-            out.extend(_ProjectMkdir(call, a) for a in [*call.args, *(k.value for k in call.keywords)]
-                       if not isinstance(a, ast.Starred))
+            out.extend((call, a) for a in [*call.args, *(k.value for k in call.keywords)] if not isinstance(a, ast.Starred))
     return out
 
 
@@ -371,7 +368,7 @@ def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
     ``Path(d).exists()``, a listing) other than as the test of an ``if`` that only makes the
     folder (``if not os.path.isdir(d): os.makedirs(d)``): with one name for every rank, a
     rank would find the folder another rank made, and take the other branch."""
-    mkdirs = {id(w.call) for w in writers(m) + _project_mkdirs(m) if w.kind == "mkdir"}
+    mkdirs = {id(w.call) for w in writers(m) if w.kind == "mkdir"} | {id(call) for call, _ in _project_mkdirs(m)}
     for call in m.nodes(ast.Call):
         f = call.func
         looks = m.is_name(f, _EXISTS) or (isinstance(f, ast.Attribute) and f.attr in ("exists", "is_dir", "iterdir", "glob"))

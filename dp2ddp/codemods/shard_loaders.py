@@ -43,6 +43,7 @@ from dp2ddp.codemods.mixed import MixedPlan
 from dp2ddp.engine import Finding, Guard, InsertAfter, Replace
 from dp2ddp.model.batch_division import Division, division_site
 from dp2ddp.model.batch_shapes import fixed_reshapes
+from dp2ddp.model.dp_idioms import GPU_COUNT, identifiers_in
 from dp2ddp.model.flow import origins
 from dp2ddp.model.held_loaders import held_loader
 from dp2ddp.model.inference import inference_only
@@ -633,21 +634,23 @@ def _batch_never_divided(m, value: Optional[ast.AST], on: Dict[int, str]) -> Opt
         if _conditional(m, node, on):
             continue  # scaled on one path only (imagenet's `if args.gpu is not None:`): not proven
         if (isinstance(node, ast.AugAssign) and isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mult))
-                and _counts_processes(m, node.value)):
+                and _counts_processes(node.value)):
             return None
         if isinstance(node, ast.Assign) and any(isinstance(b, ast.BinOp) and isinstance(b.op, (ast.Div, ast.FloorDiv, ast.Mult))
-                                                and _counts_processes(m, b) for b in ast.walk(node.value)):
+                                                and _counts_processes(b) for b in ast.walk(node.value)):
             return None
     return value
 
 
-_PROCESS_COUNTS = re.compile(r"world_size|n_?gpu|ngpus|num_gpus|nprocs|device_count|gpus_per_node|nproc|gpu_ids|len\(.*gpu")
+# a count per machine, or the list of devices a count is taken of (``len(args.gpu_ids)``)
+_PER_NODE = re.compile(r"gpus?_per_node$|nprocs?$|nproc_per_node$|gpu_?ids$", re.IGNORECASE)
 
 
-def _counts_processes(m, e: ast.AST) -> bool:
+def _counts_processes(e: ast.AST) -> bool:
     """``e`` reads a count of processes or GPUs (``n_gpu``, ``ngpus_per_node``,
-    ``dist.get_world_size()``, ``len(args.gpu_ids)``): a scaling of the batch by them."""
-    return bool(_PROCESS_COUNTS.search(m.source(e)))
+    ``dist.get_world_size()``, ``len(args.gpu_ids)``; the GPU-count words of
+    :data:`dp2ddp.model.dp_idioms.GPU_COUNT`): a scaling of the batch by them."""
+    return any(GPU_COUNT.search(i) or _PER_NODE.search(i) for i in identifiers_in(e))
 
 
 def _divide(ctx: Context, label: str, value: ast.AST, division: Division) -> Finding:

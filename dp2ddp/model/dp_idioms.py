@@ -27,7 +27,8 @@ from dp2ddp.model.syntax import FUNCTIONS
 GPU_COUNT = re.compile(r"n_?gpus?$|num_?gpus?$|gpu_?count$|device_count$|world_size$", re.IGNORECASE)
 
 
-def _identifiers_in(expr: ast.AST):
+def identifiers_in(expr: ast.AST):
+    """Every name, attribute, keyword and parameter name spelled in ``expr``."""
     for n in ast.walk(expr):
         if isinstance(n, ast.Name):
             yield n.id
@@ -72,7 +73,7 @@ def dp_loss_means(m: SemanticModel) -> List[ast.If]:
             for node in m.nodes(ast.If)
             if node.body  # type: ignore[attr-defined]
             and all(_self_mean(s) for s in node.body)  # type: ignore[attr-defined]
-            and any(GPU_COUNT.search(i) for i in _identifiers_in(node.test))  # type: ignore[attr-defined]
+            and any(GPU_COUNT.search(i) for i in identifiers_in(node.test))  # type: ignore[attr-defined]
         ]
         m.cache["wraps:loss-means"] = got
     return got  # type: ignore[return-value]

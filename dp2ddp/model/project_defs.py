@@ -254,12 +254,11 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
     todo = [(pm, node, rel, 0)]
     while todo:
         mod, fn, path, depth = todo.pop()
-        if isinstance(fn, ast.ClassDef):
-            cls, fn = fn, mod.method_of(fn, "__init__")  # its own, or the one it inherits from a class of its module
-            if fn is None and depth < _ACROSS:  # inherited from a class of another project module
-                base = _foreign_base(mod, cls)
-                if base is not None:
-                    todo.append((base[0], base[1], path_of(base, mod, path), depth + 1))
+        if isinstance(fn, ast.ClassDef):  # its __init__: its own, or the one it inherits (from another module too)
+            init = method_of(mod, fn, "__init__", path)
+            if init is not None and init[0] is not mod and depth < _ACROSS:
+                todo.append((init[0], init[1], init[2], depth + 1))
+            fn = init[1] if init is not None and init[0] is mod else None
         if fn is None or (id(mod), id(fn)) in started:
             continue
         started.add((id(mod), id(fn)))
@@ -283,7 +282,7 @@ def reach_across(pm: "SemanticModel", node: ast.AST, rel: str) -> List[Tuple["Se
 
 def _foreign_base(mod: "SemanticModel", cls: ast.ClassDef) -> Optional[Tuple["SemanticModel", ast.ClassDef, str]]:
     """The class of another project module that ``cls`` (or the class of its own module it
-    derives from) derives from: ``class Bare(base.Options): pass``."""
+    derives from) derives from: ``class Child(base.Options)``, whose ``super().m()`` runs there."""
     seen = set()
     cur: Optional[ast.ClassDef] = cls
     while cur is not None and id(cur) not in seen:
