@@ -91,14 +91,21 @@ def test_a_call_reaches_an_inherited_or_base_method():
 
         Bare()
         Child()
+        Child().setup()
+        Either = Base if Bare else Child
+        Either().setup()
     """)
     base_init, setup = m.classes["Base"].body
     assert [m.resolve_call(c) for c in _calls(m, "super().__init__")] == [base_init]
     assert [m.resolve_call(c) for c in _calls(m, "super(Child, self).setup")] == [setup]
     assert [m.resolve_call(c) for c in _calls(m, "Base.__init__")] == [base_init]
     assert [m.resolve_call(c) for c in _calls(m, "Bare")] == [base_init]
-    assert [m.resolve_call(c) for c in _calls(m, "Child")] == [m.classes["Child"].body[0]]
+    assert [m.resolve_call(c) for c in _calls(m, "Child")] == [m.classes["Child"].body[0]] * 2
     assert setup in m.reach(m.classes["Child"].body[0])
+    # a method of a fresh instance (``Trainer(model, opt).train(loader)``) is that class's;
+    # a name bound twice is no class of its own
+    assert [m.resolve_call(c) for c in _calls(m, "Child().setup")] == [setup]
+    assert [m.resolve_call(c) for c in _calls(m, "Either().setup")] == [None]
 
 
 def test_is_ddp_code():

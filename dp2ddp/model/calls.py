@@ -19,7 +19,7 @@ class Calls:
         """The function of this module a call reaches: a module-level function by name
         (when the name really is that function), or a method through ``self.``/``cls.``
         in the same class (or a class of this module it derives from); ``cls(...)`` in a
-        classmethod reaches the class's ``__init__``."""
+        classmethod reaches the class's ``__init__``; ``Cls(...).m(...)`` reaches ``m`` of a class of this module."""
         f = call.func
         if isinstance(f, ast.Name) and f.id == "cls":  # ``cls(...)`` in a classmethod: the class's __init__
             func = self.enclosing_function(call)
@@ -45,6 +45,10 @@ class Calls:
             cls = self.enclosing_class(call)
             base = self._base_class(cls) if cls is not None else None
             return self.method_of(base, f.attr) if base is not None else None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name):
+            # ``Trainer(model, opt).train(loader)``: a method of a fresh instance
+            cls = self._named_class(f.value.func)
+            return self.method_of(cls, f.attr) if cls is not None else None
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
             if f.value.id in ("self", "cls"):
                 cls = self.enclosing_class(call)
