@@ -71,6 +71,37 @@ except PermissionError as e:
 """
 
 
+_HANDING_OVER = """\
+import importlib.machinery, importlib.util, os, sys
+print("shim loaded", flush=True)
+here = os.path.dirname(os.path.abspath(__file__))
+rest = [p for p in sys.path if os.path.abspath(p or ".") != here]  # every other folder, above it too
+spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+if spec is not None and spec.loader is not None:
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+"""
+
+
+@pytest.mark.parametrize("probe_first", [True, False], ids=["probe-first", "shim-first"])
+def test_the_probe_and_a_shim_that_hands_over_to_any_other_sitecustomize_load_once_each(tmp_path, probe_first):
+    """The realrun shim hands over to any other sitecustomize on the path, above it too; the
+    probe handed over to any but its own. With both on PYTHONPATH each loaded the other
+    until the recursion limit, and the script never ran. The probe now runs once per
+    process and hands over only down the path."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(_HANDING_OVER)
+    dirs = [str(PROBE_DIR), str(shim)] if probe_first else [str(shim), str(PROBE_DIR)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DP2DDP_VERIFY")}
+    env["PYTHONPATH"] = os.pathsep.join(dirs)
+    r = subprocess.run([sys.executable, "-c", "print('script ran')"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["shim loaded", "script ran"], r.stdout[-2000:]
+    assert "RecursionError" not in r.stderr
+
+
 def test_writes_through_links_become_copies_and_writes_into_the_project_are_refused(tmp_path):
     proj = _user_project(tmp_path)
     (proj / "scripts" / "w.py").write_text(WRITER)

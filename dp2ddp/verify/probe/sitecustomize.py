@@ -26,7 +26,10 @@ def _dp2ddp_chain():
     import importlib.machinery
     import importlib.util
 
-    rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    # only the folders after this one: the next sitecustomize down the path, not one above
+    # it that handed over to this one
+    at = [i for i, p in enumerate(sys.path) if os.path.abspath(p or ".") == here]
+    rest = [p for p in sys.path[at[0] + 1 if at else 0:] if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
@@ -35,8 +38,13 @@ def _dp2ddp_chain():
     spec.loader.exec_module(module)
 
 
-try:
-    _dp2ddp_activate()
-except Exception as e:  # the probe must never break the user's script
-    sys.stderr.write("dp2ddp verify: probe failed to start: %r\n" % (e,))
-_dp2ddp_chain()
+if not getattr(sys, "_dp2ddp_probe_site", False):
+    # Once per process: another sitecustomize that hands over to "any other sitecustomize on
+    # the path" (the realrun shim's) loads this one again, and each would load the other
+    # until the recursion limit.
+    sys._dp2ddp_probe_site = True
+    try:
+        _dp2ddp_activate()
+    except Exception as e:  # the probe must never break the user's script
+        sys.stderr.write("dp2ddp verify: probe failed to start: %r\n" % (e,))
+    _dp2ddp_chain()
