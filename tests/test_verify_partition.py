@@ -135,7 +135,9 @@ def test_a_handful_of_samples_cannot_tell_a_replay(site):
 def test_a_replay_is_no_finding_where_the_original_does_not_reshuffle(site):
     orig = _run("original", [[_pass(1, e, list(range(N)), site, kind="SequentialSampler") for e in range(2)]])
     mig = _sharded([0, 0], site, cut=lambda order, r: list(range(N))[r::2])
-    assert partition.analyze(orig, mig, 2)["problems"] == []
+    out = partition.analyze(orig, mig, 2)
+    assert out["problems"] == []
+    assert partition.summary(out["loaders"][0]).endswith("epoch 1 replays epoch 0, as the original's does (it keeps one order)")
 
 
 def test_lost_samples_are_counted_with_examples(site):
@@ -387,6 +389,72 @@ def test_a_streams_samples_are_told_apart_by_content_and_its_partition_judged(tm
     assert "epoch 0: 5+5 served, disjoint, the original's epoch exactly" in partition.summary(loader)
     lost = partition.analyze(_run("original", [[rec]]), _run("migrated", [[halves[0]], [_with_prints(halves[1], prints[5:9])]]), 2)
     assert "1 of the original's 10 samples of epoch 0 were served by no rank (told apart by their content)" in lost["problems"][0]
+
+
+_FETCH_THEN_TRAIN = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, model, opt):
+        self.model, self.opt = model, opt
+
+    def valid_epoch(self, data):
+        total = 0.0
+        for x, y in data:  # fetched while the model is still in train mode after the epoch
+            self.model.eval()
+            with torch.no_grad():
+                total += nn.functional.cross_entropy(self.model(x), y, reduction="sum").item()
+        return total
+
+    def train_epoch(self, data):
+        for x, y in data:  # fetched while the model is still in eval mode after the validation
+            self.model.train()
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+    def train(self, train_data, valid_data, epochs):
+        for epoch in range(epochs):
+            self.train_epoch(train_data)
+            print("valid", self.valid_epoch(valid_data))
+
+
+def main():
+    torch.manual_seed(3)
+    data = TensorDataset(torch.randn(32, 6), torch.randint(0, 2, (32,)))
+    valid = TensorDataset(torch.randn(16, 6), torch.randint(0, 2, (16,)))
+    train_loader = DataLoader(data, batch_size=8, shuffle=True, drop_last=True)
+    valid_loader = DataLoader(valid, batch_size=8)
+    model = nn.DataParallel(nn.Linear(6, 2))
+    Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1)).train(train_loader, valid_loader, 3)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.torchrun
+def test_a_batch_fetched_before_model_train_is_the_steps_after_a_validation(tmp_path):
+    """Bert-Multi-Label's trainer fetches each batch and only then switches the model's mode:
+    the first validation batch came while the model was still training, and the next epoch's
+    first training batch while it was still evaluating. verify took the validation loader
+    (whole on every rank) for the loader of the next epoch's first step and failed a correct
+    migration ("each served all 16 samples of `valid_loader`", "the global batch differs").
+    A batch fetched in eval mode is judged by the wrapper's next forward."""
+    from dp2ddp.cli import main as cli
+    from tests.verify_helpers import verify
+
+    (tmp_path / "train.py").write_text(_FETCH_THEN_TRAIN)
+    assert cli(["rewrite", "-q", str(tmp_path / "train.py")]) in (0, 1)
+    code, rep, text, _ = verify(tmp_path, str(tmp_path / "train.py"), "--migrated", str(tmp_path / "train_ddp.py"), "--steps", "0")
+    assert code == 0, text
+    assert "not sharded" not in text and "global batch differs" not in text, text
+    assert "`train_loader`" in text and "valid_loader" not in text.split("data:")[1].split("\n")[0], text
 
 
 _LIST_THEN_EVAL = """\

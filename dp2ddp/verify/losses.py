@@ -95,6 +95,8 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     if se:
         ends = [r.end for r in envelope.ranks.values() if r.end]
         method = "chunks" if any(e.get("envelope") == "chunks" for e in ends) else "perturb"
+        if method == "chunks" and any(e.get("split_at") == "model" for e in ends):
+            method = "chunks-at-model"
         bn_chunks = method == "perturb" and any(e.get("bn_chunks") for e in ends)
         if "random" in stochastic or "dropout" in stochastic:
             se = {}  # each rank draws its own random numbers: no run of the original reproduces them
@@ -158,6 +160,9 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
     if se:
         how = {"chunks": f"the original run again with each batch split into {opts.nproc * opts.nnodes} chunks by "
                          "DataParallel, their gradients summed (DDP's reduction order without DDP)",
+               "chunks-at-model": f"the original run again with each batch split into {opts.nproc * opts.nnodes} chunks "
+                                  "at its model's outermost call, as DataParallel would split it (the script wraps "
+                                  "nothing on this machine), their gradients summed (DDP's reduction order without DDP)",
                "perturb": f"the original run again with every gradient element perturbed at each step by "
                           f"{opts.nproc * opts.nnodes} roundings (eps of its dtype) of its magnitude plus the tensor's RMS, "
                           "the reduction-order noise of an all-reduce (it ran without DataParallel, so no chunks)",
@@ -183,7 +188,7 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
         why = {
             "batchnorm": "BatchNorm normalises each rank's batch on its own (DataParallel-on-one-device and "
             "SyncBatchNorm use the whole batch): a legitimate difference"
-            + (", judged against the chunked run, which normalises each chunk alike" if method == "chunks" else ""),
+            + (", judged against the chunked run, which normalises each chunk alike" if method in ("chunks", "chunks-at-model") else ""),
             "dropout": "dropout masks come from each process's own random stream: a legitimate difference",
             "random": "the training step draws random numbers (mixup's permutation, a GAN's noise), each rank its "
             "share from its own stream where the original drew the whole batch's: the losses can agree only "

@@ -185,7 +185,7 @@ def unjudged_reason(world: int, split: bool, stochastic: Sequence[str]) -> Optio
         "random": what["random"],
     }
     return ("; ".join(chunked[k] for k in kinds)
-            + f"; so the envelope run (the original with each batch split into {world} chunks by DataParallel) measures "
+            + f"; so the envelope run (the original with each batch split into {world} chunks, by DataParallel or at the model's outermost call) measures "
               "float noise, not these per-process differences")
 
 

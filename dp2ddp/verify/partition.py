@@ -456,4 +456,6 @@ def summary(section: Dict[str, Any]) -> str:
     tail = {"new each epoch": "a new order each epoch", "replayed": "epoch 1 replays epoch 0",
             "one epoch seen": "one epoch seen",
             "too few samples to tell": "too few samples an epoch to tell whether the order changes"}.get(order, "")
+    if order == "replayed" and section.get("original_reshuffles") is False:
+        tail += ", as the original's does (it keeps one order)"
     return f"{section['loader']}: " + "; ".join(parts) + (f"; {tail}" if tail else "")
