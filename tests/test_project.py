@@ -172,6 +172,52 @@ def test_a_loader_wrapped_on_one_path_only_is_refused_not_sharded_on_that_path(t
     assert {p: p.read_bytes() for p in d.rglob("*.py")} == before
 
 
+UNPACKED_LOADERS = ROOT / "fixtures" / "project" / "loaders_unpacked_from_a_helper"
+
+
+def test_loaders_unpacked_from_a_project_helpers_list_are_sharded_by_the_name_the_loop_iterates(tmp_path: Path) -> None:
+    """pytorch-playground's shape: ``train_loader, test_loader = dataset.get(...)`` where the
+    helper appends its DataLoaders to a list on some paths. The name the training loop
+    iterates says it holds a loader: it is sharded at run time right after the unpacking
+    (``shard_loader`` fails loudly on anything but a DataLoader); the evaluation loader
+    stays whole. It used to be refused ("cannot trace to a DataLoader")."""
+    d = tmp_path / "proj"
+    shutil.copytree(UNPACKED_LOADERS, d)
+    assert main(["rewrite", "-q", str(d / "train.py")]) == 0
+    out = (d / "train_ddp.py").read_text()
+    assert ("train_loader, test_loader = dataset.get(batch_size=args.batch_size, num_workers=0)\n"
+            "train_loader = shard_loader(train_loader)\n") in out
+    assert "shard_loader(test_loader)" not in out
+
+
+def test_an_unpacked_value_whose_name_says_nothing_of_a_loader_stays_refused(tmp_path: Path, capsys) -> None:
+    """The same helper unpacked into ``train_data, test_data``: nothing says the value the
+    loop iterates is a loader (it could be a list of batches), so it is refused as before,
+    the script left as it was."""
+    d = tmp_path / "proj"
+    shutil.copytree(UNPACKED_LOADERS, d)
+    src = (d / "train.py").read_text().replace("train_loader", "train_data").replace("test_loader", "test_data")
+    (d / "train.py").write_text(src)
+    assert main(["rewrite", "-q", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "DDP105 the training loop at line 20 iterates `train_data`, made by `dataset.get(" in err
+    assert not (d / "train_ddp.py").exists()
+
+
+@pytest.mark.torchrun
+def test_loaders_unpacked_from_a_project_helper_verify(tmp_path: Path) -> None:
+    """The migration of that shape trains like the original: the shards are disjoint and
+    cover each epoch, a new order each epoch, the losses within the noise envelope."""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(UNPACKED_LOADERS, d)
+    assert main(["rewrite", "-q", str(d / "train.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(d / "train_ddp.py"), "--steps", "0")
+    assert code == 0, text
+    assert "epoch 0: 32+32 served, disjoint, the original's epoch exactly" in text and "a new order each epoch" in text, text
+
+
 LOADER_FROM_A_METHOD = ROOT / "fixtures" / "project" / "loader_from_a_method"
 
 

@@ -347,7 +347,7 @@ def _untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple
     for node, _value, _loop in unknown:
         if _wraps(m, node, feeds):
             continue  # a wrapper of a loader: decided once that loader is
-        target = _loader_name(m, node) or _holder_name(m, node)
+        target = _loader_name(m, node, _value) or _holder_name(m, node)
         if target is None:
             continue
         stmt = m.statement_of(node)
@@ -505,14 +505,22 @@ def _handed_by_entry(ctx: Context, node: ast.AST) -> bool:
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (fn.name, fn.lineno, node.id) in handed
 
 
-def _loader_name(m, node: ast.AST) -> Optional[str]:
-    """``name = <call>`` where the name says it holds a loader."""
+def _loader_name(m, node: ast.AST, value: Optional[ast.AST] = None) -> Optional[str]:
+    """``name = <call>`` where the name says it holds a loader; or ``train_loader,
+    test_loader = dataset.get10(...)`` (a project helper that returns its loaders in a
+    list), where ``value``, the name the training loop iterates, is one of the names
+    unpacked and says it holds a loader."""
     if not isinstance(node, ast.Call):
         return None
     parent = m.parent(node)
     if not (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1):
         return None
     t = parent.targets[0]
+    if isinstance(t, (ast.Tuple, ast.List)) and isinstance(value, ast.Name):
+        named = [e for e in t.elts if isinstance(e, ast.Name) and e.id == value.id]
+        if len(named) != 1 or any(isinstance(e, ast.Starred) for e in t.elts):
+            return None
+        t = named[0]
     label = t.id if isinstance(t, ast.Name) else t.attr if isinstance(t, ast.Attribute) else ""
     if "loader" not in label.lower() or not isinstance(t, (ast.Name, ast.Attribute)):
         return None
