@@ -252,9 +252,29 @@ class Context:
             return end
         between = body[start + 1:last + 1]
         settings_only = all(isinstance(st, (ast.Import, ast.ImportFrom, ast.Expr)) for st in between)
-        if not settings_only or any(isinstance(n, ast.Name) and n.id in defined for st in between for n in ast.walk(st)):
+        if not (settings_only or self._nothing_to_migrate(between)) or any(
+                isinstance(n, ast.Name) and n.id in defined for st in between for n in ast.walk(st)):
             return end  # code between that may use what the migration defines (its edits are in that code)
+        while last + 1 < len(body) and isinstance(body[last + 1], (ast.Import, ast.ImportFrom)):
+            last += 1  # below the rest of that import block, not inside it
         return body[last]
+
+    def _nothing_to_migrate(self, stmts: Sequence[ast.stmt]) -> bool:
+        """Top-level code that names nothing of torch and writes no file (CondenseNet's
+        argument parsing and ``os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu`` before its
+        ``import torch``): no edit of the migration lands in it, so a helper defined after a
+        later import that it needs is defined before anything uses it."""
+        from dp2ddp.model.writers import writers
+
+        m = self.m
+        for st in stmts:
+            for n in ast.walk(st):
+                if isinstance(n, (ast.Name, ast.Attribute)) and any(
+                        q == "torch" or q.startswith(("torch.", "tensorboard", "tensorboardX", "wandb"))
+                        for q in m.qualified_names(n)):
+                    return False
+        return not any(w.kind != "print" and any(st is w.call or m.contains(st, w.call) for st in stmts)
+                       for w in writers(m))
 
     def cst(self, node: ast.AST) -> cst.CSTNode:
         return self.bridge.cst(node)
