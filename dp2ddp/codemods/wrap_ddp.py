@@ -336,6 +336,48 @@ def _beside_own_ddp(m, w: Wrap) -> Optional[ast.If]:
     return None
 
 
+def _wrapped_above(m: SemanticModel, w: Wrap) -> Optional[Wrap]:
+    """An unconditional wrap of the same name in the same block before the ``if`` around
+    ``w`` (or a conditional one whose ``if`` ends before it: moved below its own ``if``, it
+    is unconditional in the migration), the name read between (else
+    :func:`_rewrapped_later` makes the two one wrap): ``w`` re-wraps a model the script
+    has wrapped already on every path that reaches its ``if``. ``None`` where there is none."""
+    from dp2ddp.model.wraps import dp_wraps
+
+    if w.target is None or w.stmt is None or not w.conditions:
+        return None
+    text = m.source(w.target)
+    outer = w.conditions[-1]
+    func = m.enclosing_function(w.stmt)
+    for e in dp_wraps(m):
+        if e is w or e.target is None or e.stmt is None or m.source(e.target) != text or m.enclosing_function(e.stmt) is not func:
+            continue
+        if _partial(m, e):
+            continue
+        anchor = e.conditions[-1] if e.conditions else e.stmt
+        if m.parent(anchor) is not m.parent(outer) or (anchor.lineno, anchor.col_offset) >= (outer.lineno, outer.col_offset):
+            continue
+        if not e.conditions and _rewrapped_later(m, e) is not None:
+            continue  # (that one moves below this ``if`` and becomes this wrap: no re-wrap)
+        if e.conditions and not _wrapped_on_every_branch(m, e.conditions[-1], text.split(".")[0]):
+            continue  # (``if test_only: ... net = DataParallel(net) ... sys.exit()``: not on this path)
+        return e
+    return None
+
+
+def _wrapped_on_every_branch(m: SemanticModel, test: ast.If, root: str) -> bool:
+    """Both branches of ``test`` wrap ``root`` (or a part of it) in DataParallel, at their
+    own level (CondenseNet's ``if alexnet or vgg: model.features = DataParallel(...)
+    else: model = DataParallel(model)``): below the ``if``, ``root`` is wrapped whichever ran."""
+    from dp2ddp.model.wraps import dp_wraps
+
+    def wraps_in(block) -> bool:
+        return any(e.stmt in block and e.target is not None and m.source(e.target).split(".")[0] == root
+                   for e in dp_wraps(m))
+
+    return bool(test.orelse) and wraps_in(test.body) and wraps_in(test.orelse)
+
+
 def _in_place(ctx: Context, w: Wrap, inner_text: str, find_unused: bool, what: str,
               early: Optional[ast.stmt] = None) -> List[Finding]:
     """The DataParallel call replaced by DistributedDataParallel where it stands, the module
@@ -374,7 +416,12 @@ def _rewrapped_later(m: SemanticModel, w: Wrap) -> Optional[ast.stmt]:
             continue  # not in the same block: the paths between cannot be read as one
         between = [n for n in ast.walk(func or m.tree) if isinstance(n, ast.Name) and n.id == text.split(".")[0]
                    and isinstance(n.ctx, ast.Load) and (w.stmt.end_lineno or 0) < n.lineno < guard.lineno]
-        if between:
+        # read inside the ``if`` before the re-wrap (``model.load_state_dict(ckpt)`` of `module.`
+        # keys, ``model = model.module``): the wrapper there, which a moved wrap would not be yet
+        inside = [n for n in ast.walk(guard) if isinstance(n, ast.Name) and n.id == text.split(".")[0]
+                  and isinstance(n.ctx, ast.Load) and (n.lineno, n.col_offset) < (later.stmt.lineno, later.stmt.col_offset)
+                  and not m.contains(later.stmt, n)]
+        if between or inside:
             return None
         return absorb_placement(m, guard, later.target, later.module)
     return None
@@ -445,6 +492,16 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             f"DataParallel -> DistributedDataParallel on its own branch: the other branch of `if {m.source(beside.test)}:` "
             "wraps in DistributedDataParallel already (the script's own path), and a wrap after the `if` would wrap that "
             "one again"))
+    earlier = _wrapped_above(m, w) if partial_root is None else None
+    if earlier is not None:
+        # ``if args.convert_from: model = model.cpu().module; convert(model); model =
+        # DataParallel(model)`` after the model's wrap above: moved below its ``if``, the
+        # re-wrap would wrap that wrapper again on the path that skips it (CondenseNet's
+        # checkpoints gained a second `module.`); on its own branch it re-wraps what it unwrapped
+        return _in_place(ctx, w, inner_text, find_unused, (
+            f"DataParallel -> DistributedDataParallel under its `if {m.source(w.conditions[-1].test)}:`: a re-wrap of "
+            f"`{m.source(target)}`, wrapped already above (line {earlier.stmt.lineno}) on every path that reaches it, kept "
+            "on its branch so that the path that skips the `if` keeps that one wrap"))
     if target is None:
         return [ctx.block(call, "DDP101", "DataParallel under a condition in a form dp2ddp cannot move out of it; migrate this by hand")]
     wrap_target = partial_root if partial_root is not None else target
