@@ -1,6 +1,7 @@
 """Sub-modules a model's ``forward`` calls on some paths only.
 
-``if self.num_layers == 3: x = self.layer2(x)`` (SimSiam's projector): on the other path
+``if self.num_layers == 3: x = self.layer2(x)`` (SimSiam's projector), or the conditional
+expression ``x if self.equal_io else self.shortcut(x)`` (shake-shake): on the other path
 ``layer2``'s parameters get no gradient, and DistributedDataParallel, built without
 ``find_unused_parameters=True``, stops the next iteration ("Expected to have finished
 reduction in the prior iteration"). DataParallel never minded. Tests that cannot leave a
@@ -30,9 +31,16 @@ def conditional_submodules(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.Cal
         held = {t.attr for n in ast.walk(cls) if isinstance(n, ast.Assign) for t in n.targets
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
         for node in ast.walk(forward):
-            if not isinstance(node, ast.If) or _harmless_test(node.test):
+            if isinstance(node, ast.If):
+                body, orelse = node.body, node.orelse
+            elif isinstance(node, ast.IfExp):
+                # ``skip = x if self.equal_io else self.shortcut(x)`` (shake-shake's blocks)
+                body, orelse = [node.body], [node.orelse]
+            else:
                 continue
-            here, there = _calls(node.body), _calls(node.orelse)
+            if _harmless_test(node.test):
+                continue
+            here, there = _calls(body), _calls(orelse)
             for attr in sorted(set(here) ^ set(there)):
                 if attr not in held or attr in _tested(node.test):
                     continue  # a method, or a module the test checks is there
@@ -78,7 +86,7 @@ def _built_only_where_called(m: SemanticModel, cls: ast.ClassDef, test: ast.AST,
     return assigns(branch, none=False) and not assigns(other, none=False) and not outside
 
 
-def _calls(stmts: List[ast.stmt]) -> dict:
+def _calls(stmts: List[ast.AST]) -> dict:
     found = {}
     for s in stmts:
         for n in ast.walk(s):
