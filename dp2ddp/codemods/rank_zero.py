@@ -91,6 +91,15 @@ def impure_calls(m: SemanticModel, expr: ast.AST) -> List[ast.Call]:
     return out
 
 
+def _runs_code_of_the_script(m: SemanticModel, call: ast.Call) -> bool:
+    """``evaluate(model, loader)``, ``trainer.eval(...)``: a function or method of this
+    module or of the project's own modules, which may run the model (a DDP forward every
+    rank must join) or a collective; a library call (``torch.randn``, ``make_grid``) does not."""
+    from dp2ddp.model.project_defs import project_calls
+
+    return m.resolve_call(call) is not None or any(c is call for c, _ in project_calls(m))
+
+
 def _hoistable(m: SemanticModel, call: ast.Call, stmt: ast.stmt) -> bool:
     """``call`` is evaluated exactly once when ``stmt`` runs (not in a lambda, a
     comprehension, a conditional expression or a short-circuit operand)."""
@@ -165,7 +174,13 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
         if is_writer_use(ctx, stmt):
             if reaches_collective(m, call, dp=True):
                 return None
-            return _Plan("writer")
+            # ``logger.log('...'.format(evaluate(model, test_loader)))``: the evaluation runs the
+            # model (a DDP forward every rank must join), so it runs on every rank, as for print
+            calls = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)
+                     if _runs_code_of_the_script(m, c)]
+            if calls and not all(_hoistable(m, c, stmt) for c in calls):
+                return None
+            return _Plan("writer", calls)
         return None
     if isinstance(stmt, ast.With) and len(stmt.items) == 1 and _path_open_for_write(stmt.items[0].context_expr):
         # with path.open("w") as f: json.dump(obj, f) — a write by a pathlib object's open
@@ -284,7 +299,8 @@ def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call]) -> Finding:
         name = ctx.fresh_name(f"{base.lstrip('_') or 'value'}_result")
         edits.append(Hoist(ctx.cst(call), line, name))  # the call as the other edits leave it (map_location=, .module)
     what = ", ".join(m.source(c.func) + "()" for c in calls)
-    return ctx.note(stmt, "DDP113", f"{what} runs on every rank (it may be a collective); only the print runs on rank 0", edits)
+    plan = "print" if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and ctx.m.qualified_names(stmt.value.func) & PRINT else "write"
+    return ctx.note(stmt, "DDP113", f"{what} runs on every rank (it may be a collective); only the {plan} runs on rank 0", edits)
 
 
 def _mkdirs(ctx: Context) -> List[Finding]:
