@@ -149,11 +149,15 @@ def propose(ctx: Context) -> List[Finding]:
         if target is not None:
             keys = _keys_of(m, w)
             seeds.update(keys)
-            if w.conditions and any(count_test(m, c.test) for c in w.conditions) and not flag_kept:
+            counted = [c for c in w.conditions if count_test(m, c.test)]
+            # ``if device_count() > 1: DataParallel(model) else: DataParallel(model, device_ids=None)``:
+            # wrapped whichever ran, so the original's keys are `module.` ones on every machine
+            everywhere = bool(counted) and all(_wrapped_on_every_branch(m, c, m.source(target).split(".")[0]) for c in counted)
+            if counted and not flag_kept and not everywhere:
                 guarded_keys.update(keys)
                 if ran_on_every_gpu_machine(m, [c.test for c in w.conditions]):
                     cuda_keys.update(keys)  # its keys there are `module.` ones
-            elif w.conditions and any(device_test(m, c.test) for c in w.conditions):
+            elif w.conditions and not everywhere and any(device_test(m, c.test) for c in w.conditions):
                 flagged_keys.update(keys)
     for hoist in hoists.values():
         out.append(insert_hoisted(ctx, hoist, find_unused))
