@@ -273,8 +273,7 @@ class Context:
                         q == "torch" or q.startswith(("torch.", "tensorboard", "tensorboardX", "wandb"))
                         for q in m.qualified_names(n)):
                     return False
-        return not any(w.kind != "print" and any(st is w.call or m.contains(st, w.call) for st in stmts)
-                       for w in writers(m))
+        return not any(w.kind != "print" and any(m.contains(st, w.call) for st in stmts) for w in writers(m))
 
     def cst(self, node: ast.AST) -> cst.CSTNode:
         return self.bridge.cst(node)

@@ -264,7 +264,7 @@ def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Find
         plan = memo[stmt]
         kinds.add(plan.kind)
         if plan.split:
-            out.append(_split(ctx, stmt, plan.split))
+            out.append(_split(ctx, stmt, plan.split, plan.kind))
         if plan.kind in ("save", "block"):
             guarded_writes.append((stmt, run[-1]))
     edits.append(Guard(tuple(ctx.bridge.statement(s) for s in run), ctx.expr(ctx.rank0())))
@@ -287,7 +287,7 @@ def _has_save(ctx: Context, stmt: ast.stmt, memo) -> bool:
     return False
 
 
-def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call]) -> Finding:
+def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call], kind: str) -> Finding:
     """``print(f"{evaluate(m):.4f}")`` -> ``evaluate_result = evaluate(m)`` before it, the
     print of the local on rank 0."""
     m = ctx.m
@@ -299,8 +299,8 @@ def _split(ctx: Context, stmt: ast.stmt, calls: List[ast.Call]) -> Finding:
         name = ctx.fresh_name(f"{base.lstrip('_') or 'value'}_result")
         edits.append(Hoist(ctx.cst(call), line, name))  # the call as the other edits leave it (map_location=, .module)
     what = ", ".join(m.source(c.func) + "()" for c in calls)
-    plan = "print" if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and ctx.m.qualified_names(stmt.value.func) & PRINT else "write"
-    return ctx.note(stmt, "DDP113", f"{what} runs on every rank (it may be a collective); only the {plan} runs on rank 0", edits)
+    only = "print" if kind == "print" else "write"
+    return ctx.note(stmt, "DDP113", f"{what} runs on every rank (it may be a collective); only the {only} runs on rank 0", edits)
 
 
 def _mkdirs(ctx: Context) -> List[Finding]:

@@ -1389,16 +1389,8 @@ def _patch_outer_split(torch, W, split, gather):
     state = {"depth": 0, "whole": set()}
     main = threading.main_thread()
 
-    def batch_major(out, n, depth=0):
-        if isinstance(out, torch.Tensor):
-            return out.dim() == 0 or out.size(0) == n
-        if depth > 3:
-            return True
-        if isinstance(out, (list, tuple)):
-            return all(batch_major(o, n, depth + 1) for o in out)
-        if isinstance(out, dict):
-            return all(batch_major(o, n, depth + 1) for o in out.values())
-        return True
+    def batch_major(out, n):
+        return all(t.dim() == 0 or t.size(0) == n for t in _tensors(out, torch))
 
     def nested(self, args, kwargs):
         state["depth"] += 1
