@@ -349,7 +349,8 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     if wrapping and not trainers and not res.migration.blocked:
         res = _inference_through_helpers(entry, res, src.data)
     out.files.insert(0, FileResult(src.display, os.path.basename(entry), role, res))
-    _left_behind(entry, out)
+    if not out.blocked:
+        _left_behind(entry, out)  # (a refused plan writes nothing: no other script is left behind)
     return out
 
 
@@ -373,17 +374,22 @@ def _library_entry(entry: str, res, data: bytes):
 
 def _inference_through_helpers(entry: str, res, data: bytes):
     """An entry that trains nowhere (nothing it or the project modules it reaches runs backs
-    a loss: :func:`dp2ddp.project.trains_nowhere`) and whose helpers wrap the model it
+    a loss: :func:`dp2ddp.project.trains_nowhere`), or nowhere dp2ddp can see (no step and no
+    optimizer: :func:`dp2ddp.model.inference.trains_nothing_visible`; adversarial_robustness'
+    ``eval-aa.py`` hands the model to an attack library), and whose helpers wrap the model it
     evaluates in DataParallel (Deep_Metric's ``test.py`` -> ``Model2Feature``): every rank
     would repeat the whole inference that DataParallel split between the GPUs. The plan is
     refused (DDP115) at the entry's call that reaches the helper's wrap."""
     from dp2ddp.engine import Finding
-    from dp2ddp.model.inference import no_training_message
+    from dp2ddp.model.inference import no_training_message, trains_nothing_visible
     from dp2ddp.model.project_defs import file_model
     from dp2ddp.project import helpers_with_dp, trains_nowhere
 
     model = file_model(entry)
-    if model is None or not trains_nowhere(entry, model):
+    if model is None:
+        return res
+    nowhere = trains_nowhere(entry, model)
+    if not nowhere and not trains_nothing_visible(model):
         return res
     found = helpers_with_dp(model)
     if not found:
@@ -391,7 +397,9 @@ def _inference_through_helpers(entry: str, res, data: bytes):
     call, rel, line = found[0]
     pos, end = model.position(call), model.end_position(call)
     why = (f"its model is wrapped in DataParallel by {model.source(call.func)}() ({rel}:{line}), and nothing this script "
-           "or its project modules run trains it")
+           "or its project modules run trains it" + ("" if nowhere else (
+               " (no backward pass, no optimizer.step(), no optimizer made; if a library it hands the model to trains "
+               "it, dp2ddp cannot find the data to shard)")))
     f = Finding("DDP115", no_training_message(why, own_step=False), call, line=pos[0], col=pos[1], severity="error",
                 end_line=end[0], end_col=end[1])
     return _refused(res, f, data)

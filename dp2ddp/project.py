@@ -77,6 +77,7 @@ def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
     ``modules`` (real paths) directly: module -> [(script path, line of the import)]."""
     folder = os.path.dirname(os.path.abspath(entry))
     me = os.path.realpath(entry)
+    run = set(project_modules(entry))  # the entry's own modules (its trainer) run with it: not other scripts
     out: Dict[str, List[Tuple[str, int]]] = {}
     try:
         names = sorted(os.listdir(folder))
@@ -84,7 +85,7 @@ def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
         return out
     for name in names:
         path = os.path.join(folder, name)
-        if not name.endswith(".py") or os.path.realpath(path) == me or os.path.realpath(path) in modules:
+        if not name.endswith(".py") or os.path.realpath(path) in {me} | modules | run:
             continue
         tree = _parse(path)
         if tree is None:
@@ -292,7 +293,13 @@ def _dp_run_by(pm, node: ast.AST, rel: str):
     from dp2ddp.model.project_defs import reach_across
     from dp2ddp.model.wraps import dp_nodes
 
-    runs = [(pm, node)] if isinstance(node, ast.ClassDef) else [(mod, f) for mod, f, _path in reach_across(pm, node, rel)]
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    starts = [f for f in node.body if isinstance(f, FUNCTIONS)] if isinstance(node, ast.ClassDef) else [node]
+    # a class: its own body, and what each of its methods runs in other project modules
+    # (adversarial_robustness' ``Trainer.__init__`` calls ``create_model``, which wraps)
+    runs = [(pm, node)] if isinstance(node, ast.ClassDef) else []
+    runs += [(mod, f) for start in starts for mod, f, _path in reach_across(pm, start, rel)]
     return next((mod for mod, f in runs for n in dp_nodes(mod) if mod.contains(f, n)), None)
 
 

@@ -70,19 +70,47 @@ def test_an_inference_script_handing_its_model_to_a_project_predictor_is_refused
     assert not (tmp_path / "predict_ddp.py").exists()
 
 
-@pytest.mark.parametrize("extra,step,why", [
-    ("import pytorch_lightning as pl\n", "", "a library that trains what it is given, imported where it runs"),
-    ("from mystery_engine import fit\n", "", "a library dp2ddp does not know, imported where it runs"),
-    ("from trainer import train\n", "\n    def tune(self):\n        train(self.model, torch.randn(2, 4))\n",
-     "a method of the predictor reaches a backward pass in another project module"),
-], ids=["lightning_imported", "unknown_library_imported", "project_module_trains"])
-def test_what_keeps_a_handed_model_a_training_one(tmp_path: Path, capsys, extra: str, step: str, why: str) -> None:
-    """Where the code the model is handed to may train it, the script is not judged
-    inference-only (no DDP115): it migrates as a training script would."""
+def test_a_handed_model_trained_in_another_project_module_is_a_training_one(tmp_path: Path, capsys) -> None:
+    """A method of the predictor reaches a backward pass in another project module: the
+    script is not judged inference-only (no DDP115); it migrates as a training script would."""
     (tmp_path / "trainer.py").write_text("def train(model, x):\n    model(x).sum().backward()\n")
-    script = _write(tmp_path, extra, step)
+    script = _write(tmp_path, "from trainer import train\n", "\n    def tune(self):\n        train(self.model, torch.randn(2, 4))\n")
     main(["rewrite", str(script)])
-    assert "DDP115" not in capsys.readouterr().err, why
+    assert "DDP115" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [
+    "import pytorch_lightning as pl\n",  # a library that trains what it is given, imported where it runs
+    "from mystery_engine import fit\n",  # a library dp2ddp does not know
+], ids=["lightning_imported", "unknown_library_imported"])
+def test_a_handed_model_that_may_train_only_where_dp2ddp_cannot_read_is_refused(tmp_path: Path, capsys, extra: str) -> None:
+    """The predictor's module imports a library that may train the model, but nothing dp2ddp
+    can read trains it (no backward pass, no step, no optimizer made). If that library only
+    evaluates, every rank would repeat the inference; if it trains, no loader can be shown to
+    be its data: refused (DDP115) with both readings, the script left as it was. (It used to
+    migrate as a training script, sharding any loader whose name said `train`.)"""
+    script = _write(tmp_path, extra)
+    before = script.read_bytes()
+    assert main(["rewrite", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert ("predict.py:8:12: DDP115 nothing in this script or the project code it runs trains (no backward pass, "
+            "no optimizer.step(), no optimizer made), and `model` is handed to `Predictor(...)` (line 8), which may run "
+            "code dp2ddp cannot read") in err, err
+    assert "cannot find the data it trains on to shard" in err
+    assert script.read_bytes() == before and not (tmp_path / "predict_ddp.py").exists()
+
+
+def test_a_handed_model_with_an_optimizer_made_in_the_script_is_a_training_one(tmp_path: Path, capsys) -> None:
+    """The same hand-off to a library dp2ddp does not know, where the script makes an
+    optimizer for the model (ignite's ``create_supervised_trainer(model, optimizer, loss)``
+    shape): the library trains it, so it migrates as a training script (no DDP115)."""
+    script = _write(tmp_path, "from mystery_engine import fit\n")
+    script.write_text(script.read_text().replace("    predictor = get_predictor(model, \"out\")\n",
+                                                 "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                                                 "    predictor = get_predictor(model, \"out\")\n"))
+    assert "torch.optim.SGD" in script.read_text()
+    main(["rewrite", str(script)])
+    assert "DDP115" not in capsys.readouterr().err
 
 
 def test_a_model_handed_to_project_code_that_never_reaches_a_backward_is_inference(tmp_path: Path, capsys) -> None:

@@ -1922,3 +1922,68 @@ def test_the_model_handed_to_a_trainer_picked_from_a_dict_is_refused(tmp_path: P
     assert re.search(r"train\.py:13:15: DDP105 `trainer_dict\[sys\.argv\[1\]\]\(\.\.\.\)` is handed the model, and dp2ddp "
                      r"cannot tell what it runs", err), err
     assert (d / "train.py").read_bytes() == before
+
+
+TRAINED_AND_EVALUATED = ROOT / "fixtures" / "project" / "trained_and_evaluated_through_a_factory"
+
+
+def test_a_wrap_two_modules_below_a_class_the_script_makes_is_found(tmp_path: Path, capsys) -> None:
+    """adversarial_robustness' shape: the script makes ``Trainer(...)`` (engine.py), whose
+    ``__init__`` calls the models package's factory, which wraps in DataParallel. The script
+    alone names no DataParallel; ``rewrite train.py`` used to say "nothing to migrate" and
+    exit 0. It now names the class and the wrap (DDP151) and writes nothing."""
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINED_AND_EVALUATED, d)
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert ("train.py:16:11: DDP151 Trainer() reaches DataParallel in the project module models/__init__.py:17: migrate "
+            "the script and its helpers together with `dp2ddp rewrite train.py --with-helpers`") in err, err
+    assert not (d / "train_ddp.py").exists()
+
+
+def test_a_factory_wrap_whose_caller_trains_is_migrated_not_taken_off(tmp_path: Path, capsys) -> None:
+    """With its helpers, the factory's ``return net.to(device)`` hands the wrapper to the
+    Trainer, which trains it: the wrap becomes DistributedDataParallel. (It was taken off as
+    an evaluation-only wrap, since only ``return net`` counted as handing it back: the
+    replicas would have trained apart.) engine.py runs with the entry, so DDP175 names only
+    evaluate.py as a script left behind."""
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINED_AND_EVALUATED, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 1  # (the DDP175 warning)
+    factory = (out / "models" / "__init__.py").read_text()
+    assert "net = DistributedDataParallel(net" in factory and "return net.to(device)" in factory
+    err = capsys.readouterr().err
+    assert "DDP175 models/__init__.py is also imported by scripts this migration leaves as they were (evaluate.py:7)" in err
+    assert "shard_loader(train_loader)" in (out / "train.py").read_text()
+
+
+def test_an_evaluation_script_through_the_factory_is_refused_not_sharded(tmp_path: Path, capsys) -> None:
+    """adversarial_robustness' eval-aa.py shape: the evaluation script gets the wrapped model
+    from the factory and unpacks a shuffling ``train_loader`` from the data helper, to
+    evaluate on it whole. It used to be migrated with ``train_loader`` sharded (each rank
+    evaluating half of the set). Nothing trains: refused (DDP115), nothing written, and no
+    DDP175 for a plan that writes nothing."""
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINED_AND_EVALUATED, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "evaluate.py")]) == 1
+    err = capsys.readouterr().err
+    assert ("evaluate.py:19:9: DDP115 its model is wrapped in DataParallel by create_model() (models/__init__.py:17), and "
+            "nothing this script or its project modules run trains it") in err, err
+    assert "DDP175" not in err and not out.exists()
+
+
+@pytest.mark.torchrun
+def test_a_factory_wrap_whose_caller_trains_verify(tmp_path: Path) -> None:
+    """The migration of that project trains like the original: verify passes with its
+    loader's shards disjoint and its losses within the envelope."""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINED_AND_EVALUATED, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "-q", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 1  # (the DDP175 warning)
+    code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(out / "train.py"), "--steps", "0")
+    assert code == 0, text
+    assert "served, disjoint, the original's epoch exactly" in text, text

@@ -42,7 +42,7 @@ from dp2ddp.codemods.facts import ShardHelper
 from dp2ddp.engine import Edit, Finding, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.syntax import is_docstring, terminal
 from dp2ddp.model.eval_loops import EvalLoop, eval_loops
-from dp2ddp.model.inference import inference_only, no_training_message
+from dp2ddp.model.inference import inference_only, no_training_message, unseen_training
 from dp2ddp.model.wraps import dp_wraps
 
 NEEDS = (ShardHelper,)
@@ -52,6 +52,14 @@ def propose(ctx: Context) -> List[Finding]:
     evaluation = ctx.need(ShardHelper).evaluation
     m = ctx.m
     inference = ctx.role != "helper" and inference_only(m)
+    unseen = unseen_training(m) if ctx.role != "helper" and not inference else None
+    if unseen is not None:
+        node, what = unseen
+        return [ctx.block(node, "DDP115", (
+            f"nothing in this script or the project code it runs trains (no backward pass, no optimizer.step(), no optimizer "
+            f"made), and {what}: if that code only evaluates, every rank would repeat the whole of it, which DataParallel "
+            "split between the GPUs of one process; if it trains, dp2ddp cannot find the data it trains on to shard (a "
+            "loader named for training is no proof); keep DataParallel here, or migrate by hand"))]
     loops = eval_loops(m, evaluation, made_elsewhere=inference) if ctx.mode == "plain" and (evaluation or inference) else []
     if not evaluation and not loops:
         if inference:

@@ -37,8 +37,8 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
     if key is None or key[0] != "local" or key[1] is not func:
         return False
     for node in ast.walk(func):
-        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id == w.target.id:
-            return False
+        if isinstance(node, ast.Return) and _hands_back(node.value, w.target.id):
+            return False  # ``return net``, ``return net.to(device)``, ``return net, optimizer``: the caller may train it
         if isinstance(node, (ast.Yield, ast.YieldFrom)):
             return False
     # the wrapper handed to anything but its own forward and nn.Module API (a Trainer, a
@@ -58,6 +58,27 @@ def eval_only(m: SemanticModel, w: Wrap) -> bool:
             if not (isinstance(parent, ast.Call) and m.is_name(parent.func, DP | DP_FUNCTIONAL)):
                 return False
     return not _trains(m, func)
+
+
+def _hands_back(value, name: str) -> bool:
+    """``value`` (what a ``return`` gives) is the module named ``name`` itself: the name, a
+    method chain on it that gives the module back (``net.to(device)``, ``net.cuda().eval()``),
+    or an item of a tuple, list or dict literal. Its forward's output
+    (``net(x).sum().item()``) is not."""
+    if isinstance(value, ast.Name):
+        return value.id == name
+    if isinstance(value, (ast.Tuple, ast.List)):
+        return any(_hands_back(e, name) for e in value.elts)
+    if isinstance(value, ast.Dict):
+        return any(_hands_back(v, name) for v in value.values)
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _GIVES_ITSELF:
+        return _hands_back(value.func.value, name)
+    return False
+
+
+# nn.Module methods that return the module itself
+_GIVES_ITSELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
+                           "requires_grad_", "share_memory", "type", "apply", "to_empty", "xpu"})
 
 
 def without_parameters_why(m: SemanticModel, w: Wrap) -> str:

@@ -46,6 +46,63 @@ def _inference_only(m: SemanticModel) -> bool:
     return not any(trains_elsewhere(m, u, wraps) for u in dp_wrapper_uses(m, functional=True)) or _trains_nowhere(m)
 
 
+def unseen_training(m: SemanticModel):
+    """``(call, what)`` for a script that wraps a model in DataParallel where nothing visible
+    trains (:func:`trains_nothing_visible`), yet is not :func:`inference_only` either: the
+    wrapper goes to code dp2ddp cannot read (``AutoAttack(model)``, robustbench's
+    ``benchmark(model)``). That code may only evaluate (then every rank would repeat the whole
+    of it) or may train on data dp2ddp cannot find (then no loader could be shown to be the
+    one to shard): a loader named for training is no evidence either way. ``call``: where
+    the wrapper is handed on; ``None`` where the script trains visibly or is inference-only.
+    (A wrap in a project helper: :func:`dp2ddp.migrate._inference_through_helpers`.)"""
+    from dp2ddp.model.entry_points import has_entry_point
+    from dp2ddp.model.uses import dp_wrapper_uses
+    from dp2ddp.model.wraps import dp_wraps
+
+    wraps = dp_wraps(m)
+    if not wraps or not has_entry_point(m) or not trains_nothing_visible(m) or inference_only(m):
+        return None
+    handed = []
+    for u in dp_wrapper_uses(m, functional=True):
+        if trains_elsewhere(m, u, wraps):
+            call = m.parent(u.node)
+            handed.append((u.node, m.parent(call) if isinstance(call, ast.keyword) else call))
+    if not handed or any(isinstance(c, ast.Call) and _project_code_verdict(m, c) == "trains" for _, c in handed):
+        return None  # handed to nothing, or to project code that reaches a backward pass: it trains there
+    handed_node, call = handed[0]
+    return call, f"`{m.source(handed_node)}` is handed to `{m.source(call.func)}(...)` (line {call.lineno}), which may run code dp2ddp cannot read"
+
+
+def trains_nothing_visible(m: SemanticModel) -> bool:
+    """No training step in the module or in the project code it runs
+    (:func:`dp2ddp.model.training.training_site`), and no optimizer made in it
+    (:func:`makes_optimizer`): if anything trains, it is code dp2ddp cannot read."""
+    from dp2ddp.model.training import training_site
+
+    return training_site(m) is None and not makes_optimizer(m)
+
+
+def makes_optimizer(m: SemanticModel) -> bool:
+    """The module makes an optimizer: a constructor known to be one (``torch.optim.SGD``), a
+    call whose name says so (``build_optimizer(cfg, model)``, ``torch_optimizer.RAdam``), or a
+    call handed a model's ``.parameters()`` directly (``Lookahead(model.parameters())``)."""
+    from dp2ddp.model.steps import kind_of_value
+
+    for call in m.nodes(ast.Call):
+        if kind_of_value(m, call) == "optimizer":
+            return True
+        names = m.qualified_names(call.func) or {m.source(call.func)}
+        if any("optim" in q.lower() for q in names):
+            return True
+        if any(x.startswith("builtins.") for x in names):
+            continue
+        for a in list(call.args) + [k.value for k in call.keywords]:
+            if (isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute)
+                    and a.func.attr in ("parameters", "named_parameters") and not a.args):
+                return True
+    return False
+
+
 def _trains_nowhere(m: SemanticModel) -> bool:
     from dp2ddp.project import trains_nowhere
 
@@ -103,25 +160,33 @@ def _project_code_that_never_trains(m: SemanticModel, call: ast.Call) -> bool:
     method of it and of its project bases (called later on the object: GAN_stability's
     ``Evaluator(generator)``, ``checkpoint_io.register_modules(generator=...)``). A call
     that also reaches code of another library, or that dp2ddp cannot follow, may train."""
+    return _project_code_verdict(m, call) == "never"
+
+
+def _project_code_verdict(m: SemanticModel, call: ast.Call) -> str:
+    """What the code ``call`` runs does with what it is handed: ``"never"`` trains
+    (:func:`_project_code_that_never_trains`), ``"trains"`` (project code it may run reaches a
+    backward pass), or ``"unknown"`` (not the project's code, or code that imports a library
+    dp2ddp cannot read, or a base class it cannot follow)."""
     from dp2ddp.model.project_defs import project_def, reach_across
     from dp2ddp.model.steps import is_backward
     from dp2ddp.model.syntax import FUNCTIONS
 
     found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
     if found is None:
-        return False
+        return "unknown"
     pm, node, rel = found
     starts = [node]
     if isinstance(node, ast.ClassDef):
         starts = [f for f in node.body if isinstance(f, FUNCTIONS)]
         for base in node.bases:  # a project base class's methods run too
             if not isinstance(base, (ast.Name, ast.Attribute)):
-                return False
+                return "unknown"
             if pm.qualified_names(base) & _PLAIN_BASES:
                 continue
             hit = project_def(pm, base)
             if hit is None or not isinstance(hit[1], ast.ClassDef):
-                return False  # a base dp2ddp cannot read: it may train
+                return "unknown"  # a base dp2ddp cannot read: it may train
             starts += [f for f in hit[1].body if isinstance(f, FUNCTIONS)]
     from dp2ddp.project import imports_train_nothing
 
@@ -130,11 +195,11 @@ def _project_code_that_never_trains(m: SemanticModel, call: ast.Call) -> bool:
     for start in starts:
         for mod, fn, _ in reach_across(pm, start, rel):
             if any(isinstance(c, ast.Call) and is_backward(mod, c) for c in ast.walk(fn)):
-                return False
+                return "trains"
             modules[id(mod)] = mod
     # what it reaches in other libraries is not followed: each module it runs code of may
     # import only project modules and libraries that train nothing they are given
-    return all(imports_train_nothing(mod.path, mod.tree, base) for mod in modules.values())
+    return "never" if all(imports_train_nothing(mod.path, mod.tree, base) for mod in modules.values()) else "unknown"
 
 
 def before_every_wrap(m: SemanticModel, node: ast.AST, wraps) -> bool:
