@@ -1987,3 +1987,38 @@ def test_a_factory_wrap_whose_caller_trains_verify(tmp_path: Path) -> None:
     code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(out / "train.py"), "--steps", "0")
     assert code == 0, text
     assert "served, disjoint, the original's epoch exactly" in text, text
+
+
+TRAINER_BY_OPTION = ROOT / "fixtures" / "project" / "trainer_chosen_by_an_option"
+
+
+def test_a_loader_handed_to_the_method_of_either_of_two_trainers_is_sharded(tmp_path: Path, capsys) -> None:
+    """adversarial_robustness' train-wa.py shape: ``trainer = AveragingTrainer(...)`` or
+    ``Trainer(...)`` by an option, then ``trainer.train(train_loader)``; each class has its own
+    epoch loop over the parameter. Both methods are followed: the script trains (no DDP115)
+    and the entry shards the loader it hands them. It used to be refused, first as "cannot
+    trace to a DataLoader" (DDP105), then as a script where nothing trains."""
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINER_BY_OPTION, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 0
+    err = capsys.readouterr().err
+    assert "DDP105" not in err and "DDP115" not in err, err
+    entry = (out / "train.py").read_text()
+    assert "train_loader, test_loader = get_loaders(8)\ntrain_loader = shard_loader(train_loader)\n" in entry
+    assert "shard_loader(test_loader)" not in entry
+
+
+@pytest.mark.torchrun
+def test_a_loader_handed_to_the_method_of_either_of_two_trainers_verify(tmp_path: Path) -> None:
+    """On the subclass's path (``--average``) the migration trains like the original."""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINER_BY_OPTION, d)
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "-q", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(out / "train.py"), "--steps", "0",
+                                "--", "--average")
+    assert code == 0, text
+    assert "epoch 1: 20+20 served, disjoint, the original's epoch exactly; a new order each epoch" in text, text

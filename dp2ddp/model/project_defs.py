@@ -40,6 +40,29 @@ def project_def(m: "SemanticModel", func: ast.AST) -> Optional[Tuple["SemanticMo
     return _instance_method(m, func) or _instance_call(m, func)
 
 
+def project_defs(m: "SemanticModel", func: ast.AST) -> List[Tuple["SemanticModel", ast.AST, str]]:
+    """:func:`project_def`, or, where the receiver of a method call holds objects of several
+    project classes on different paths (``trainer = WATrainer(...) if args.tau else
+    Trainer(...)``, then ``trainer.train(loader)``), the method of each, in the order the
+    origins come (each once). Empty where any object it may hold is of the script's own class."""
+    one = project_def(m, func)
+    if one is not None or not isinstance(func, ast.Attribute) or m.path in ("<string>", "<stdin>", "-"):
+        return [one] if one is not None else []
+    from dp2ddp.model.flow import origins
+
+    out: List[Tuple["SemanticModel", ast.AST, str]] = []
+    for node, path in origins(m, func.value):
+        got = class_of_call(m, node) if not path else None
+        if got is None:
+            continue
+        if not got[2]:
+            return []
+        hit = method_of(got[0], got[1], func.attr, got[2])
+        if hit is not None and all(hit[1] is not o[1] for o in out):
+            out.append(hit)
+    return out
+
+
 _ACTIVE: set = set()  # instance methods being resolved (``x = x.method()`` must not recurse)
 # what an instance method or call resolved to, kept while the outermost resolution runs: each
 # receiver is followed once. Without it, ``x = x.m1(); x = x.m2(); ...`` (every binding of

@@ -20,7 +20,7 @@ import ast
 from typing import List, NamedTuple, Optional
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.project_defs import project_def
+from dp2ddp.model.project_defs import project_def, project_defs
 from dp2ddp.model.call_args import SET_GRAD_ENABLED_PARAMS, argument
 from dp2ddp.model.syntax import is_const
 
@@ -206,6 +206,9 @@ def _project_site(m: SemanticModel) -> Optional[TrainingSite]:
                 if method is not None:
                     found.append((call, method))
                     break
+    for call in m.nodes(ast.Call):  # ``trainer.train(loader)``, ``trainer`` one of two project classes
+        if id(call) not in seen and isinstance(call.func, ast.Attribute):
+            found.extend((call, hit) for hit in project_defs(m, call.func))
     from dp2ddp.model.steps import is_backward as backward
 
     for call, (pm, node, rel) in sorted(found, key=lambda t: (t[0].lineno, t[0].col_offset)):

@@ -19,7 +19,7 @@ from typing import Iterator, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.phase_keys import fed_origins
-from dp2ddp.model.project_defs import project_def
+from dp2ddp.model.project_defs import project_def, project_defs
 from dp2ddp.model.syntax import terminal
 from dp2ddp.model.training import training_loops, updates
 
@@ -108,24 +108,23 @@ def handed_params(m: SemanticModel) -> List[Handed]:
     for call in m.nodes(ast.Call):
         if m.resolve_call(call) is not None:
             continue
-        found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
-        if found is None:
-            continue
-        pm, func, _ = found
-        if isinstance(func, ast.ClassDef):
-            # ``Trainer(model, loader)``: a parameter of its __init__ that a training loop of
-            # the class iterates (through ``self.data``)
-            init = pm.methods(func).get("__init__")
-            if init is None:
-                continue
-            params = _fed_params(pm, init, within=func)
-            func = init
-        else:
-            params = _fed_params(pm, func)
-        for param in params:
-            arg = pm.argument_for(func, call, param)
-            if arg is not None:
-                out.append(Handed(call, pm, func, param, arg))
+        # ``trainer.train(loader)`` where ``trainer`` is one of two project classes on different
+        # paths (adversarial_robustness' ``WATrainer`` or ``Trainer``): each one's method
+        for pm, func, _ in project_defs(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else ():
+            if isinstance(func, ast.ClassDef):
+                # ``Trainer(model, loader)``: a parameter of its __init__ that a training loop of
+                # the class iterates (through ``self.data``)
+                init = pm.methods(func).get("__init__")
+                if init is None:
+                    continue
+                params = _fed_params(pm, init, within=func)
+                func = init
+            else:
+                params = _fed_params(pm, func)
+            for param in params:
+                arg = pm.argument_for(func, call, param)
+                if arg is not None:
+                    out.append(Handed(call, pm, func, param, arg))
     m.cache["training:handed"] = out
     return out
 
