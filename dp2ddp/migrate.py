@@ -389,20 +389,34 @@ def _inference_through_helpers(entry: str, res, data: bytes):
     if model is None:
         return res
     nowhere = trains_nowhere(entry, model)
-    if not nowhere and not trains_nothing_visible(model):
-        return res
     found = helpers_with_dp(model)
     if not found:
         return res
+    if not nowhere and not (trains_nothing_visible(model) and _followed(model, found)):
+        return res
     call, rel, line = found[0]
     pos, end = model.position(call), model.end_position(call)
-    why = (f"its model is wrapped in DataParallel by {model.source(call.func)}() ({rel}:{line}), and nothing this script "
+    import ast
+
+    what = f"{model.source(call.func)}()" if isinstance(call, ast.Call) else f"`{model.source(call)}`, handed on as a value,"
+    why = (f"its model is wrapped in DataParallel by {what} ({rel}:{line}), and nothing this script "
            "or its project modules run trains it" + ("" if nowhere else (
                " (no backward pass, no optimizer.step(), no optimizer made; if a library it hands the model to trains "
                "it, dp2ddp cannot find the data to shard)")))
     f = Finding("DDP115", no_training_message(why, own_step=False), call, line=pos[0], col=pos[1], severity="error",
                 end_line=end[0], end_col=end[1])
     return _refused(res, f, data)
+
+
+def _followed(model, found) -> bool:
+    """Every path from the script to the helpers' DataParallel is a call dp2ddp follows, and
+    the script calls nothing it cannot name (``trainer[name](args, net)``, ``getattr(m, n)()``):
+    where it finds no training, none is hidden behind a dispatch (TransUNet's table of
+    trainers, whose one entry trains)."""
+    import ast
+
+    return all(isinstance(call, ast.Call) for call, _rel, _line in found) and not any(
+        isinstance(c.func, (ast.Subscript, ast.Call)) for c in model.nodes(ast.Call))
 
 
 def _refused(res, finding, data: bytes):

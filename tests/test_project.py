@@ -2022,3 +2022,54 @@ def test_a_loader_handed_to_the_method_of_either_of_two_trainers_verify(tmp_path
                                 "--", "--average")
     assert code == 0, text
     assert "epoch 1: 20+20 served, disjoint, the original's epoch exactly; a new order each epoch" in text, text
+
+
+_TABLE_TRAINER = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def trainer_small(args, model, out):
+    model = nn.DataParallel(model)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    torch.save(model.state_dict(), out)
+"""
+
+_TABLE_ENTRY = """\
+import argparse
+
+import torch.nn as nn
+
+from trainer import trainer_small
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset", default="small")
+    args = parser.parse_args()
+    net = nn.Linear(4, 1)
+    trainer = {"small": trainer_small}
+    trainer[args.dataset](args, net, "net.pt")
+"""
+
+
+def test_a_trainer_picked_from_a_table_is_not_taken_for_an_inference_script(tmp_path: Path, capsys) -> None:
+    """TransUNet's shape: the script hands its model to a trainer it picks from a dict
+    (``trainer[name](args, net, path)``); the wrap and the training are both in that
+    function. dp2ddp cannot follow the dispatch, so finding no training step in what it
+    follows is no proof that nothing trains: not DDP115 (and no crash on the trainer handed
+    on as a value, which the refusal's message used to read as a call)."""
+    (tmp_path / "trainer.py").write_text(_TABLE_TRAINER)
+    (tmp_path / "train.py").write_text(_TABLE_ENTRY)
+    out = tmp_path / "out"
+    code = main(["rewrite", "--with-helpers", "-o", str(out), str(tmp_path / "train.py")])
+    err = capsys.readouterr().err
+    assert "DDP115" not in err and "Traceback" not in err, err
+    assert code == 0, err
+    assert "DistributedDataParallel(" in (out / "trainer.py").read_text()

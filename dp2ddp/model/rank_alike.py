@@ -195,16 +195,25 @@ def per_process_path(m: SemanticModel, expr: Optional[ast.AST], depth: int = 0) 
     such a write cannot move to rank 0 alone."""
     from dp2ddp.model.flow import origins
 
-    if expr is None or depth > 6:
+    if expr is None:
         return None
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Call) and m.qualified_names(n.func) & PER_PROCESS_PATHS:
-            return n
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
-            for node, _ in origins(m, n):
-                if node is n:
-                    continue
-                got = per_process_path(m, node, depth + 1)
-                if got is not None:
-                    return got
+    # breadth-first over the expressions behind the path, each once, six steps deep: a
+    # path rebuilt from itself many times (``path = os.path.join(path, x)`` in a loop of
+    # branches) once took exponential time walked as a tree
+    seen = {id(expr)}
+    level = [expr]
+    for _ in range(depth, 7):
+        following = []
+        for e in level:
+            for n in ast.walk(e):
+                if isinstance(n, ast.Call) and m.qualified_names(n.func) & PER_PROCESS_PATHS:
+                    return n
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                    for node, _ in origins(m, n):
+                        if node is not n and id(node) not in seen:
+                            seen.add(id(node))
+                            following.append(node)
+        if not following:
+            return None
+        level = following
     return None
