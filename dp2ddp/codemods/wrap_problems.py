@@ -140,7 +140,7 @@ def _second_order(ctx: Context) -> List[Finding]:
     a script that trains the wrapped model. DDP's gradient hooks all-reduce during the first
     backward; the second-order gradients through it are not synchronised across ranks (torch
     warns: "not well-supported"), and its reducer may reject the double backward altogether."""
-    from dp2ddp.model.steps import second_order
+    from dp2ddp.model.steps import input_penalties, second_order
     from dp2ddp.model.training import training_site
 
     m = ctx.m
@@ -151,7 +151,14 @@ def _second_order(ctx: Context) -> List[Finding]:
         "DistributedDataParallel all-reduces the first-order gradients in its hooks and does not synchronise "
         "higher-order ones across ranks (torch: \"not well-supported\"; it can also fail outright), so the replicas would "
         "train apart; keep DataParallel for this script, or migrate its second-order step by hand"))
-        for call in second_order(m)]
+        for call in second_order(m)] + [ctx.block(call, "DDP174", (
+            f"`{m.source(call)[:70]}` builds a graph of the gradient with respect to an input (a gradient penalty), "
+            "whose backward runs through the model's parameters again: DistributedDataParallel expects that backward to "
+            "give every parameter of the forward a gradient, and a penalty's reaches only some (a last layer's bias gets "
+            "none), so the next forward fails (\"Expected to have finished reduction in the prior iteration\"), with "
+            "find_unused_parameters too; keep DataParallel for this script, or migrate its penalty step by hand "
+            "(StyleGAN2-ADA all-reduces such gradients itself)"))
+        for call in input_penalties(m)]
 
 
 # conversions that give the parameters new storage of another dtype (``.float()`` leaves a

@@ -17,7 +17,10 @@ CODES: Tuple[MigrationCode, ...] = (
         "all-reduces the first-order gradients in hooks during the backward; the higher-order gradients that flow "
         "through it are not synchronised across ranks (torch warns that DDP with `create_graph=True` is not "
         "well-supported), and its reducer can fail outright (\"a leaf Variable that requires grad is being used in an "
-        "in-place operation\"). The replicas would train apart. A flag that may be true on some run counts "
+        "in-place operation\"). A gradient penalty with respect to an input (WGAN-GP, R1) backpropagates through the "
+        "model's parameters again and reaches only some of them (a last layer's bias gets no gradient): the reducer waits "
+        "for gradients that never come, and the next forward fails (\"Expected to have finished reduction in the prior "
+        "iteration\"), with `find_unused_parameters=True` too. The replicas would train apart. A flag that may be true on some run counts "
         "(`create_graph=create_graph` from the optimizer's choice); `create_graph=False` does not.",
         "Keep DataParallel for this script, or migrate the second-order step by hand (compute the Hessian-vector "
         "products on the bare module, `model.module`, and all-reduce what they feed).",

@@ -203,9 +203,29 @@ def second_order(m: SemanticModel) -> List[ast.Call]:
         if flag is None or constant_truth(m, flag) is False:
             continue
         if grad and not _of_parameters(m, argument(call, params, "inputs")):
-            continue  # a gradient penalty: the graph of d(out)/d(input), which DDP's hooks never see
+            continue  # a gradient penalty: :func:`input_penalties`
         out.append(call)
     m.cache["steps:second_order"] = out
+    return out
+
+
+def input_penalties(m: SemanticModel) -> List[ast.Call]:
+    """``torch.autograd.grad(out, x, ..., create_graph=True)`` with respect to an input, not
+    the parameters (WGAN-GP's and R1's gradient penalty): the gradient's own graph, which a
+    penalty then backpropagates through the model's parameters again. (``create_graph=False``
+    — an adversarial perturbation's gradient — is not one.)"""
+    from dp2ddp.model.call_args import AUTOGRAD_GRAD_PARAMS, argument
+    from dp2ddp.model.dead_code import constant_truth
+
+    out = []
+    for call in m.nodes(ast.Call):
+        if not m.is_name(call.func, AUTOGRAD_GRAD):
+            continue
+        flag = argument(call, AUTOGRAD_GRAD_PARAMS, "create_graph")
+        if flag is None or constant_truth(m, flag) is False:
+            continue
+        if not _of_parameters(m, argument(call, AUTOGRAD_GRAD_PARAMS, "inputs")):
+            out.append(call)
     return out
 
 
