@@ -193,6 +193,7 @@ def propose(ctx: Context) -> List[Finding]:
             "in the script, or pass --keep-batch-size")))
     if not wrapped and not rebinds:
         return out
+    out.extend(_pickled_loaders(ctx, wrapped, rebinds))
     if any(f.severity == "error" for f in out):
         helper.loaders.clear()
         return out
@@ -503,6 +504,41 @@ def _handed_by_entry(ctx: Context, node: ast.AST) -> bool:
         return False
     fn = bindings[0].scope.node  # the function whose parameter it is
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (fn.name, fn.lineno, node.id) in handed
+
+
+_PICKLERS = frozenset({"torch.save", "pickle.dump", "pickle.dumps", "dill.dump", "joblib.dump", "cloudpickle.dump"})
+
+
+def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
+    """A loader this migration shards that the script also pickles (``torch.save(trainloader,
+    path)`` for another script to reuse: loss-landscape's ``trainloader.dat``): the file would
+    hold the sharding wrapper, a class of the migrated script no other script can import, and
+    one rank's share. Refused at the save."""
+    from dp2ddp.model.flow import origins
+
+    m = ctx.m
+    sharded = {id(n) for n, _ in wrapped} | {id(m.parent(stmt)) for stmt, _ in rebinds}
+    rebound = {t for _, ts in rebinds for t in ts}
+    rebound_at = {id(stmt.value) for stmt, _ in rebinds if isinstance(stmt, ast.Assign)}
+    out: List[Finding] = []
+    for call in m.nodes(ast.Call):
+        if not call.args or not m.is_name(call.func, _PICKLERS):
+            continue
+        for n in ast.walk(call.args[0]):
+            if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(getattr(n, "ctx", None), ast.Load):
+                continue
+            parent = m.parent(n)
+            if isinstance(parent, ast.Attribute) and parent.value is n:
+                continue  # a part of it (``loader.dataset``): not the loader
+            hit = m.source(n) in rebound or any(id(node) in sharded or id(node) in rebound_at for node, _ in origins(m, n))
+            if hit:
+                out.append(ctx.block(call, "DDP105", (
+                    f"`{m.source(n)}` is sharded between the ranks, and `{m.source(call.func)}` (line {call.lineno}) "
+                    "pickles it: the file would hold the migration's sharding wrapper, a class of the migrated script that "
+                    "no other script can load, and one rank's share; save what the loader is made from (the dataset, "
+                    "the indices) instead, then migrate")))
+                break
+    return out
 
 
 def _loader_name(m, node: ast.AST, value: Optional[ast.AST] = None) -> Optional[str]:
