@@ -2073,3 +2073,45 @@ def test_a_trainer_picked_from_a_table_is_not_taken_for_an_inference_script(tmp_
     assert "DDP115" not in err and "Traceback" not in err, err
     assert code == 0, err
     assert "DistributedDataParallel(" in (out / "trainer.py").read_text()
+
+
+LOGGER_CLASS = ROOT / "fixtures" / "project" / "logger_from_a_helper_class"
+
+
+def test_a_logger_a_helper_class_hands_out_logs_on_rank_zero_only(tmp_path: Path) -> None:
+    """CIFAR-ZOO's ``Logger(...).get_log()``: the class adds a FileHandler to a named logger
+    and a method returns it. The logger is disabled on the other ranks, as one a helper
+    function returns is (DDP135). It used to be left alone: every rank appended every line."""
+    d = tmp_path / "proj"
+    shutil.copytree(LOGGER_CLASS, d)
+    assert main(["rewrite", "-q", str(d / "train.py")]) == 0
+    out = (d / "train_ddp.py").read_text()
+    assert ('logger = Logger(log_file_name=os.path.join(args.work_dir, "log.txt"), logger_name="zoo").get_log()\n'
+            'if dist.get_rank() != 0:\n    logger.disabled = True\n') in out, out
+
+
+def test_a_helper_logger_whose_handler_empties_its_file_is_refused(tmp_path: Path, capsys) -> None:
+    """The same class with ``FileHandler(path, mode="w")``: made on every rank, each later rank
+    would empty what rank 0 has written already. Refused (DDP110), nothing written."""
+    d = tmp_path / "proj"
+    shutil.copytree(LOGGER_CLASS, d)
+    logs = d / "logs.py"
+    logs.write_text(logs.read_text().replace("FileHandler(log_file_name)", 'FileHandler(log_file_name, mode="w")'))
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "train.py:14:1: DDP110 `logger` logs to a file its handler opens with mode 'w' when it is made (logs.py:9)" in err, err
+    assert not (d / "train_ddp.py").exists()
+
+
+@pytest.mark.torchrun
+def test_a_logger_a_helper_class_hands_out_verify(tmp_path: Path) -> None:
+    """verify passes it: rank 1 opens the log to append (its handler is made) and writes
+    nothing; the file holds the original's lines, which verify says in a note."""
+    from tests.verify_helpers import verify
+
+    d = tmp_path / "proj"
+    shutil.copytree(LOGGER_CLASS, d)
+    assert main(["rewrite", "-q", str(d / "train.py")]) == 0
+    code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(d / "train_ddp.py"), "--steps", "0")
+    assert code == 0, text
+    assert "exp/log.txt is opened to append by every rank (ranks 0 and 1) and holds the original's 8 lines" in text, text

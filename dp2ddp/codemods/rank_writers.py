@@ -362,6 +362,10 @@ def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
 def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
     """``logger = utils.get_logger(path)``, a logger with a file handler a project function
     made: disabled on the other ranks, as their prints are (every line once in the file)."""
+    if lm.truncates:
+        return ctx.block(lm.stmt, "DDP110", f"`{lm.name}` logs to a file its handler opens with mode 'w' when it is made "
+                         f"({lm.where}): on every rank that makes it, the other ranks would empty what rank 0 has "
+                         "written; open it in append mode (or with delay=True), then migrate")
     early = ctx.mode == "plain" and not ctx.in_setup_region(lm.stmt)
     other = ctx.env_not_rank0() if early else ctx.not_rank0()
     stmt = ctx.stmt(f"if {other}:\n    {lm.name}.disabled = True\n")

@@ -28,6 +28,7 @@ class LoggerMaker:
     stmt: ast.Assign  # the script's statement
     name: str  # the name it binds
     where: str  # ``utils.py:49``: the file handler
+    truncates: bool = False  # the handler opens its file with mode="w" at once: every rank would empty it
 
 
 def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
@@ -73,12 +74,31 @@ def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
         if (isinstance(func, ast.ClassDef) or not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1
                 or not isinstance(stmt.targets[0], ast.Name)):
             continue
-        handler = next((w for w in writers(pm) if w.kind == "logfile" and pm.contains(func, w.call)
+        # a method (``Log(path, name).get()``, CIFAR-ZOO's ``Logger(...).get_log()``): the handler
+        # may be added anywhere in its class (its ``__init__``), the method returning the logger
+        owner = pm.parent(func)
+        scope = owner if isinstance(owner, ast.ClassDef) else func
+        handler = next((w for w in writers(pm) if w.kind == "logfile" and pm.contains(scope, w.call)
                         and pm.is_name(w.call.func, LOGGING_FILE)), None)
         if handler is not None and _returns_a_logger(pm, func):
-            out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}"))
+            out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}", _truncates(pm, handler.call)))
     m.cache["logger_makers"] = out
     return out
+
+
+def _truncates(pm: SemanticModel, handler: ast.Call) -> bool:
+    """``logging.FileHandler(path, mode='w')`` opens (and empties) its file when it is made,
+    unless ``delay=True`` (then at its first record, which a disabled logger never writes).
+    A mode that is not a constant starting with ``a`` may empty it."""
+    from dp2ddp.model.call_args import argument
+    from dp2ddp.model.dead_code import constant_truth
+
+    params = ("filename", "mode", "encoding", "delay")
+    mode = argument(handler, params, "mode")
+    if mode is None or (isinstance(mode, ast.Constant) and isinstance(mode.value, str) and mode.value.startswith("a")):
+        return False
+    delay = argument(handler, params, "delay")
+    return not (delay is not None and constant_truth(pm, delay) is True)
 
 
 def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
@@ -88,7 +108,17 @@ def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
     returns = [r for r in ast.walk(func) if isinstance(r, ast.Return) and pm.enclosing_function(r) is func]
     if not isinstance(func, FUNCTIONS) or not returns:
         return False
+    owner = pm.parent(func)
     for r in returns:
+        if (isinstance(owner, ast.ClassDef) and isinstance(r.value, ast.Attribute) and isinstance(r.value.value, ast.Name)
+                and r.value.value.id == "self"):
+            # ``return self._log``: every assignment of ``self._log`` in the class is a getLogger
+            values = [a.value for a in ast.walk(owner) if isinstance(a, ast.Assign) and len(a.targets) == 1
+                      and isinstance(a.targets[0], ast.Attribute) and isinstance(a.targets[0].value, ast.Name)
+                      and a.targets[0].value.id == "self" and a.targets[0].attr == r.value.attr]
+            if not values or not all(isinstance(v, ast.Call) and pm.is_name(v.func, {"logging.getLogger"}) for v in values):
+                return False
+            continue
         if not isinstance(r.value, ast.Name):
             return False
         bindings = pm.bindings_of(r.value)

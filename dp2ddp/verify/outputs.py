@@ -100,8 +100,7 @@ def compare(orig: RunOutputs, mig: RunOutputs, world: int, dp_in_original: bool,
     # written by several ranks
     for p, ranks in sorted(mig.writers.items()):
         if len(ranks) > 1 and p in m_files and not any(p in d["paths"] and d["kind"] == "writers" for d in rep.differences):
-            rep.add(p, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){_lines(orig, mig, p, p)}",
-                    ADVICE_RANK0, mig.sites.get(p))
+            _written_by_every_rank(rep, orig, mig, p, p, ranks)
 
     # deletions
     for p in sorted(orig.deleted ^ mig.deleted):
@@ -192,6 +191,36 @@ def unjudged_reason(world: int, split: bool, stochastic: Sequence[str]) -> Optio
 def _ranks(ranks) -> str:
     r = sorted(ranks)
     return "rank " + str(r[0]) if len(r) == 1 else "ranks " + ", ".join(map(str, r[:-1])) + f" and {r[-1]}"
+
+
+def _written_by_every_rank(rep: Report, orig: RunOutputs, mig: RunOutputs, a: str, b: str, ranks) -> bool:
+    """The migration's ``b`` (the original's ``a``) was opened for writing by several ranks: a
+    problem (True), or, where the others only opened it to append and it holds the original's
+    lines, a note (False: it is compared as any other file)."""
+    if _appended_once(orig, mig, a, b, ranks):
+        note = (f"{b} is opened to append by every rank ({_ranks(ranks)}) and holds the original's {line_count(mig.where[b])} "
+                "lines: the other ranks opened it and wrote nothing (a log handler made on every rank, disabled on all "
+                "but rank 0)")
+        if note not in rep.notes:
+            rep.notes.append(note)
+        return False
+    rep.add(b, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){_lines(orig, mig, a, b)}",
+            ADVICE_RANK0, mig.sites.get(b))
+    return True
+
+
+def _appended_once(orig: RunOutputs, mig: RunOutputs, a: str, b: str, ranks) -> bool:
+    """A text file every rank but 0 only ever opened to append to, that holds as many lines as
+    the original's: no rank but one wrote to it in this run (appended twice, its lines would
+    be more)."""
+    others = set(ranks) - {0}
+    mb, oa = mig.where.get(b), orig.where.get(a)
+    if not others or not others <= mig.appenders.get(b, set()) or mb is None or oa is None:
+        return False
+    if kind_of(mb) not in ("text", "csv"):
+        return False
+    lm, lo = line_count(mb), line_count(oa)
+    return lm is not None and lm == lo and lm > 0
 
 
 def _lines(orig: RunOutputs, mig: RunOutputs, a: Optional[str], b: str) -> str:
@@ -317,10 +346,8 @@ def _one(rep: Report, shown: str, a: str, b: str, orig: RunOutputs, mig: RunOutp
         entry["names"] = [a, b]
     rep.files.append(entry)
     ranks = mig.writers.get(b, set())
-    if len(ranks) > 1:
+    if len(ranks) > 1 and _written_by_every_rank(rep, orig, mig, a, b, ranks):
         entry["status"] = "differs"
-        rep.add(b, "writers", "problem", f"{{path}} is written by every rank ({_ranks(ranks)}){_lines(orig, mig, a, b)}",
-                ADVICE_RANK0, mig.sites.get(b))
         return None
     if kind == "checkpoint":
         entry["_a"], entry["_b"], entry["_ranks"] = a, b, ranks

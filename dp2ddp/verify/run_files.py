@@ -109,6 +109,7 @@ class RunOutputs:
     deleted: Set[str] = field(default_factory=set)
     where: Dict[str, Path] = field(default_factory=dict)  # displayed path -> absolute path
     writers: Dict[str, Set[int]] = field(default_factory=dict)  # displayed path -> ranks that wrote it
+    appenders: Dict[str, Set[int]] = field(default_factory=dict)  # displayed path -> ranks that only appended to it
     sites: Dict[str, str] = field(default_factory=dict)  # displayed path -> "file.py:line" that opened or saved it
     steps: Dict[str, int] = field(default_factory=dict)  # displayed path -> step of its last write
     outside: List[str] = field(default_factory=list)  # written outside every watched folder
@@ -168,6 +169,8 @@ class Watch:
                 shown = self._shown(path)
                 if shown is not None:
                     out.writers.setdefault(shown, set()).add(rank)
+                    if path in (getattr(rec, "write_appends", None) or ()):
+                        out.appenders.setdefault(shown, set()).add(rank)
                     site = (rec.write_sites or {}).get(path)
                     if site:
                         out.sites[shown] = self.site(site)

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set
 
 from dp2ddp.verify import procs
 
@@ -60,6 +60,7 @@ class Rank:
     writes: List[str] = field(default_factory=list)  # absolute paths it opened for writing
     write_sites: Dict[str, list] = field(default_factory=dict)  # path -> [file, line] of the user's code that wrote it
     write_steps: Dict[str, int] = field(default_factory=dict)  # path -> primary step of its last write
+    write_appends: Set[str] = field(default_factory=set)  # paths this rank only ever opened to append to
     osteps: List[dict] = field(default_factory=list)  # steps of the other optimizers (a GAN's generator)
     passes: List[dict] = field(default_factory=list)  # every DataLoader pass: the indices it served
     evidence: List[dict] = field(default_factory=list)  # how far the run went for the data evidence
@@ -213,6 +214,7 @@ class _Reader:
                     r.writes = list(rec.get("paths") or [])
                     r.write_sites = dict(rec.get("sites") or {})
                     r.write_steps = dict(rec.get("steps") or {})
+                    r.write_appends = set(rec.get("appends") or ())
         if progressed:
             self.last_event = time.monotonic()
         return progressed

@@ -425,7 +425,7 @@ def _open_event(args):
         g.check(path, True, keep)
     s = _S
     if s is not None and s.on:
-        _note_write(path)
+        _note_write(path, append=keep and (mode is None or ("a" in mode and "+" not in mode)))
 
 
 def _rename_event(args):
@@ -479,7 +479,7 @@ def _audit(event, args):
         handler(args)
 
 
-def _note_write(path, step_of_save=False):
+def _note_write(path, step_of_save=False, append=False):
     s = _S
     if isinstance(path, int) or len(s.writes) >= MAX_WRITES:
         return
@@ -489,9 +489,10 @@ def _note_write(path, step_of_save=False):
         return
     w = s.writes.get(p)
     if w is None:
-        s.writes[p] = [_site(3), s.step]
+        s.writes[p] = [_site(3), s.step, append]
     else:
         w[1] = s.step
+        w[2] = w[2] and append  # opened only to append, every time (a log handler made on every rank)
 
 
 def _report_writes():
@@ -501,7 +502,8 @@ def _report_writes():
     try:
         s.emit({"ev": "writes", "t": time.time(), "paths": sorted(s.writes),
                 "sites": {p: w[0] for p, w in s.writes.items() if w[0]},
-                "steps": {p: w[1] for p, w in s.writes.items()}})
+                "steps": {p: w[1] for p, w in s.writes.items()},
+                "appends": sorted(p for p, w in s.writes.items() if w[2])})
     except Exception:
         pass
 
