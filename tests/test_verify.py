@@ -402,3 +402,21 @@ def test_a_failed_node_does_not_leave_the_other_waiting(tmp_path):
     assert rep["migrated"]["hung"] is False, out
     assert rep["migrated"]["exit_code"] not in (0, None)
     assert any("migrated run failed" in p or "crashed" in p for p in rep["problems"]), rep["problems"]
+
+
+def test_the_evaluation_only_mode_of_a_training_migration_passes_with_its_evaluation_whole(tmp_path):
+    """akamaster's `trainer.py -e`: the migration trains, and `rewrite` leaves its validation
+    loader whole on every rank by default (DDP108: correct, not faster). Run in its `-e` mode
+    every rank evaluates all samples: a note naming that default, not a failure (verify used
+    to fail it as a repeated inference while the training run of the same migration passed)."""
+    from dp2ddp.cli import main
+
+    script = tmp_path / "evaluate_flag.py"
+    shutil.copyfile(fixture("evaluate_flag.py"), script)
+    assert main(["rewrite", "-q", str(script)]) == 0
+    code, rep, out, _ = verify(tmp_path, str(script), "--migrated", str(tmp_path / "evaluate_flag_ddp.py"), "--steps", "0",
+                               "--", "-e")
+    assert code == 0, out
+    assert rep["inference"]["agree"] and rep["steps_compared"] == 0
+    assert any("inference only in this run, of a migration that trains: every rank ran the model on all 128 samples"
+               in n for n in rep["notes"]), rep["notes"]

@@ -62,6 +62,22 @@ def gpu_memory(run: RunResult) -> Optional[Dict[str, Any]]:
     return {"device": name, "peak_allocated_mib": peaks, "max_mib": max(peaks.values())}
 
 
+def _migration_trains(opts: Options) -> bool:
+    """The migrated script has a training step (its own or in the project code it runs): a run
+    without one is its evaluation-only mode (``-e``, ``--eval``), whose loaders ``rewrite`` leaves
+    whole on every rank by default (DDP108)."""
+    if not opts.migrated:
+        return False
+    try:
+        from dp2ddp.model.core import build
+        from dp2ddp.model.training import training_site
+
+        with open(opts.migrated, "rb") as fh:
+            return training_site(build(fh.read(), opts.migrated)) is not None
+    except Exception:  # unreadable or unparsable: judged as an inference script
+        return False
+
+
 def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[RunResult] = None) -> Dict[str, Any]:
     """One pair of runs: failures, losses, global batch, set_epoch, replicas, and this
     pair's speed-up (a figure only: the speed verdict is :func:`combine`'s, over pairs)."""
@@ -80,7 +96,8 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
     po, pm = _per_step(orig), _per_step(mig)
     inference = None
     if not po and not pm and not failed(orig) and not failed(mig) and orig.ranks and mig.ranks:
-        inference = printed.judge(orig, mig, envelope)  # no step in either run: compare what they print
+        # no step in either run: compare what they print
+        inference = printed.judge(orig, mig, envelope, evaluation_whole=_migration_trains(opts))
         problems.extend(inference["problems"])
         notes.extend(inference["notes"])
     for run, per in ((orig, po), (mig, pm)):

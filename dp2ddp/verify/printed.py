@@ -42,9 +42,11 @@ def _short(line: str) -> str:
     return line if len(line) <= 120 else line[:117] + "..."
 
 
-def judge(orig: RunResult, mig: RunResult, envelope: Optional[RunResult]) -> Dict[str, Any]:
+def judge(orig: RunResult, mig: RunResult, envelope: Optional[RunResult], evaluation_whole: bool = False) -> Dict[str, Any]:
     """``agree``: the migration's rank 0 printed the original's lines (noise lines aside);
-    ``problems``/``notes`` for the report; ``lines``/``noise``: the counts compared."""
+    ``problems``/``notes`` for the report; ``lines``/``noise``: the counts compared.
+    ``evaluation_whole``: the migration trains, and this run is its evaluation-only mode,
+    whose evaluation runs whole on every rank by ``rewrite``'s default (DDP108): a note."""
     problems: List[str] = []
     notes: List[str] = []
     o, m = _printed(orig), _printed(mig)
@@ -81,7 +83,7 @@ def judge(orig: RunResult, mig: RunResult, envelope: Optional[RunResult]) -> Dic
         shown = f" ({len(noise)} that differ between two runs of the original, such as times, not compared)" if noise else ""
         notes.append(f"inference only (no optimizer step in either run): the migration's rank 0 printed the original's "
                      f"{len(lo)} line{'s' if len(lo) != 1 else ''}, line for line{shown}")
-    _judge_work(orig, mig, problems, notes)
+    _judge_work(orig, mig, problems, notes, evaluation_whole)
     agree = agree and not problems
     others = [r for r in sorted(mig.ranks) if r != 0 and (_printed(mig, r) or "").strip()]
     if others:
@@ -95,13 +97,17 @@ def _forwarded(run: RunResult) -> Dict[int, int]:
             for rank, r in sorted(run.ranks.items()) if r.end and "forwards" in r.end}
 
 
-def _judge_work(orig: RunResult, mig: RunResult, problems: List[str], notes: List[str]) -> None:
+def _judge_work(orig: RunResult, mig: RunResult, problems: List[str], notes: List[str], evaluation_whole: bool = False) -> None:
     o, m = _forwarded(orig), _forwarded(mig)
     total = sum(o.values())
     if not total or len(m) < 2:
         return
     shares = ", ".join(f"rank {r}: {n}" for r, n in m.items())
-    if all(n >= total for n in m.values()):
+    if all(n >= total for n in m.values()) and evaluation_whole:
+        notes.append(f"inference only in this run, of a migration that trains: every rank ran the model on all {total} "
+                     f"samples ({shares}), as `dp2ddp rewrite` leaves evaluation whole on every rank by default (DDP108: "
+                     "correct, not faster); `rewrite --shard-eval` shares out the loops it can prove")
+    elif all(n >= total for n in m.values()):
         problems.append(f"inference only: every rank ran the model on all {total} samples the original did ({shares}): "
                         f"the migration repeats the whole inference on each of its {len(m)} processes; share out the "
                         "evaluation loop between the ranks (`dp2ddp rewrite` does where it can prove the results "
