@@ -142,6 +142,25 @@ def test_the_last_line_of_defence_sees_a_linked_file_changed(tmp_path):
     assert mirror.modified() == [str((proj / "big.bin").resolve())]
 
 
+def test_a_linked_file_written_back_unchanged_is_touched_not_modified(tmp_path):
+    """dgcnn's dataset opens its h5 file 'r+' through h5py (a C library the guard does not
+    see) and only reads it; HDF5 writes its header back as it was. The file's times change,
+    not a byte of it: verify notes it (touched) and does not fail the run for a change it did
+    not make. A byte that does change still counts (modified)."""
+    proj = _user_project(tmp_path)
+    mirror = scratch.Mirror()
+    place = scratch.prepare(proj / "small.txt", tmp_path / "run", mirror=mirror, root=proj)
+    big = (proj / "big.bin").resolve()
+    first = big.read_bytes()[:1]
+    os.utime(big, ns=(1, 1))  # times as a writer would leave them (ctime changes too)
+    with open(place.root / "big.bin", "r+b") as fh:
+        fh.write(first)
+    assert mirror.modified() == [] and mirror.touched() == [str(big)]
+    with open(place.root / "big.bin", "r+b") as fh:
+        fh.write(bytes([first[0] ^ 1]))
+    assert mirror.modified() == [str(big)] and mirror.touched() == []
+
+
 def test_project_root_and_the_folder_runs_start_in(tmp_path):
     proj = _user_project(tmp_path)
     script = proj / "scripts" / "train.py"

@@ -521,10 +521,13 @@ def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
     rebound = {t for _, ts in rebinds for t in ts}
     rebound_at = {id(stmt.value) for stmt, _ in rebinds if isinstance(stmt, ast.Assign)}
     out: List[Finding] = []
+    from dp2ddp.model.call_args import argument
+
     for call in m.nodes(ast.Call):
-        if not call.args or not m.is_name(call.func, _PICKLERS):
+        saved = argument(call, ("obj",), "obj") if m.is_name(call.func, _PICKLERS) else None
+        if saved is None:
             continue
-        for n in ast.walk(call.args[0]):
+        for n in ast.walk(saved):
             if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(getattr(n, "ctx", None), ast.Load):
                 continue
             parent = m.parent(n)

@@ -194,6 +194,11 @@ def verify(
         rep["problems"].append("your files changed during the runs (verify's guard should have kept them as they "
                                "were; a writer it does not see, such as a C library?): " + ", ".join(touched))
         rep["verdict"] = "fail"
+    touched = outcome.mirror.touched()
+    if touched:
+        rep["notes"].append("your files were opened for writing during the runs by code verify's guard does not see (a C "
+                            "library, such as HDF5 opening a file 'r+'), which changed their times but not a byte of "
+                            "their contents: " + ", ".join(touched))
     folders = outcome.mirror.modified(folders=True)
     if folders:
         rep["notes"].append("entries changed during the runs in folders of your project the runs saw through links "
