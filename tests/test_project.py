@@ -2115,3 +2115,68 @@ def test_a_logger_a_helper_class_hands_out_verify(tmp_path: Path) -> None:
     code, rep, text, _ = verify(tmp_path, str(d / "train.py"), "--migrated", str(d / "train_ddp.py"), "--steps", "0")
     assert code == 0, text
     assert "exp/log.txt is opened to append by every rank (ranks 0 and 1) and holds the original's 8 lines" in text, text
+
+
+SNAPSHOT_BEFORE_WRAP = ROOT / "fixtures" / "project" / "snapshot_loaded_before_a_gpu_count_wrap"
+
+
+def test_a_snapshot_loaded_before_the_wrap_keeps_plain_keys(tmp_path: Path, capsys) -> None:
+    """outlier-exposure: the script and its tuning stage load snapshots into the bare network,
+    before `if args.ngpu > 1:` wraps it. Those loaders want plain keys: the migration saves
+    through `.module` (it used to read tune.py's load as one into a wrapper, kept `module.`,
+    and could not resume from its own snapshots)."""
+    d = tmp_path / "proj"
+    shutil.copytree(SNAPSHOT_BEFORE_WRAP, d)
+    assert main(["rewrite", str(d / "train.py")]) == 0
+    err = capsys.readouterr().err + capsys.readouterr().out
+    out = (d / "train_ddp.py").read_text()
+    assert 'torch.save(net.module.state_dict(), os.path.join(args.save, "baseline_epoch_" + str(epoch) + ".pt"))' in out, out
+
+
+@pytest.mark.torchrun
+def test_a_snapshot_loaded_before_the_wrap_resumes_under_torchrun(tmp_path: Path) -> None:
+    """The migration resumes from its own snapshot under torchrun, and the tuning stage loads it."""
+    d = tmp_path / "proj"
+    shutil.copytree(SNAPSHOT_BEFORE_WRAP, d)
+    assert main(["rewrite", "-q", str(d / "train.py")]) == 0
+    first = run_script([str(d / "train_ddp.py"), "--epochs", "1"], d, nproc=2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = run_script([str(d / "train_ddp.py"), "--epochs", "2", "--load", "snapshots"], d, nproc=2)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "epoch 1 loss" in again.stdout and "epoch 0 loss" not in again.stdout
+    tune = run_script([str(d / "tune.py")], d)
+    assert tune.returncode == 0 and "loaded snapshots/baseline_epoch_1.pt" in tune.stdout, tune.stdout + tune.stderr
+
+
+_LOOSE_CKPT = """\
+import torch
+
+
+def load_checkpoint(path, model, optimizer):
+    state = torch.load(path)
+    model.load_state_dict(state["state_dict"], strict=False)
+    optimizer.load_state_dict(state["optimizer"])
+    return state["epoch"]
+"""
+
+
+def test_a_wrapper_handed_to_a_loose_loader_is_refused(tmp_path: Path, capsys) -> None:
+    """CIFAR-ZOO's resume: `load_checkpoint(path, net, optimizer)` of the project loads with
+    strict=False. Handed the DDP wrapper (there on every run, where the original's wrap ran
+    only with CUDA), a checkpoint with plain keys would load nothing, silently: refused
+    (DDP187), the script left as it was."""
+    (tmp_path / "ckpt.py").write_text(_LOOSE_CKPT)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nimport torch.nn as nn\nfrom ckpt import load_checkpoint\n\n"
+        "net = nn.Linear(4, 2)\nif torch.cuda.is_available():\n    net = nn.DataParallel(net).cuda()\n"
+        "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nstart = load_checkpoint(\"ckpt.pth\", net, opt)\n"
+        "loader = torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4, shuffle=True)\n"
+        "for x in loader:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n"
+        "torch.save({\"state_dict\": net.state_dict(), \"optimizer\": opt.state_dict(), \"epoch\": 1}, \"ckpt.pth\")\n")
+    before = script.read_bytes()
+    assert main(["rewrite", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert ("train.py:9:9: DDP187 load_checkpoint loads a state dict into the model it is handed with strict=False "
+            "(ckpt.py:6)") in err, err
+    assert script.read_bytes() == before and not (tmp_path / "train_ddp.py").exists()

@@ -23,6 +23,7 @@ from typing import List
 
 from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Edit, Finding, Remove, Replace
+from dp2ddp.model.checkpoint_keys import handed_loose_loads
 from dp2ddp.model.dp_idioms import BOTH, UNWRAPS, asserting_helper_statements, dp_helper_calls, dp_loss_means, is_elif
 
 
@@ -51,6 +52,13 @@ def propose(ctx: Context) -> List[Finding]:
                                  f"{_what(h)}) and would be handed the DDP wrapper, which is not one: migrate with "
                                  "`--with-helpers` (its type checks then name DistributedDataParallel too), or make it "
                                  "accept both wrappers"))
+    for loose in handed_loose_loads(ctx.m):
+        out.append(ctx.block(loose.call, "DDP187", (
+            f"{loose.name} loads a state dict into the model it is handed with strict=False ({loose.where}): handed the DDP "
+            "wrapper, which takes only `module.` keys, a checkpoint with plain keys (the original's own, written where its "
+            "DataParallel did not run: on the CPU or one GPU) would load nothing, and training would start over from "
+            "random weights with no error; load with strict=True there (a mismatch then fails loudly), or load into the "
+            "bare model after stripping the prefix, then migrate")))
     return out
 
 

@@ -340,6 +340,27 @@ def _beside_own_ddp(m, w: Wrap) -> Optional[ast.If]:
     return None
 
 
+def _wrapped_whole(m, root: str) -> bool:
+    """Some DataParallel wrap of the module wraps the model named ``root`` itself
+    (``model = nn.DataParallel(model)``), not a part of it."""
+    return any(w.module is not None and m.source(w.module) == root for w in dp_wraps(m))
+
+
+def _keys_saved(m, root: str) -> Optional[ast.AST]:
+    """Where the state of the model named ``root`` may be saved: ``root.state_dict()``, or
+    ``root`` handed to a call that names saving or checkpoints (``save_model(model, opt,
+    path)``, ``torch.save(model, path)``)."""
+    for node in m.nodes(ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "state_dict" and m.source(f.value) == root:
+            return node
+        name = (m.source(f).rsplit(".", 1)[-1]).lower()
+        if ("save" in name or "checkpoint" in name) and any(
+                isinstance(a, ast.Name) and a.id == root for a in list(node.args) + [k.value for k in node.keywords]):
+            return node
+    return None
+
+
 def _wrapped_above(m: SemanticModel, w: Wrap) -> Optional[Wrap]:
     """An unconditional wrap of the same name in the same block before the ``if`` around
     ``w`` (or a conditional one whose ``if`` ends before it: moved below its own ``if``, it
@@ -551,6 +572,17 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if w.conditions and any(isinstance(e, Remove) for e in edits):
         edits = drop_emptied_if(ctx, w, hoist) or edits
     if partial_root is not None:
+        # (where another branch wraps the whole model, pytorch/examples' imagenet `features` of
+        # alexnet and vgg, the migration's keys are that branch's: the original's on the others)
+        saved = _keys_saved(m, partial_root.id) if not _wrapped_whole(m, partial_root.id) else None
+        if saved is not None:
+            part = m.source(target)[len(partial_root.id) + 1:]
+            return [ctx.block(call, "DDP101", (
+                f"partial DataParallel wrap of {m.source(target)}, and the state of {partial_root.id} is saved "
+                f"(`{m.source(saved)[:60]}`, line {saved.lineno}): the original's checkpoints hold `{part}.module.` keys; "
+                f"wrapped whole in DistributedDataParallel, {partial_root.id} gives `module.{part}.` keys (and `.module` "
+                f"gives `{part}.`), which the project's loaders of the original's checkpoints cannot load; migrate this "
+                f"by hand (save `{partial_root.id}.module.state_dict()` with the `{part}.` keys renamed to `{part}.module.`)"))]
         msg = (
             f"partial DataParallel wrap of {m.source(target)}: the whole {partial_root.id} is wrapped once in "
             "DistributedDataParallel so that every trained parameter is averaged across ranks"

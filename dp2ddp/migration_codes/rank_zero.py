@@ -76,6 +76,21 @@ CODES: Tuple[MigrationCode, ...] = (
         script("model = nn.DataParallel(model)\nmodel = torch.load(\"model.pth\")\n"),
     ),
     MigrationCode(
+        "DDP187", "loose-load-into-the-wrapper", "error",
+        "the wrapper is handed to a project function that loads a state dict into it with `strict=False`; the file is "
+        "left unchanged",
+        "A resume helper such as `load_checkpoint(path, model, optimizer)` calling `model.load_state_dict(sd, "
+        "strict=False)` skips every key that does not match, with no error. The original handed it a DataParallel "
+        "wrapper where its wrap ran and the bare model where it did not (the CPU, one GPU), so each run loaded the keys "
+        "it had written. The DDP wrapper is there on every run and takes only `module.` keys: a checkpoint with plain "
+        "keys (one the original wrote on the CPU or one GPU) would load nothing, and the run would go on from random "
+        "weights while the optimizer and the epoch were restored. dp2ddp does not edit that module here, so it cannot "
+        "route the load.",
+        "Load with `strict=True` in the helper (a mismatch then fails loudly, and the script's own loads accept either "
+        "form, DDP170), or strip the `module.` prefix and load into the bare model, then migrate.",
+        "No fix: the file is left unchanged.",
+    ),
+    MigrationCode(
         "DDP150", "checkpoint-keys", "info",
         "the `state_dict` keys the migration writes for a wrapped model, and why",
         "A DataParallel wrapper writes `module.`-prefixed keys; one device wrote plain keys. The project's own loaders "

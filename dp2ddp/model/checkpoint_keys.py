@@ -142,9 +142,18 @@ def _wrapped_in_file(m: SemanticModel, subject: ast.AST) -> bool:
     for n, _ in origins(m, subject):
         while isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SAME_MODULE:
             n = n.func.value  # ``nn.DataParallel(model).cuda()``: the wrapper itself
-        if isinstance(n, ast.Call) and m.call_is(n, DP | DDP):
+        if isinstance(n, ast.Call) and m.call_is(n, DP | DDP) and not _after(m, n, subject):
             return True
     return False
+
+
+def _after(m: SemanticModel, wrap: ast.AST, use: ast.AST) -> bool:
+    """The wrap runs only after ``use``: both in one function (or both at the module's top
+    level), the wrap on a later line, and no loop holds both (outlier-exposure's ``tune.py``
+    loads its snapshot into the bare model, then ``if args.ngpu > 1:`` wraps it)."""
+    if m.enclosing_function(wrap) is not m.enclosing_function(use) or wrap.lineno <= use.lineno:  # type: ignore[attr-defined]
+        return False
+    return not any(m.contains(loop, wrap) for loop in m.enclosing_loops(use))
 
 
 _NOT_MODEL_WORDS = ("optim", "sched", "scaler", "ema_state")
@@ -340,3 +349,48 @@ def checkpoint_readers(path: str) -> List[LoadSite]:
     except (OSError, SyntaxError, ValueError):
         return []
     return [s for s in project_load_sites(m) if reads_our_files(m, s)]
+
+
+@dataclass
+class LooseLoad:
+    """``load_checkpoint(path, model, optimizer)`` of a project module whose body loads into
+    the parameter it binds the wrapper to with ``strict=False`` (``model.load_state_dict(sd,
+    strict=False)``): keys that do not match are skipped, silently."""
+
+    call: ast.Call  # the script's call that hands the wrapper
+    name: str  # the function's name
+    where: str  # ``ckpt.py:11``: the load
+    module: str  # the project module's path
+
+
+def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
+    """Calls that hand the DataParallel wrapper to a project function that loads a state dict
+    into it with ``strict=False``. The original fed it ``module.`` keys where its wrap ran and
+    plain keys where it did not (on the CPU, on one GPU); a DDP wrapper, there on every run,
+    would take only ``module.`` keys, and a checkpoint of the other kind would load nothing,
+    with no error (training starts over from random weights: CIFAR-ZOO's resume)."""
+    from dp2ddp.model.collectives import wrapped_vars
+    from dp2ddp.model.dp_idioms import handed
+    from dp2ddp.model.project_defs import project_calls
+    from dp2ddp.model.syntax import FUNCTIONS
+
+    out: List[LooseLoad] = []
+    keys = wrapped_vars(m, dp=True)
+    if not keys:
+        return out
+    for call, (pm, func, rel) in project_calls(m):
+        if not isinstance(func, FUNCTIONS):
+            continue
+        _arg, param = handed(m, pm, func, call, keys)
+        if param is None:
+            continue
+        for node in ast.walk(func):
+            f = node.func if isinstance(node, ast.Call) else None
+            if not (isinstance(f, ast.Attribute) and f.attr == "load_state_dict" and isinstance(f.value, ast.Name)
+                    and f.value.id == param):
+                continue
+            strict = argument(node, LOAD_STATE_DICT_PARAMS, "strict")
+            if isinstance(strict, ast.Constant) and strict.value is False:
+                out.append(LooseLoad(call, func.name, f"{rel}:{node.lineno}", pm.path or ""))  # type: ignore[attr-defined]
+                break
+    return out

@@ -230,14 +230,14 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
         refs = [r for r in pm.refs(DP) if pm.contains(func, r)]
         if not refs:
             continue
-        arg, param = _handed(m, pm, func, call, keys)
+        arg, param = handed(m, pm, func, call, keys)
         kind = helper_kind(pm, func, param)
         out.append(DpHelperCall(call, func.name, f"{rel}:{refs[0].lineno}", kind, arg, pm.path or ""))  # type: ignore[attr-defined]
     m.cache["dp_helper_calls"] = out
     return out
 
 
-def _handed(m: SemanticModel, pm: SemanticModel, func: ast.AST, call: ast.Call, keys) -> tuple:
+def handed(m: SemanticModel, pm: SemanticModel, func: ast.AST, call: ast.Call, keys) -> tuple:
     """``(argument, parameter)``: the one argument of ``call`` that hands ``func`` a wrapper
     (one of ``keys``) and the parameter it binds to; ``(None, None)`` where that is not one."""
     from dp2ddp.model.collectives import var_key

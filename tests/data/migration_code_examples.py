@@ -307,3 +307,12 @@ PROJECT_MODULES["DDP166"] = {
     ),
 }
 EXAMPLES["DDP166"] = EXAMPLES["DDP165"]
+
+PROJECT_MODULES["DDP187"] = {
+    "ckpt.py": (
+        "import torch\n\n\ndef load_checkpoint(path, model):\n    state = torch.load(path)\n"
+        "    model.load_state_dict(state[\"state_dict\"], strict=False)\n    return state[\"epoch\"]\n"
+    ),
+}
+EXAMPLES["DDP187"] = _HEAD + "from ckpt import load_checkpoint\n" + _script(
+    "model = nn.DataParallel(nn.Linear(8, 1))\nstart = load_checkpoint(\"ckpt.pth\", model)\n")[len(_HEAD):]
