@@ -129,6 +129,7 @@ class _State:
         self.forward_hook = None
         self.forward_after = None  # with forward_hook until the first step: the depth of module calls
         self.forwards = [0, 0]  # outermost module calls before the first step, and the samples they took
+        self.rows = 0  # the most rows one outermost call in training mode took before the first step
         self.depth = 0  # module calls of the main thread in progress (forward_hook / forward_after)
         self.finished = False
         self.passes = {}  # loader key -> its current _Pass
@@ -177,7 +178,8 @@ def _step_line(i, t, samples, nbw, loss, modules, o=0, lr=None, ev="step"):
     """One step's JSON line, formatted directly (json.dumps costs about 3x more, in the flush
     thread, which shares the GIL with the training loop)."""
     if modules is not None:  # the first step only
-        rec = {"ev": ev, "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "o": o, "lr": lr, "loss": loss}
+        rec = {"ev": ev, "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "o": o, "lr": lr, "loss": loss,
+               "rows": _S.rows if _S is not None else 0}
         return json.dumps(rec, separators=(",", ":"))
     return '{"ev":"%s","i":%d,"t":%r,"samples":%d,"nbw":%d,"o":%d,"lr":%s,"loss":%s}' % (
         ev, i, t, samples, nbw, o, _num(lr), _num(loss))
@@ -747,7 +749,10 @@ def _on_torch(torch):
             if _S.depth == 0 and next(module.parameters(), None) is not None:
                 first = args[0] if args else None
                 _S.forwards[0] += 1
-                _S.forwards[1] += int(first.shape[0]) if getattr(first, "ndim", 0) else 0
+                rows = int(first.shape[0]) if getattr(first, "ndim", 0) else 0
+                _S.forwards[1] += rows
+                if module.training and rows > _S.rows:
+                    _S.rows = rows  # (two views of each sample concatenated: more rows than the batch has samples)
             _S.depth += 1
         if isinstance(module, bn) and module.training and type(module).__name__ != "SyncBatchNorm":
             _S.modules.add("batchnorm")
