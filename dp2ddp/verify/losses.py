@@ -78,16 +78,6 @@ def optimizers(run: RunResult) -> Dict[int, Dict[str, Any]]:
     return {}
 
 
-def _rows_beyond_samples(run: RunResult) -> bool:
-    """The first step's outermost forward in training mode took more rows than the step's
-    batch had samples (``model(torch.cat([view1, view2]))``)."""
-    for r in run.ranks.values():
-        if r.steps:
-            first = r.steps[0]
-            return int(first.get("rows") or 0) > int(first.get("samples") or 0) > 0
-    return False
-
-
 def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult], opts: Options,
                  stochastic: List[str], n_primary: int, problems: List[str], notes: List[str]) -> Dict[str, Any]:
     """Every optimizer's losses and learning rates, step by step, against the float-noise
@@ -108,19 +98,16 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
         if method == "chunks" and any(e.get("split_at") == "model" for e in ends):
             method = "chunks-at-model"
         bn_chunks = method == "perturb" and any(e.get("bn_chunks") for e in ends)
+        if method in ("chunks", "chunks-at-model") and any(e.get("regrouped") for e in ends):
+            notes.append("the envelope run chunked the model's forward over views concatenated (`model(torch.cat([v1, "
+                         "v2]))`) as DDP shares it, every view of each rank's samples in one chunk, not as DataParallel "
+                         "splits it (the first views | the second views): BatchNorm normalises the groups the ranks do")
         if "random" in stochastic or "dropout" in stochastic:
             se = {}  # each rank draws its own random numbers: no run of the original reproduces them
             notes.append("the noise envelope does not cover " + (
                 "random draws in the training step" if "random" in stochastic else "dropout's masks (the chunked run "
                 "draws them from the original's one stream in turn)") + " (each rank draws from its own stream, the "
                 "original drew the whole batch's): --stochastic-rtol decides")
-        elif "batchnorm" in stochastic and method in ("chunks", "chunks-at-model") and _rows_beyond_samples(orig):
-            se = {}  # DataParallel's chunks of the concatenation group BatchNorm otherwise than DDP's shares
-            notes.append("the noise envelope does not cover BatchNorm here: the model's forward took more rows than the "
-                         "batch has samples (two views of each sample, or real and generated ones, concatenated), so "
-                         "DataParallel's chunks (the first views | the second views) and DDP's shares (both views of each "
-                         "rank's samples) normalise different groups, which no run of the original reproduces: "
-                         "--stochastic-rtol decides")
         elif method == "perturb" and stochastic == ["batchnorm"] and bn_chunks:
             method = "perturb+bn"  # the envelope run normalised each chunk on its own: per-rank statistics covered
         elif method == "perturb" and stochastic:
@@ -205,7 +192,7 @@ def judge_losses(orig: RunResult, mig: RunResult, envelope: Optional[RunResult],
         why = {
             "batchnorm": "BatchNorm normalises each rank's batch on its own (DataParallel-on-one-device and "
             "SyncBatchNorm use the whole batch): a legitimate difference"
-            + (", judged against the chunked run, which normalises each chunk alike" if method in ("chunks", "chunks-at-model") and se else ""),
+            + (", judged against the chunked run, which normalises each chunk alike" if method in ("chunks", "chunks-at-model") else ""),
             "dropout": "dropout masks come from each process's own random stream: a legitimate difference",
             "random": "the training step draws random numbers (mixup's permutation, a GAN's noise), each rank its "
             "share from its own stream where the original drew the whole batch's: the losses can agree only "

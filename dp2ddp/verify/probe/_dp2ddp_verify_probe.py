@@ -116,6 +116,8 @@ class _State:
         self.losses = []  # losses back-propagated since the last step: floats (CPU) or device tensors
         self.fetched = {}  # samples fetched since the last step, per loader (id of its index sampler)
         self.last = None  # the loader of the most recent training batch
+        self.last_batch = 0  # the samples of the most recent training batch
+        self.regrouped = False  # the envelope run: a forward over views concatenated was chunked as DDP shares it
         self.fed = None  # the loader of the most recent batch when the step's last backward ran
         self.unjudged = {}  # samples fetched while the wrapped model was in eval mode, per loader
         self.unjudged_last = None  # the loader of the most recent of those
@@ -129,7 +131,6 @@ class _State:
         self.forward_hook = None
         self.forward_after = None  # with forward_hook until the first step: the depth of module calls
         self.forwards = [0, 0]  # outermost module calls before the first step, and the samples they took
-        self.rows = 0  # the most rows one outermost call in training mode took before the first step
         self.depth = 0  # module calls of the main thread in progress (forward_hook / forward_after)
         self.finished = False
         self.passes = {}  # loader key -> its current _Pass
@@ -178,8 +179,7 @@ def _step_line(i, t, samples, nbw, loss, modules, o=0, lr=None, ev="step"):
     """One step's JSON line, formatted directly (json.dumps costs about 3x more, in the flush
     thread, which shares the GIL with the training loop)."""
     if modules is not None:  # the first step only
-        rec = {"ev": ev, "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "o": o, "lr": lr, "loss": loss,
-               "rows": _S.rows if _S is not None else 0}
+        rec = {"ev": ev, "i": i, "t": t, "samples": samples, "nbw": nbw, "modules": modules, "o": o, "lr": lr, "loss": loss}
         return json.dumps(rec, separators=(",", ":"))
     return '{"ev":"%s","i":%d,"t":%r,"samples":%d,"nbw":%d,"o":%d,"lr":%s,"loss":%s}' % (
         ev, i, t, samples, nbw, o, _num(lr), _num(loss))
@@ -642,6 +642,7 @@ def _on_torch(torch):
                 fetched = s.fetched
                 fetched[key] = fetched.get(key, 0) + took
                 s.last = key
+                s.last_batch = took
             else:
                 # The model is in eval mode now, but many loops fetch first and call
                 # model.train() after (Bert-Multi-Label's train_epoch after a validation):
@@ -749,10 +750,7 @@ def _on_torch(torch):
             if _S.depth == 0 and next(module.parameters(), None) is not None:
                 first = args[0] if args else None
                 _S.forwards[0] += 1
-                rows = int(first.shape[0]) if getattr(first, "ndim", 0) else 0
-                _S.forwards[1] += rows
-                if module.training and rows > _S.rows:
-                    _S.rows = rows  # (two views of each sample concatenated: more rows than the batch has samples)
+                _S.forwards[1] += int(first.shape[0]) if getattr(first, "ndim", 0) else 0
             _S.depth += 1
         if isinstance(module, bn) and module.training and type(module).__name__ != "SyncBatchNorm":
             _S.modules.add("batchnorm")
@@ -1352,11 +1350,41 @@ def _patch_chunks(torch):
         if len(sizes) != 1 or next(iter(sizes)) < W:
             return self.module(*inputs, **kwargs)
         _S.chunked = True
+        n = next(iter(sizes))
+        views = views_order(n)
+        if views is not None:
+            inputs, kwargs = take(inputs, views[0], n), take(kwargs, views[0], n)
         outs = [self.module(*split(inputs, i, W), **split(kwargs, i, W)) for i in range(W)]
-        return gather(outs)
+        return take(gather(outs), views[1], n) if views is not None else gather(outs)
+
+    def views_order(n):
+        """A forward over k views of each sample concatenated (``model(torch.cat([v1, v2]))``:
+        n = k x the batch's samples): DataParallel's chunks would hold the first views and the
+        second views, DDP's shares hold every view of each rank's samples, and BatchNorm
+        normalises each chunk on its own. ``(order, inverse)``: the rows in DDP's grouping (chunk
+        c = every view of share c) and back; ``None`` where n is not such a multiple."""
+        b = _S.last_batch
+        if not b or n == b or n % b or b % W or n // b < 2:
+            return None
+        k, share = n // b, b // W
+        order = torch.tensor([j * b + c * share + i for c in range(W) for j in range(k) for i in range(share)])
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(n)
+        _S.regrouped = True
+        return order, inverse
+
+    def take(obj, index, n):
+        if isinstance(obj, torch.Tensor):
+            return obj.index_select(0, index.to(obj.device)) if obj.dim() and obj.size(0) == n else obj
+        if isinstance(obj, (list, tuple)):
+            out = [take(x, index, n) for x in obj]
+            return type(obj)(out) if not hasattr(obj, "_fields") else type(obj)(*out)
+        if isinstance(obj, dict):
+            return type(obj)((k, take(v, index, n)) for k, v in obj.items())
+        return obj
 
     DataParallel.forward = forward
-    _patch_outer_split(torch, W, split, gather)
+    _patch_outer_split(torch, W, split, gather, views_order, take)
     gen = torch.Generator()
     gen.manual_seed(12345)
 
@@ -1380,7 +1408,7 @@ def _patch_chunks(torch):
     _patch_batchnorm_chunks(torch, W)
 
 
-def _patch_outer_split(torch, W, split, gather):
+def _patch_outer_split(torch, W, split, gather, views_order=None, take=None):
     """The envelope run of a script that wraps its model only on GPUs (no DataParallel runs
     here): the outermost call of a module with parameters, in training mode with gradients
     on, is split into W chunks along dimension 0 and its outputs gathered, as DataParallel
@@ -1420,10 +1448,15 @@ def _patch_outer_split(torch, W, split, gather):
             return nested(self, args, kwargs)
         was = _S.chunked
         _S.chunked = True  # BatchNorm and the gradient perturbation step aside: the chunks are the ranks
+        views = views_order(n) if views_order is not None else None  # (views concatenated: DDP's grouping)
+        if views is not None:
+            args, kwargs = take(args, views[0], n), take(kwargs, views[0], n)
         outs = [nested(self, split(args, i, W), split(kwargs, i, W)) for i in range(W)]
         if all(batch_major(o, c) for o, c in zip(outs, counts)):
             _S.outer_split = True
-            return gather(outs)
+            return take(gather(outs), views[1], n) if views is not None else gather(outs)
+        if views is not None:
+            args, kwargs = take(args, views[1], n), take(kwargs, views[1], n)
         _S.chunked = was
         state["whole"].add(id(self))
         return nested(self, args, kwargs)
@@ -1720,6 +1753,8 @@ def _finish(why):
         rec["rng"] = [m[0] for m in s.rng_marks]  # its state at the first steps: aligned with the other run's?
     if s.chunks > 1:
         rec["envelope"] = "chunks" if s.chunked else "perturb"
+        if s.regrouped:
+            rec["regrouped"] = True
         if s.outer_split:
             rec["split_at"] = "model"  # no DataParallel here: the model's outermost call was split
         if s.bn_chunked and not s.chunked:
