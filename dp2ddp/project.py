@@ -77,7 +77,9 @@ def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
     ``modules`` (real paths) directly: module -> [(script path, line of the import)]."""
     folder = os.path.dirname(os.path.abspath(entry))
     me = os.path.realpath(entry)
-    run = set(project_modules(entry))  # the entry's own modules (its trainer) run with it: not other scripts
+    # the entry's own modules (its trainer) run with it: not other scripts, unless they run alone
+    # too (a main guard: `from test import evaluate` of a test.py that is also a script)
+    run = {real for real in project_modules(entry) if not _has_main_guard(real)}
     out: Dict[str, List[Tuple[str, int]]] = {}
     try:
         names = sorted(os.listdir(folder))
@@ -99,6 +101,13 @@ def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
                 if real in modules and path not in [p for p, _ in out.get(real, [])]:
                     out.setdefault(real, []).append((path, node.lineno))
     return out
+
+
+def _has_main_guard(path: str) -> bool:
+    tree = _parse(path)
+    return tree is not None and any(
+        isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
+        and n.test.left.id == "__name__" for n in tree.body)
 
 
 def wraps_without_a_device_count(path: str) -> bool:

@@ -506,9 +506,6 @@ def _handed_by_entry(ctx: Context, node: ast.AST) -> bool:
     return isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (fn.name, fn.lineno, node.id) in handed
 
 
-_PICKLERS = frozenset({"torch.save", "pickle.dump", "pickle.dumps", "dill.dump", "joblib.dump", "cloudpickle.dump"})
-
-
 def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
     """A loader this migration shards that the script also pickles (``torch.save(trainloader,
     path)`` for another script to reuse: loss-landscape's ``trainloader.dat``): the file would
@@ -521,18 +518,17 @@ def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
     rebound = {t for _, ts in rebinds for t in ts}
     rebound_at = {id(stmt.value) for stmt, _ in rebinds if isinstance(stmt, ast.Assign)}
     out: List[Finding] = []
-    from dp2ddp.model.call_args import argument
+    from dp2ddp.model.checkpoints import saved_parts
+    from dp2ddp.model.names import DUMPS, SAVE
 
     for call in m.nodes(ast.Call):
-        saved = argument(call, ("obj",), "obj") if m.is_name(call.func, _PICKLERS) else None
-        if saved is None:
+        if not m.is_name(call.func, SAVE | DUMPS):
             continue
-        for n in ast.walk(saved):
-            if not isinstance(n, (ast.Name, ast.Attribute)) or not isinstance(getattr(n, "ctx", None), ast.Load):
+        # what the call writes, through dicts, lists and tuples: the loader itself, not a
+        # number made from it (``"iters": epochs * len(trainloader)``)
+        for n in saved_parts(m, call):
+            if not isinstance(n, (ast.Name, ast.Attribute)):
                 continue
-            parent = m.parent(n)
-            if isinstance(parent, ast.Attribute) and parent.value is n:
-                continue  # a part of it (``loader.dataset``): not the loader
             hit = m.source(n) in rebound or any(id(node) in sharded or id(node) in rebound_at for node, _ in origins(m, n))
             if hit:
                 out.append(ctx.block(call, "DDP105", (

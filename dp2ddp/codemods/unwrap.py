@@ -14,7 +14,7 @@ from dp2ddp.engine import Finding, Remove, Replace
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.inference import before_every_wrap
-from dp2ddp.model.kinds import without_parameters
+from dp2ddp.model.kinds import SAME_MODULE, without_parameters
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
 from dp2ddp.model.uses import wrapper_uses
 from dp2ddp.model.wrap_context import in_exiting_branch
@@ -71,14 +71,9 @@ def _hands_back(value, name: str) -> bool:
         return any(_hands_back(e, name) for e in value.elts)
     if isinstance(value, ast.Dict):
         return any(_hands_back(v, name) for v in value.values)
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _GIVES_ITSELF:
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in SAME_MODULE:
         return _hands_back(value.func.value, name)
     return False
-
-
-# nn.Module methods that return the module itself
-_GIVES_ITSELF = frozenset({"to", "cuda", "cpu", "float", "half", "double", "bfloat16", "train", "eval",
-                           "requires_grad_", "share_memory", "type", "apply", "to_empty", "xpu"})
 
 
 def without_parameters_why(m: SemanticModel, w: Wrap) -> str:

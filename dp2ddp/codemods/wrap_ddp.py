@@ -347,13 +347,29 @@ def _wrapped_whole(m, root: str) -> bool:
 
 
 def _keys_saved(m, root: str) -> Optional[ast.AST]:
-    """Where the state of the model named ``root`` may be saved: ``root.state_dict()``, or
+    """The save that writes the state of the model named ``root``: a ``torch.save`` whose
+    object holds ``root`` or ``root.state_dict()`` (through dicts, lists and the names that
+    hold them: ``best = copy.deepcopy(model.state_dict())`` kept in memory is no save), or
     ``root`` handed to a call that names saving or checkpoints (``save_model(model, opt,
-    path)``, ``torch.save(model, path)``)."""
+    path)``)."""
+    from dp2ddp.model.checkpoints import saved_parts
+    from dp2ddp.model.flow import origins
+    from dp2ddp.model.names import SAVE
+
+    def holds(e: ast.AST) -> bool:
+        for n in ast.walk(e):
+            if isinstance(n, ast.Name) and n.id == root:
+                return True
+        return False
+
     for node in m.nodes(ast.Call):
         f = node.func
-        if isinstance(f, ast.Attribute) and f.attr == "state_dict" and m.source(f.value) == root:
-            return node
+        if m.is_name(f, SAVE):
+            for part in saved_parts(m, node):
+                if holds(part) or (isinstance(part, ast.Name) and any(
+                        o is not part and holds(o) for o, path in origins(m, part) if not path)):
+                    return node
+            continue
         name = (m.source(f).rsplit(".", 1)[-1]).lower()
         if ("save" in name or "checkpoint" in name) and any(
                 isinstance(a, ast.Name) and a.id == root for a in list(node.args) + [k.value for k in node.keywords]):
@@ -579,7 +595,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             part = m.source(target)[len(partial_root.id) + 1:]
             return [ctx.block(call, "DDP101", (
                 f"partial DataParallel wrap of {m.source(target)}, and the state of {partial_root.id} is saved "
-                f"(`{m.source(saved)[:60]}`, line {saved.lineno}): the original's checkpoints hold `{part}.module.` keys; "
+                f"(`{m.source(saved)[:60]}`, line {saved.lineno}): the original's saves hold `{part}.module.` keys; "
                 f"wrapped whole in DistributedDataParallel, {partial_root.id} gives `module.{part}.` keys (and `.module` "
                 f"gives `{part}.`), which the project's loaders of the original's checkpoints cannot load; migrate this "
                 f"by hand (save `{partial_root.id}.module.state_dict()` with the `{part}.` keys renamed to `{part}.module.`)"))]

@@ -142,18 +142,9 @@ def _wrapped_in_file(m: SemanticModel, subject: ast.AST) -> bool:
     for n, _ in origins(m, subject):
         while isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SAME_MODULE:
             n = n.func.value  # ``nn.DataParallel(model).cuda()``: the wrapper itself
-        if isinstance(n, ast.Call) and m.call_is(n, DP | DDP) and not _after(m, n, subject):
+        if isinstance(n, ast.Call) and m.call_is(n, DP | DDP) and not m.runs_before(subject, n):  # a load before the wrap sees the bare model
             return True
     return False
-
-
-def _after(m: SemanticModel, wrap: ast.AST, use: ast.AST) -> bool:
-    """The wrap runs only after ``use``: both in one function (or both at the module's top
-    level), the wrap on a later line, and no loop holds both (outlier-exposure's ``tune.py``
-    loads its snapshot into the bare model, then ``if args.ngpu > 1:`` wraps it)."""
-    if m.enclosing_function(wrap) is not m.enclosing_function(use) or wrap.lineno <= use.lineno:  # type: ignore[attr-defined]
-        return False
-    return not any(m.contains(loop, wrap) for loop in m.enclosing_loops(use))
 
 
 _NOT_MODEL_WORDS = ("optim", "sched", "scaler", "ema_state")
@@ -374,15 +365,17 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
     from dp2ddp.model.project_defs import project_calls
     from dp2ddp.model.syntax import FUNCTIONS
 
+    from dp2ddp.model.wraps import dp_wraps
+
     out: List[LooseLoad] = []
     keys = wrapped_vars(m, dp=True)
-    if not keys:
-        return out
+    if not keys or not any(w.conditions for w in dp_wraps(m)):
+        return out  # wrapped on every run: the original's checkpoints all have the `module.` keys DDP takes
     for call, (pm, func, rel) in project_calls(m):
         if not isinstance(func, FUNCTIONS):
             continue
         _arg, param = handed(m, pm, func, call, keys)
-        if param is None:
+        if param is None or _handles_prefix(func, param):
             continue
         for node in ast.walk(func):
             f = node.func if isinstance(node, ast.Call) else None
@@ -394,3 +387,14 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
                 out.append(LooseLoad(call, func.name, f"{rel}:{node.lineno}", pm.path or ""))  # type: ignore[attr-defined]
                 break
     return out
+
+
+def _handles_prefix(func: ast.AST, param: str) -> bool:
+    """The function deals with the ``module.`` prefix itself: a string starting with
+    ``module``, a ``[7:]`` slice, or ``hasattr(param, "module")``."""
+    for n in ast.walk(func):
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("module"):
+            return True
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and isinstance(n.slice.lower, ast.Constant) and n.slice.lower.value == 7:
+            return True
+    return False

@@ -211,9 +211,10 @@ def second_order(m: SemanticModel) -> List[ast.Call]:
 
 def input_penalties(m: SemanticModel) -> List[ast.Call]:
     """``torch.autograd.grad(out, x, ..., create_graph=True)`` with respect to an input, not
-    the parameters (WGAN-GP's and R1's gradient penalty): the gradient's own graph, which a
-    penalty then backpropagates through the model's parameters again. (``create_graph=False``
-    — an adversarial perturbation's gradient — is not one.)"""
+    the parameters (WGAN-GP's and R1's gradient penalty), whose value is backpropagated on its
+    own (``gp.backward()``): that backward reaches only the parameters the input gradient
+    depends on (a last layer's bias has none). One added to a loss with a forward of its own
+    (``d_loss = D(fake) - D(real) + gp``, one backward) reaches every parameter, and is not one."""
     from dp2ddp.model.call_args import AUTOGRAD_GRAD_PARAMS, argument
     from dp2ddp.model.dead_code import constant_truth
 
@@ -224,9 +225,57 @@ def input_penalties(m: SemanticModel) -> List[ast.Call]:
         flag = argument(call, AUTOGRAD_GRAD_PARAMS, "create_graph")
         if flag is None or constant_truth(m, flag) is False:
             continue
-        if not _of_parameters(m, argument(call, AUTOGRAD_GRAD_PARAMS, "inputs")):
+        if not _of_parameters(m, argument(call, AUTOGRAD_GRAD_PARAMS, "inputs")) and _backed_alone(m, call):
             out.append(call)
     return out
+
+
+def _backed_alone(m: SemanticModel, grad: ast.Call) -> bool:
+    """A ``.backward()`` in ``grad``'s function runs on a value made from ``grad``'s result
+    and from no other call of a model (names followed through the function's assignments in
+    source order; what ``grad`` is given does not count)."""
+    func = m.enclosing_function(grad) or m.tree
+    inside = {id(n) for n in ast.walk(grad)}
+    penalty, other = set(), set()  # names holding the penalty's values / values with a forward of their own
+
+    def kinds(expr: ast.AST):
+        pen = mod = False
+        for n in ast.walk(expr):
+            if id(n) in inside:
+                pen = pen or n is grad
+                continue
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                pen = pen or n.id in penalty
+                mod = mod or n.id in other
+            elif isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute)) and not _tensor_math(n):
+                mod = True  # a forward (or anything else that may make a loss term)
+        return pen, mod
+
+    for node in sorted((n for n in ast.walk(func) if isinstance(n, ast.Assign)), key=lambda a: (a.lineno, a.col_offset)):
+        pen, mod = kinds(node.value)
+        names = {t.id for tgt in node.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+        if pen and not mod:
+            penalty |= names
+        elif mod:
+            other |= names
+    for n in ast.walk(func):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+            pen, mod = kinds(n.func.value)
+            if pen and not mod:
+                return True
+    return False
+
+
+_TENSOR_MATH = frozenset({"norm", "mean", "sum", "pow", "sqrt", "view", "reshape", "flatten", "size", "abs", "square",
+                          "relu", "clamp", "clamp_min", "square_", "mul", "add", "sub", "detach", "item", "numel"})
+
+
+def _tensor_math(call: ast.Call) -> bool:
+    """A tensor method or torch function that only does arithmetic on what it is given
+    (``grad.norm(2, dim=1)``, ``torch.mean(...)``): not a forward."""
+    f = call.func
+    name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+    return name in _TENSOR_MATH or name in ("ones_like", "zeros_like", "rand", "randn")
 
 
 def _of_parameters(m: SemanticModel, value: Optional[ast.AST]) -> bool:

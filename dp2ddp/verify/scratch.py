@@ -115,9 +115,13 @@ class Mirror:
     def touched(self) -> List[str]:
         """Linked files whose times changed during the runs but whose contents did not (known
         by their digest): opened for writing by code the guard does not see, nothing written."""
-        return [str(p) for p in self._changed() if self.digests.get(p) is not None and _digest(p) == self.digests[p]]
+        return [str(p) for p in self._changed_files() if self._same_content(p)]
 
-    def _changed(self) -> List[Path]:
+    def _same_content(self, p: Path) -> bool:
+        return self.digests.get(p) is not None and _digest(p) == self.digests[p]
+
+    def _changed_files(self) -> List[Path]:
+        """Linked files (or entries gone) whose times or size changed during the runs."""
         out = []
         for p, (mtime, size, ctime) in self.linked.items():
             try:
@@ -191,27 +195,19 @@ class Mirror:
                 continue
 
     def modified(self, folders: bool = False) -> List[str]:
-        """Linked files the runs changed (the guard should have kept them from it); with
-        ``folders``, linked folders whose entries changed instead (by the runs, or by you
-        working in the project meanwhile: an editor saving a file)."""
+        """Linked files the runs changed (the guard should have kept them from it; a file whose
+        times changed but not a byte is :meth:`touched` instead); with ``folders``, linked
+        folders whose entries changed instead (by the runs, or by you working in the project
+        meanwhile: an editor saving a file)."""
+        if not folders:
+            return [str(p) for p in self._changed_files() if not self._same_content(p)]
         out = []
-        for p, (mtime, size, ctime) in self.linked.items():
+        for p, (mtime, _size, _ctime) in self.linked.items():
             try:
-                st = p.stat()
-                is_dir = p.is_dir()
-            except OSError:
-                if not folders:
-                    out.append(str(p))
-                continue
-            if is_dir != folders:
-                continue
-            if is_dir:
-                if st.st_mtime_ns != mtime:  # an entry added or removed
+                if p.is_dir() and p.stat().st_mtime_ns != mtime:  # an entry added or removed
                     out.append(str(p) + os.sep)
-            elif (st.st_mtime_ns, st.st_size, st.st_ctime_ns) != (mtime, size, ctime):
-                if self.digests.get(p) is not None and _digest(p) == self.digests[p]:
-                    continue  # times only: :meth:`touched`
-                out.append(str(p))
+            except OSError:
+                continue
         return out
 
 

@@ -315,4 +315,5 @@ PROJECT_MODULES["DDP187"] = {
     ),
 }
 EXAMPLES["DDP187"] = _HEAD + "from ckpt import load_checkpoint\n" + _script(
-    "model = nn.DataParallel(nn.Linear(8, 1))\nstart = load_checkpoint(\"ckpt.pth\", model)\n")[len(_HEAD):]
+    "model = nn.Linear(8, 1)\nif torch.cuda.is_available():\n    model = nn.DataParallel(model).cuda()\n"
+    "start = load_checkpoint(\"ckpt.pth\", model)\n")[len(_HEAD):]

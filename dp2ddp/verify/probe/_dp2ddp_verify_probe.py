@@ -117,6 +117,8 @@ class _State:
         self.fetched = {}  # samples fetched since the last step, per loader (id of its index sampler)
         self.last = None  # the loader of the most recent training batch
         self.last_batch = 0  # the samples of the most recent training batch
+        self.handler_files = set()  # files a logging.FileHandler opened
+        self.emitted = {}  # file -> records logging.FileHandlers wrote to it
         self.regrouped = False  # the envelope run: a forward over views concatenated was chunked as DDP shares it
         self.fed = None  # the loader of the most recent batch when the step's last backward ran
         self.unjudged = {}  # samples fetched while the wrapped model was in eval mode, per loader
@@ -234,6 +236,7 @@ def activate(role):
     )
     _install_excepthook()
     _install_audit()
+    _install_log_handlers()
     _install_stdout()
     atexit.register(_settle)  # atexit runs last-in first-out: this one after _finish
     atexit.register(_report_writes)  # after the script's own atexit handlers and _finish
@@ -404,6 +407,34 @@ def guard():
 _AUDIT = []
 
 
+def _install_log_handlers():
+    """``logging.FileHandler``: the files it opens, and the records it writes, per file. A
+    handler made on every rank of a migration and disabled on all but rank 0 opens its file
+    to append and writes nothing there (verify tells it from a log every rank writes)."""
+    import logging
+
+    cls = logging.FileHandler
+    if getattr(cls, "_dp2ddp_counted", False):
+        return
+    real_open, real_emit = cls._open, cls.emit
+
+    def _open(self):
+        s = _S
+        if s is not None:
+            s.handler_files.add(os.path.abspath(self.baseFilename))
+        return real_open(self)
+
+    def emit(self, record):
+        s = _S
+        if s is not None:
+            p = os.path.abspath(self.baseFilename)
+            s.emitted[p] = s.emitted.get(p, 0) + 1
+        return real_emit(self, record)
+
+    cls._open, cls.emit = _open, emit
+    cls._dp2ddp_counted = True
+
+
 def _install_audit():
     if not _AUDIT:
         _AUDIT.append(True)
@@ -412,14 +443,17 @@ def _install_audit():
 
 def _open_event(args):
     path, mode, flags = args
+    appending = False
     if mode is None:
         if not flags & _WRITE_FLAGS:
             return
         keep = not flags & os.O_TRUNC
+        appending = keep and bool(flags & os.O_APPEND)
     elif not isinstance(mode, str) or not ("w" in mode or "a" in mode or "x" in mode or "+" in mode):
         return
     else:
         keep = "w" not in mode
+        appending = "a" in mode and "+" not in mode
     if isinstance(path, int):
         return
     g = _G
@@ -427,7 +461,7 @@ def _open_event(args):
         g.check(path, True, keep)
     s = _S
     if s is not None and s.on:
-        _note_write(path, append=keep and (mode is None or ("a" in mode and "+" not in mode)))
+        _note_write(path, append=appending)
 
 
 def _rename_event(args):
@@ -491,10 +525,11 @@ def _note_write(path, step_of_save=False, append=False):
         return
     w = s.writes.get(p)
     if w is None:
-        s.writes[p] = [_site(3), s.step, append]
+        s.writes[p] = [_site(3), s.step, append, 1]
     else:
         w[1] = s.step
         w[2] = w[2] and append  # opened only to append, every time (a log handler made on every rank)
+        w[3] += 1
 
 
 def _report_writes():
@@ -505,7 +540,9 @@ def _report_writes():
         s.emit({"ev": "writes", "t": time.time(), "paths": sorted(s.writes),
                 "sites": {p: w[0] for p, w in s.writes.items() if w[0]},
                 "steps": {p: w[1] for p, w in s.writes.items()},
-                "appends": sorted(p for p, w in s.writes.items() if w[2])})
+                # opened once, to append, by a logging.FileHandler that wrote no record: nothing written
+                "appends": sorted(p for p, w in s.writes.items() if len(w) > 3 and w[2] and w[3] == 1
+                                  and p in s.handler_files and not s.emitted.get(p))})
     except Exception:
         pass
 
