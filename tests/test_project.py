@@ -2180,3 +2180,18 @@ def test_a_wrapper_handed_to_a_loose_loader_is_refused(tmp_path: Path, capsys) -
     assert ("train.py:9:9: DDP187 load_checkpoint loads a state dict into the model it is handed with strict=False "
             "(ckpt.py:6)") in err, err
     assert script.read_bytes() == before and not (tmp_path / "train_ddp.py").exists()
+
+
+def test_a_number_made_from_a_sharded_loader_may_be_pickled(tmp_path: Path) -> None:
+    """`torch.save({"iters": epochs * len(loader)}, path)`: what the save writes is a number,
+    not the loader (shard_loader keeps the original's steps per epoch): migrated. The loader
+    itself pickled stays refused (fixture shard_loaders/noop_training_loader_pickled_...)."""
+    from dp2ddp.migrate import migrate_bytes
+
+    src = (ROOT / "fixtures" / "shard_loaders" / "noop_training_loader_pickled_for_another_script.in.py").read_text()
+    changed = src.replace('torch.save(trainloader, os.path.join(args.save_dir, "trainloader.dat"))',
+                          'torch.save({"iters": 2 * len(trainloader)}, os.path.join(args.save_dir, "meta.pt"))')
+    assert changed != src
+    result = migrate_bytes(changed.encode(), str(tmp_path / "train.py"))
+    assert not result.migration.blocked, [f.message for f in result.migration.findings]
+    assert result.changed
