@@ -2195,3 +2195,54 @@ def test_a_number_made_from_a_sharded_loader_may_be_pickled(tmp_path: Path) -> N
     result = migrate_bytes(changed.encode(), str(tmp_path / "train.py"))
     assert not result.migration.blocked, [f.message for f in result.migration.findings]
     assert result.changed
+
+
+_RUNNERS = """\
+import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, net):
+        self.net = net
+        self.opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def run(self, loader):
+        for x, y in loader:
+            self.opt.zero_grad()
+            F.cross_entropy(self.net(x), y).backward()
+            self.opt.step()
+
+
+class Tester:
+    def __init__(self, net):
+        self.net = net
+
+    def run(self, loader):
+        right = 0
+        with torch.no_grad():
+            for x, y in loader:
+                right += (self.net(x).argmax(1) == y).sum().item()
+        print("acc", right / len(loader.dataset))
+"""
+
+
+def test_a_loader_handed_to_a_trainer_or_a_tester_by_an_option_is_refused(tmp_path: Path, capsys) -> None:
+    """`runner = Tester(net) if args.test else Trainer(net)`, then `runner.run(loader)`: the
+    loader trains in one class's method and is evaluated in the other's. Sharded for
+    training, `--test` would evaluate each rank's share only: refused (DDP105) at the call."""
+    (tmp_path / "runners.py").write_text(_RUNNERS)
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from runners import Trainer, Tester\n\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument(\"--test\", action=\"store_true\")\nargs = parser.parse_args()\n"
+        "net = nn.DataParallel(nn.Linear(4, 2))\n"
+        "loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)\n"
+        "runner = Tester(net) if args.test else Trainer(net)\nrunner.run(loader)\n")
+    before = script.read_bytes()
+    assert main(["rewrite", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert ("main.py:13:1: DDP105 `loader` is handed to `runner.run(...)`, which is Trainer.run (it trains on it) or "
+            "Tester.run (it does not) depending on the path") in err, err
+    assert script.read_bytes() == before

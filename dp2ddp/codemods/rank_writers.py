@@ -39,7 +39,7 @@ from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys, wrapper_keys
 from dp2ddp.model.companion_writes import companion_folder_races, companion_writes
 from dp2ddp.model.log_helpers import LoggerMaker, logger_makers, logging_setups
-from dp2ddp.model.writers import Writer, open_mode, writers
+from dp2ddp.model.writers import Writer, h5_write_opens, open_mode, writers
 from dp2ddp.model.writing_classes import training_class_saves, writing_class
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
 
@@ -225,6 +225,12 @@ def propose(ctx: Context) -> List[Finding]:
     ctx.provide(guarded)
     bad = {id(w): why for w, why in guarded.bad}
     listed = {id(w.call) for w in writers(m)}
+    for node, where in h5_write_opens(m):
+        if not rank_guarded(m, node):
+            out.append(ctx.block(node, "DDP110", f"`{m.source(node)[:60]}` opens an HDF5 file to write ({where}: a mode other "
+                                 "than 'r') on every rank: HDF5 locks a file opened to write, and a rank opening it while "
+                                 "another holds it fails (BlockingIOError: unable to lock file), at random; open it "
+                                 "read-only ('r') where it only reads, then migrate"))
     for w, why in guarded.bad:
         if id(w.call) not in listed and not rank_guarded(m, w.call):  # a writer-like object of the project's
             out.append(ctx.block(w.call, "DDP110", f"`{m.source(w.call.func)}` writes files on every rank and cannot be made "

@@ -194,6 +194,7 @@ def propose(ctx: Context) -> List[Finding]:
     if not wrapped and not rebinds:
         return out
     out.extend(_pickled_loaders(ctx, wrapped, rebinds))
+    out.extend(_handed_to_either(ctx))
     if any(f.severity == "error" for f in out):
         helper.loaders.clear()
         return out
@@ -538,6 +539,20 @@ def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
                     "the indices) instead, then migrate")))
                 break
     return out
+
+
+def _handed_to_either(ctx: Context) -> List[Finding]:
+    """The loader handed to a method of whichever of several project classes the script made
+    (:func:`dp2ddp.model.training_feeds.handed_to_either`), one training on it and one not:
+    sharded for the first, the other would see each rank's share. Refused at the call."""
+    from dp2ddp.model.training_feeds import handed_to_either
+
+    m = ctx.m
+    return [ctx.block(call, "DDP105", (
+        f"`{m.source(arg)}` is handed to `{m.source(call.func)}(...)`, which is {trains} (it trains on it) or {idle} (it does "
+        f"not) depending on the path: sharded for training, the path through {idle} would read each rank's share only "
+        "(an evaluation of half the data); make the two calls apart, each with its own loader, then migrate"))
+        for call, arg, trains, idle in handed_to_either(m)]
 
 
 def _loader_name(m, node: ast.AST, value: Optional[ast.AST] = None) -> Optional[str]:

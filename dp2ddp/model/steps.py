@@ -251,23 +251,30 @@ def _backed_alone(m: SemanticModel, grad: ast.Call) -> bool:
                 mod = True  # a forward (or anything else that may make a loss term)
         return pen, mod
 
-    for node in sorted((n for n in ast.walk(func) if isinstance(n, ast.Assign)), key=lambda a: (a.lineno, a.col_offset)):
+    # in source order, each assignment replacing what its names held (``d_loss = real + fake``,
+    # later ``d_loss = lambda_gp * gp``: the second backward backs the penalty alone)
+    events = [n for n in ast.walk(func) if isinstance(n, ast.Assign) or (
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward")]
+    for node in sorted(events, key=lambda a: (a.lineno, a.col_offset)):
+        if isinstance(node, ast.Call):
+            pen, mod = kinds(node.func.value)
+            if pen and not mod:
+                return True
+            continue
         pen, mod = kinds(node.value)
         names = {t.id for tgt in node.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+        penalty -= names
+        other -= names
         if pen and not mod:
             penalty |= names
         elif mod:
             other |= names
-    for n in ast.walk(func):
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
-            pen, mod = kinds(n.func.value)
-            if pen and not mod:
-                return True
     return False
 
 
 _TENSOR_MATH = frozenset({"norm", "mean", "sum", "pow", "sqrt", "view", "reshape", "flatten", "size", "abs", "square",
-                          "relu", "clamp", "clamp_min", "square_", "mul", "add", "sub", "detach", "item", "numel"})
+                          "relu", "clamp", "clamp_min", "square_", "mul", "add", "sub", "detach", "item", "numel",
+                          "ones", "zeros", "cuda", "to", "float", "size"})
 
 
 def _tensor_math(call: ast.Call) -> bool:

@@ -129,6 +129,40 @@ def handed_params(m: SemanticModel) -> List[Handed]:
     return out
 
 
+def handed_to_either(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, str, str]]:
+    """``runner.run(loader)`` where ``runner`` is one of several project classes on different
+    paths and the argument feeds a training loop in one class's method but not in another's
+    (``Trainer(net) if not args.test else Tester(net)``): ``(call, argument, the method that
+    trains on it, one that does not)``. Sharded for the training path, the other path would
+    evaluate each rank's share only."""
+    out: List[Tuple[ast.Call, ast.AST, str, str]] = []
+    trains = {(id(h.call), id(h.arg)) for h in handed_params(m)}
+    for call in m.nodes(ast.Call):
+        if not isinstance(call.func, ast.Attribute):
+            continue
+        defs = project_defs(m, call.func)
+        if len(defs) < 2:
+            continue
+        for arg in list(call.args) + [k.value for k in call.keywords]:
+            if (id(call), id(arg)) not in trains:
+                continue
+            from dp2ddp.model.training import trains
+
+            fed_in, idle_in = None, None
+            for pm, func, _ in defs:
+                if isinstance(func, ast.ClassDef):
+                    continue
+                owner = pm.enclosing_class(func)
+                name = f"{owner.name}.{func.name}" if owner is not None else func.name  # type: ignore[attr-defined]
+                if any(p in _fed_params(pm, func) for p in pm.params(func) if pm.argument_for(func, call, p) is arg):
+                    fed_in = fed_in or name
+                elif not trains(pm, func):
+                    idle_in = idle_in or name  # no backward pass it reaches: it only reads the value
+            if fed_in and idle_in:
+                out.append((call, arg, fed_in, idle_in))
+    return out
+
+
 def trained_origins(m: SemanticModel) -> Set[Tuple[int, tuple]]:
     """``(id(node), path)`` of every origin (:func:`dp2ddp.model.flow.origins`) of a value that
     feeds a training loop: the loader constructions (or helper calls, with the position of

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from dp2ddp.model.call_args import COPY_PARAMS, OPEN_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
@@ -85,6 +85,18 @@ def _path_mkdir(m: SemanticModel, call: ast.Call) -> bool:
     while isinstance(root, ast.Attribute):
         root = root.value
     return not (isinstance(root, ast.Name) and any(b.kind == "import" for b in m.bindings_of(root)) and isinstance(f.value, (ast.Name, ast.Attribute)))
+
+
+H5_FILES = frozenset({"h5py.File", "h5py._hl.files.File"})
+
+
+def _h5_writes(call: ast.Call) -> bool:
+    """``h5py.File(name, mode)`` opens to write: ``"r+"``, ``"a"``, ``"w"``, ``"w-"``, ``"x"``
+    (``"r"`` and the default read-only; a mode dp2ddp cannot read may write)."""
+    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    if mode is None:
+        return False
+    return not (isinstance(mode, ast.Constant) and mode.value == "r")
 
 
 def writers(m: SemanticModel) -> List[Writer]:
@@ -234,3 +246,25 @@ def shell_removal(m: SemanticModel, call: ast.Call) -> bool:
         cmd = cmd.elts[0]
         return isinstance(cmd, ast.Constant) and cmd.value == "rm"
     return isinstance(cmd, ast.Constant) and isinstance(cmd.value, str) and cmd.value.lstrip().startswith("rm ")
+
+
+def h5_write_opens(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
+    """``h5py.File(path, "r+")`` (a mode that may write) in this module, or in project code a
+    call of it runs (a dataset class's ``__init__`` in ``data.py``, three modules deep):
+    ``(the call here, "file.py:line")``. HDF5 locks a file opened to write, and a second
+    process opening it meanwhile fails (``BlockingIOError: unable to lock file``): on every
+    rank at once, the migration would crash at random, whether or not anything is written."""
+    from dp2ddp.model.project_defs import project_calls, reach_across
+
+    out: List[Tuple[ast.AST, str]] = []
+    for call in m.nodes(ast.Call):
+        if m.qualified_names(call.func) & H5_FILES and _h5_writes(call) and not never_runs(m, call):
+            out.append((call, f"line {call.lineno}"))
+    for call, (pm, func, rel) in project_calls(m):
+        for mod, f, path in reach_across(pm, func, rel):
+            hit = next((c for c in ast.walk(f) if isinstance(c, ast.Call) and mod.qualified_names(c.func) & H5_FILES
+                        and _h5_writes(c)), None)
+            if hit is not None:
+                out.append((call, f"{path}:{hit.lineno}"))
+                break
+    return out
