@@ -93,7 +93,7 @@ H5_FILES = frozenset({"h5py.File", "h5py._hl.files.File"})
 def _h5_writes(call: ast.Call) -> bool:
     """``h5py.File(name, mode)`` opens to write: ``"r+"``, ``"a"``, ``"w"``, ``"w-"``, ``"x"``
     (``"r"`` and the default read-only; a mode dp2ddp cannot read may write)."""
-    mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
+    mode = argument(call, ("name", "mode"), "mode")
     if mode is None:
         return False
     return not (isinstance(mode, ast.Constant) and mode.value == "r")
