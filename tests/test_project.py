@@ -2246,3 +2246,22 @@ def test_a_loader_handed_to_a_trainer_or_a_tester_by_an_option_is_refused(tmp_pa
     assert ("main.py:13:1: DDP105 `loader` is handed to `runner.run(...)`, which is Trainer.run (it trains on it) or "
             "Tester.run (it does not) depending on the path") in err, err
     assert script.read_bytes() == before
+
+
+def test_every_call_to_either_of_two_classes_is_judged(tmp_path: Path, capsys) -> None:
+    """adversarial_robustness' train-wa.py calls `trainer.train(...)` and `trainer.eval(...)`,
+    `trainer` one of two classes: each such call is judged (the second one used to crash the
+    migration with a TypeError)."""
+    (tmp_path / "runners.py").write_text(_RUNNERS)
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from runners import Trainer, Tester\n\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument(\"--test\", action=\"store_true\")\nargs = parser.parse_args()\n"
+        "net = nn.DataParallel(nn.Linear(4, 2))\n"
+        "loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)\n"
+        "runner = Tester(net) if args.test else Trainer(net)\nrunner.run(loader)\nrunner.run(loader)\n")
+    assert main(["rewrite", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("DDP105 `loader` is handed to `runner.run(...)`") == 2, err
+

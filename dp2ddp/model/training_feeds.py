@@ -135,8 +135,10 @@ def handed_to_either(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, str, str
     (``Trainer(net) if not args.test else Tester(net)``): ``(call, argument, the method that
     trains on it, one that does not)``. Sharded for the training path, the other path would
     evaluate each rank's share only."""
+    from dp2ddp.model.training import trains
+
     out: List[Tuple[ast.Call, ast.AST, str, str]] = []
-    trains = {(id(h.call), id(h.arg)) for h in handed_params(m)}
+    handed = {(id(h.call), id(h.arg)) for h in handed_params(m)}
     for call in m.nodes(ast.Call):
         if not isinstance(call.func, ast.Attribute):
             continue
@@ -144,10 +146,8 @@ def handed_to_either(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, str, str
         if len(defs) < 2:
             continue
         for arg in list(call.args) + [k.value for k in call.keywords]:
-            if (id(call), id(arg)) not in trains:
+            if (id(call), id(arg)) not in handed:
                 continue
-            from dp2ddp.model.training import trains
-
             fed_in, idle_in = None, None
             for pm, func, _ in defs:
                 if isinstance(func, ast.ClassDef):
