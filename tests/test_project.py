@@ -2227,19 +2227,22 @@ class Tester:
 """
 
 
-def test_a_loader_handed_to_a_trainer_or_a_tester_by_an_option_is_refused(tmp_path: Path, capsys) -> None:
-    """`runner = Tester(net) if args.test else Trainer(net)`, then `runner.run(loader)`: the
-    loader trains in one class's method and is evaluated in the other's. Sharded for
-    training, `--test` would evaluate each rank's share only: refused (DDP105) at the call."""
-    (tmp_path / "runners.py").write_text(_RUNNERS)
-    script = tmp_path / "main.py"
-    script.write_text(
+_EITHER_SCRIPT = (
         "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
         "from runners import Trainer, Tester\n\nparser = argparse.ArgumentParser()\n"
         "parser.add_argument(\"--test\", action=\"store_true\")\nargs = parser.parse_args()\n"
         "net = nn.DataParallel(nn.Linear(4, 2))\n"
         "loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)\n"
         "runner = Tester(net) if args.test else Trainer(net)\nrunner.run(loader)\n")
+
+
+def test_a_loader_handed_to_a_trainer_or_a_tester_by_an_option_is_refused(tmp_path: Path, capsys) -> None:
+    """`runner = Tester(net) if args.test else Trainer(net)`, then `runner.run(loader)`: the
+    loader trains in one class's method and is evaluated in the other's. Sharded for
+    training, `--test` would evaluate each rank's share only: refused (DDP105) at the call."""
+    (tmp_path / "runners.py").write_text(_RUNNERS)
+    script = tmp_path / "main.py"
+    script.write_text(_EITHER_SCRIPT)
     before = script.read_bytes()
     assert main(["rewrite", str(script)]) == 1
     err = capsys.readouterr().err
@@ -2254,13 +2257,7 @@ def test_every_call_to_either_of_two_classes_is_judged(tmp_path: Path, capsys) -
     migration with a TypeError)."""
     (tmp_path / "runners.py").write_text(_RUNNERS)
     script = tmp_path / "main.py"
-    script.write_text(
-        "import argparse\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
-        "from runners import Trainer, Tester\n\nparser = argparse.ArgumentParser()\n"
-        "parser.add_argument(\"--test\", action=\"store_true\")\nargs = parser.parse_args()\n"
-        "net = nn.DataParallel(nn.Linear(4, 2))\n"
-        "loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)\n"
-        "runner = Tester(net) if args.test else Trainer(net)\nrunner.run(loader)\nrunner.run(loader)\n")
+    script.write_text(_EITHER_SCRIPT + "runner.run(loader)\n")
     assert main(["rewrite", str(script)]) == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("DDP105 `loader` is handed to `runner.run(...)`") == 2, err

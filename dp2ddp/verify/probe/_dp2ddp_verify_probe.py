@@ -1352,17 +1352,24 @@ def _patch_chunks(torch):
     W = _S.chunks
     real_forward = DataParallel.forward
 
-    def split(obj, i, n):
+    def each(obj, fn):
+        """``obj`` with ``fn`` applied to every tensor in it (through lists, tuples, dicts)."""
         if isinstance(obj, torch.Tensor):
-            if obj.dim() == 0 or obj.size(0) < W:
-                return obj
-            return obj.chunk(W, dim=0)[i] if len(obj.chunk(W, dim=0)) == W else obj
+            return fn(obj)
         if isinstance(obj, (list, tuple)):
-            out = [split(x, i, n) for x in obj]
+            out = [each(x, fn) for x in obj]
             return type(obj)(out) if not hasattr(obj, "_fields") else type(obj)(*out)
         if isinstance(obj, dict):
-            return type(obj)((k, split(v, i, n)) for k, v in obj.items())
+            return type(obj)((k, each(v, fn)) for k, v in obj.items())
         return obj
+
+    def split(obj, i, n):
+        def part(t):
+            if t.dim() == 0 or t.size(0) < W:
+                return t
+            return t.chunk(W, dim=0)[i] if len(t.chunk(W, dim=0)) == W else t
+
+        return each(obj, part)
 
     def gather(outs):
         first = outs[0]
@@ -1411,14 +1418,7 @@ def _patch_chunks(torch):
         return order, inverse
 
     def take(obj, index, n):
-        if isinstance(obj, torch.Tensor):
-            return obj.index_select(0, index.to(obj.device)) if obj.dim() and obj.size(0) == n else obj
-        if isinstance(obj, (list, tuple)):
-            out = [take(x, index, n) for x in obj]
-            return type(obj)(out) if not hasattr(obj, "_fields") else type(obj)(*out)
-        if isinstance(obj, dict):
-            return type(obj)((k, take(v, index, n)) for k, v in obj.items())
-        return obj
+        return each(obj, lambda t: t.index_select(0, index.to(t.device)) if t.dim() and t.size(0) == n else t)
 
     DataParallel.forward = forward
     _patch_outer_split(torch, W, split, gather, views_order, take)
