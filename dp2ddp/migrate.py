@@ -189,7 +189,10 @@ def _project_miss(model) -> Migration:
 
     pos = model.position(call)
     end = model.end_position(call)
-    if has_entry_point(model):
+    inference = _helper_inference(model) if has_entry_point(model) else None
+    if inference is not None:
+        f = inference  # the project plan would refuse it too: say why now, not "--with-helpers"
+    elif has_entry_point(model):
         f = Finding("DDP151", helper_dp_message(model, call, rel, line), call, line=pos[0], col=pos[1], severity="error",
                     end_line=end[0], end_col=end[1])
     else:  # a library module of the project (a trainer subclass): the script that runs is what migrates
@@ -373,39 +376,49 @@ def _library_entry(entry: str, res, data: bytes):
 
 
 def _inference_through_helpers(entry: str, res, data: bytes):
-    """An entry that trains nowhere (nothing it or the project modules it reaches runs backs
-    a loss: :func:`dp2ddp.project.trains_nowhere`), or nowhere dp2ddp can see (no step and no
-    optimizer: :func:`dp2ddp.model.inference.trains_nothing_visible`; adversarial_robustness'
-    ``eval-aa.py`` hands the model to an attack library), and whose helpers wrap the model it
-    evaluates in DataParallel (Deep_Metric's ``test.py`` -> ``Model2Feature``): every rank
-    would repeat the whole inference that DataParallel split between the GPUs. The plan is
-    refused (DDP115) at the entry's call that reaches the helper's wrap."""
-    from dp2ddp.engine import Finding
-    from dp2ddp.model.inference import no_training_message, trains_nothing_visible
+    """The project plan of an entry that evaluates through its helpers' DataParallel
+    (:func:`_helper_inference`) is refused (DDP115) at the entry's call that reaches the
+    helper's wrap."""
     from dp2ddp.model.project_defs import file_model
-    from dp2ddp.project import helpers_with_dp, trains_nowhere
 
     model = file_model(entry)
-    if model is None:
-        return res
-    nowhere = trains_nowhere(entry, model)
+    f = _helper_inference(model) if model is not None else None
+    return _refused(res, f, data) if f is not None else res
+
+
+def _helper_inference(model):
+    """DDP115 for a script that trains nowhere (nothing it or the project modules it reaches
+    runs backs a loss: :func:`dp2ddp.project.trains_nowhere`), or nowhere dp2ddp can see (no
+    step and no optimizer: :func:`dp2ddp.model.inference.trains_nothing_visible`;
+    adversarial_robustness' ``eval-aa.py`` hands the model to an attack library), and whose
+    project helpers wrap the model it evaluates in DataParallel (Deep_Metric's ``test.py`` ->
+    ``Model2Feature``): every rank would repeat the whole inference that DataParallel split
+    between the GPUs. ``None`` where that is not so. The file alone and its project plan say
+    the same."""
+    import ast
+    import os
+
+    from dp2ddp.engine import Finding
+    from dp2ddp.model.inference import no_training_message, trains_nothing_visible
+    from dp2ddp.project import helpers_with_dp, trains_nowhere
+
+    if not os.path.isfile(model.path):
+        return None
     found = helpers_with_dp(model)
     if not found:
-        return res
+        return None
+    nowhere = trains_nowhere(model.path, model)
     if not nowhere and not (trains_nothing_visible(model) and _followed(model, found)):
-        return res
+        return None
     call, rel, line = found[0]
     pos, end = model.position(call), model.end_position(call)
-    import ast
-
     what = f"{model.source(call.func)}()" if isinstance(call, ast.Call) else f"`{model.source(call)}`, handed on as a value,"
     why = (f"its model is wrapped in DataParallel by {what} ({rel}:{line}), and nothing this script "
            "or its project modules run trains it" + ("" if nowhere else (
                " (no backward pass, no optimizer.step(), no optimizer made; if a library it hands the model to trains "
                "it, dp2ddp cannot find the data to shard)")))
-    f = Finding("DDP115", no_training_message(why, own_step=False), call, line=pos[0], col=pos[1], severity="error",
-                end_line=end[0], end_col=end[1])
-    return _refused(res, f, data)
+    return Finding("DDP115", no_training_message(why, own_step=False), call, line=pos[0], col=pos[1], severity="error",
+                   end_line=end[0], end_col=end[1])
 
 
 def _followed(model, found) -> bool:

@@ -602,6 +602,7 @@ def test_a_script_that_calls_only_the_plain_functions_of_a_module_that_wraps_els
     assert "DDP151" not in out.err + out.out and not (d / "prepare_ddp.py").exists(), out
     (d / "train.py").write_text(
         "import torch\nfrom utils import misc\n\nmodel = misc.parallel(torch.nn.Linear(2, 2))\nprint(model(torch.ones(4, 2)).sum())\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(torch.ones(4, 2)).sum().backward()\nopt.step()\n"
     )
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert re.search(r"train\.py:4:9: DDP151 misc\.parallel\(\) reaches DataParallel in the project module utils/misc\.py:12", capsys.readouterr().err)
@@ -712,7 +713,9 @@ def test_a_factory_that_dispatches_through_a_table_to_a_function_that_wraps_is_s
         "BUILDERS = {'small': small}\n\n\n"
         "def create(name):\n    return BUILDERS[name]()\n"
     )
-    (d / "train.py").write_text("import torch\nimport nets\n\nmodel = nets.create('small')\nprint(model(torch.ones(4, 2)).sum())\n")
+    (d / "train.py").write_text("import torch\nimport nets\n\nmodel = nets.create('small')\nprint(model(torch.ones(4, 2)).sum())\n"
+                                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nmodel(torch.ones(4, 2)).sum().backward()\n"
+                                "opt.step()\n")  # (a script that only evaluates is refused as one: DDP115)
     assert main(["rewrite", str(d / "train.py")]) == 1
     assert "DDP151 nets.create() reaches DataParallel" in capsys.readouterr().err
 
@@ -2262,3 +2265,14 @@ def test_every_call_to_either_of_two_classes_is_judged(tmp_path: Path, capsys) -
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("DDP105 `loader` is handed to `runner.run(...)`") == 2, err
 
+
+
+def test_the_evaluation_script_alone_says_why_its_project_is_refused(tmp_path: Path, capsys) -> None:
+    """`rewrite evaluate.py` without `--with-helpers` says DDP115 at once, as its project plan
+    would, instead of DDP151's "migrate with --with-helpers" (which then refused)."""
+    d = tmp_path / "proj"
+    shutil.copytree(TRAINED_AND_EVALUATED, d)
+    assert main(["rewrite", str(d / "evaluate.py")]) == 1
+    err = capsys.readouterr().err
+    assert "evaluate.py:19:9: DDP115 its model is wrapped in DataParallel by create_model() (models/__init__.py:17)" in err, err
+    assert "DDP151" not in err
