@@ -189,7 +189,7 @@ def _project_miss(model) -> Migration:
 
     pos = model.position(call)
     end = model.end_position(call)
-    inference = _helper_inference(model) if has_entry_point(model) else None
+    inference = _helper_inference(model, found) if has_entry_point(model) else None
     if inference is not None:
         f = inference  # the project plan would refuse it too: say why now, not "--with-helpers"
     elif has_entry_point(model):
@@ -386,7 +386,7 @@ def _inference_through_helpers(entry: str, res, data: bytes):
     return _refused(res, f, data) if f is not None else res
 
 
-def _helper_inference(model):
+def _helper_inference(model, found=None):
     """DDP115 for a script that trains nowhere (nothing it or the project modules it reaches
     runs backs a loss: :func:`dp2ddp.project.trains_nowhere`), or nowhere dp2ddp can see (no
     step and no optimizer: :func:`dp2ddp.model.inference.trains_nothing_visible`;
@@ -394,7 +394,8 @@ def _helper_inference(model):
     project helpers wrap the model it evaluates in DataParallel (Deep_Metric's ``test.py`` ->
     ``Model2Feature``): every rank would repeat the whole inference that DataParallel split
     between the GPUs. ``None`` where that is not so. The file alone and its project plan say
-    the same."""
+    the same. ``found``: :func:`dp2ddp.project.helpers_with_dp` of the model, where the caller
+    has it already."""
     import ast
     import os
 
@@ -404,7 +405,7 @@ def _helper_inference(model):
 
     if not os.path.isfile(model.path):
         return None
-    found = helpers_with_dp(model)
+    found = found if found is not None else helpers_with_dp(model)
     if not found:
         return None
     nowhere = trains_nowhere(model.path, model)

@@ -104,10 +104,10 @@ def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
 
 
 def _has_main_guard(path: str) -> bool:
-    tree = _parse(path)
-    return tree is not None and any(
-        isinstance(n, ast.If) and isinstance(n.test, ast.Compare) and isinstance(n.test.left, ast.Name)
-        and n.test.left.id == "__name__" for n in tree.body)
+    from dp2ddp.model.project_defs import file_model
+
+    pm = file_model(path)
+    return pm is not None and pm.main_guard is not None
 
 
 def wraps_without_a_device_count(path: str) -> bool:

@@ -512,16 +512,15 @@ def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
     path)`` for another script to reuse: loss-landscape's ``trainloader.dat``): the file would
     hold the sharding wrapper, a class of the migrated script no other script can import, and
     one rank's share. Refused at the save."""
-    from dp2ddp.model.flow import origins
-
-    m = ctx.m
-    sharded = {id(n) for n, _ in wrapped} | {id(m.parent(stmt)) for stmt, _ in rebinds}
-    rebound = {t for _, ts in rebinds for t in ts}
-    rebound_at = {id(stmt.value) for stmt, _ in rebinds if isinstance(stmt, ast.Assign)}
-    out: List[Finding] = []
     from dp2ddp.model.checkpoints import saved_parts
+    from dp2ddp.model.flow import origins
     from dp2ddp.model.names import DUMPS, SAVE
 
+    m = ctx.m
+    # the loaders sharded where they are made, and the values rebound to shard_loader(...) after
+    sharded = {id(n) for n, _ in wrapped} | {id(stmt.value) for stmt, _ in rebinds if isinstance(stmt, ast.Assign)}
+    rebound = {t for _, ts in rebinds for t in ts}
+    out: List[Finding] = []
     for call in m.nodes(ast.Call):
         if not m.is_name(call.func, SAVE | DUMPS):
             continue
@@ -530,7 +529,7 @@ def _pickled_loaders(ctx: Context, wrapped, rebinds) -> List[Finding]:
         for n in saved_parts(m, call):
             if not isinstance(n, (ast.Name, ast.Attribute)):
                 continue
-            hit = m.source(n) in rebound or any(id(node) in sharded or id(node) in rebound_at for node, _ in origins(m, n))
+            hit = m.source(n) in rebound or any(id(node) in sharded for node, _ in origins(m, n))
             if hit:
                 out.append(ctx.block(call, "DDP105", (
                     f"`{m.source(n)}` is sharded between the ranks, and `{m.source(call.func)}` (line {call.lineno}) "

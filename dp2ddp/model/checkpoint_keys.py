@@ -115,12 +115,8 @@ _STRIP = ("module.",)
 def _strips_prefix(m: SemanticModel, node: ast.AST) -> bool:
     """The function (or module) around a load handles the ``module.`` prefix itself:
     ``k.replace("module.", "")``, ``k[7:]``, ``strict=False``, ``"module." + k``."""
-    func = m.enclosing_function(node) or m.tree
-    for n in ast.walk(func):
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("module"):
-            return True
-        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice) and isinstance(n.slice.lower, ast.Constant) and n.slice.lower.value == 7:
-            return True
+    if _handles_prefix(m.enclosing_function(node) or m.tree):
+        return True
     if isinstance(node, ast.Call):
         strict = argument(node, LOAD_STATE_DICT_PARAMS, "strict")
         if isinstance(strict, ast.Constant) and strict.value is False:
@@ -364,7 +360,6 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
     from dp2ddp.model.dp_idioms import handed
     from dp2ddp.model.project_defs import project_calls
     from dp2ddp.model.syntax import FUNCTIONS
-
     from dp2ddp.model.wraps import dp_wraps
 
     out: List[LooseLoad] = []
@@ -375,7 +370,7 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
         if not isinstance(func, FUNCTIONS):
             continue
         _arg, param = handed(m, pm, func, call, keys)
-        if param is None or _handles_prefix(func, param):
+        if param is None or _handles_prefix(func):
             continue
         for node in ast.walk(func):
             f = node.func if isinstance(node, ast.Call) else None
@@ -389,9 +384,10 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
     return out
 
 
-def _handles_prefix(func: ast.AST, param: str) -> bool:
-    """The function deals with the ``module.`` prefix itself: a string starting with
-    ``module``, a ``[7:]`` slice, or ``hasattr(param, "module")``."""
+def _handles_prefix(func: ast.AST) -> bool:
+    """The function (or module) deals with the ``module.`` prefix itself: a string starting
+    with ``module`` (``k.replace("module.", "")``, ``"module." + k``, ``hasattr(model,
+    "module")``) or a ``[7:]`` slice."""
     for n in ast.walk(func):
         if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("module"):
             return True

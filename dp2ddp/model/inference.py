@@ -54,7 +54,7 @@ def unseen_training(m: SemanticModel):
     of it) or may train on data dp2ddp cannot find (then no loader could be shown to be the
     one to shard): a loader named for training is no evidence either way. ``call``: where
     the wrapper is handed on; ``None`` where the script trains visibly or is inference-only.
-    (A wrap in a project helper: :func:`dp2ddp.migrate._inference_through_helpers`.)"""
+    (A wrap in a project helper: :func:`dp2ddp.migrate._helper_inference`.)"""
     from dp2ddp.model.entry_points import has_entry_point
     from dp2ddp.model.uses import dp_wrapper_uses
     from dp2ddp.model.wraps import dp_wraps
@@ -167,7 +167,15 @@ def _project_code_verdict(m: SemanticModel, call: ast.Call) -> str:
     """What the code ``call`` runs does with what it is handed: ``"never"`` trains
     (:func:`_project_code_that_never_trains`), ``"trains"`` (project code it may run reaches a
     backward pass), or ``"unknown"`` (not the project's code, or code that imports a library
-    dp2ddp cannot read, or a base class it cannot follow)."""
+    dp2ddp cannot read, or a base class it cannot follow). Once per call (``trains_elsewhere``
+    and :func:`unseen_training` both ask)."""
+    memo = m.cache.setdefault("inference:verdicts", {})
+    if id(call) not in memo:
+        memo[id(call)] = _verdict(m, call)
+    return memo[id(call)]  # type: ignore[no-any-return]
+
+
+def _verdict(m: SemanticModel, call: ast.Call) -> str:
     from dp2ddp.model.project_defs import project_def, reach_across
     from dp2ddp.model.steps import is_backward
     from dp2ddp.model.syntax import FUNCTIONS

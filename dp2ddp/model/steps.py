@@ -199,14 +199,23 @@ def second_order(m: SemanticModel) -> List[ast.Call]:
             params = TENSOR_BACKWARD_PARAMS
         else:
             continue
-        flag = argument(call, params, "create_graph")
-        if flag is None or constant_truth(m, flag) is False:
+        if not _builds_graph(m, call, params):
             continue
         if grad and not _of_parameters(m, argument(call, params, "inputs")):
             continue  # a gradient penalty: :func:`input_penalties`
         out.append(call)
     m.cache["steps:second_order"] = out
     return out
+
+
+def _builds_graph(m: SemanticModel, call: ast.Call, params) -> bool:
+    """The backward call's ``create_graph`` may be true on some run (a flag from the caller
+    counts; ``create_graph=False``, or a local name set only to a false constant, does not)."""
+    from dp2ddp.model.call_args import argument
+    from dp2ddp.model.dead_code import constant_truth
+
+    flag = argument(call, params, "create_graph")
+    return flag is not None and constant_truth(m, flag) is not False
 
 
 def input_penalties(m: SemanticModel) -> List[ast.Call]:
@@ -216,14 +225,10 @@ def input_penalties(m: SemanticModel) -> List[ast.Call]:
     depends on (a last layer's bias has none). One added to a loss with a forward of its own
     (``d_loss = D(fake) - D(real) + gp``, one backward) reaches every parameter, and is not one."""
     from dp2ddp.model.call_args import AUTOGRAD_GRAD_PARAMS, argument
-    from dp2ddp.model.dead_code import constant_truth
 
     out = []
     for call in m.nodes(ast.Call):
-        if not m.is_name(call.func, AUTOGRAD_GRAD):
-            continue
-        flag = argument(call, AUTOGRAD_GRAD_PARAMS, "create_graph")
-        if flag is None or constant_truth(m, flag) is False:
+        if not m.is_name(call.func, AUTOGRAD_GRAD) or not _builds_graph(m, call, AUTOGRAD_GRAD_PARAMS):
             continue
         if not _of_parameters(m, argument(call, AUTOGRAD_GRAD_PARAMS, "inputs")) and _backed_alone(m, call):
             out.append(call)
@@ -274,7 +279,7 @@ def _backed_alone(m: SemanticModel, grad: ast.Call) -> bool:
 
 _TENSOR_MATH = frozenset({"norm", "mean", "sum", "pow", "sqrt", "view", "reshape", "flatten", "size", "abs", "square",
                           "relu", "clamp", "clamp_min", "square_", "mul", "add", "sub", "detach", "item", "numel",
-                          "ones", "zeros", "cuda", "to", "float", "size"})
+                          "ones", "zeros", "cuda", "to", "float", "ones_like", "zeros_like", "rand", "randn"})
 
 
 def _tensor_math(call: ast.Call) -> bool:
@@ -282,7 +287,7 @@ def _tensor_math(call: ast.Call) -> bool:
     (``grad.norm(2, dim=1)``, ``torch.mean(...)``): not a forward."""
     f = call.func
     name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
-    return name in _TENSOR_MATH or name in ("ones_like", "zeros_like", "rand", "randn")
+    return name in _TENSOR_MATH
 
 
 def _of_parameters(m: SemanticModel, value: Optional[ast.AST]) -> bool:

@@ -154,7 +154,8 @@ def handed_to_either(m: SemanticModel) -> List[Tuple[ast.Call, ast.AST, str, str
                     continue
                 owner = pm.enclosing_class(func)
                 name = f"{owner.name}.{func.name}" if owner is not None else func.name  # type: ignore[attr-defined]
-                if any(p in _fed_params(pm, func) for p in pm.params(func) if pm.argument_for(func, call, p) is arg):
+                fed = _fed_params(pm, func)
+                if any(p in fed for p in pm.params(func) if pm.argument_for(func, call, p) is arg):
                     fed_in = fed_in or name
                 elif not trains(pm, func):
                     idle_in = idle_in or name  # no backward pass it reaches: it only reads the value

@@ -103,11 +103,12 @@ def _judge_work(orig: RunResult, mig: RunResult, problems: List[str], notes: Lis
     if not total or len(m) < 2:
         return
     shares = ", ".join(f"rank {r}: {n}" for r, n in m.items())
-    if all(n >= total for n in m.values()) and evaluation_whole:
+    repeated = all(n >= total for n in m.values())
+    if repeated and evaluation_whole:
         notes.append(f"inference only in this run, of a migration that trains: every rank ran the model on all {total} "
                      f"samples ({shares}), as `dp2ddp rewrite` leaves evaluation whole on every rank by default (DDP108: "
                      "correct, not faster); `rewrite --shard-eval` shares out the loops it can prove")
-    elif all(n >= total for n in m.values()):
+    elif repeated:
         problems.append(f"inference only: every rank ran the model on all {total} samples the original did ({shares}): "
                         f"the migration repeats the whole inference on each of its {len(m)} processes; share out the "
                         "evaluation loop between the ranks (`dp2ddp rewrite` does where it can prove the results "
