@@ -14,6 +14,7 @@ import ast
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.kinds import SAME_MODULE
 from dp2ddp.model.names import COLLECTIVES, DDP, DP, DP_FUNCTIONAL
 
 # A variable is keyed by where it lives: ("local", function, name), ("global", None, name)
@@ -67,16 +68,13 @@ def outer_chain(m: SemanticModel, call: ast.Call) -> ast.AST:
         if (
             isinstance(attr, ast.Attribute)
             and attr.value is cur
-            and attr.attr in MODULE_RETURNING
+            and attr.attr in SAME_MODULE
             and isinstance(outer, ast.Call)
             and outer.func is attr
         ):
             cur = outer
             continue
         return cur
-
-
-MODULE_RETURNING = {"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "type", "requires_grad_"}
 
 
 def wrapped_vars(m: SemanticModel, dp: bool = False) -> Set[VarKey]:

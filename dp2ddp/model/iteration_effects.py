@@ -13,8 +13,9 @@ from __future__ import annotations
 import ast
 from typing import Dict, FrozenSet, Iterable, Optional, Sequence, Set, Tuple
 
-from dp2ddp.model.collectives import MODULE_RETURNING, collective_of, is_wrapped_forward
+from dp2ddp.model.collectives import collective_of, is_wrapped_forward
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.kinds import SAME_MODULE
 from dp2ddp.model.project_defs import project_def
 from dp2ddp.model.syntax import FUNCTIONS, LOOPS
 from dp2ddp.model.training import is_backward
@@ -201,7 +202,7 @@ def _torch_object(m: SemanticModel, f: ast.Attribute) -> bool:
 
 def _torch_made(m: SemanticModel, node: ast.AST) -> bool:
     """A call of a torch class or function, placed or not (``nn.Sequential(...).to(device)``)."""
-    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MODULE_RETURNING:
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SAME_MODULE:
         node = node.func.value
     return isinstance(node, ast.Call) and any(q.startswith("torch.") for q in m.qualified_names(node.func))
 

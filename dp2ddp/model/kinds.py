@@ -38,8 +38,10 @@ _NO_PARAMETERS = frozenset(
     + [f"{p}{d}" for p in ("MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "LPPool", "FractionalMaxPool")
        for d in ("1d", "2d", "3d")]
 )
-# calls that return the module they are called on (``model.cuda()``, ``.to(device)``, ``.eval()``)
-SAME_MODULE = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_", "type"})
+# methods of ``nn.Module`` that return the module they are called on (``model.cuda()``,
+# ``.to(device)``, ``.eval()``, ``.apply(init)``): the one list every reader of the model uses
+SAME_MODULE = frozenset({"cuda", "to", "cpu", "float", "half", "double", "bfloat16", "train", "eval", "requires_grad_",
+                         "type", "share_memory", "apply", "to_empty", "xpu", "ipu"})
 
 
 def without_parameters(m: SemanticModel, expr: ast.AST) -> bool:

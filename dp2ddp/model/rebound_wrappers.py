@@ -26,13 +26,11 @@ import ast
 from typing import List, NamedTuple, Optional
 
 from dp2ddp.model.core import SemanticModel
+from dp2ddp.model.kinds import SAME_MODULE
 from dp2ddp.model.names import DP, LOAD
 from dp2ddp.model.training import training_loops
 from dp2ddp.model.uses import classify
 
-# methods of nn.Module that return the module itself
-_SAME_MODULE = frozenset({"cuda", "to", "cpu", "half", "float", "double", "bfloat16", "train", "eval", "requires_grad_",
-                          "type", "share_memory", "apply", "to_empty", "xpu", "ipu"})
 # how a statement binds a name for certain when it runs (an ``except ... as`` or a walrus may not)
 _BINDS = frozenset({"assign", "unpack", "for", "with", "import", "def", "class"})
 
@@ -46,7 +44,7 @@ class Rebound(NamedTuple):
 def _keeps_value(m: SemanticModel, stmt: ast.stmt, name: str) -> bool:
     """``net = net.cuda()``: the name is bound to what it held."""
     v = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
-    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in _SAME_MODULE:
+    while isinstance(v, ast.Call) and isinstance(v.func, ast.Attribute) and v.func.attr in SAME_MODULE:
         v = v.func.value
         if isinstance(v, ast.Name) and v.id == name:
             return True
