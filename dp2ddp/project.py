@@ -416,20 +416,45 @@ _BIG = 20 * 1024 * 1024
 def copy_project(root: str, dest: str) -> None:
     """Copy the project at ``root`` to ``dest`` (a new or empty folder) so that the migration
     runs there as the original runs in ``root``: every file but version control and caches;
-    a file over 20 MB (data, weights) is linked, not copied, and never written through."""
+    a file over 20 MB (data, weights) is linked, not copied, and never written through. A
+    symbolic link (``data -> /datasets/cifar``, a file linked from another folder) stays a
+    link to what it points at: relative where that lies in the project, so the copy's link
+    points into the copy; absolute otherwise. A dangling link is left out."""
     import shutil
 
     if os.path.exists(dest) and os.listdir(dest):
         from dp2ddp.source import InputError
 
         raise InputError(dest, None, "not empty; -o with --with-helpers needs a new or empty folder")
+    real_root = os.path.realpath(root)
+
+    def relink(src: str, at: str) -> None:
+        target = os.path.realpath(src)
+        if os.path.commonpath([target, real_root]) == real_root:
+            rel = os.path.relpath(target, real_root)
+            target = os.path.relpath(os.path.join(os.path.abspath(dest), rel), os.path.dirname(os.path.abspath(at)))
+        os.symlink(target, at)
+
     for here, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and os.path.realpath(os.path.join(here, d)) != os.path.realpath(dest))
+        kept = []
         out = os.path.join(dest, os.path.relpath(here, root))
         os.makedirs(out, exist_ok=True)
+        for d in sorted(dirs):
+            src = os.path.join(here, d)
+            if d in _SKIP_DIRS or os.path.realpath(src) == os.path.realpath(dest):
+                continue
+            if os.path.islink(src):
+                if os.path.exists(src):
+                    relink(src, os.path.join(out, d))
+                continue
+            kept.append(d)
+        dirs[:] = kept
         for name in names:
             src = os.path.join(here, name)
             if name.endswith(".pyc") or not os.path.isfile(src):
+                continue
+            if os.path.islink(src):
+                relink(src, os.path.join(out, name))
                 continue
             if os.path.getsize(src) > _BIG:
                 os.symlink(os.path.abspath(src), os.path.join(out, name))

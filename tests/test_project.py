@@ -56,6 +56,28 @@ def test_with_helpers_into_a_folder_that_is_not_empty_is_a_one_line_error(projec
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+def test_the_project_copy_keeps_symbolic_links_as_links(project: Path, tmp_path: Path) -> None:
+    """-o DIR copies the project; a linked data folder (``data -> /datasets/x``) and a file
+    linked from elsewhere stay links to what they point at (absolute outside the project,
+    relative inside it, so the copy's link points into the copy); a dangling link is left out."""
+    outside = tmp_path / "datasets" / "cifar"
+    outside.mkdir(parents=True)
+    (outside / "batch_1.bin").write_bytes(b"\x00" * 16)
+    (project / "data").symlink_to(outside)
+    (project / "configs").mkdir()
+    (project / "configs" / "base.yaml").write_text("lr: 0.1\n")
+    (project / "config.yaml").symlink_to(Path("configs") / "base.yaml")
+    (project / "gone").symlink_to(tmp_path / "nowhere")
+    out = tmp_path / "out"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(project / "train.py")]) == 0
+    assert (out / "data").is_symlink() and os.readlink(out / "data") == str(outside)
+    assert (out / "data" / "batch_1.bin").read_bytes() == b"\x00" * 16
+    assert (out / "config.yaml").is_symlink() and not os.path.isabs(os.readlink(out / "config.yaml"))
+    assert (out / "config.yaml").resolve() == (out / "configs" / "base.yaml").resolve()
+    assert not os.path.lexists(out / "gone")
+    assert (out / "train.py").read_text() != (project / "train.py").read_text()  # the migration is there too
+
+
 def test_a_model_handed_to_a_library_engine_that_trains_on_its_own_data_is_refused(tmp_path: Path, capsys) -> None:
     """deep-person-reid's shape: a data manager makes the loaders, an engine class of the
     library (its loop in the base class's module, its backward in the subclass's) trains the
