@@ -15,6 +15,7 @@ something says otherwise. :func:`writers` lists them with their kind:
 ``logfile``    ``logging.FileHandler(...)``, ``logging.basicConfig(filename=...)``
 ``logconfig``  ``logging.config.dictConfig(...)``/``fileConfig(...)`` (file handlers in a config)
 ``print``      ``print(...)``
+``h5``         ``h5py.File(path, mode)`` in a mode that may write (not ``"r"``): HDF5 locks it
 
 What the project's own modules write when the script calls them is read from this list
 elsewhere: :mod:`dp2ddp.model.companion_writes` (a project call that makes a folder or writes a
@@ -108,6 +109,10 @@ def writers(m: SemanticModel) -> List[Writer]:
         if never_runs(m, call):
             continue  # under ``if create_subset:`` with ``create_subset = False``: writes nothing
         q = m.qualified_names(call.func)
+        if q & H5_FILES:
+            if _h5_writes(call):
+                out.append(Writer("h5", call, argument(call, ("name", "mode"), "name")))
+            continue
         if not q and isinstance(call.func, ast.Attribute) and call.func.attr == "SummaryWriter":
             # __import__(module, fromlist=['SummaryWriter']).SummaryWriter(log_dir) (pytorch-template)
             out.append(Writer("tensorboard", call, argument(call, SUMMARY_WRITER_PARAMS, "log_dir")))
@@ -256,14 +261,10 @@ def h5_write_opens(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
     rank at once, the migration would crash at random, whether or not anything is written."""
     from dp2ddp.model.project_defs import project_calls, reach_across
 
-    out: List[Tuple[ast.AST, str]] = []
-    for call in m.nodes(ast.Call):
-        if m.qualified_names(call.func) & H5_FILES and _h5_writes(call) and not never_runs(m, call):
-            out.append((call, f"line {call.lineno}"))
+    out: List[Tuple[ast.AST, str]] = [(w.call, f"line {w.call.lineno}") for w in writers(m) if w.kind == "h5"]
     for call, (pm, func, rel) in project_calls(m):
         for mod, f, path in reach_across(pm, func, rel):
-            hit = next((c for c in ast.walk(f) if isinstance(c, ast.Call) and mod.qualified_names(c.func) & H5_FILES
-                        and _h5_writes(c)), None)
+            hit = next((w.call for w in writers(mod) if w.kind == "h5" and mod.contains(f, w.call)), None)
             if hit is not None:
                 out.append((call, f"{path}:{hit.lineno}"))
                 break
