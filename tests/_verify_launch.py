@@ -10,7 +10,7 @@
   does as ``python`` would); ``python -I SCRIPT ARGS`` (verify's checkpoint loader) too,
   with nothing but the interpreter's own ``sys.path`` and the PYTHON* variables ignored;
 * ``python -m torch.distributed.run --nproc-per-node=N --max-restarts=0 --log-dir=D
-  --standalone SCRIPT ARGS``: N forks with the environment torchrun gives its workers
+  --standalone -- SCRIPT ARGS``: N forks with the environment torchrun gives its workers
   (tests/_zygote.py, :func:`worker_envs`); when one exits non-zero the others get SIGTERM,
   SIGKILL 5 s later, and the exit code is 1, as torchrun's agent does;
 * anything else (several nodes, other options), or a run a fork would not reproduce (an
@@ -51,6 +51,8 @@ def _parse(cmd):
         opts = {}
         while rest and rest[0].startswith("-"):
             opt = rest.pop(0)
+            if opt == "--":  # the end of torchrun's options: the script and its arguments follow
+                break
             key, _, value = opt.partition("=")
             if key not in ("--nproc-per-node", "--max-restarts", "--log-dir", "--standalone"):
                 return None

@@ -35,6 +35,45 @@ def test_default_writes_stem_ddp_beside_input_and_prints_launch(script: Path, ca
     assert "dp2ddp template" in printed
 
 
+LOG_OPTION_SCRIPT = """import argparse
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--log", default="train.log")
+parser.add_argument("--local_rank", type=int, default=0)
+args = parser.parse_args()
+model = nn.DataParallel(nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    loss = model(torch.randn(8, 4)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_launch_lines_end_torchrun_s_options_where_the_script_has_one_it_would_take(tmp_path: Path, capsys) -> None:
+    """A script option that begins like two of torchrun's own (``--log``: ``--log-dir``,
+    ``--logs-specs``) stops ``torchrun train_ddp.py --log x`` with "ambiguous option": the
+    printed launch lines put ``--`` before the script and say why; ``--local_rank`` (one
+    match only) does not need it, and scripts without such an option get the plain lines."""
+    src = tmp_path / "train.py"
+    src.write_text(LOG_OPTION_SCRIPT)
+    out = tmp_path / "train_ddp.py"
+    assert main(["rewrite", str(src)]) in (0, 1)
+    text = capsys.readouterr().out
+    assert f"torchrun --standalone --nproc_per_node=2 -- {out}" in text
+    (note,) = [ln for ln in text.splitlines() if "ends torchrun's options" in ln]
+    assert "the script's --log for an abbreviation" in note and "--local_rank" not in note
+    assert main(["rewrite", str(src), "--format", "json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)[0]["launch"]["gpu"] == f"torchrun --standalone --nproc_per_node=gpu -- {out}"
+    src.write_text(LOG_OPTION_SCRIPT.replace('"--log"', '"--log_file"'))
+    assert main(["rewrite", str(src)]) in (0, 1)
+    text = capsys.readouterr().out
+    assert f"torchrun --standalone --nproc_per_node=2 {out}" in text and "ends torchrun's options" not in text
+
+
 def test_output_option_and_stdout(script: Path, tmp_path: Path, capsysbinary) -> None:
     dest = tmp_path / "elsewhere.py"
     assert main(["rewrite", str(script), "-o", str(dest)]) == 0

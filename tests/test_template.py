@@ -213,7 +213,7 @@ def test_torchrun_single_node_command(capsys, tmp_path):
     script.write_text(text)
     res = run_bash(script, tmp_path, with_path(clean_env(RECORD=str(record)), recorder_bin(tmp_path / "bin")))
     assert res.returncode == 0, res.stdout
-    assert recorded(record) == [["--standalone", "--nproc_per_node=4", "train_ddp.py", "--epochs", "3"]]
+    assert recorded(record) == [["--standalone", "--nproc_per_node=4", "--", "train_ddp.py", "--epochs", "3"]]
 
 
 def test_torchrun_multi_node_c10d_command(capsys, tmp_path):
@@ -227,7 +227,7 @@ def test_torchrun_multi_node_c10d_command(capsys, tmp_path):
     assert res.returncode == 0, res.stdout
     assert recorded(record) == [["--nnodes=3", "--nproc_per_node=8", "--rdzv_backend=c10d",
                                  "--rdzv_endpoint=node0.cluster:29400", "--rdzv_id=exp1", "--max_restarts=2",
-                                 "train_ddp.py"]]
+                                 "--", "train_ddp.py"]]
     # restarts need a fresh store per attempt (see dp2ddp.cli.template.LaunchSpec.fresh_store_per_restart)
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text
 
@@ -245,7 +245,7 @@ def test_torchrun_multi_node_endpoint_from_environment(capsys, tmp_path):
     res = run_bash(script, tmp_path, dict(env, MASTER_ADDR="10.1.2.3"))
     assert res.returncode == 0, res.stdout
     assert recorded(record) == [["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
-                                 "--rdzv_endpoint=10.1.2.3:1234", "--rdzv_id=train_ddp", "train_ddp.py"]]
+                                 "--rdzv_endpoint=10.1.2.3:1234", "--rdzv_id=train_ddp", "--", "train_ddp.py"]]
 
 
 def test_torchrun_multi_node_static_command(capsys, tmp_path):
@@ -260,7 +260,7 @@ def test_torchrun_multi_node_static_command(capsys, tmp_path):
     res = run_bash(script, tmp_path, dict(env, NODE_RANK="1"))
     assert res.returncode == 0, res.stdout
     assert recorded(record) == [["--nnodes=2", "--nproc_per_node=2", "--node_rank=1", "--master_addr=10.0.0.5",
-                                 "--master_port=23456", "train_ddp.py"]]
+                                 "--master_port=23456", "--", "train_ddp.py"]]
 
 
 # --------------------------------------------------------------------------- injection
@@ -368,7 +368,7 @@ def test_slurm_sbatch_script(capsys, tmp_path):
     res = run_bash(script, tmp_path, env)
     assert res.returncode == 0, res.stdout
     expected = ["--nnodes=4", "--nproc_per_node=8", "--rdzv_backend=c10d", "--rdzv_endpoint=gpu-017:29411",
-                "--rdzv_id=123456", "train_ddp.py", "--epochs", "90"]
+                "--rdzv_id=123456", "--", "train_ddp.py", "--epochs", "90"]
     assert recorded(record) == [expected] * 4
     assert (tmp_path / "argv.jsonl.srun").read_text().startswith("srun --kill-on-bad-exit=1 --cpus-per-task=32 torchrun ")
 
@@ -422,7 +422,7 @@ def test_k8s_pytorchjob_manifest(capsys):
         assert container["command"] == ["torchrun"]
         assert container["args"] == ["--nnodes=4", "--nproc_per_node=8", "--node_rank=$(RANK)",
                                      "--master_addr=$(MASTER_ADDR)", "--master_port=$(MASTER_PORT)",
-                                     "train_ddp.py", "--epochs", "90"]
+                                     "--", "train_ddp.py", "--epochs", "90"]
 
 
 def test_k8s_single_node_cpu_elastic(capsys):
@@ -543,7 +543,9 @@ def test_every_value_goes_through_a_quoting_filter():
 def test_rendered_single_node_command_trains(capsys, tmp_path):
     pytest.importorskip("torch")
     (tmp_path / "tiny_ddp.py").write_text(TINY_DDP)
-    args = ["--lr", "0.1", "$(touch PWNED)", "two words"]
+    # ``--log``: a prefix of torchrun's --log-dir/--logs-specs, which torchrun would stop on
+    # without the ``--`` that ends its options (pytorch/pytorch#120601)
+    args = ["--lr", "0.1", "--log", "run.txt", "$(touch PWNED)", "two words"]
     script = tmp_path / "launch.sh"
     assert main(["template", "torchrun", "tiny_ddp.py", "--gpus-per-node", "2", "--cpu", "-o", str(script),
                  "--", *args]) == 0

@@ -82,9 +82,11 @@ class LaunchSpec:
         return dict(self.__dict__, launch_args=self.launch_args(), fresh_store_per_restart=self.fresh_store_per_restart)
 
     def launch_args(self) -> List[str]:
-        """The script and its arguments (never option-like: a script starting with '-'
-        is refused in validation, so torchrun cannot mistake it for one of its flags)."""
-        return [self.script, *self.script_args]
+        """``--``, the script and its arguments. ``--`` ends torchrun's own options: without
+        it, torchrun reads a script option that begins like one of its own (``--log`` is a
+        prefix of ``--log-dir`` and ``--logs-specs``; ``--r=16`` of ``--redirects``) as its own
+        and stops with "ambiguous option" (pytorch/pytorch#120601), even after the script."""
+        return ["--", self.script, *self.script_args]
 
 
 def render(spec: LaunchSpec) -> str:

@@ -104,6 +104,9 @@ def _commands(spec: RunSpec) -> List[List[str]]:
     script = [str(spec.script), *spec.args]
     if spec.role == "original":
         return [[sys.executable, *script]]
+    # ``--`` ends torchrun's options: a script option such as ``--log`` would otherwise be
+    # taken for an abbreviation of torchrun's ``--log-dir``/``--logs-specs`` (pytorch/pytorch#120601)
+    script = ["--", *script]
     common = [
         sys.executable,
         "-m",
