@@ -597,3 +597,50 @@ def test_a_receiver_rebound_by_its_own_methods_is_followed_once_per_call(tmp_pat
     for c in m.nodes(ast.Call):
         project_def(m, c.func)
     assert len(calls) <= n * (n + 2), len(calls)  # each call once per question asked (n! before)
+
+
+ORDER_SRC = textwrap.dedent('''
+    import torch.nn as nn
+
+    def helper_c():
+        return 3
+
+    def helper_a():
+        return helper_c()
+
+    def helper_b():
+        return 2
+
+    def step():
+        helper_b()
+        helper_a()
+
+    if flag == 1:
+        crit = nn.CrossEntropyLoss()
+    elif flag == 2:
+        crit = nn.MSELoss()
+    elif flag == 3:
+        crit = nn.L1Loss()
+    else:
+        crit = nn.SmoothL1Loss()
+    crit(x, y)
+''')
+
+
+def test_value_origins_come_in_source_order():
+    """Where a value may come from several places, ``origins`` lists them in the order they are
+    written, not in the order a set of nodes happens to iterate (by address): a reader that
+    takes the first match decides the same way on every run (kaidic/LDAM-DRW's loss on if/elif
+    paths was refused in some runs and migrated in others)."""
+    from dp2ddp.model.flow import origins
+
+    m = build(ORDER_SRC.encode(), "t.py")
+    use = next(c for c in m.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == "crit")
+    found = [node.func.attr for node, _ in origins(m, use.func)]
+    assert found == ["CrossEntropyLoss", "MSELoss", "L1Loss", "SmoothL1Loss"]
+
+
+def test_the_functions_a_call_reaches_iterate_in_source_order():
+    m = build(ORDER_SRC.encode(), "t.py")
+    step = next(f for f in m.nodes(ast.FunctionDef) if f.name == "step")
+    assert [f.name for f in m.reach(step)] == ["helper_c", "helper_a", "helper_b", "step"]

@@ -55,14 +55,25 @@ def _transposed_local(node: ast.AST) -> bool:
     return isinstance(base, ast.Name) and base.id != "self"
 
 
+def _state(node: ast.AST) -> bool:
+    """``self.m_list[None, :]``, ``self.prototypes.weight``: the module's own state, not the batch."""
+    base = node
+    while isinstance(base, (ast.Attribute, ast.Subscript, ast.Call)):
+        base = base.func if isinstance(base, ast.Call) else base.value
+    return isinstance(base, ast.Name) and base.id == "self"
+
+
 def _pairwise(node: ast.AST) -> bool:
+    """``a @ b.T`` (``torch.matmul(a, b.t())``, ``addmm``, ``cdist``) of two batch values: every
+    sample against every other. A left operand that is the module's state (``self.m_list[None, :]
+    @ onehot.T``: a per-class margin picked for each sample) compares nothing."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-        return _transposed_local(node.right)
+        return _transposed_local(node.right) and not _state(node.left)
     if isinstance(node, ast.Call):
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
         if name in _MATMUL and len(node.args) == 2:
-            return _transposed_local(node.args[1])
+            return _transposed_local(node.args[1]) and not _state(node.args[0])
         if name in ("addmm", "addmm_") and node.args:  # ``dist.addmm_(x, y.t(), beta=1, alpha=-2)``, old ``addmm_(1, -2, x, y.t())``
             return _transposed_local(node.args[-1])
         if name == "cdist" and len(node.args) >= 2:
@@ -200,17 +211,17 @@ def project_callables(m: SemanticModel, call: ast.Call) -> List[Tuple[SemanticMo
         return [found]
     if not isinstance(call.func, (ast.Name, ast.Attribute)):
         return []
-    for node, path in origins(m, call.func):
-        node = unplaced(node)
+    out: List[Tuple[SemanticModel, ast.AST, str]] = []
+    for node, path in origins(m, call.func):  # every class the value may hold (``criterion`` chosen
+        node = unplaced(node)                 # on if/elif paths), each examined
         if isinstance(node, ast.Call) and not path:
             found = project_def(m, node.func) or class_of_call(m, node)
             if found is not None and isinstance(found[1], ast.ClassDef):
-                return [found]
-            if found is not None and isinstance(found[1], FUNCTIONS):
-                picked = returned_callables(*found)
-                if picked:
-                    return picked
-    return []
+                out.append(found)
+            elif found is not None and isinstance(found[1], FUNCTIONS):
+                out.extend(returned_callables(*found))
+    seen = set()
+    return [f for f in out if not (id(f[1]) in seen or seen.add(id(f[1])))]
 
 
 class InBatchLoss(NamedTuple):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 from functools import cached_property
-from typing import Dict, Iterator, List, Optional, Set
+from typing import AbstractSet, Dict, Iterator, List, Optional, Set
 
 from dp2ddp.model.syntax import FUNCTIONS, first_item, order_key, children
 
@@ -184,10 +184,12 @@ class Calls:
         out.sort(key=order_key)
         return out
 
-    def reach(self, func: ast.AST) -> Set[ast.AST]:
+    def reach(self, func: ast.AST) -> AbstractSet[ast.AST]:
         """Functions of this module reachable from ``func`` by calls (``func`` included); a
         method reached through ``self.`` brings the overrides of its subclasses too (a base
-        class's ``train()`` calls the ``_train_epoch`` a subclass defines)."""
+        class's ``train()`` calls the ``_train_epoch`` a subclass defines). A set that
+        iterates in source order: a reader that takes the first match gets the same one on
+        every run (a plain set of nodes iterates by their addresses)."""
         from dp2ddp.model.dead_code import never_runs
 
         seen: Set[ast.AST] = set()
@@ -205,7 +207,7 @@ class Calls:
                     todo.append(t)
                     if getattr(t, "name", "") != "__init__":  # ``cls(...)`` makes the class it names
                         todo.extend(self._overrides(t))
-        return seen
+        return dict.fromkeys(sorted(seen, key=lambda f: (getattr(f, "lineno", 0), getattr(f, "col_offset", 0)))).keys()
 
     def reached_calls(self, root: ast.AST) -> Iterator[ast.Call]:
         """The calls in ``root`` (a function, a loop) and in every function it reaches."""

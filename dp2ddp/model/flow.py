@@ -45,8 +45,20 @@ MAX_DEPTH = 12
 
 
 def origins(m: SemanticModel, expr: ast.AST) -> List[Origin]:
-    """The expressions that may have made ``expr``'s value (see the module docstring)."""
-    return list(ValueFlow.of(m).value(expr, 0))
+    """The expressions that may have made ``expr``'s value (see the module docstring), in
+    source order: the same on every run (a set of nodes iterates in an order that depends
+    on their addresses, and a reader that stops at the first match would decide by it)."""
+    return in_source_order(ValueFlow.of(m).value(expr, 0))
+
+
+def in_source_order(found) -> List[Origin]:
+    return sorted(found, key=_position)
+
+
+def _position(origin: Origin) -> Tuple:
+    node, path = origin
+    return (getattr(node, "lineno", 0), getattr(node, "col_offset", 0), getattr(node, "end_lineno", 0),
+            getattr(node, "end_col_offset", 0), type(node).__name__, repr(path))
 
 
 class ValueFlow:
@@ -557,4 +569,4 @@ def key_values(m: SemanticModel, key: ast.AST) -> Optional[Tuple[object, ...]]:
 
 def item_origins(m: SemanticModel, container: ast.AST, keys: Tuple[object, ...]) -> List[Origin]:
     """The origins of ``container[key]`` for each of ``keys``."""
-    return list(ValueFlow.of(m).keyed(container, keys, 0))
+    return in_source_order(ValueFlow.of(m).keyed(container, keys, 0))
