@@ -40,6 +40,11 @@ def count_test(m: SemanticModel, test: ast.AST) -> bool:
     ``if self.multi_gpu:``): under a flag, the DataParallel run that is migrated is the one
     with the flag on, whatever the devices."""
     inner = test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test
+    if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], (ast.Is, ast.IsNot)):
+        if any(isinstance(c, ast.Constant) and c.value is None for c in [inner.left, *inner.comparators]):
+            # ``if args.gpu is not None: (one GPU) else: DataParallel``: whether the user named a
+            # device, an option of theirs, not a count (kaidic/LDAM-DRW's shape)
+            return False
     if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], (ast.Eq, ast.Is)):
         if any(isinstance(c, ast.Constant) and isinstance(c.value, bool) for c in inner.comparators):
             inner = inner.left  # ``args.parallel == True``
