@@ -219,13 +219,26 @@ def dp_helper_calls(m: SemanticModel) -> List[DpHelperCall]:
     got = m.cache.get("dp_helper_calls")
     if got is not None:
         return got  # type: ignore[return-value]
+    from dp2ddp.model.wraps import dp_wraps
+
     out: List[DpHelperCall] = []
     keys = wrapped_vars(m, dp=True)
+    wraps = [(var_key(m, w.target), w.call) for w in dp_wraps(m) if w.target is not None]
+
+    def wrapped_by_then(a: ast.AST) -> bool:
+        """``a`` may hold the wrapper where the call runs: not a call that runs before
+        every wrap of its variable (``model = convert_model(model)`` above ``model = DP(model)``)."""
+        key = var_key(m, a)
+        if key not in keys:
+            return False
+        mine = [call for k, call in wraps if k == key]
+        return not mine or not all(m.runs_before(a, call) for call in mine)
+
     for call, (pm, func, rel) in project_calls(m):
         if not isinstance(func, FUNCTIONS):
             continue
         args = list(call.args) + [k.value for k in call.keywords]
-        if not any(var_key(m, a) in keys for a in args if not isinstance(a, ast.Starred)):
+        if not any(wrapped_by_then(a) for a in args if not isinstance(a, ast.Starred)):
             continue
         refs = [r for r in pm.refs(DP) if pm.contains(func, r)]
         if not refs:
