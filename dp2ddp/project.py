@@ -290,7 +290,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
         real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
         out.append((call, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
     if not out:
-        out = _handed_on_with_dp(m, dp_files, mods, base)
+        out = _handed_on_with_dp(m, dp_files, mods, base) or _looked_up_by_name(m, dp_files, mods, base)
     out.sort(key=lambda t: (t[0].lineno, t[0].col_offset))
     return out
 
@@ -333,6 +333,41 @@ def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
             real = os.path.realpath(hit.path)
             return [(name, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real))]
     return []
+
+
+def _looked_up_by_name(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]]:
+    """A call of something the script looks up by name in a project module or package it
+    imports (``agents.__dict__[args.agent_type].__dict__[args.agent_name](config)``,
+    ``getattr(models, args.arch)(...)``, ``vars(trainers)[name]``), where that module or one
+    it imports names DataParallel: no call graph says which class runs, so the wrap may be
+    reached. ``(the call, helper path, line)`` of the first such call."""
+    for call in m.nodes(ast.Call):
+        for root in _looked_up_in(call.func):
+            names = [q for q in m.qualified_names(root) if "." not in q] if isinstance(root, ast.Name) else []
+            for name in names:
+                found = module_file(base, name, 0)
+                if found is None:
+                    continue
+                real = os.path.realpath(found)
+                reach = {real} | set(project_modules(found))
+                hit = next((d for d in dp_files if d in reach), None)
+                if hit is not None:
+                    return [(call, mods[hit][0] if hit in mods else os.path.relpath(hit, base), _first_dp_line(hit))]
+    return []
+
+
+def _looked_up_in(func: ast.AST) -> List[ast.AST]:
+    """The modules a callee is looked up in by name: ``X`` of ``X.__dict__[...]``,
+    ``getattr(X, name)``, ``vars(X)[...]``, at any depth of the callee's chain."""
+    out = []
+    for n in ast.walk(func):
+        if isinstance(n, ast.Attribute) and n.attr == "__dict__":
+            out.append(n.value)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "vars"):
+            first = next(iter(n.args), None)  # the object looked in
+            if first is not None and not isinstance(first, ast.Call):
+                out.append(first)
+    return out
 
 
 def _reached_by_import_or_dispatch(real: str) -> bool:

@@ -41,6 +41,59 @@ def test_script_without_dataparallel_whose_helper_wraps_is_refused_not_silent(pr
     assert {p: p.read_bytes() for p in project.rglob("*.py")} == before  # nothing written, nothing changed
 
 
+AGENT_SCRIPT = """import argparse
+import torch
+import agents
+
+p = argparse.ArgumentParser()
+p.add_argument("--agent_type", default="regular")
+p.add_argument("--agent_name", default="Plain")
+args = p.parse_args()
+agent = agents.__dict__[args.agent_type].__dict__[args.agent_name]({"gpus": [0, 1]})
+for _ in range(3):
+    print(agent.step(torch.randn(8, 4)))
+"""
+AGENT_MODULE = """import torch
+import torch.nn as nn
+
+
+class Plain:
+    def __init__(self, config):
+        self.net = nn.Linear(4, 1)
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        if len(config["gpus"]) > 1:
+            self.net = nn.DataParallel(self.net)
+
+    def step(self, x):
+        loss = self.net(x).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+"""
+
+
+@pytest.mark.parametrize("lookup", ["agents.__dict__[args.agent_type].__dict__[args.agent_name]",
+                                    "getattr(getattr(agents, args.agent_type), args.agent_name)"])
+def test_a_class_looked_up_by_name_in_a_project_package_that_wraps_is_refused_not_silent(tmp_path: Path, capsys, lookup) -> None:
+    """GT-RIPL/Continual-Learning-Benchmark's shape: the agent class is looked up by name in
+    the project package the script imports, and the agent wraps its model in DataParallel.
+    No call graph says which class runs: "nothing to migrate" (exit 0) was a silent miss."""
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "__init__.py").write_text("from . import regular\n")
+    (tmp_path / "agents" / "regular.py").write_text(AGENT_MODULE)
+    script = tmp_path / "train.py"
+    script.write_text(AGENT_SCRIPT.replace("agents.__dict__[args.agent_type].__dict__[args.agent_name]", lookup))
+    assert main(["rewrite", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "train.py:9:9: DDP151" in err and "agents/regular.py:10" in err and "--with-helpers" in err
+    assert not (tmp_path / "train_ddp.py").exists()
+    # the same lookup in a package with no DataParallel: nothing to migrate, as before
+    (tmp_path / "agents" / "regular.py").write_text(AGENT_MODULE.replace("nn.DataParallel(self.net)", "self.net"))
+    assert main(["rewrite", str(script)]) == 0
+    assert "nothing to migrate" in capsys.readouterr().out
+
+
 def test_with_helpers_needs_an_output_mode(project: Path, capsys) -> None:
     assert main(["rewrite", "--with-helpers", str(project / "train.py")]) == 2
     assert "--in-place, --diff, or -o DIR" in capsys.readouterr().err
