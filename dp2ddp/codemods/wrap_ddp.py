@@ -196,6 +196,13 @@ def _rebound_trained(ctx: Context, w: Wrap) -> Optional[Finding]:
     bound = m.source(found.binding).strip().splitlines()[0][:60]
     line = m.position(found.binding)[0]
     use_line = m.position(found.use)[0]
+    fork = _other_branch(m, w.stmt, found.binding)
+    if found.trains and fork is not None:
+        trains = m.source(found.use).strip().splitlines()[0][:60]
+        return ctx.block(w.call, "DDP101", (
+            f"`{bound}` (line {line}, on the other branch of the `if` at line {fork.lineno}) binds `{name}` to a model that "
+            f"DataParallel never wraps, and `{trains}` (line {use_line}) trains it: under DDP that path would train a copy "
+            "on each rank, on its share of the batches, never synchronised; wrap the model on every path, then migrate"))
     if found.trains:
         trains = m.source(found.use).strip().splitlines()[0][:60]
         return ctx.block(w.call, "DDP101", (
@@ -203,10 +210,26 @@ def _rebound_trained(ctx: Context, w: Wrap) -> Optional[Finding]:
             "trains that one, which DataParallel never wrapped: under DDP each rank would train its own copy on its share of "
             "the batches, never synchronised; wrap it too (or give it a name of its own and keep its data whole), then migrate"))
     use = m.source(m.parent(found.use) or found.use).strip().splitlines()[0][:60]
+    if fork is not None:
+        return ctx.block(w.call, "DDP101", (
+            f"`{bound}` (line {line}, on the other branch of the `if` at line {fork.lineno}) binds `{name}` to a model that "
+            f"DataParallel never wraps, and `{use}` (line {use_line}) uses whichever ran: the wrapper on one path, the bare "
+            "model on the other, which under DDP would train apart on each rank; wrap the model on every path (or give the "
+            "bare one a name of its own), then migrate"))
     return ctx.block(w.call, "DDP101", (
         f"`{bound}` (line {line}) binds `{name}` to a value other than the wrapper after the wrap, and `{use}` (line {use_line}) uses that "
         f"one: the migration follows the wrapper by the name `{name}` and would treat it as the DistributedDataParallel "
         "wrapper (`.module` that a bare module does not have); give the other model a name of its own, then migrate"))
+
+
+def _other_branch(m: SemanticModel, a: ast.AST, b: ast.AST) -> Optional[ast.AST]:
+    """The ``if`` whose one branch holds ``a`` and whose other holds ``b`` (they never both run
+    in one pass), else ``None``."""
+    around_a = {id(node): where for node, where in m.branches(a)}
+    for node, where in m.branches(b):
+        if isinstance(node, ast.If) and id(node) in around_a and {around_a[id(node)], where} == {"body", "orelse"}:
+            return node
+    return None
 
 
 def _replaced(ctx: Context, w: Wrap) -> Optional[Finding]:
