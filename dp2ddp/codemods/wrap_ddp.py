@@ -222,6 +222,26 @@ def _rebound_trained(ctx: Context, w: Wrap) -> Optional[Finding]:
         "wrapper (`.module` that a bare module does not have); give the other model a name of its own, then migrate"))
 
 
+def _read_on_both_branches(test_if: ast.AST, name: str) -> bool:
+    """``if multi_gpus: net = DP(net) else: net = net.to(device)``: both branches read ``name``
+    before anything binds it, so wherever it is unbound the original stops there already
+    (NameError on either path): a wrap moved below the ``if`` reads it no more often."""
+
+    def reads_first(stmts: List[ast.stmt]) -> bool:
+        for st in stmts:
+            if not isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)):
+                return False  # a compound statement: not followed here
+            read = st.value if not isinstance(st, ast.AugAssign) else st
+            if read is not None and any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+                                        for n in ast.walk(read)):
+                return True
+            if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(st)):
+                return False  # bound before it is read
+        return False
+
+    return isinstance(test_if, ast.If) and bool(test_if.orelse) and reads_first(test_if.body) and reads_first(test_if.orelse)
+
+
 def _other_branch(m: SemanticModel, a: ast.AST, b: ast.AST) -> Optional[ast.AST]:
     """The ``if`` whose one branch holds ``a`` and whose other holds ``b`` (they never both run
     in one pass), else ``None``."""
@@ -579,7 +599,8 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
     if late is not None:
         return [late]
     kept_under = None
-    if w.conditions and isinstance(wrap_target, ast.Name) and maybe_unbound(m, wrap_target.id, w.conditions[-1]):
+    if (w.conditions and isinstance(wrap_target, ast.Name) and maybe_unbound(m, wrap_target.id, w.conditions[-1])
+            and not _read_on_both_branches(w.conditions[-1], wrap_target.id)):
         # ``if cfg.eval_head: head = Head(model)`` before the wrap's ``if``: moved out of every
         # condition, the wrap would read an unbound ``head``; it stays under the test that made it
         held = [m.source(c.test) for c in binding_conditions(m, wrap_target.id, w.conditions[-1])]

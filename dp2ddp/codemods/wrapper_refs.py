@@ -16,7 +16,7 @@ from dp2ddp.model.checkpoint_keys import PLAIN, key_policy
 from dp2ddp.model.collectives import VarKey, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.syntax import LOOPS
-from dp2ddp.model.uses import half_unwrapped, wrapper_keys, wrapper_uses
+from dp2ddp.model.uses import half_unwrapped, unwrapped_on_the_other_branch, wrapper_keys, wrapper_uses
 from dp2ddp.model.wraps import dp_type_refs, dp_wraps, in_annotation
 
 _DP_MODULES = {"torch.nn", "torch.nn.parallel", "torch.nn.parallel.data_parallel"}
@@ -61,7 +61,12 @@ def route_uses(ctx: Context, seeds: Set[VarKey], guarded: Set[VarKey], wrap_stmt
                 loads.extend(got)
                 first_load = first_load or use.node
                 continue
-        if use.kind == "state_dict":
+        if use.kind == "state_dict" and unwrapped_on_the_other_branch(m, use.node):
+            # ``net.module.state_dict() if parallel else net.state_dict()``: bare keys on both paths, as the original's
+            out.append(ctx.note(use.node, "DDP150", (
+                f"state_dict keys of {m.source(use.node)} without `module.` (through `.module`) on both branches: the "
+                "original unwrapped its DataParallel on the other branch, so it wrote the bare model's keys either way")))
+        elif use.kind == "state_dict":
             key = var_key(m, use.node)
             g = (key in guarded_all, key in flagged_all, bare, key in cuda_all)
             policy = policies.get(g) or policies.setdefault(g, key_policy(m, *g))

@@ -48,7 +48,17 @@ def count_test(m: SemanticModel, test: ast.AST) -> bool:
     if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], (ast.Eq, ast.Is)):
         if any(isinstance(c, ast.Constant) and isinstance(c.value, bool) for c in inner.comparators):
             inner = inner.left  # ``args.parallel == True``
+    if isinstance(inner, ast.Name) and _names_a_count(m, inner):
+        return True  # ``multi_gpus = torch.cuda.device_count() > 1`` ... ``if multi_gpus:``
     return device_test(m, test) and not isinstance(inner, (ast.Name, ast.Attribute))
+
+
+def _names_a_count(m: SemanticModel, name: ast.Name) -> bool:
+    """Every value the name may hold is a comparison that counts devices (no user's option)."""
+    from dp2ddp.model.flow import origins
+
+    found = origins(m, name)
+    return bool(found) and all(not path and isinstance(node, ast.Compare) and count_test(m, node) for node, path in found)
 
 
 def cuda_test(m: SemanticModel, test: ast.AST) -> bool:
