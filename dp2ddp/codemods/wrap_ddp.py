@@ -611,6 +611,18 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
                 f"{w.conditions[-1].lineno}): moved out of it so that every rank wraps, the wrap would read an unbound name "
                 "where it is not; migrate this by hand"))]
     inside = _used_inside_after(m, w, wrap_target) if w.conditions else None
+    unwrapped_inside: List[Finding] = []
+    module_uses = _module_uses_inside_after(m, w, wrap_target) if inside is not None and partial_root is None else None
+    if module_uses:
+        # ``model = DP(model); optimizer = SGD(model.module.parameters())`` in the wrap's own
+        # branch: ``DP(model).module`` is ``model`` itself, the bare module those lines keep
+        # reading once the wrap moves below the ``if``
+        for n in module_uses:
+            unwrapped_inside.append(ctx.note(n, "DDP124", (
+                f"`{m.source(n)}` -> `{m.source(n.value)}` under `if {m.source(w.conditions[-1].test)}:`: the wrap moves below "
+                f"that `if`, and `{m.source(n.value)}` there is the bare module `.module` gave"),
+                [Replace(ctx.cst(n), ctx.expr(m.source(n.value)))]))
+        inside = None
     if inside is not None:
         return [ctx.block(inside, "DDP101", (
             f"DataParallel under `if {m.source(w.conditions[0].test)}:` would move below that `if` so that every rank wraps, "
@@ -662,7 +674,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             "would raise at the first forward with several GPUs (the parameters are not on cuda:0), so the original "
             "trains on the CPU; on a GPU machine the migration starts NCCL and DistributedDataParallel refuses the CPU "
             f"module at the wrap; place {m.source(wrap_target)} on its device (`.cuda()`, `.to(device)`) before the wrap")))
-    return out
+    return out + unwrapped_inside
 
 
 def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
@@ -710,6 +722,31 @@ def _used_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[a
             if n.attr == "module" or id(stmt) in other:
                 return n
     return None
+
+
+def _module_uses_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[List[ast.Attribute]]:
+    """Every use :func:`_used_inside_after` would find, when each is ``<target>.module`` in the
+    wrap's own branch (a straight line of statements, no loop around the wrap); else ``None``."""
+    cond = w.conditions[-1]
+    if len(w.conditions) != 1 or m.parent(w.stmt) is not cond or w.stmt not in cond.body:  # type: ignore[attr-defined]
+        return None
+    text = m.source(target)
+    end = (w.stmt.end_lineno, w.stmt.end_col_offset)  # type: ignore[attr-defined]
+    found: List[ast.Attribute] = []
+    for stmt in cond.body + cond.orelse:  # type: ignore[attr-defined]
+        if any(isinstance(c, ast.Call) and "DataParallel" in (terminal(c.func) or "") for c in ast.walk(stmt)):
+            continue
+        for n in ast.walk(stmt):
+            if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and m.source(n.value) == text):
+                continue
+            if (n.lineno, n.col_offset) <= end or n.attr in _PLACEMENT:
+                continue
+            if stmt not in cond.body:  # type: ignore[attr-defined]
+                continue  # the other branch: the bare model there, before the moved wrap (wrapper_refs leaves it)
+            if n.attr != "module":
+                return None
+            found.append(n)
+    return found or None
 
 
 def _ifexp_wrap(ctx: Context, ifexp: ast.IfExp, wraps: List[Wrap], find_unused: bool):

@@ -113,6 +113,10 @@ def _before_any_wrap(m: SemanticModel, node: ast.AST, wrap_stmts) -> bool:
     for s, wrapped in wrap_stmts:
         if wrapped is not None and wrapped != text:
             continue  # another model's wrap (netD's below netG's load_state_dict)
+        fork = m.parent(s)
+        if (isinstance(fork, ast.If) and s in fork.body and any(x is node or m.contains(x, node) for x in fork.orelse)
+                and not any(isinstance(a, LOOPS) for a in m.ancestors(fork) if m.enclosing_function(a) is func)):
+            return True  # the other branch of the wrap's ``if``: it never holds that wrapper (and the wrap moves below it)
         if m.enclosing_function(s) is func and (node.lineno, node.col_offset) < (s.lineno, s.col_offset):
             loop = next((a for a in m.ancestors(node) if isinstance(a, LOOPS) and m.contains(a, s)), None)
             if loop is None or _made_again_first(m, loop, node, text, s):
