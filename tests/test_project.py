@@ -94,6 +94,64 @@ def test_a_class_looked_up_by_name_in_a_project_package_that_wraps_is_refused_no
     assert "nothing to migrate" in capsys.readouterr().out
 
 
+RANKED_LOGGER = """import logging
+import os
+
+
+def make_logger(name, folder, rank):
+    log = logging.getLogger(name)
+    log.setLevel(logging.INFO)
+    if rank > 0:  # only the main process writes a log
+        return log
+    os.makedirs(folder, exist_ok=True)
+    handler = logging.FileHandler(os.path.join(folder, "train.log"), mode="w")
+    log.addHandler(handler)
+    return log
+"""
+RANKED_LOGGER_SCRIPT = """import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from ranklog import make_logger
+
+
+def main():
+    log = make_logger("run", "out", 0)
+    torch.manual_seed(0)
+    model = nn.DataParallel(nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
+    for epoch in range(3):
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        log.info("epoch %d loss %.4f", epoch, loss.item())
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.torchrun
+def test_a_logger_helper_that_takes_the_rank_is_handed_the_process_s_rank(tmp_path: Path, capsys) -> None:
+    """maskrcnn-benchmark's ``setup_logger(name, save_dir, distributed_rank)`` shape, called with
+    a literal 0 from a DataParallel script: its handler opens the log with mode "w", which on
+    every rank would empty rank 0's file, but it adds no handler where the rank it is given is
+    above 0. The migration hands it the process's rank: one log, each line once."""
+    (tmp_path / "ranklog.py").write_text(RANKED_LOGGER)
+    (tmp_path / "train.py").write_text(RANKED_LOGGER_SCRIPT)
+    assert main(["rewrite", str(tmp_path / "train.py")]) == 0
+    out = (tmp_path / "train_ddp.py").read_text()
+    assert 'make_logger("run", "out", dist.get_rank())' in out
+    assert "handed this process's rank" in capsys.readouterr().out
+    r = retry_exit_abort(lambda: run_script(["train_ddp.py"], tmp_path, env=_env(), nproc=2), "ranked logger")
+    assert r.returncode == 0, r.stdout[-3000:]
+    lines = (tmp_path / "out" / "train.log").read_text().splitlines()
+    assert [ln.split()[1] for ln in lines] == ["0", "1", "2"]
+
+
 def test_with_helpers_needs_an_output_mode(project: Path, capsys) -> None:
     assert main(["rewrite", "--with-helpers", str(project / "train.py")]) == 2
     assert "--in-place, --diff, or -o DIR" in capsys.readouterr().err

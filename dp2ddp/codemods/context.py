@@ -308,6 +308,10 @@ class Context:
     def not_rank0(self) -> str:
         return f"{self._rank()} != 0"
 
+    def rank(self) -> str:
+        """This process's global rank, as an expression (see :meth:`_rank`)."""
+        return self._rank()
+
     def _rank(self) -> str:
         """This process's global rank. In a script with its own distributed path the process
         group may not exist yet (or at all, without torchrun): then torchrun's RANK, else 0."""

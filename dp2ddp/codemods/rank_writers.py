@@ -367,16 +367,45 @@ def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
 
 def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
     """``logger = utils.get_logger(path)``, a logger with a file handler a project function
-    made: disabled on the other ranks, as their prints are (every line once in the file)."""
+    made: disabled on the other ranks, as their prints are (every line once in the file).
+    A helper that takes the process's rank and adds no handler on the other ranks
+    (``setup_logger(name, out, 0)``) is handed the rank instead."""
+    early = ctx.mode == "plain" and not ctx.in_setup_region(lm.stmt)
+    if lm.rank_arg is not None and isinstance(lm.rank_arg, ast.Constant) and lm.rank_arg.value == 0:
+        rank = f'int({ctx.name("os")}.environ.get("RANK", 0))' if early else ctx.rank()
+        return ctx.note(lm.rank_arg, "DDP135", (
+            f"`{lm.name}`'s helper takes the process's rank and adds its file handler ({lm.where}) on rank 0 only: it is "
+            f"handed this process's rank (`{rank}`) instead of 0, so rank 0 alone writes the log"),
+            [Replace(ctx.cst(lm.rank_arg), ctx.expr(rank))])
+    if lm.rank_arg is not None and _reads_the_rank(ctx.m, lm.rank_arg):
+        return ctx.note(lm.rank_arg, "DDP135", (
+            f"`{lm.name}`'s helper adds its file handler ({lm.where}) only where its rank parameter is 0, and this call "
+            f"hands it `{ctx.m.source(lm.rank_arg)}`, torchrun's rank: rank 0 alone writes the log, as it is"), [])
+    if lm.rank_arg is not None and not isinstance(lm.rank_arg, ast.Constant):
+        return ctx.block(lm.stmt, "DDP110", f"`{lm.name}`'s helper adds its file handler ({lm.where}) only where its rank "
+                         f"parameter is 0, and this call hands it `{ctx.m.source(lm.rank_arg)}`, which dp2ddp cannot tell is "
+                         "the process's rank under torchrun; pass `dist.get_rank()`, then migrate")
     if lm.truncates:
         return ctx.block(lm.stmt, "DDP110", f"`{lm.name}` logs to a file its handler opens with mode 'w' when it is made "
                          f"({lm.where}): on every rank that makes it, the other ranks would empty what rank 0 has "
                          "written; open it in append mode (or with delay=True), then migrate")
-    early = ctx.mode == "plain" and not ctx.in_setup_region(lm.stmt)
     other = ctx.env_not_rank0() if early else ctx.not_rank0()
     stmt = ctx.stmt(f"if {other}:\n    {lm.name}.disabled = True\n")
     return ctx.note(lm.stmt, "DDP135", f"`{lm.name}` logs to a file ({lm.where}) and the console: it logs on rank 0 only "
                     "(disabled on the other ranks), so each line is written once", [InsertAfter(ctx.bridge.statement(lm.stmt), (stmt,))])
+
+
+def _reads_the_rank(m, expr: ast.AST) -> bool:
+    """``dist.get_rank()``, ``int(os.environ["RANK"])``, ``int(os.environ.get("RANK", 0))``:
+    the process's global rank under torchrun."""
+    from dp2ddp.model.names import GET_RANK
+
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Call) and m.is_name(n.func, GET_RANK):
+            return True
+        if isinstance(n, ast.Constant) and n.value == "RANK" and "environ" in m.source(expr):
+            return True
+    return False
 
 
 def _rank_zero_first(ctx: Context, race) -> Finding:

@@ -29,6 +29,7 @@ class LoggerMaker:
     name: str  # the name it binds
     where: str  # ``utils.py:49``: the file handler
     truncates: bool = False  # the handler opens its file with mode="w" at once: every rank would empty it
+    rank_arg: Optional[ast.AST] = None  # what the call passes for the helper's own rank parameter (see _rank_gate)
 
 
 def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
@@ -81,9 +82,38 @@ def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
         handler = next((w for w in writers(pm) if w.kind == "logfile" and pm.contains(scope, w.call)
                         and pm.is_name(w.call.func, LOGGING_FILE)), None)
         if handler is not None and _returns_a_logger(pm, func):
-            out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}", _truncates(pm, handler.call)))
+            gate = _rank_gate(pm, func, handler.call)
+            rank_arg = pm.argument_for(func, call, gate) if gate is not None else None
+            out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}", _truncates(pm, handler.call),
+                                   rank_arg))
     m.cache["logger_makers"] = out
     return out
+
+
+def _rank_gate(pm: SemanticModel, func: ast.AST, handler: ast.Call) -> Optional[str]:
+    """The parameter of ``func`` that keeps every process but rank 0 from its file handler:
+    ``if distributed_rank > 0: return logger`` (also ``!= 0``, ``>= 1``, a bare truth test),
+    a statement of the function's own body before the handler is made (maskrcnn-benchmark's
+    ``setup_logger(name, save_dir, distributed_rank)``)."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = {a.arg for a in func.args.posonlyargs + func.args.args + func.args.kwonlyargs}
+    for st in func.body:
+        if st.lineno >= handler.lineno:
+            return None
+        if not (isinstance(st, ast.If) and not st.orelse and len(st.body) == 1 and isinstance(st.body[0], ast.Return)):
+            continue
+        t = st.test
+        name = t.left if isinstance(t, ast.Compare) and len(t.ops) == 1 else t
+        if not (isinstance(name, ast.Name) and name.id in params):
+            continue
+        if isinstance(t, ast.Name):
+            return name.id
+        op, right = t.ops[0], t.comparators[0]  # type: ignore[attr-defined]
+        if isinstance(right, ast.Constant) and ((isinstance(op, (ast.Gt, ast.NotEq)) and right.value == 0)
+                                                or (isinstance(op, ast.GtE) and right.value == 1)):
+            return name.id
+    return None
 
 
 def _truncates(pm: SemanticModel, handler: ast.Call) -> bool:
