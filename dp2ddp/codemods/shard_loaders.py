@@ -558,8 +558,9 @@ def _loader_name(m, node: ast.AST, value: Optional[ast.AST] = None) -> Optional[
     """``name = <call>`` where the name says it holds a loader; or ``train_loader,
     test_loader = dataset.get10(...)`` (a project helper that returns its loaders in a
     list), where ``value``, the name the training loop iterates, is one of the names
-    unpacked and says it holds a loader."""
-    if not isinstance(node, ast.Call):
+    unpacked and says it holds a loader; or ``trainloader = data.loader_train``, an attribute of
+    an object of the project's (HRank's data holder) whose name says it holds a loader."""
+    if not (isinstance(node, ast.Call) or (isinstance(node, ast.Attribute) and "loader" in node.attr.lower())):
         return None
     parent = m.parent(node)
     if not (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1):
