@@ -2409,3 +2409,89 @@ def test_the_evaluation_script_alone_says_why_its_project_is_refused(tmp_path: P
     err = capsys.readouterr().err
     assert "evaluate.py:19:9: DDP115 its model is wrapped in DataParallel by create_model() (models/__init__.py:17)" in err, err
     assert "DDP151" not in err
+
+
+GATHER_MODULE = """import torch
+import torch.distributed as dist
+
+
+class GatherEmbeddings(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, x)
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return grads[dist.get_rank()].clone()
+"""
+GATHER_SUMMED = GATHER_MODULE.replace(
+    "        return grads[dist.get_rank()].clone()",
+    "        every = torch.stack(grads)\\n        dist.all_reduce(every)\\n        return every[dist.get_rank()]")
+GATHER_LOSS = """import torch
+import torch.nn.functional as F
+from gathering import GatherEmbeddings
+
+
+def pair_loss(a, b, world_size):
+    if world_size > 1:
+        a = torch.cat(GatherEmbeddings.apply(a))
+        b = torch.cat(GatherEmbeddings.apply(b))
+    logits = F.normalize(a, dim=1) @ F.normalize(b, dim=1).T / 0.5
+    return F.cross_entropy(logits, torch.arange(len(a)))
+"""
+GATHER_SCRIPT = """import argparse
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from losses import pair_loss
+
+p = argparse.ArgumentParser()
+p.add_argument("--nodes", type=int, default=1)
+p.add_argument("--node_rank", type=int, default=0)
+
+
+def main(args):
+    if args.nodes > 1:
+        dist.init_process_group("gloo", rank=args.node_rank, world_size=args.world_size)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    if args.nodes > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    else:
+        model = nn.DataParallel(model)
+    for step in range(3):
+        x = torch.randn(16, 10)
+        loss = pair_loss(model(x + 0.1 * torch.randn_like(x)), model(x), args.world_size)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+if __name__ == "__main__":
+    args = p.parse_args()
+    args.world_size = args.nodes
+    main(args)
+"""
+
+
+def test_a_script_whose_own_gather_does_not_sum_its_gradients_is_refused(tmp_path: Path, capsys) -> None:
+    """Spijkervet/SimCLR's shape: a mixed script whose own distributed path gathers the
+    embeddings with an autograd Function (in a module two imports away) whose backward keeps
+    this rank's slice of its own gradient. The migration switches that path on under
+    torchrun, and every gradient through the gather would be 1/world of the original's
+    (verify saw the losses part from step 2 under SGD): refused, naming the backward. The
+    same project with a backward that sums over the ranks first migrates."""
+    (tmp_path / "gathering.py").write_text(GATHER_MODULE)
+    (tmp_path / "losses.py").write_text(GATHER_LOSS)
+    (tmp_path / "train.py").write_text(GATHER_SCRIPT)
+    before = (tmp_path / "train.py").read_bytes()
+    assert main(["rewrite", str(tmp_path / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "train.py:5:1: DDP188" in err and "gathering.py:13" in err
+    assert (tmp_path / "train.py").read_bytes() == before and not (tmp_path / "train_ddp.py").exists()
+    (tmp_path / "gathering.py").write_text(GATHER_SUMMED)
+    assert main(["rewrite", str(tmp_path / "train.py")]) in (0, 1)
+    assert "DDP188" not in capsys.readouterr().err
+    assert (tmp_path / "train_ddp.py").exists()

@@ -177,6 +177,15 @@ def propose(ctx: Context) -> List[Finding]:
     if ctx.mode != "mixed":
         return []
     m = ctx.m
+    from dp2ddp.model.gathers import unsummed_gathers
+
+    for node, where in unsummed_gathers(m):
+        # the migration switches the script's own distributed path on: its gather would then run
+        return [ctx.block(node, "DDP188", (
+            f"the script's distributed path gathers with a backward that returns this rank's slice of its own "
+            f"gradient, summed over no rank ({where}): every rank computes the loss of the whole gathered batch, so "
+            "under DDP every gradient through that gather would be 1/world of the original's; sum the gradients over "
+            "the ranks before slicing (dist.all_reduce, or torch.distributed.nn.functional.all_gather), then migrate"))]
     plan = ctx.need(MixedPlan)
     out: List[Finding] = []
     os_ = ctx.name("os")

@@ -373,6 +373,34 @@ CODES: Tuple[MigrationCode, ...] = (
         "for step in range(2):\n    opt.zero_grad()\n    loss = contrastive_loss(model(torch.randn(8, 4)))\n"
         "    loss.backward()\n    opt.step()\n",
     ),
+    MigrationCode(
+        "DDP188", "gather-backward-not-summed", "error",
+        "the script's own distributed path gathers with a backward that keeps this rank's slice of its own gradient, "
+        "summed over no rank",
+        "A contrastive loss computed on every rank's embeddings gathers them with an autograd Function "
+        "(`GatherLayer`): each rank computes the whole loss from the gathered batch, so the gradient of a rank's "
+        "embeddings is the sum of every rank's gradient for that slice. A backward that returns "
+        "`grads[dist.get_rank()]` without an `all_reduce` first keeps 1/world of it, and DDP's averaging leaves every "
+        "gradient through the gather at 1/world of what the one DataParallel process computed: a silent change of "
+        "the learning rate (Adam hides most of it; under SGD the losses part from the second step). The migration "
+        "would switch that path on (the script's world size under torchrun).",
+        "Sum before slicing in the backward (`all = torch.stack(grads); dist.all_reduce(all); return all[rank]`), "
+        "or gather with `torch.distributed.nn.functional.all_gather`, whose backward does; then migrate.",
+        "No fix: the file is left unchanged.",
+        "import argparse\nimport torch\nimport torch.distributed as dist\nimport torch.nn as nn\n\n\n"
+        "class GatherLayer(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
+        "        out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]\n        dist.all_gather(out, x)\n"
+        "        return tuple(out)\n\n    @staticmethod\n    def backward(ctx, *grads):\n"
+        "        return grads[dist.get_rank()]\n\n\n"
+        "p = argparse.ArgumentParser()\np.add_argument(\"--nodes\", type=int, default=1)\n"
+        "p.add_argument(\"--rank\", type=int, default=0)\nargs = p.parse_args()\n"
+        "if args.nodes > 1:\n    dist.init_process_group(\"gloo\", rank=args.rank, world_size=args.nodes)\n"
+        "    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 8))\nelse:\n"
+        "    model = nn.DataParallel(nn.Linear(4, 8))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(2):\n    z = model(torch.randn(8, 4))\n    if args.nodes > 1:\n"
+        "        z = torch.cat(GatherLayer.apply(z))\n    loss = (z @ z.T).logsumexp(1).mean()\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n",
+    ),
     # ---- the migrated run does no more work than a hand migration (issue 20): DDP140-DDP149
     MigrationCode(
         "DDP140", "accumulation-no-sync", "info",
