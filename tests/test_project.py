@@ -2489,7 +2489,7 @@ def test_a_script_whose_own_gather_does_not_sum_its_gradients_is_refused(tmp_pat
     before = (tmp_path / "train.py").read_bytes()
     assert main(["rewrite", str(tmp_path / "train.py")]) == 1
     err = capsys.readouterr().err
-    assert "train.py:5:1: DDP188" in err and "gathering.py:13" in err
+    assert "train.py:5:1: DDP188" in err and "gathering.py:14" in err
     assert (tmp_path / "train.py").read_bytes() == before and not (tmp_path / "train_ddp.py").exists()
     (tmp_path / "gathering.py").write_text(GATHER_SUMMED)
     assert main(["rewrite", str(tmp_path / "train.py")]) in (0, 1)

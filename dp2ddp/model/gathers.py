@@ -40,9 +40,11 @@ def unsummed_gather(m: SemanticModel, cls: ast.ClassDef) -> Optional[int]:
             name = n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id if isinstance(n.func, ast.Name) else ""
             if name in _SUMS:
                 return None
-    returns = [r.value for r in ast.walk(bwd) if isinstance(r, ast.Return) and r.value is not None]
-    sliced = [r for r in returns if any(isinstance(s, ast.Subscript) for s in ast.walk(r))]
-    return bwd.lineno if returns and len(sliced) == len(returns) else None
+    # ``grads[dist.get_rank()]`` (returned, or copied into ``grad_out[:]`` first): this rank's slice
+    for n in ast.walk(bwd):
+        if isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Load) and "rank" in m.source(n.slice).lower():
+            return n.lineno
+    return None
 
 
 def unsummed_gathers(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
