@@ -644,3 +644,56 @@ def test_the_functions_a_call_reaches_iterate_in_source_order():
     m = build(ORDER_SRC.encode(), "t.py")
     step = next(f for f in m.nodes(ast.FunctionDef) if f.name == "step")
     assert [f.name for f in m.reach(step)] == ["helper_c", "helper_a", "helper_b", "step"]
+
+
+GATHERS = textwrap.dedent('''
+    import torch
+    import torch.distributed as dist
+
+    class Returned(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, x)
+            return tuple(out)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            return grads[dist.get_rank()]
+
+    class Copied(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, x)
+            return tuple(out)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            (x,) = ctx.saved_tensors
+            grad_out = torch.zeros_like(x)
+            grad_out[:] = grads[dist.get_rank()]
+            return grad_out
+
+    class Summed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = [torch.zeros_like(x) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, x)
+            return tuple(out)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            every = torch.stack(grads)
+            dist.all_reduce(every)
+            return every[dist.get_rank()]
+''')
+
+
+def test_a_gather_whose_backward_keeps_its_own_slice_unsummed_is_told_from_one_that_sums():
+    from dp2ddp.model.gathers import unsummed_gather
+
+    m = build(GATHERS.encode(), "g.py")
+    found = {c.name: unsummed_gather(m, c) for c in m.nodes(ast.ClassDef)}
+    assert found == {"Returned": 14, "Copied": 28, "Summed": None}
