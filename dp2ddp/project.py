@@ -399,8 +399,16 @@ def _reached_by_import_or_dispatch(real: str) -> bool:
 
 
 def _first_dp_line(file: str) -> int:
+    """The line of the module's first DataParallel wrap (a call), else of its first mention
+    (an ``isinstance`` test, an import)."""
     from dp2ddp.model.names import DP_BYTES
+    from dp2ddp.model.project_defs import file_model
+    from dp2ddp.model.wraps import dp_wraps
 
+    pm = file_model(file)
+    wraps = dp_wraps(pm) if pm is not None else []
+    if wraps:
+        return min(w.call.lineno for w in wraps)
     try:
         with open(file, "rb") as fh:
             data = fh.read()

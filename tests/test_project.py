@@ -57,6 +57,10 @@ AGENT_MODULE = """import torch
 import torch.nn as nn
 
 
+def bare(net):
+    return net.module if isinstance(net, nn.DataParallel) else net
+
+
 class Plain:
     def __init__(self, config):
         self.net = nn.Linear(4, 1)
@@ -86,7 +90,8 @@ def test_a_class_looked_up_by_name_in_a_project_package_that_wraps_is_refused_no
     script.write_text(AGENT_SCRIPT.replace("agents.__dict__[args.agent_type].__dict__[args.agent_name]", lookup))
     assert main(["rewrite", str(script)]) == 1
     err = capsys.readouterr().err
-    assert "train.py:9:9: DDP151" in err and "agents/regular.py:10" in err and "--with-helpers" in err
+    # the line of the wrap, not of the isinstance test above it
+    assert "train.py:9:9: DDP151" in err and "agents/regular.py:14" in err and "--with-helpers" in err
     assert not (tmp_path / "train_ddp.py").exists()
     # the same lookup in a package with no DataParallel: nothing to migrate, as before
     (tmp_path / "agents" / "regular.py").write_text(AGENT_MODULE.replace("nn.DataParallel(self.net)", "self.net"))
