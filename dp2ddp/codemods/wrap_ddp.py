@@ -214,8 +214,8 @@ def _rebound_trained(ctx: Context, w: Wrap) -> Optional[Finding]:
         return ctx.block(w.call, "DDP101", (
             f"`{bound}` (line {line}, on the other branch of the `if` at line {fork.lineno}) binds `{name}` to a model that "
             f"DataParallel never wraps, and `{use}` (line {use_line}) uses whichever ran: the wrapper on one path, the bare "
-            "model on the other, which under DDP would train apart on each rank; wrap the model on every path (or give the "
-            "bare one a name of its own), then migrate"))
+            f"model on the other, and the migration, which follows the wrapper by the name `{name}`, cannot tell which it "
+            "holds there; wrap the model on every path (or give the bare one a name of its own), then migrate"))
     return ctx.block(w.call, "DDP101", (
         f"`{bound}` (line {line}) binds `{name}` to a value other than the wrapper after the wrap, and `{use}` (line {use_line}) uses that "
         f"one: the migration follows the wrapper by the name `{name}` and would treat it as the DistributedDataParallel "
