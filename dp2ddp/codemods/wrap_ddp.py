@@ -59,7 +59,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.bound import binding_conditions, maybe_unbound
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
-from dp2ddp.model.kinds import is_module_class
+from dp2ddp.model.kinds import is_module_class, wraps_all_it_holds
 from dp2ddp.model.names import DDP
 from dp2ddp.model.placed_elsewhere import placed_anywhere, placed_by_caller, placed_by_maker
 from dp2ddp.model.wrap_placement import absorb_placement, late_cuda, late_placements, placed_by_dataparallel
@@ -521,7 +521,8 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         return [ctx.block(call, "DDP101", (
             "DataParallel wrap inside a loop, of a model that is not made in the same pass (or in the loop that "
             "trains it): DDP must wrap each model once, before training it; migrate this by hand"))]
-    if root_name(target) is not None and root_name(target).id == "self" and is_module_class(m, m.enclosing_class(stmt)):
+    if (root_name(target) is not None and root_name(target).id == "self" and is_module_class(m, m.enclosing_class(stmt))
+            and not wraps_all_it_holds(m, w.target, w.call)):
         return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
     by_caller = placed_by_caller(m, stmt, target) if target is not None else None
     if by_caller is not None:

@@ -103,3 +103,54 @@ def is_module_class(m: SemanticModel, cls: Optional[ast.ClassDef]) -> bool:
     if cls is None:
         return False
     return any(m.is_name(b, MODULE_BASES) for b in cls.bases)
+
+
+_BUILTIN_VALUES = frozenset({"dict", "list", "set", "tuple", "int", "float", "str", "bool", "len", "range", "print"})
+_CLASS_PARAMETERS = frozenset({"register_parameter", "register_buffer", "add_module", "register_module"})
+
+
+def holds_only(m: SemanticModel, cls: ast.ClassDef, attr: str) -> bool:
+    """``cls`` (an ``nn.Module``) holds no parameters but those of its ``self.<attr>``: every
+    other ``self.X = value`` of the class (and of its family in this module) is a constant, a
+    container of constants, a ``torch.nn`` module without parameters (a loss, an activation),
+    an optimizer or scheduler, or a value of builtins; no ``nn.Parameter``, no
+    ``register_parameter``/``add_module``. A wrapper (``self.encoder = DP(self.encoder)``,
+    CMC's ``InsResNet50``) inside such a container is the whole of what trains in it."""
+    from dp2ddp.model.stores import attribute_assignments
+
+    for c in m.family(cls):
+        for n in ast.walk(c):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _CLASS_PARAMETERS:
+                return False
+
+    def harmless(v: ast.AST) -> bool:
+        if isinstance(v, (ast.Constant, ast.JoinedStr)):
+            return True
+        if isinstance(v, (ast.List, ast.Tuple, ast.Set)):
+            return all(harmless(e) for e in v.elts)
+        if isinstance(v, ast.Dict):
+            return all(harmless(e) for e in v.values)
+        if isinstance(v, ast.Call):
+            names = m.qualified_names(v.func)
+            if names and all(q.startswith(("torch.optim.", "torch.optim")) for q in names):
+                return True
+            if isinstance(v.func, ast.Name) and v.func.id in _BUILTIN_VALUES and not names - {f"builtins.{v.func.id}", v.func.id}:
+                return True
+            return without_parameters(m, v)
+        return False
+
+    for name, values in attribute_assignments(m, cls).items():
+        if name == attr:
+            continue
+        if not all(harmless(v) for v in values):
+            return False
+    return True
+
+
+def wraps_all_it_holds(m: SemanticModel, target: Optional[ast.AST], node: ast.AST) -> bool:
+    """A wrap assigned to ``self.X`` (``target``) at ``node``, in an ``nn.Module`` that holds
+    nothing else that trains (:func:`holds_only`): the wrap is of the whole of what trains
+    there, as in a plain class."""
+    cls = m.enclosing_class(node)
+    return (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
+            and cls is not None and holds_only(m, cls, target.attr))

@@ -133,6 +133,10 @@ def _module_class(m: SemanticModel, call: ast.Call) -> Optional[str]:
             return name
     cls = class_of_call(m, call)
     if cls is not None and is_module_class(cls[0], cls[1]):
+        from dp2ddp.model.kinds import wraps_all_it_holds
+
+        if any(cls[0].contains(cls[1], w.call) and wraps_all_it_holds(cls[0], w.target, w.call) for w in dp_wraps(cls[0])):
+            return None  # ``self.encoder = DP(self.encoder)`` and nothing else that trains: inside its own wrap
         return cls[1].name
     return None
 
