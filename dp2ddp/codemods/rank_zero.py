@@ -29,7 +29,7 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.rank_writers import is_writer_use
 from dp2ddp.codemods.write_barriers import barriers, removal_barriers, routed_write_sites
-from dp2ddp.engine import Finding, Guard, Hoist, InsertBefore, Replace
+from dp2ddp.engine import Finding, Guard, Hoist, InsertAfter, InsertBefore, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dp_idioms import is_elif
@@ -326,9 +326,16 @@ def _mkdirs(ctx: Context) -> List[Finding]:
                 "(dist.broadcast_object_list), then migrate")))
             return False
         if wrap is not True and not any(f.node is clock for f in clocked):
+            guards = _raise_guards(m, clock)
+            edits = [wrap]
+            for g in guards:  # asked on rank 0, and no rank makes the folder before it has been
+                edits.append(Replace(ctx.cst(g.test), ctx.expr("{r} and {t}", r=ctx.rank0(), t=g.test)))
+                edits.append(InsertAfter(ctx.bridge.statement(g), (ctx.barrier(comment="rank 0 has found the folder new"),)))
+            asked = (f"; line {guards[0].lineno}'s test that the folder is new is asked on rank 0 alone, as another rank "
+                     "would find rank 0's, and a barrier follows it so that no rank makes the folder first") if guards else ""
             clocked.append(ctx.note(clock, "DDP132", (
                 f"the folder `{m.source(path)}` is named by the clock (line {clock.lineno}): every rank takes rank 0's "
-                f"name ({ctx.rank_zero_value()}), so the ranks make and use one folder"), [wrap]))
+                f"name ({ctx.rank_zero_value()}), so the ranks make and use one folder{asked}"), edits))
         return True
 
     for call, path in _project_mkdirs(m):  # a project function's folder: rank_writers orders the ranks around its call
@@ -394,9 +401,27 @@ def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
         test = next((a for a in m.ancestors(call) if isinstance(a, ast.If)), None)
         only_makes = (test is not None and m.contains(test.test, call) and not test.orelse
                       and all(isinstance(s, ast.Expr) and id(s.value) in mkdirs for s in test.body))
-        if not only_makes:
+        if not only_makes and not (test is not None and id(test) in {id(g) for g in _raise_guards(m, clock)}):
             return call
     return None
+
+
+def _raise_guards(m: SemanticModel, clock: ast.Call) -> List[ast.If]:
+    """``if os.path.exists(save_dir): raise NameError('model dir exists!')`` for a folder named
+    from ``clock`` (Face_Pytorch's train scripts): a test that only stops the run, which every
+    rank passes alike. With one name for every rank it is asked on rank 0 alone (which alone
+    could find a folder left by an earlier run); another rank would find the folder rank 0 just made."""
+    from dp2ddp.model.passes import same_passes
+
+    out = []
+    for node in m.nodes(ast.If):
+        t = node.test
+        looked = next(iter(t.args), None) if isinstance(t, ast.Call) else None  # the path looked for
+        if (isinstance(t, ast.Call) and m.is_name(t.func, _EXISTS) and looked is not None and _clock_named(m, looked) is clock
+                and not node.orelse and len(node.body) == 1 and isinstance(node.body[0], ast.Raise)
+                and same_passes(m, node) and not rank_guarded(m, node)):
+            out.append(node)
+    return out
 
 
 def _bound_only_here(m: SemanticModel, target: ast.AST) -> bool:
