@@ -107,7 +107,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         why = _cannot_shard(m, loader, ctx.options.keep_batch_size)
         if why is None and not ctx.options.keep_batch_size:
-            why = (_groups_of_batches(m, loader) or _reshaped_whole(m, loader)
+            why = (_groups_of_batches(m, loader) or _reshaped_whole(m, loader) or _size_tested(m, loader)
                    # (a script with its own distributed path keeps its own batch per process: SimCLR's NT_Xent)
                    or (_sized_by_the_batch(m, loader) if ctx.mode == "plain" else None))
         apart = evaluated_apart(m, loader.call) if why is None and loader.comp is None else None
@@ -249,6 +249,20 @@ def _sized_by_the_batch(m, loader: Loader) -> Optional[str]:
                 "loss whose tensors are made for that many images fails, or weighs them wrongly); migrate with "
                 "--keep-batch-size (each rank takes whole batches in turn: the per-process batch stays the original's), "
                 "or build it from the batch it is handed")
+    return None
+
+
+def _size_tested(m, loader: Loader) -> Optional[str]:
+    """Why a loader whose batch size the training compares with a batch's own size cannot be
+    shared out sample by sample."""
+    from dp2ddp.model.batch_shapes import batch_size_tests
+
+    for c in batch_size_tests(m, loader.batch_size):
+        return (f"has the batch size that line {c.lineno} compares a batch's own size with (`{ast.unparse(c)[:60]}`): shared "
+                "out sample by sample, each rank's part of a batch is smaller than that, so the test would give another "
+                "answer on every step (a short batch skipped: every batch skipped); migrate with --keep-batch-size (each "
+                "rank takes whole batches in turn: the per-process batch stays the original's), or compare with the "
+                "batch the loader was made for on each rank")
     return None
 
 

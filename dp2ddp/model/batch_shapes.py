@@ -204,3 +204,24 @@ def _data_class(cm: SemanticModel, cls: ast.ClassDef) -> bool:
         if ast.unparse(b).endswith(_DATA_CLASSES):
             return True
     return cls.name.endswith(_DATA_CLASSES)
+
+
+def batch_size_tests(m: SemanticModel, batch_size: Optional[ast.AST]) -> List[ast.Compare]:
+    """Comparisons of a batch's size with the loader's ``batch_size`` expression (not a
+    constant): ``now_batch_size, c, h, w = inputs.shape`` then ``if now_batch_size <
+    opt.batchsize: continue`` (layumi's Person_reID_baseline skipping a short last batch). A
+    rank's share of a batch is smaller than the batch size, so such a test would hold, or
+    fail, on every step."""
+    if batch_size is None or isinstance(batch_size, ast.Constant):
+        return []
+    text = ast.unparse(batch_size)
+    out = []
+    for c in m.nodes(ast.Compare):
+        sides = [c.left, *c.comparators]
+        if len(sides) != 2 or not any(ast.unparse(x) == text for x in sides):
+            continue
+        other = sides[1] if ast.unparse(sides[0]) == text else sides[0]
+        scope = m.enclosing_function(c) or m.tree
+        if _reads_size(other) or (isinstance(other, ast.Name) and other.id in _size_names(scope)):
+            out.append(c)
+    return out
