@@ -79,8 +79,9 @@ def test_manifest_lists_every_script():
     # (deeplab_trainer moved to "refuse" when its migration was found wrong: a Saver picking its
     # folder from a listing; timm_train, simclr_pretrain and pt_imagenet went there for a
     # per-process batch on the script's own distributed path, and came back when the migration
-    # divided it where the process group starts, DDP172)
-    assert expects.count("migrate") >= 21
+    # divided it where the process group starts, DDP172; simclr_pretrain went back for good
+    # when its GatherLayer's backward was found not to sum over the ranks, DDP188)
+    assert expects.count("migrate") >= 20
     assert sum(1 for entry in SCRIPTS.values() if not entry["trains"]) <= 2
 
 
