@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.module_files import module_file
 
@@ -70,6 +70,12 @@ def project_modules(path: str, tree: Optional[ast.Module] = None, depth_limit: i
             out[real] = (os.path.relpath(found, base), depth + 1)
             todo.append((found, None, depth + 1))
     return out
+
+
+def reached_modules(path: str, tree: Optional[ast.Module] = None) -> Set[str]:
+    """The real paths of the project module at ``path`` and of those it imports
+    (:func:`project_modules`): where running it may lead."""
+    return {os.path.realpath(path)} | set(project_modules(path, tree))
 
 
 def importers_of(entry: str, modules: set) -> Dict[str, List[Tuple[str, int]]]:
@@ -278,7 +284,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
     opaque = {real: _reached_by_import_or_dispatch(real) for real in dp_files}
     out = []
     for call, (pm, node, rel) in project_calls(m):
-        reach = {os.path.realpath(pm.path)} | set(project_modules(pm.path, pm.tree))
+        reach = reached_modules(pm.path, pm.tree)
         if not any(real in reach for real in dp_files):
             continue
         # what the call runs (a class: all of it, its methods are called later) holds a
@@ -348,8 +354,7 @@ def _looked_up_by_name(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
                 found = module_file(base, name, 0)
                 if found is None:
                     continue
-                real = os.path.realpath(found)
-                reach = {real} | set(project_modules(found))
+                reach = reached_modules(found)
                 hit = next((d for d in dp_files if d in reach), None)
                 if hit is not None:
                     return [(call, mods[hit][0] if hit in mods else os.path.relpath(hit, base), _first_dp_line(hit))]

@@ -272,8 +272,10 @@ def _json_entry(display, dest, result, source=""):
 
 
 def _launch(dest: str, source: str = "", output: bytes = b"") -> dict:
+    from dp2ddp.cli.torchrun_options import shadowed
+
     env = _pythonpath(source, dest, output)
-    script = _script_word(dest, output)
+    script = _script_word(dest, shadowed(output))
     return {
         "gpu": f"{env}torchrun --standalone --nproc_per_node=gpu {script}",
         "cpu": f"{env}torchrun --standalone --nproc_per_node=2 {script}",
@@ -281,12 +283,10 @@ def _launch(dest: str, source: str = "", output: bytes = b"") -> dict:
     }
 
 
-def _script_word(dest: str, output: bytes) -> str:
+def _script_word(dest: str, shadowed: List[str]) -> str:
     """``dest``, after ``-- `` where the script declares an option torchrun would take for an
-    abbreviation of its own (:mod:`dp2ddp.cli.torchrun_options`)."""
-    from dp2ddp.cli.torchrun_options import shadowed
-
-    return f"-- {dest}" if shadowed(output) else dest
+    abbreviation of its own (``shadowed``: :func:`dp2ddp.cli.torchrun_options.shadowed`)."""
+    return f"-- {dest}" if shadowed else dest
 
 
 def _pythonpath(source: str, dest: str, output: bytes) -> str:
@@ -340,16 +340,17 @@ def _print_summary(report, show_diff: bool, err: bool) -> None:
         if mig.warnings:
             echo(f"  {len(mig.warnings)} warning(s): see above; those places were left as they were", fg="yellow")
         if dest and dest != "-":
+            from dp2ddp.cli.torchrun_options import shadowed
+
             env = _pythonpath(source, dest, result.output)
-            script = _script_word(dest, result.output)
+            taken = shadowed(result.output)
+            script = _script_word(dest, taken)
             echo("  run it:" + ("  (its imports lie beside the original: PYTHONPATH finds them)" if env else ""))
             echo(f"    {env}torchrun --standalone --nproc_per_node=gpu {script}    # one process per GPU (NCCL)")
             echo(f"    {env}torchrun --standalone --nproc_per_node=2 {script}      # on CPU (gloo)")
             echo(f"    {env}python {dest}                                        # a world of one")
-            if script != dest:
-                from dp2ddp.cli.torchrun_options import shadowed
-
-                echo(f"  `--` ends torchrun's options: it would take the script's {', '.join(shadowed(result.output))} for an "
+            if taken:
+                echo(f"  `--` ends torchrun's options: it would take the script's {', '.join(taken)} for an "
                      "abbreviation of one of its own and stop (pytorch/pytorch#120601)")
             echo(f"  several machines, SLURM or Kubernetes: dp2ddp template torchrun|slurm|k8s {dest} --nodes N --gpus-per-node G")
             echo("  (see docs/scaling-out.md)")

@@ -399,13 +399,9 @@ def _reads_the_rank(m, expr: ast.AST) -> bool:
     """``dist.get_rank()``, ``int(os.environ["RANK"])``, ``int(os.environ.get("RANK", 0))``:
     the process's global rank under torchrun."""
     from dp2ddp.model.names import GET_RANK
+    from dp2ddp.model.ranks import env_read
 
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Call) and m.is_name(n.func, GET_RANK):
-            return True
-        if isinstance(n, ast.Constant) and n.value == "RANK" and "environ" in m.source(expr):
-            return True
-    return False
+    return env_read(m, expr, "RANK") or any(isinstance(n, ast.Call) and m.is_name(n.func, GET_RANK) for n in ast.walk(expr))
 
 
 def _rank_zero_first(ctx: Context, race) -> Finding:

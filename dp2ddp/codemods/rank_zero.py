@@ -392,6 +392,7 @@ def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
     folder (``if not os.path.isdir(d): os.makedirs(d)``): with one name for every rank, a
     rank would find the folder another rank made, and take the other branch."""
     mkdirs = {id(w.call) for w in writers(m) if w.kind == "mkdir"} | {id(call) for call, _ in _project_mkdirs(m)}
+    guards = {id(g) for g in _raise_guards(m, clock)}  # asked on rank 0 alone by the migration
     for call in m.nodes(ast.Call):
         f = call.func
         looks = m.is_name(f, _EXISTS) or (isinstance(f, ast.Attribute) and f.attr in ("exists", "is_dir", "iterdir", "glob"))
@@ -401,7 +402,7 @@ def _looked_for(m: SemanticModel, clock: ast.Call) -> Optional[ast.Call]:
         test = next((a for a in m.ancestors(call) if isinstance(a, ast.If)), None)
         only_makes = (test is not None and m.contains(test.test, call) and not test.orelse
                       and all(isinstance(s, ast.Expr) and id(s.value) in mkdirs for s in test.body))
-        if not only_makes and not (test is not None and id(test) in {id(g) for g in _raise_guards(m, clock)}):
+        if not only_makes and not (test is not None and id(test) in guards):
             return call
     return None
 

@@ -34,7 +34,7 @@ taken off (:mod:`.unwrap`), the wrap moved below the module's placement
 from __future__ import annotations
 
 import ast
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import libcst as cst
 
@@ -59,7 +59,7 @@ from dp2ddp.model.collectives import VarKey, assigned_keys, var_key
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.bound import binding_conditions, maybe_unbound
 from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
-from dp2ddp.model.kinds import is_module_class, wraps_all_it_holds
+from dp2ddp.model.kinds import is_module_class, wraps_a_part_of_its_module
 from dp2ddp.model.names import DDP
 from dp2ddp.model.placed_elsewhere import placed_anywhere, placed_by_caller, placed_by_maker
 from dp2ddp.model.wrap_placement import absorb_placement, late_cuda, late_placements, placed_by_dataparallel
@@ -521,8 +521,7 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
         return [ctx.block(call, "DDP101", (
             "DataParallel wrap inside a loop, of a model that is not made in the same pass (or in the loop that "
             "trains it): DDP must wrap each model once, before training it; migrate this by hand"))]
-    if (root_name(target) is not None and root_name(target).id == "self" and is_module_class(m, m.enclosing_class(stmt))
-            and not wraps_all_it_holds(m, w.target, w.call)):
+    if wraps_a_part_of_its_module(m, target, stmt):
         return [ctx.block(call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead")]
     by_caller = placed_by_caller(m, stmt, target) if target is not None else None
     if by_caller is not None:
@@ -703,15 +702,14 @@ def _flag_kept(ctx: Context, w: Wrap, find_unused: bool) -> List[Finding]:
 _PLACEMENT = frozenset({"cuda", "to", "cpu", "half", "float", "double", "bfloat16", "train", "eval"})
 
 
-def _used_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[ast.AST]:
-    """A use of the model inside the outermost ``if`` of the wrap, after the wrap, that a
-    wrap moved below the ``if`` breaks: ``model.module`` (the wrapper's, but the model there
-    is the bare module now), or an attribute of the model in the other branch (routed
-    through ``.module`` as a use of the wrapper, yet it runs before the wrap)."""
+def _attribute_uses_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Iterator[Tuple[ast.Attribute, bool]]:
+    """The attributes of the model read inside the outermost ``if`` of the wrap, after the
+    wrap (its placement and mode calls aside), with whether each is in the wrap's own branch;
+    statements with a DataParallel of their own (the other branch's wrap) are skipped."""
     cond = w.conditions[-1]
     text = m.source(target)
     end = (w.stmt.end_lineno, w.stmt.end_col_offset)  # type: ignore[attr-defined]
-    other = {id(s) for s in cond.orelse}  # type: ignore[attr-defined]
+    own = {id(s) for s in cond.body}  # type: ignore[attr-defined]
     for stmt in cond.body + cond.orelse:  # type: ignore[attr-defined]
         if any(isinstance(c, ast.Call) and "DataParallel" in (terminal(c.func) or "") for c in ast.walk(stmt)):
             continue  # another wrap (the other branch's own DataParallel)
@@ -720,33 +718,32 @@ def _used_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[a
                 continue
             if (n.lineno, n.col_offset) <= end or n.attr in _PLACEMENT:
                 continue
-            if n.attr == "module" or id(stmt) in other:
-                return n
-    return None
+            yield n, id(stmt) in own
+
+
+def _used_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[ast.AST]:
+    """A use of the model inside the outermost ``if`` of the wrap, after the wrap, that a
+    wrap moved below the ``if`` breaks: ``model.module`` (the wrapper's, but the model there
+    is the bare module now), or an attribute of the model in the other branch (routed
+    through ``.module`` as a use of the wrapper, yet it runs before the wrap)."""
+    return next((n for n, own in _attribute_uses_after(m, w, target) if n.attr == "module" or not own), None)
 
 
 def _module_uses_inside_after(m: SemanticModel, w: Wrap, target: ast.AST) -> Optional[List[ast.Attribute]]:
-    """Every use :func:`_used_inside_after` would find, when each is ``<target>.module`` in the
-    wrap's own branch (a straight line of statements, no loop around the wrap); else ``None``."""
+    """Every ``<target>.module`` read in the wrap's own branch after the wrap, when the wrap
+    stands directly in that branch of its one ``if`` and the branch reads no other attribute
+    of the model; else ``None``. (The other branch never held the wrapper: wrapper_refs
+    leaves it as it is.)"""
     cond = w.conditions[-1]
     if len(w.conditions) != 1 or m.parent(w.stmt) is not cond or w.stmt not in cond.body:  # type: ignore[attr-defined]
         return None
-    text = m.source(target)
-    end = (w.stmt.end_lineno, w.stmt.end_col_offset)  # type: ignore[attr-defined]
     found: List[ast.Attribute] = []
-    for stmt in cond.body + cond.orelse:  # type: ignore[attr-defined]
-        if any(isinstance(c, ast.Call) and "DataParallel" in (terminal(c.func) or "") for c in ast.walk(stmt)):
+    for n, own in _attribute_uses_after(m, w, target):
+        if not own:
             continue
-        for n in ast.walk(stmt):
-            if not (isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and m.source(n.value) == text):
-                continue
-            if (n.lineno, n.col_offset) <= end or n.attr in _PLACEMENT:
-                continue
-            if stmt not in cond.body:  # type: ignore[attr-defined]
-                continue  # the other branch: the bare model there, before the moved wrap (wrapper_refs leaves it)
-            if n.attr != "module":
-                return None
-            found.append(n)
+        if n.attr != "module":
+            return None
+        found.append(n)
     return found or None
 
 

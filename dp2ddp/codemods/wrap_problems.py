@@ -14,9 +14,8 @@ from dp2ddp.codemods.context import Context
 from dp2ddp.engine import Finding, InsertAfter, Replace
 from dp2ddp.model.collectives import var_key
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.kinds import is_module_class, wraps_all_it_holds
+from dp2ddp.model.kinds import wraps_a_part_of_its_module
 from dp2ddp.model.names import DDP as DDP_NAMES
-from dp2ddp.model.syntax import root_name
 from dp2ddp.model.uses import dp_wrapper_keys, dp_wrapper_uses
 from dp2ddp.model.sync_bn import dp_library
 from dp2ddp.model.wraps import dp_other_refs, dp_subclasses, dp_wraps
@@ -43,8 +42,7 @@ def problems(ctx: Context) -> List[Finding]:
     for w in dp_wraps(m):
         if w.problem:
             out.append(ctx.block(w.call, "DDP101", f"{w.problem}; left unchanged"))
-        elif (not w.functional and w.target is not None and root_name(w.target) is not None and root_name(w.target).id == "self"
-              and is_module_class(m, m.enclosing_class(w.call)) and not wraps_all_it_holds(m, w.target, w.call)):
+        elif not w.functional and wraps_a_part_of_its_module(m, w.target, w.call):
             out.append(ctx.block(w.call, "DDP101", "DataParallel wraps a sub-module inside an nn.Module; wrap the whole model where it is built instead"))
     out.extend(_shared_forward(ctx))
     out.extend(_replaced_after_wrap(ctx))

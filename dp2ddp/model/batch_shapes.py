@@ -215,13 +215,19 @@ def batch_size_tests(m: SemanticModel, batch_size: Optional[ast.AST]) -> List[as
     if batch_size is None or isinstance(batch_size, ast.Constant):
         return []
     text = ast.unparse(batch_size)
+    sized: dict = {}  # the size names of each function, read once
     out = []
     for c in m.nodes(ast.Compare):
         sides = [c.left, *c.comparators]
-        if len(sides) != 2 or not any(ast.unparse(x) == text for x in sides):
+        if len(sides) != 2:
             continue
-        other = sides[1] if ast.unparse(sides[0]) == text else sides[0]
+        texts = [ast.unparse(x) for x in sides]
+        if text not in texts:
+            continue
+        other = sides[1] if texts[0] == text else sides[0]
         scope = m.enclosing_function(c) or m.tree
-        if _reads_size(other) or (isinstance(other, ast.Name) and other.id in _size_names(scope)):
+        if id(scope) not in sized:
+            sized[id(scope)] = _size_names(scope)
+        if _reads_size(other) or (isinstance(other, ast.Name) and other.id in sized[id(scope)]):
             out.append(c)
     return out

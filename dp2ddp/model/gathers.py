@@ -53,7 +53,7 @@ def unsummed_gathers(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
     leads there)."""
     from dp2ddp.model.module_files import module_file
     from dp2ddp.model.project_defs import file_model
-    from dp2ddp.project import project_modules
+    from dp2ddp.project import project_modules, reached_modules
 
     got = m.cache.get("gathers:unsummed")
     if got is not None:
@@ -83,8 +83,7 @@ def unsummed_gathers(m: SemanticModel) -> List[Tuple[ast.AST, str]]:
                 found = module_file(base, name, level) if name else None
                 if found is None:
                     continue
-                real = os.path.realpath(found)
-                reach = {real} | set(project_modules(found))
+                reach = reached_modules(found)
                 hit = next((bad[r] for r in bad if r in reach), None)
                 if hit is not None:
                     out.append((imp, hit))

@@ -132,7 +132,7 @@ def holds_only(m: SemanticModel, cls: ast.ClassDef, attr: str) -> bool:
             return all(harmless(e) for e in v.values)
         if isinstance(v, ast.Call):
             names = m.qualified_names(v.func)
-            if names and all(q.startswith(("torch.optim.", "torch.optim")) for q in names):
+            if names and all(q.startswith("torch.optim") for q in names):  # an optimizer, a scheduler
                 return True
             if isinstance(v.func, ast.Name) and v.func.id in _BUILTIN_VALUES and not names - {f"builtins.{v.func.id}", v.func.id}:
                 return True
@@ -154,3 +154,14 @@ def wraps_all_it_holds(m: SemanticModel, target: Optional[ast.AST], node: ast.AS
     cls = m.enclosing_class(node)
     return (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"
             and cls is not None and holds_only(m, cls, target.attr))
+
+
+def wraps_a_part_of_its_module(m: SemanticModel, target: Optional[ast.AST], node: ast.AST) -> bool:
+    """A wrap at ``node`` assigned to ``self.<...>`` inside an ``nn.Module`` that holds more
+    that trains than the wrap (:func:`wraps_all_it_holds`): DDP must wrap the whole model
+    where it is built (DDP101)."""
+    from dp2ddp.model.syntax import root_name
+
+    root = root_name(target) if target is not None else None
+    return (root is not None and root.id == "self" and is_module_class(m, m.enclosing_class(node))
+            and not wraps_all_it_holds(m, target, node))

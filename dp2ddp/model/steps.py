@@ -183,7 +183,6 @@ def second_order(m: SemanticModel) -> List[ast.Call]:
     set only to a false constant) is not one, nor a gradient with respect to an input (WGAN-GP's
     penalty, an adversarial perturbation's gradient): DDP's hooks see parameters only."""
     from dp2ddp.model.call_args import AUTOGRAD_BACKWARD_PARAMS, AUTOGRAD_GRAD_PARAMS, TENSOR_BACKWARD_PARAMS, argument
-    from dp2ddp.model.dead_code import constant_truth
 
     got = m.cache.get("steps:second_order")
     if got is not None:

@@ -166,13 +166,12 @@ def unwrapped_on_the_other_branch(m: SemanticModel, node: ast.AST) -> bool:
     """``net`` of ``net.module.state_dict() if multi_gpus else net.state_dict()``: the other
     branch of the conditional expression around ``net.state_dict()`` unwraps the same name
     and calls the same method, so the original wrote the bare model's keys on both paths."""
-    call = m.parent(m.parent(node))
-    branch = call
-    ifexp = m.parent(branch) if branch is not None else None
+    call = m.parent(m.parent(node))  # ``net.state_dict()``, a branch of the conditional expression
+    ifexp = m.parent(call) if call is not None else None
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.value is node
-            and isinstance(ifexp, ast.IfExp) and ifexp.test is not branch):
+            and isinstance(ifexp, ast.IfExp) and ifexp.test is not call):
         return False
-    other = ifexp.orelse if ifexp.body is branch else ifexp.body
+    other = ifexp.orelse if ifexp.body is call else ifexp.body
     f = other.func if isinstance(other, ast.Call) else None
     return (isinstance(f, ast.Attribute) and f.attr == call.func.attr and isinstance(f.value, ast.Attribute)
             and f.value.attr == "module" and m.source(f.value.value) == m.source(node))
