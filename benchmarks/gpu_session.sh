@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (docs/gpu.md): its environment, the GPU benchmark, then the
-# GPU tests, everything written under $OUT. libcst travels as a wheel in .whl/ (the machine has
-# no package index); the rest (torch with CUDA, pytest, xdist, rich, matplotlib) is there.
+# One call on a lent GPU machine (docs/gpu.md): its environment, the GPU tests (each outcome a
+# line as it ends, so a run stopped by its limit keeps them), then the GPU benchmark; everything
+# is written under $OUT. libcst travels as a wheel in .whl/ (the machine has no package index);
+# the rest (torch with CUDA, pytest, xdist, rich, matplotlib) is there.
 #   run: bash benchmarks/gpu_session.sh   (carry .whl)
 set -u
 OUT=${OUT:-/tmp/dp2ddp-gpu-out}
@@ -16,8 +17,8 @@ export PYTHONPATH=/tmp/site:$PWD
   nproc
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+DP2DDP_GPU_REPORT="$OUT/gpu-tests.jsonl" timeout "${TESTS_S:-330}" python3 -m pytest -p no:cacheprovider -n "${WORKERS:-14}" \
+  -m gpu tests/gpu ${PYTEST_K:+-k "$PYTEST_K"} -rs -v --junitxml="$OUT/gpu-tests.xml" > "$OUT/tests.log" 2>&1
+echo "tests exit $?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -25
 timeout "${BENCH_S:-200}" python3 benchmarks/bench_gpu.py --json "$OUT/gpu-bench.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
 echo "bench exit $?"; tail -8 "$OUT/bench.log"
-DP2DDP_GPU_REPORT="$OUT/gpu-tests.jsonl" timeout "${TESTS_S:-330}" python3 -m pytest -p no:cacheprovider -q -n "${WORKERS:-14}" \
-  -m gpu tests/gpu ${PYTEST_K:+-k "$PYTEST_K"} -rs --junitxml="$OUT/gpu-tests.xml" > "$OUT/tests.log" 2>&1
-echo "tests exit $?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -25
