@@ -77,6 +77,7 @@ class Context:
         self._rank_zero_value: Optional[str] = None  # the name of the helper rank_zero_value() writes
         self._writes_nothing: Optional[str] = None  # the name of the class writes_nothing() writes
         self._wrap_alone: Optional[str] = None  # the name of the function wrap_alone() writes
+        self._fed: Optional[str] = None  # the name of the function fed_like_the_wrapper() writes
         self.mode = "plain"  # "plain": a DataParallel script; "mixed": it has its own distributed path
         self.role = getattr(options, "role", "script")  # script | entry | helper (see dp2ddp.project)
 
@@ -410,6 +411,16 @@ class Context:
         if self.role == "helper" or self.mode == "mixed":
             return f'getattr({text}, "module", {text})'
         return f"{text}.module"
+
+    def fed_like_the_wrapper(self) -> str:
+        """The name of ``fed_like_the_wrapper(module)``, written once into the module: the bare
+        model, for a forward that only some ranks run (:meth:`module_of`), whose forward moves
+        its inputs onto its GPU as the wrapper did (a DataParallel forward of CPU tensors ran
+        on the GPU; the bare module's raised there, an H200 run's finding)."""
+        if self._fed is None:
+            self._fed = self.fresh_name("fed_like_the_wrapper")
+            self.define_after_imports("fed_like_the_wrapper.py.tmpl", helper=self._fed, torch=self.name("torch"))
+        return self._fed
 
     # ------------------------------------------------------------------ placement
     def work_nodes(self) -> List[ast.AST]:

@@ -4,7 +4,8 @@ A DDP forward is a collective (it broadcasts buffers after a training step and p
 the gradient all-reduce): evaluating the wrapped model under ``if rank == 0:`` (HF's
 ``if args.local_rank in [-1, 0]: evaluate(...)``) hangs the other ranks. Under the guard
 the forward goes to the module itself, as lint rule DDP009 advises: ``model.module(x)``,
-or ``getattr(model, "module", model)(x)`` in a script whose own path may run unwrapped.
+or ``getattr(model, "module", model)(x)`` in a script whose own path may run unwrapped, handed
+through ``fed_like_the_wrapper`` (its inputs moved onto its GPU, as the wrapper moved them).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def propose(ctx: Context) -> List[Finding]:
             continue
         f = call.func
         text = m.source(f)
-        new = ctx.module_of(text)
+        new = f"{ctx.fed_like_the_wrapper()}({ctx.module_of(text)})"
         edits.append(Replace(ctx.cst(f), ctx.expr(new)))
         first = first or call
     if not edits:

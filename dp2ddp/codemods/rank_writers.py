@@ -354,14 +354,15 @@ def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
     keys = dp_wrapper_keys(m) if made else set()
     out = []
     for use in m.calls_spelled("add_graph") if made else ():
-        f, model = use.func, use.args[0] if use.args else None
+        f, model = use.func, next(iter(use.args), None)
         if not (isinstance(f, ast.Attribute) and isinstance(f.value, (ast.Name, ast.Attribute))
                 and any(id(node) in made for node, _ in origins(m, f.value))):
             continue  # not a SummaryWriter's
         if isinstance(model, (ast.Name, ast.Attribute)) and var_key(m, model) in keys:
+            fed = ctx.fed_like_the_wrapper()
             out.append(ctx.note(use, "DDP135", f"`{m.source(f)}` traces a forward of what it is handed: on rank 0 "
                                 f"alone it gets the bare module (`{m.source(model)}.module`), as a DDP forward would "
-                                "wait for the other ranks", [Replace(ctx.cst(model), lambda u: ctx.expr("{a}.module", a=u))]))
+                                "wait for the other ranks", [Replace(ctx.cst(model), lambda u: ctx.expr(fed + "({a}.module)", a=u))]))
     return out
 
 
@@ -492,7 +493,8 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
                               f"on rank 0 alone: it is handed the model `{m.source(handed[0])}` (a DDP forward on one rank "
                               f"waits for the others) and reads the wrapper's own API ({wrapper_api}), so it cannot be handed "
                               "the bare module; split the writing out and call that on rank 0, then migrate")]
-        edits += [Replace(ctx.cst(a), lambda u: ctx.expr("{a}.module", a=u)) for a in handed]
+        fed = ctx.fed_like_the_wrapper()
+        edits += [Replace(ctx.cst(a), lambda u: ctx.expr(fed + "({a}.module)", a=u)) for a in handed]
         how = (f"it runs on rank 0 only, handed the bare module (`{m.source(handed[0])}.module`: a DDP forward on one rank "
                "would wait for the others)")
     return [ctx.note(w.call, "DDP132", f"{w.name} writes files ({w.where}) and nothing else: {how}", edits)] + barriers(
