@@ -1,4 +1,4 @@
-"""A loop over the training loader that trains nothing (shard_loaders._read_outside_training):
+"""A loop over the training loader that trains nothing (loader_handoffs.read_outside_training):
 a statistic the training uses (class weights summed over the labels) is refused, since each
 rank would compute it over its own share; a peek at the first batch and an evaluation over
 the training set (a metric each rank reports) are not."""

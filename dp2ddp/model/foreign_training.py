@@ -74,7 +74,7 @@ def handed_trainers(m: SemanticModel) -> List[HandedTrainer]:
     :func:`dp2ddp.model.project_defs.reach_across`) both loops over data it finds itself
     (:func:`_data_it_finds`: read out of an object, or made there) and runs a backward pass.
     The caller decides whether a loader it shards is handed in beside the model
-    (``shard_loaders._handed_trainers``)."""
+    (``loader_handoffs.handed_trainer_refusals``)."""
     from dp2ddp.model.project_defs import class_of_call, project_def, reach_across
     from dp2ddp.model.uses import dp_wrapper_uses
 
