@@ -120,7 +120,9 @@ RULE = Rule(
     ),
     fix=(
         "Call the collective on every rank, outside the `if`; keep only the rank-specific work (printing, "
-        "saving) inside. Evaluate with `model.module(...)` (the unwrapped model) when only one rank runs it."
+        "saving) inside. Evaluate with `model.module(...)` (the unwrapped model) when only one rank runs it, its "
+        "inputs on the model's device: the DDP wrapper (like DataParallel) moved them there, the module does not "
+        "(`rewrite` hands `fed_like_the_wrapper(model.module)`, which moves them as the wrapper did)."
     ),
     fix_safety="",
     gate=(
