@@ -439,3 +439,21 @@ def test_batchnorm_over_concatenated_views_is_judged_without_dataparallels_chunk
     assert code == 0, out
     assert any("chunked the model's forward over views concatenated" in n for n in rep["notes"]), rep["notes"]
     assert rep["tolerance"]["method"] == "chunks", rep["tolerance"]
+
+
+def test_an_evaluation_batch_a_multiple_of_the_training_batch_is_no_concatenation_of_views(tmp_path):
+    """LDAM-DRW's validation batch (64) was twice its training batch (32): the envelope run
+    took every forward of a multiple of the last training batch for views concatenated and
+    said so in the report, of a script that concatenates nothing. A forward in evaluation
+    (no gradients) is no training step: nothing is regrouped, and nothing is said."""
+    from dp2ddp.cli import main
+
+    script = tmp_path / "evaluate.py"
+    text = (FIXTURES / "evaluate.py").read_text()
+    assert "batch_size=8, shuffle=False" in text
+    script.write_text(text.replace("batch_size=8, shuffle=False", "batch_size=32, shuffle=False"))
+    assert main(["rewrite", "-q", str(script)]) == 0
+    code, rep, out, _ = verify(tmp_path, str(script), "--migrated", str(tmp_path / "evaluate_ddp.py"), "--steps", "0")
+    assert code == 0, out
+    assert rep["tolerance"]["method"] in ("chunks", "chunks-at-model"), rep["tolerance"]
+    assert not any("views concatenated" in n for n in rep["notes"]), rep["notes"]

@@ -1395,7 +1395,9 @@ def _patch_chunks(torch):
             return self.module(*inputs, **kwargs)
         _S.chunked = True
         n = next(iter(sizes))
-        views = views_order(n)
+        # (an evaluation forward is no training step: its batch, a multiple of the training
+        # batch or not, holds no views to regroup, and BatchNorm uses its running statistics)
+        views = views_order(n) if self.training and torch.is_grad_enabled() else None
         if views is not None:
             inputs, kwargs = take(inputs, views[0], n), take(kwargs, views[0], n)
         outs = [self.module(*split(inputs, i, W), **split(kwargs, i, W)) for i in range(W)]
