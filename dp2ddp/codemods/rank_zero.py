@@ -23,13 +23,11 @@ from __future__ import annotations
 import ast
 from typing import Dict, List, Optional, Tuple
 
-import libcst as cst
-
 from dp2ddp.codemods.context import Context
 from dp2ddp.codemods.facts import GuardedWriters
-from dp2ddp.codemods.rank_writers import is_writer_use
+from dp2ddp.codemods.writer_guards import is_writer_use
 from dp2ddp.codemods.write_barriers import barriers, removal_barriers, routed_write_sites
-from dp2ddp.engine import Finding, Guard, Hoist, InsertAfter, InsertBefore, Replace
+from dp2ddp.engine import Finding, Guard, Hoist, InsertAfter, Replace
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dp_idioms import is_elif
@@ -256,7 +254,6 @@ def _eligible(ctx: Context, stmt: ast.stmt) -> bool:
 
 
 def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Finding]:
-    m = ctx.m
     out: List[Finding] = []
     edits = []
     kinds = set()
