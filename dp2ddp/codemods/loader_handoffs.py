@@ -21,8 +21,7 @@ def pulled_batch_refusals(ctx: Context) -> List[Finding]:
     m = ctx.m
     out: List[Finding] = []
     for p in pulled_batches(m):
-        what = " ".join(m.source(p.source).split())
-        what = what if len(what) <= 60 else what[:57] + "..."
+        what = m.brief(p.source)
         line = m.position(p.source)[0]
         if p.how == "drawn":
             how = (f"`{what}` (line {line}) draws its batch at random positions: every rank would draw the same positions "

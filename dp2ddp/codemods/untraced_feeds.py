@@ -98,8 +98,7 @@ def untraced_feeds(ctx: Context, known: set) -> Tuple[List[Finding], List[Tuple[
         if (id(node), ()) in known or _wraps_known(m, node, known) or _yields_known(m, node, known) or _collects_known(m, node, known):
             continue
         line = m.position(loop)[0]
-        what = m.source(node)
-        what = what if len(what) <= 60 else what[:57] + "..."
+        what = m.brief(node)
         where = (f"the training loop at line {line}" if not isinstance(loop, ast.Call) else
                  f"`{m.source(loop.func)}(...)` (line {line}, whose training loop is in another module)")
         imported = _imported_by_name(m, node)

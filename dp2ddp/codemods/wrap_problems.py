@@ -312,8 +312,7 @@ def trained_outside_wrap(ctx: Context) -> List[Finding]:
     m = ctx.m
     out = []
     for u in found(m):
-        text = " ".join(m.source(u.module).split())
-        text = text if len(text) <= 60 else text[:57] + "..."
+        text = m.brief(u.module)
         made = m.position(u.made)[0]
         if u.what == "parameters":
             how = (f"its parameters are trained by the optimizer at {u.place}, but it is not inside "

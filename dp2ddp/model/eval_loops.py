@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.iteration_effects import GRADIENTS, MAX_DEPTH, escape, short, walk_statements
+from dp2ddp.model.iteration_effects import GRADIENTS, MAX_DEPTH, escape, walk_statements
 from dp2ddp.model.loaders import Loader
 from dp2ddp.model.loop_state import (LaterReads, carried_read, collecting_calls, empty_list, loop_stores, start_problem,
                                      zero_tensor)
@@ -104,20 +104,20 @@ def _judge(m: SemanticModel, e: EvalLoop, n_values: int, capped: bool = False) -
 
     header, index = _header(m, loop)
     if n_values > 1:
-        return stays(f"it iterates several values together (`{short(m, loop.iter)}`)")
+        return stays(f"it iterates several values together (`{m.brief(loop.iter)}`)")
     if header is not e.iterable:
-        return stays(f"it iterates the loader through `{short(m, loop.iter)}`, which dp2ddp does not pass through")
+        return stays(f"it iterates the loader through `{m.brief(loop.iter)}`, which dp2ddp does not pass through")
     from dp2ddp.model.flow import origins
 
     others = [n for n, path in origins(m, e.iterable) if e.loaders and (path or not any(n is ld.call for ld in e.loaders)
               and not (isinstance(n, ast.Constant) and n.value is None))]
     if others:
-        return stays(f"`{m.source(e.iterable)}` may also be `{short(m, others[0])}` (line {others[0].lineno})", others[0])
+        return stays(f"`{m.source(e.iterable)}` may also be `{m.brief(others[0])}` (line {others[0].lineno})", others[0])
     if loop.orelse:
         return stays("it has an `else:` block", loop.orelse[0])
     grad = _gradients(m, loop)
     if grad is not None:
-        return stays(f"it computes gradients (`{short(m, grad)}`, line {grad.lineno}): an evaluation under attack "
+        return stays(f"it computes gradients (`{m.brief(grad)}`, line {grad.lineno}): an evaluation under attack "
                      "runs the DDP forward with gradients on", grad)
     if not _grad_free(m, loop):
         return stays("it runs with gradients on (put it under `torch.no_grad()`): a DDP forward with gradients on "
@@ -315,13 +315,13 @@ def _unproven_condition(m: SemanticModel, node: ast.AST, depth: int) -> Optional
         if isinstance(a, FUNCTIONS + (ast.Lambda, ast.ClassDef)):
             break
         if isinstance(a, (ast.If, ast.IfExp, ast.While)) and child is not a.test and not same_on_every_rank(m, a.test):
-            return a.test, f"it runs under `{short(m, a.test)}` (line {a.lineno}), which may differ between ranks"
+            return a.test, f"it runs under `{m.brief(a.test)}` (line {a.lineno}), which may differ between ranks"
         child = a
     cur: Optional[ast.AST] = m.statement_of(node)
     while cur is not None and not isinstance(cur, FUNCTIONS + (ast.Module, ast.ClassDef)):
         for sib in m.siblings_before(cur):  # type: ignore[arg-type]
             if isinstance(sib, ast.If) and ends_flow(sib) and not same_on_every_rank(m, sib.test):
-                return sib.test, f"`{short(m, sib.test)}` (line {sib.lineno}) may end its function early on some ranks only"
+                return sib.test, f"`{m.brief(sib.test)}` (line {sib.lineno}) may end its function early on some ranks only"
         cur = m.parent(cur)
         while cur is not None and not isinstance(cur, ast.stmt):
             cur = m.parent(cur)

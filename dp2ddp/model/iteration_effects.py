@@ -48,11 +48,6 @@ GRADIENTS = frozenset({"torch.autograd.grad", "torch.autograd.backward"})
 MAX_DEPTH = 3
 
 
-def short(m: SemanticModel, node: ast.AST) -> str:
-    text = m.source(node).replace("\n", " ")
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _origins(m: SemanticModel, expr: ast.AST):
     from dp2ddp.model.flow import origins
 
@@ -113,7 +108,7 @@ def escape(m: SemanticModel, body: Sequence[ast.AST], local: Set[str], accs: Set
                     if isinstance(x, (ast.Attribute, ast.Subscript)) and isinstance(x.ctx, (ast.Store, ast.Del)):
                         base = _base(x)
                         if base is None or base.id not in local:
-                            return x, f"changes `{short(m, x)}` in place {line}, which outlives the loop"
+                            return x, f"changes `{m.brief(x)}` in place {line}, which outlives the loop"
         if isinstance(n, ast.Call):
             why = _call_escape(m, n, local, accs, scope, loop, depth, writes)
             if why is not None:
@@ -153,41 +148,41 @@ def _call_escape(m: SemanticModel, call: ast.Call, local: Set[str], accs: Set[st
                  writes: Dict[int, str]) -> Optional[str]:
     kind = writes.get(id(call))
     if kind is not None:
-        return f"{'prints' if kind == 'print' else 'writes'} (`{short(m, call)}`)"
+        return f"{'prints' if kind == 'print' else 'writes'} (`{m.brief(call)}`)"
     f = call.func
     q = m.qualified_names(f)
     if is_backward(call) or q & GRADIENTS:
-        return f"computes gradients (`{short(m, call)}`)"
+        return f"computes gradients (`{m.brief(call)}`)"
     if any(x.startswith(_RANDOM) for x in q) or (isinstance(f, ast.Attribute) and f.attr in _RANDOM_METHODS):
-        return f"draws random numbers (`{short(m, call)}`): each batch would draw other numbers than the original's"
+        return f"draws random numbers (`{m.brief(call)}`): each batch would draw other numbers than the original's"
     got = collective_of(m, call)
     if got is not None and got != "DDP forward":
-        return f"calls a collective (`{short(m, call)}`)"
+        return f"calls a collective (`{m.brief(call)}`)"
     if any(x.startswith(("sys.stdout", "sys.stderr", "logging.", "warnings.")) for x in q):
-        return f"writes (`{short(m, call)}`)"
+        return f"writes (`{m.brief(call)}`)"
     base = _base(f)
     if base is not None and base.id in local:
         return None  # a value of this iteration: `outputs.max(1)`, `pred.eq(y).sum()`
     target = m.resolve_call(call)
     if target is not None:
         if depth >= MAX_DEPTH:
-            return f"calls `{short(m, f)}`, deeper than dp2ddp follows"
+            return f"calls `{m.brief(f)}`, deeper than dp2ddp follows"
         return _function_escape(m, call, target, accs, scope, loop, depth + 1)
     if q and all(x.startswith("builtins.") for x in q):
         names = {x.split(".", 1)[1] for x in q}
-        return None if names <= _PURE_BUILTINS else f"calls `{short(m, f)}`"
+        return None if names <= _PURE_BUILTINS else f"calls `{m.brief(f)}`"
     if base is not None and m.is_imported(base):
         if all(x.split(".", 1)[0] in _LIBRARIES for x in q):
             return None  # a library function: torch, F, numpy ...
         if isinstance(f, (ast.Name, ast.Attribute)) and project_def(m, f) is not None:
-            return f"calls `{short(m, f)}` of the project, whose effects dp2ddp does not follow"
-        return f"calls `{short(m, f)}`, whose effects dp2ddp does not follow"
+            return f"calls `{m.brief(f)}` of the project, whose effects dp2ddp does not follow"
+        return f"calls `{m.brief(f)}`, whose effects dp2ddp does not follow"
     if isinstance(f, ast.Name):
         return None  # a forward of a value made outside the loop: `model(x)`, `criterion(out, y)`
     if isinstance(f, ast.Attribute):
         if f.attr in _PURE_METHODS or is_wrapped_forward(m, call, dp=True) or _torch_object(m, f):
             return None
-        return f"calls `{short(m, f)}(...)` on a value made outside the loop, which may keep what it is given"
+        return f"calls `{m.brief(f)}(...)` on a value made outside the loop, which may keep what it is given"
     return None
 
 

@@ -14,7 +14,7 @@ import ast
 from typing import Dict, List, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.iteration_effects import short, walk_statements
+from dp2ddp.model.iteration_effects import walk_statements
 from dp2ddp.model.syntax import FUNCTIONS
 
 
@@ -120,7 +120,7 @@ def start_problem(m: SemanticModel, loop: ast.For, name: str, scope, ok=None) ->
     for b in before:
         value = _bound_value(m, b)
         if value is None or not ok(m, value):
-            shown = f"`{short(m, value)}`" if value is not None else "something else"
+            shown = f"`{m.brief(value)}`" if value is not None else "something else"
             node = value if value is not None else b.node
             return node, f"`{name}` starts as {shown} (line {node.lineno}), not a number or a zero tensor"
     return None

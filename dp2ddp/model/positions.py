@@ -50,6 +50,12 @@ class Positions:
         seg = self._segment(node)
         return seg if seg is not None else ast.unparse(node)
 
+    def brief(self, node: ast.AST, width: int = 60) -> str:
+        """The source of ``node`` on one line (runs of white space made one space), cut to
+        ``width`` characters with ``...``: how a message quotes an expression."""
+        text = " ".join(self.source(node).split())
+        return text if len(text) <= width else text[:width - 3] + "..."
+
     def _segment(self, node: ast.AST) -> Optional[str]:
         try:
             if node.end_lineno is None or node.end_col_offset is None:  # type: ignore[attr-defined]
