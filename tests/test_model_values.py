@@ -697,3 +697,52 @@ def test_a_gather_whose_backward_keeps_its_own_slice_unsummed_is_told_from_one_t
     m = build(GATHERS.encode(), "g.py")
     found = {c.name: unsummed_gather(m, c) for c in m.nodes(ast.ClassDef)}
     assert found == {"Returned": 14, "Copied": 28, "Summed": None}
+
+
+_AWP_TRAIN = '''
+import argparse
+import os
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fname", default="out")
+parser.add_argument("--resume", type=int, default=0)
+args = parser.parse_args()
+model = nn.DataParallel(nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start_epoch = 1
+if args.resume:
+    start_epoch = args.resume
+    model.load_state_dict(torch.load(os.path.join(args.fname, f"model_{start_epoch - 1}.pth")))
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4, shuffle=True)
+for epoch in range(start_epoch, start_epoch + 2):
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    torch.save(model.state_dict(), os.path.join(args.fname, f"model_{epoch}.pth"))
+'''
+
+
+def test_an_unconditional_wrap_keeps_module_keys_beside_a_sibling_that_resumes_its_own_files_bare(tmp_path: Path) -> None:
+    """AWP's AT_AWP folder: train_cifar10.py wraps unconditionally (every run, CPU included,
+    wrote `module.` keys) and resumes its own model_{epoch}.pth into the wrapper;
+    train_cifar100.py, beside it, wraps nothing and resumes *its* model_{epoch}.pth into the
+    bare model. That strict bare load never read train_cifar10.py's files (it would have failed
+    on them), so it does not decide their keys: the migration writes `module.` keys as the
+    original did, and the original's own --resume can read them."""
+    from dp2ddp.migrate import migrate_source
+
+    sibling = _AWP_TRAIN.replace('model = nn.DataParallel(nn.Linear(4, 1))', 'model = nn.Linear(4, 1)')
+    path = _write(tmp_path, {"train.py": _AWP_TRAIN, "train_cifar100.py": sibling})
+    out = migrate_source(path.read_bytes(), str(path)).output.decode()
+    assert 'torch.save(model.state_dict(), os.path.join(args.fname, f"model_{epoch}.pth"))' in out
+    assert "model.module.state_dict()" not in out
+    # the control: beside a guarded wrap (one GPU wrote plain keys), that bare load decides
+    guarded = _AWP_TRAIN.replace('model = nn.DataParallel(nn.Linear(4, 1))',
+                                 'model = nn.Linear(4, 1)\nif torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)')
+    path = _write(tmp_path / "guarded", {"train.py": guarded, "train_cifar100.py": sibling})
+    out = migrate_source(path.read_bytes(), str(path)).output.decode()
+    assert "model.module.state_dict()" in out

@@ -304,6 +304,11 @@ def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False, bare: boo
     # a wrap under a CUDA test ran on every GPU machine: its keys are ``module.`` ones there (an
     # H100 showed the bundled example's migration changing them when this took the CPU run's)
     original = PLAIN if bare or (guarded and not cuda) else PREFIXED
+    if not (bare or guarded or cuda or flagged):
+        # an unconditional wrap wrote `module.` keys on every run, CPU included: a strict load
+        # into a bare model elsewhere never read them (AWP's train_cifar100.py resumes its own
+        # model_{epoch}.pth, named like train_cifar10.py's): it reads other files
+        sites = [s for s in sites if s.wants != PLAIN]
     wants = {s.wants for s in sites} - {EITHER}
     if len(wants) == 1:
         want = wants.pop()
