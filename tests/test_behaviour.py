@@ -514,7 +514,7 @@ def test_a_project_evaluation_handed_the_model_runs_on_rank_0_with_the_bare_modu
     wrapper, its forward's buffer broadcast would wait for ranks that never come (the run
     failed so before). Every run finishes and writes the file."""
     migrated = _migrate("eval_handed_model").decode()
-    assert "evaluate(val_images, \"val_output.json\", net.module)" in migrated, migrated
+    assert "evaluate(val_images, \"val_output.json\", fed_like_the_wrapper(net.module))" in migrated, migrated
     runs = _runs("eval_handed_model", tmp_path)
     for tag in ("original", "torchrun", "python"):
         assert len(json.loads((runs[tag].folder / "val_output.json").read_text())) == 3, tag
