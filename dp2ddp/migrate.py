@@ -49,12 +49,16 @@ class Options:
     # helper role: a transformers model class the entry or a project module imports (its wraps
     # of a handed model then find unused parameters: codemods/find_unused.py)
     transformers_model: Optional[str] = None
+    # helper role: ``(line, column, why)`` of the subjects (``self.model``) of the
+    # ``state_dict``/``load_state_dict`` calls on a wrapper the entry hands in whose keys stay
+    # without ``module.`` (dp2ddp.model.handed_wrappers, codemods/handed_keys.py)
+    plain_keys: frozenset = frozenset()
 
 
 def _acts(options: Optional["Options"]) -> bool:
     """A file migrated although it names no DataParallel: a project's entry script, or a
     helper that trains on its own loaders."""
-    return options is not None and (options.role == "entry" or options.trains_only)
+    return options is not None and (options.role == "entry" or options.trains_only or bool(options.plain_keys))
 
 
 @dataclass
@@ -321,6 +325,11 @@ def migrate_project(entry: str, options: Optional[Options] = None):
     trainers = _trainers(entry, {real for _, real in helpers})
     saving = _saving_trainers(entry)
     trainers += [t for t in saving if t[1] not in {real for _, real in helpers + trainers}]
+    plain_keys = _plain_keys(entry)
+    # modules whose only part in the plan is the keys of a wrapper handed in (``save_checkpoint(model, ...)``)
+    base = os.path.dirname(os.path.abspath(entry))
+    planned = {real for _, real in helpers + trainers}
+    keyed = sorted((os.path.relpath(real, base), real) for real in plain_keys if real not in planned)
     handed = _handed_params(entry) if helpers or trainers else {}
     library = None
     if helpers:
@@ -329,23 +338,24 @@ def migrate_project(entry: str, options: Optional[Options] = None):
 
         em = file_model(entry)
         library = transformers_model_in_project(em) if em is not None else None
-    for rel, real in sorted(helpers + trainers):
+    for rel, real in sorted(helpers + trainers + keyed):
         src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
         res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ())),
                                                             trains_only=(rel, real) in trainers,
                                                             shared_attrs=saving.get((rel, real), frozenset()),
-                                                            transformers_model=library))
+                                                            transformers_model=library,
+                                                            plain_keys=frozenset(plain_keys.get(real, ()))))
         out.files.append(FileResult(src.display, rel, "helper", res))
     src = read_source(entry)
     # helpers that only test for DataParallel wrap nothing: an entry that names no DataParallel
     # of its own needs no process group for them (an inference script printing a model's description)
     wrapping = [h for h in helpers if not only_checks_dp(h[1])]
-    role = "entry" if wrapping or trainers or (helpers and not quick_reject(src.data)) else "script"
+    role = "entry" if wrapping or trainers or keyed or (helpers and not quick_reject(src.data)) else "script"
     if role == "script":
         # nothing wraps: the helpers' tests for DataParallel stay as they are (CPC's
         # ``get_module`` serves the scripts that do wrap, which still use DataParallel)
         out.files = []
-    plan_modules = frozenset(real for _, real in helpers + trainers)
+    plan_modules = frozenset(real for _, real in helpers + trainers + keyed)
     res = migrate_source(src.data, src.display, replace(options, role=role, plan_modules=plan_modules))
     if role == "entry" and not res.migration.blocked:
         res = _library_entry(entry, res, src.data)
@@ -503,6 +513,25 @@ def _saving_trainers(entry: str) -> dict:
         if t.module:
             key = (os.path.relpath(t.module, base), os.path.realpath(t.module))
             out[key] = out.get(key, frozenset()) | t.shared_attrs
+    return out
+
+
+def _plain_keys(entry: str) -> dict:
+    """Per project module (its real path): :attr:`Options.plain_keys`, the ``state_dict`` and
+    ``load_state_dict`` calls on a wrapper the entry hands in whose keys the key policy keeps
+    without ``module.`` (:func:`dp2ddp.model.handed_wrappers.handed_key_policies`)."""
+    import os
+
+    from dp2ddp.model.checkpoint_keys import PLAIN
+    from dp2ddp.model.handed_wrappers import handed_key_policies
+    from dp2ddp.model.project_defs import file_model
+
+    em = file_model(entry)
+    out: dict = {}
+    for use, policy in handed_key_policies(em) if em is not None else ():
+        if policy.default == PLAIN:  # type: ignore[attr-defined]
+            out.setdefault(os.path.realpath(use.module), set()).add((use.subject.lineno, use.subject.col_offset,
+                                                                    policy.reason))  # type: ignore[attr-defined]
     return out
 
 

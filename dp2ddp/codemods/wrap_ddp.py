@@ -71,13 +71,13 @@ from dp2ddp.model.wrap_context import fresh_each_pass
 from dp2ddp.model.wrap_relations import (
     beside_own_ddp,
     caller_flag,
+    key_flags,
     keys_saved,
     module_like,
     parts_called_alone,
     rewrapped_later,
     wrapped_above,
     wrapped_keys,
-    wrapped_on_every_branch,
     wrapped_whole,
     wraps_a_part,
 )
@@ -161,15 +161,12 @@ def propose(ctx: Context) -> List[Finding]:
         if target is not None:
             keys = wrapped_keys(m, w)
             seeds.update(keys)
-            counted = [c for c in w.conditions if count_test(m, c.test)]
-            # ``if device_count() > 1: DataParallel(model) else: DataParallel(model, device_ids=None)``:
-            # wrapped whichever ran, so the original's keys are `module.` ones on every machine
-            everywhere = bool(counted) and all(wrapped_on_every_branch(m, c, m.source(target).split(".")[0]) for c in counted)
-            if counted and not flag_kept and not everywhere:
+            guarded, flagged, cuda = key_flags(m, w, flag_kept)
+            if guarded:
                 guarded_keys.update(keys)
-                if ran_on_every_gpu_machine(m, [c.test for c in w.conditions]):
-                    cuda_keys.update(keys)  # its keys there are `module.` ones
-            elif w.conditions and not everywhere and any(device_test(m, c.test) for c in w.conditions):
+            if cuda:
+                cuda_keys.update(keys)  # its keys there are `module.` ones
+            if flagged:
                 flagged_keys.update(keys)
     for hoist in hoists.values():
         out.append(insert_hoisted(ctx, hoist, find_unused))

@@ -91,6 +91,22 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix: the file is left unchanged.",
     ),
     MigrationCode(
+        "DDP189", "handed-wrapper-keys-in-unedited-module", "error",
+        "a project module saves or loads the `state_dict` of the wrapper the script hands it, whose keys must stay "
+        "without `module.`, and this migration does not edit that module; the file is left unchanged",
+        "A training class of another module (`Trainer(model, opt, loader)`, keeping the wrapper as `self.model`) or a "
+        "function (`train(model, loader)`) saves `self.model.state_dict()` or resumes with "
+        "`self.model.load_state_dict(...)`. The original wrapped the model only with several GPUs, so one GPU and the "
+        "CPU wrote plain keys, and the project's own evaluation loads them into a bare model (the key policy, "
+        "DDP150). The DDP wrapper is there on every run: saved through it, the keys gain `module.`, the evaluation "
+        "fails, and the migration's resume cannot read the original's checkpoints. dp2ddp does not edit that module "
+        "in this migration, so it cannot route those calls.",
+        "Migrate with `--with-helpers` where the plan edits that module (its calls then go to the bare model behind "
+        "the DDP wrapper, and its loads take either key form), or call `state_dict`/`load_state_dict` on "
+        "`self.model.module` there by hand, then migrate.",
+        "No fix: the file is left unchanged.",
+    ),
+    MigrationCode(
         "DDP150", "checkpoint-keys", "info",
         "the `state_dict` keys the migration writes for a wrapped model, and why",
         "A DataParallel wrapper writes `module.`-prefixed keys; one device wrote plain keys. The project's own loaders "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 from dp2ddp.model.call_args import LOAD_PARAMS, LOAD_STATE_DICT_PARAMS, SAVE_PARAMS, argument
 from dp2ddp.model.checkpoints import loaded_values, saves
@@ -23,6 +23,10 @@ from dp2ddp.model.kinds import SAME_MODULE
 from dp2ddp.model.names import DDP, DP, LOAD
 
 PLAIN, PREFIXED, EITHER = "plain", "module.", "either"
+# a loader that wraps the model it loads into under a test of its own (``if config["n_gpu"] > 1:
+# model = DataParallel(model)``, pytorch-template's test.py): it takes what the original wrote
+# with the same settings, plain keys on one GPU and ``module.`` ones on several
+LIKE_ORIGINAL = "like the original"
 
 
 @dataclass
@@ -31,7 +35,7 @@ class LoadSite:
 
     path: str  # relative to the script's folder
     line: int
-    wants: str  # PLAIN (a bare model), PREFIXED (a DataParallel/DDP wrapper), EITHER (strips or adds the prefix)
+    wants: str  # PLAIN (a bare model), PREFIXED (a DataParallel/DDP wrapper), EITHER (strips or adds the prefix), LIKE_ORIGINAL
     files: frozenset = frozenset()  # file names the load's path is built from ("model_best.pth")
     imports: frozenset = frozenset()  # project modules its file imports
 
@@ -115,7 +119,7 @@ _STRIP = ("module.",)
 def _strips_prefix(m: SemanticModel, node: ast.AST) -> bool:
     """The function (or module) around a load handles the ``module.`` prefix itself:
     ``k.replace("module.", "")``, ``k[7:]``, ``strict=False``, ``"module." + k``."""
-    if _handles_prefix(m.enclosing_function(node) or m.tree):
+    if handles_prefix(m.enclosing_function(node) or m.tree):
         return True
     if isinstance(node, ast.Call):
         strict = argument(node, LOAD_STATE_DICT_PARAMS, "strict")
@@ -131,16 +135,22 @@ def _from_load(m: SemanticModel, expr: ast.AST) -> bool:
     return any(id(n) in loads for n, _ in origins(m, expr))
 
 
-def _wrapped_in_file(m: SemanticModel, subject: ast.AST) -> bool:
-    """``subject`` holds a DataParallel/DDP wrapper in its own file."""
+def _wrapped_in_file(m: SemanticModel, subject: ast.AST) -> Optional[str]:
+    """``subject`` holds a DataParallel/DDP wrapper in its own file: PREFIXED, or
+    LIKE_ORIGINAL where every such wrap runs under a test; ``None`` where it holds none."""
     from dp2ddp.model.flow import origins
+    from dp2ddp.model.wraps import dp_wraps
 
+    found = []
     for n, _ in origins(m, subject):
         while isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in SAME_MODULE:
             n = n.func.value  # ``nn.DataParallel(model).cuda()``: the wrapper itself
         if isinstance(n, ast.Call) and m.call_is(n, DP | DDP) and not m.runs_before(subject, n):  # a load before the wrap sees the bare model
-            return True
-    return False
+            found.append(n)
+    if not found:
+        return None
+    guarded = {id(w.call) for w in dp_wraps(m) if w.conditions}
+    return LIKE_ORIGINAL if all(id(n) in guarded for n in found) else PREFIXED
 
 
 _NOT_MODEL_WORDS = ("optim", "sched", "scaler", "ema_state")
@@ -177,10 +187,8 @@ def load_sites(pm: SemanticModel, rel: str) -> List[LoadSite]:
             wants = PLAIN  # loads into the bare module of a wrapper
         elif _strips_prefix(pm, call):
             wants = EITHER
-        elif _wrapped_in_file(pm, subject):
-            wants = PREFIXED
         else:
-            wants = PLAIN
+            wants = _wrapped_in_file(pm, subject) or PLAIN
         out.append(LoadSite(rel, call.lineno, wants, _load_path(pm, state), _project_imports(pm)))
     return out
 
@@ -309,7 +317,7 @@ def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False, bare: boo
         # into a bare model elsewhere never read them (AWP's train_cifar100.py resumes its own
         # model_{epoch}.pth, named like train_cifar10.py's): it reads other files
         sites = [s for s in sites if s.wants != PLAIN]
-    wants = {s.wants for s in sites} - {EITHER}
+    wants = {s.wants for s in sites} - {EITHER, LIKE_ORIGINAL}
     if len(wants) == 1:
         want = wants.pop()
         first = next(s for s in sites if s.wants == want)
@@ -318,7 +326,8 @@ def key_policy(m: SemanticModel, guarded: bool, flagged: bool = False, bare: boo
         return KeyPolicy(want, f"{where} loads them {what}", sites)
     if sites and not wants:
         s = sites[0]
-        return KeyPolicy(original, f"as the original wrote them ({s.path}:{s.line} accepts either)", sites)
+        how = "accepts either" if s.wants == EITHER else "wraps the model it loads into under a test of its own, as the original did"
+        return KeyPolicy(original, f"as the original wrote them ({s.path}:{s.line} {how})", sites)
     if wants:
         return KeyPolicy(original, "as the original wrote them (the project's loaders disagree: "
                          + ", ".join(f"{s.path}:{s.line} wants {s.wants}" for s in sites[:3]) + ")", sites)
@@ -375,7 +384,7 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
         if not isinstance(func, FUNCTIONS):
             continue
         _arg, param = handed(m, pm, func, call, keys)
-        if param is None or _handles_prefix(func):
+        if param is None or handles_prefix(func):
             continue
         for node in ast.walk(func):
             f = node.func if isinstance(node, ast.Call) else None
@@ -389,7 +398,7 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
     return out
 
 
-def _handles_prefix(func: ast.AST) -> bool:
+def handles_prefix(func: ast.AST) -> bool:
     """The function (or module) deals with the ``module.`` prefix itself: a string starting
     with ``module`` (``k.replace("module.", "")``, ``"module." + k``, ``hasattr(model,
     "module")``) or a ``[7:]`` slice."""

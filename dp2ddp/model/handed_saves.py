@@ -28,7 +28,7 @@ _SAVES = ("save", "copy", "open")
 
 def handed_object_saves(m: SemanticModel, call: ast.Call, family, writers) -> List[Tuple[SemanticModel, ast.Call, str]]:
     """``call`` makes an object of a project class (``family``: its classes with their
-    module models and paths, :func:`dp2ddp.model.writing_classes._class_family`). Per module, the
+    module models and paths, :func:`dp2ddp.model.writing_classes.class_family`). Per module, the
     first file write with no rank test (``torch.save``, a copy, ``open(path, "w")``, ``save_pretrained``)
     in a method the family calls on a ``self.`` attribute bound to a parameter of
     ``__init__``, where ``call`` hands that parameter an object of a project class made in

@@ -228,3 +228,26 @@ def rewrapped_later(m: SemanticModel, w: Wrap) -> Optional[ast.stmt]:
             return None
         return absorb_placement(m, guard, later.target, later.module)
     return None
+
+
+def key_flags(m: SemanticModel, w: Wrap, flag_kept: bool = False) -> tuple:
+    """``(guarded, flagged, cuda)``: what the original's ``state_dict`` keys of the model ``w``
+    wraps were, for :func:`dp2ddp.model.checkpoint_keys.key_policy`. ``guarded``: the wrap ran
+    only under a count of the devices (one GPU or the CPU wrote plain keys), unless every
+    branch of that test wraps; ``cuda``: that test also holds with CUDA alone (``module.`` keys
+    on every GPU machine); ``flagged``: under a device test the user switches (``if
+    args.parallel:``, the run being migrated had it on). ``flag_kept``: the migration keeps the
+    caller's switch (a factory's ``parallel`` argument), so the keys follow the caller."""
+    from dp2ddp.model.cuda_only import count_test, device_test, ran_on_every_gpu_machine
+
+    if w.target is None:
+        return False, False, False
+    counted = [c for c in w.conditions if count_test(m, c.test)]
+    # ``if device_count() > 1: DataParallel(model) else: DataParallel(model, device_ids=None)``:
+    # wrapped whichever ran, so the original's keys are `module.` ones on every machine
+    everywhere = bool(counted) and all(wrapped_on_every_branch(m, c, m.source(w.target).split(".")[0]) for c in counted)
+    if counted and not flag_kept and not everywhere:
+        return True, False, ran_on_every_gpu_machine(m, [c.test for c in w.conditions])
+    if w.conditions and not everywhere and any(device_test(m, c.test) for c in w.conditions):
+        return False, True, False
+    return False, False, False

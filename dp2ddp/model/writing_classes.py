@@ -101,7 +101,7 @@ def _plain_test(test: ast.AST, targets: Set[str], stored: Set[str]) -> bool:
     return True
 
 
-def _class_family(m: SemanticModel, cm: SemanticModel, cls: ast.ClassDef, where: str, depth: int = 0):
+def class_family(m: SemanticModel, cm: SemanticModel, cls: ast.ClassDef, where: str, depth: int = 0):
     """``cls`` (of module ``cm``, at ``where``) and its bases that are classes of the project,
     followed into the modules they are imported from (``class Trainer(BaseTrainer)`` with
     ``from base import BaseTrainer``): ``(module model, class, path)`` each."""
@@ -117,12 +117,12 @@ def _class_family(m: SemanticModel, cm: SemanticModel, cls: ast.ClassDef, where:
             continue
         local = next((s for s in cm.tree.body if isinstance(s, ast.ClassDef) and isinstance(b, ast.Name) and s.name == b.id), None)
         if local is not None:
-            out += _class_family(m, cm, local, where, depth + 1)
+            out += class_family(m, cm, local, where, depth + 1)
             continue
         found = project_def(cm, b)
         if found is not None and isinstance(found[1], ast.ClassDef):
             rel = os.path.normpath(os.path.join(os.path.dirname(where), found[2])) if where else found[2]
-            out += _class_family(m, found[0], found[1], rel, depth + 1)
+            out += class_family(m, found[0], found[1], rel, depth + 1)
     return out
 
 
@@ -142,7 +142,7 @@ def training_class_saves(m: SemanticModel) -> List[CompanionRace]:
         found = class_of_call(m, call)
         if found is None or not found[2]:
             continue  # not a class of a project module (the script's own are migrated with it)
-        family = _class_family(m, *found)
+        family = class_family(m, *found)
         trains = next((f"{p}:{line}" for cm, cls, p in family for line in [trains_in(cm, cls)] if line is not None), None)
         if trains is None:
             continue

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import List, Tuple
 
+from dp2ddp.model.checkpoint_keys import LIKE_ORIGINAL
+
 # advice that only makes sense for a distributed run (several ranks)
 _DISTRIBUTED_ONLY: List[Tuple[str, str]] = [
     (
@@ -102,7 +104,8 @@ def module_prefix(d: dict, keys_of: str, dp_in_original: bool, readers=()) -> Tu
     if readers and p == "module.":
         mine = "module." if how == "gained" else "plain"
         theirs = "plain" if mine == "module." else "module."
-        wanting = [r for r in readers if r.wants == theirs]
+        # a loader that wraps under a test of its own, as the original did, takes the original's keys
+        wanting = [r for r in readers if r.wants in (theirs, LIKE_ORIGINAL)]
         if not wanting:
             names = ", ".join(f"{r.path}:{r.line}" for r in readers[:3])
             return ("warning", message + f"; the project's own loader{'s' if len(readers) > 1 else ''} ({names}) "

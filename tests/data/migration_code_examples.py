@@ -194,6 +194,10 @@ def example(code: str, fallback: str = "") -> str:
     return fallback
 
 
+# a checkpoint helper of the project (PROJECT_MODULES) handed a wrapper that ran only with several GPUs
+EXAMPLES["DDP189"] = _HEAD + "from ckpt import save\n" + _script(
+    "model = nn.Linear(8, 1)\nif torch.cuda.device_count() > 1:\n    model = nn.DataParallel(model)\n",
+    after="save(model, \"model.pt\")\n")[len(_HEAD):]
 EXAMPLES["DDP111"] = EXAMPLES["DDP123"].replace("model = Net(2)\n", "model = build_model()\n")  # no instance of Net here
 
 # codes no DataParallel script draws yet (code -> why), for the lead's migration to settle
@@ -209,6 +213,9 @@ OPTIONS: dict = {"DDP160": {"shard_eval": True}, "DDP161": {"shard_eval": True}}
 # codes drawn only with a project module beside the script (file name -> text), written
 # next to the example before it is migrated
 PROJECT_MODULES: dict = {
+    "DDP189": {  # a checkpoint helper handed the wrapper: this file's migration does not edit it
+        "ckpt.py": "import torch\n\n\ndef save(model, path):\n    torch.save(model.state_dict(), path)\n",
+    },
     "DDP185": {  # a trainer class that keeps the step it is handed and calls it where it trains
         "trainer.py": (
             "class Trainer:\n    def __init__(self, model, step_fn, optimizer):\n"

@@ -1,0 +1,149 @@
+"""The state_dict keys of a DataParallel wrapper the script hands to another project module
+(dp2ddp.model.handed_wrappers, codemods/handed_keys.py): a Trainer that keeps it as
+``self.model`` and saves or resumes through it, checkpoint helpers handed it. Where the
+original's wrap ran only with several GPUs (plain keys on one GPU and on the CPU), the
+migration keeps them plain in that module's migration, or refuses where it cannot edit it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dp2ddp.cli import main
+from tests._scripts import retry_exit_abort, run_script
+
+ROOT = Path(__file__).resolve().parent.parent
+HELPERS = ROOT / "fixtures" / "project" / "checkpoint_helpers_handed_the_wrapper"
+BASE_SAVES = ROOT / "fixtures" / "project" / "trainer_saves_in_base"
+BARE = "(model.module if isinstance(model, DistributedDataParallel) else model)"
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONPATH")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _copy(src: Path, tmp_path: Path, name: str = "proj") -> Path:
+    d = tmp_path / name
+    shutil.copytree(src, d)
+    return d
+
+
+def _uses(script: Path):
+    from dp2ddp.model.handed_wrappers import handed_key_policies
+    from dp2ddp.model.project_defs import file_model
+
+    return [(u.where, u.text, u.method, p.default) for u, p in handed_key_policies(file_model(str(script)))]
+
+
+def test_uses_are_followed_through_super_init_into_the_base_class_module(tmp_path: Path) -> None:
+    """pytorch-template's shape: ``Trainer(model, ...)`` passes the wrapper on through
+    ``super().__init__(model, ...)`` to a base in another module that keeps it as
+    ``self.model`` and saves its state_dict; the wrap is guarded by a device count: plain."""
+    d = _copy(BASE_SAVES, tmp_path)
+    assert _uses(d / "train.py") == [("base/base_trainer.py:32", "self.model", "state_dict", "plain")]
+
+
+def test_a_wrapper_handed_to_functions_is_followed_into_their_parameters(tmp_path: Path) -> None:
+    d = _copy(HELPERS, tmp_path)
+    assert sorted(_uses(d / "train.py")) == [("ckpt.py:14", "model", "load_state_dict", "plain"),
+                                            ("ckpt.py:8", "model", "state_dict", "plain")]
+
+
+@pytest.mark.parametrize("why, edit", [
+    ("helper_unwraps_itself", ("def save_checkpoint(model, optimizer, epoch, folder):\n",
+                               "def save_checkpoint(model, optimizer, epoch, folder):\n    model = getattr(model, 'module', model)\n")),
+    ("helper_strips_the_prefix", ('    model.load_state_dict(state["model"])\n',
+                                  '    model.load_state_dict({k.replace("module.", ""): v for k, v in state["model"].items()})\n')),
+])
+def test_noop_a_helper_that_deals_with_wrappers_itself_is_not_followed(tmp_path: Path, why: str, edit) -> None:
+    d = _copy(HELPERS, tmp_path)
+    ckpt = d / "ckpt.py"
+    text = ckpt.read_text()
+    assert edit[0] in text
+    ckpt.write_text(text.replace(edit[0], edit[1]))
+    method = "load_state_dict" if why == "helper_unwraps_itself" else "state_dict"
+    assert [u[2] for u in _uses(d / "train.py")] == [method], why
+
+
+def test_noop_an_unconditional_wrap_keeps_its_module_keys_and_the_helper_is_not_edited(tmp_path: Path, capsys) -> None:
+    """The original wrapped on every run (``module.`` keys everywhere): so does DDP, and the
+    helpers are not part of the plan."""
+    d = _copy(HELPERS, tmp_path)
+    script = d / "train.py"
+    script.write_text(script.read_text().replace("if torch.cuda.device_count() > 1:\n    net = nn.DataParallel(net)\n",
+                                                 "net = nn.DataParallel(net)\n"))
+    assert [u[3] for u in _uses(script)] == ["module.", "module."]
+    out = tmp_path / "out"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(script)]) == 0
+    assert (out / "ckpt.py").read_bytes() == (d / "ckpt.py").read_bytes()
+    assert "DDP189" not in capsys.readouterr().err
+
+
+def test_alone_the_script_is_refused_at_the_call_that_hands_the_wrapper(tmp_path: Path, capsys) -> None:
+    """Without --with-helpers ckpt.py is not edited: its load would take plain keys into the
+    DDP wrapper (a crash on resume) and its save would add `module.`: refused (DDP189), with
+    the line, nothing written. Before, this migrated with exit 0."""
+    d = _copy(HELPERS, tmp_path)
+    before = {p: p.read_bytes() for p in d.rglob("*.py")}
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert "train.py:29:13: DDP189 model.load_state_dict(...) of the wrapper handed to load_checkpoint(...) (ckpt.py:14)" in err, err
+    assert err.count("DDP189") == 1, err  # once per module
+    assert {p: p.read_bytes() for p in d.rglob("*.py")} == before
+    assert not (d / "train_ddp.py").exists()
+
+
+def test_with_helpers_the_checkpoint_module_keeps_plain_keys_and_loads_either(tmp_path: Path, capsys) -> None:
+    d = _copy(HELPERS, tmp_path)
+    out = tmp_path / "out"
+    assert main(["rewrite", "--with-helpers", "-o", str(out), str(d / "train.py")]) == 0
+    err = capsys.readouterr()
+    ckpt = (out / "ckpt.py").read_text()
+    assert f'"model": {BARE}.state_dict()' in ckpt, ckpt
+    assert f'load_either_keys({BARE[1:-1]})(state["model"])' in ckpt, ckpt
+    assert "from torch.nn.parallel import DistributedDataParallel\n" in ckpt
+    assert "ckpt.py:14" in err.out + err.err
+    # the migration's own check passes, and migrating the migration changes nothing
+    again = tmp_path / "again"
+    assert main(["rewrite", "--with-helpers", "-o", str(again), str(out / "train.py")]) == 0
+    for rel in ("train.py", "ckpt.py"):
+        assert (again / rel).read_bytes() == (out / rel).read_bytes(), rel
+
+
+def test_with_helpers_a_base_trainer_saves_the_bare_models_keys(tmp_path: Path) -> None:
+    d = _copy(BASE_SAVES, tmp_path)
+    out = tmp_path / "out"
+    assert main(["rewrite", "--with-helpers", "-q", "-o", str(out), str(d / "train.py")]) == 1  # DDP171: a CPU-only fixture
+    base = (out / "base" / "base_trainer.py").read_text()
+    assert '"state_dict": (self.model.module if isinstance(self.model, DistributedDataParallel) else self.model).state_dict()' in base
+
+
+@pytest.mark.torchrun
+def test_the_migration_resumes_the_originals_checkpoint_and_the_projects_evaluation_reads_its_own(tmp_path: Path) -> None:
+    """Run for real: the original (plain python, the CPU: plain keys) trains one epoch; the
+    migration under torchrun (2 ranks) resumes from the original's file and writes its own,
+    whose keys are plain, which evaluate.py (a bare model, strict) loads; the original
+    resumes from the migration's file too."""
+    d = _copy(HELPERS, tmp_path)
+    out = tmp_path / "out"
+    assert main(["rewrite", "--with-helpers", "-q", "-o", str(out), str(d / "train.py")]) == 0
+    r = run_script(["train.py", "--epochs", "1"], d, env=_env())
+    assert r.returncode == 0, r.stdout[-3000:]
+    original = d / "checkpoints" / "last.pth"
+    r = retry_exit_abort(lambda: run_script(["train.py", "--epochs", "2", "--resume", str(original)], out, env=_env(), nproc=2),
+                         "handed keys")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert r.stdout.count("epoch 1 loss") == 1 and "epoch 0 loss" not in r.stdout, r.stdout[-2000:]
+    migrated = out / "checkpoints" / "last.pth"
+    ev = subprocess.run([sys.executable, str(d / "evaluate.py"), str(migrated)], cwd=d, env=_env(), capture_output=True,
+                        text=True, timeout=120)
+    assert ev.returncode == 0 and "evaluate.py loaded" in ev.stdout, ev.stderr[-2000:]
+    r = run_script(["train.py", "--epochs", "3", "--resume", str(migrated)], d, env=_env())
+    assert r.returncode == 0 and "epoch 2 loss" in r.stdout, r.stdout[-3000:]
