@@ -255,7 +255,9 @@ def migrate_source(data: bytes, path: str = "<stdin>", options: Optional[Options
         raise InputError(path, None, f"dp2ddp could not combine its own edits ({e}); this is a bug of dp2ddp, "
                          "please report it with the file") from None
     out = new.bytes
-    own = None if "DDP186" in getattr(options, "accept", ()) else own_check(out, path, data, getattr(options, "role", "script"))
+    accepted = {(f.code, f.line) for f in migration.findings if f.code in getattr(options, "accept", ())}
+    own = None if "DDP186" in getattr(options, "accept", ()) else own_check(out, path, data, getattr(options, "role", "script"),
+                                                                           accepted)
     if own is not None:  # the migration fails dp2ddp's own check: nothing is written
         kept = [f for f in migration.findings if f.severity != "info"]
         for f in kept:
@@ -271,13 +273,16 @@ _ENTRY_FACTS = frozenset({"DDP006", "DDP008"})
 _KEPT_ON_PURPOSE = frozenset({"DDP011"})
 
 
-def own_check(out: bytes, path: str, data: bytes, role: str = "script") -> Optional[Finding]:
+def own_check(out: bytes, path: str, data: bytes, role: str = "script", accepted=frozenset()) -> Optional[Finding]:
     """The first finding of ``check``'s default rules on the migration ``out`` of ``data``,
     as a DDP186 refusal placed at the input's line that the output's line came from (where
     that line's text stands once in the input); ``None`` where the migration passes. Every
     transform is meant to leave nothing for ``check`` to find: a finding here is a case the
     migration missed (a ``torch.save`` inside a lambda), and the file is better refused. A
-    module migrated in the ``helper`` role is not asked what its entry sets up (_ENTRY_FACTS)."""
+    module migrated in the ``helper`` role is not asked what its entry sets up (_ENTRY_FACTS).
+    ``accepted``: ``(code, input line)`` of the refusals the user took (``rewrite --accept``):
+    a finding of a rule whose :attr:`~dp2ddp.rules.base.Rule.accepted_by` names one of them at
+    its input line is the hazard the user accepted, not a miss."""
     from dp2ddp.check.analyze import candidates, check_source
     from dp2ddp.rules import RULES
 
@@ -288,11 +293,22 @@ def own_check(out: bytes, path: str, data: bytes, role: str = "script") -> Optio
     _, found, model, error = check_source(out, path, rules)
     if error or not found:
         return None
-    first = found[0]
-    text = model.line_text(first.line).strip()
+    by_code = {r.code: r for r in RULES}
+    input_lines = data.decode("utf-8", "replace").splitlines()
+    miss = None
+    for f in found:
+        text = model.line_text(f.line).strip()
+        lines = [i for i, line in enumerate(input_lines, 1) if line.strip() == text]
+        line = lines[0] if len(lines) == 1 else 1
+        rule = by_code.get(f.code)
+        if len(lines) == 1 and rule is not None and any((c, line) in accepted for c in rule.accepted_by):
+            continue
+        miss = (f, text, line)
+        break
     model.release()
-    lines = [i for i, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1) if line.strip() == text]
-    line = lines[0] if len(lines) == 1 else 1
+    if miss is None:
+        return None
+    first, text, line = miss
     return Finding("DDP186", (
         f"the migration would not pass dp2ddp's own check: {first.code} at its line {first.line} (`{text[:70]}`): "
         f"{first.message}; nothing was written (a case the migration misses: please report it); migrate that "

@@ -147,3 +147,4 @@ def test_the_migration_resumes_the_originals_checkpoint_and_the_projects_evaluat
     assert ev.returncode == 0 and "evaluate.py loaded" in ev.stdout, ev.stderr[-2000:]
     r = run_script(["train.py", "--epochs", "3", "--resume", str(migrated)], d, env=_env())
     assert r.returncode == 0 and "epoch 2 loss" in r.stdout, r.stdout[-3000:]
+

@@ -298,3 +298,26 @@ def test_output_under_a_file_is_a_one_line_error(script: Path, tmp_path: Path, c
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "cannot write" in err and "not a folder" in err, err
     assert (tmp_path / "afile").read_text() == "x"
+
+
+# ---------------------------------------------------------------- --accept and the own check
+CTC_OR_ATTN = ROOT / "fixtures" / "valid_mean" / "noop_ctc_or_attention_loss_under_one_name_refused.in.py"
+
+
+def test_an_accepted_refusal_is_not_refused_again_by_the_own_check_of_the_same_hazard() -> None:
+    """DeepLabV3Plus: `--accept DDP176,DDP185` wrote nothing until DDP186 was accepted too, as
+    check's DDP018 reported the very loss the user had accepted. A rule's ``accepted_by``
+    names the refusals of its hazard: accepted at a statement, its finding there is no miss;
+    the same finding at a statement the user did not accept still refuses."""
+    from dp2ddp.migrate import Options, migrate_bytes, own_check
+
+    data = CTC_OR_ATTN.read_bytes()
+    assert migrate_bytes(data, "train.py").migration.blocked
+    res = migrate_bytes(data, "train.py", Options(accept=frozenset({"DDP176"})))
+    assert not res.migration.blocked and res.changed, [(f.code, f.message) for f in res.migration.findings]
+    assert all(f.code != "DDP186" for f in res.migration.findings)
+    lines = sorted(f.line for f in res.migration.findings if f.code == "DDP176")
+    assert lines == [21, 23]
+    assert own_check(res.output, "train.py", data, accepted={("DDP176", 21), ("DDP176", 23)}) is None
+    missed = own_check(res.output, "train.py", data, accepted={("DDP176", 21)})
+    assert missed is not None and missed.code == "DDP186" and missed.line == 23 and "DDP018" in missed.message

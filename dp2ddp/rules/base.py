@@ -272,6 +272,9 @@ class Rule:
     default: bool = True  # in the default selection
     severity: str = "warning"  # "warning" | "info"
     fixable: bool = False  # the rule can offer a fix
+    # migration refusals of the same hazard: where `rewrite --accept` took one of them at a
+    # statement, the migration's own check (DDP186) does not refuse this rule's finding there
+    accepted_by: Tuple[str, ...] = ()
     _gate: Gate = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -58,6 +58,7 @@ RULE = Rule(
     ),
     fix_safety="",
     gate=(DDP_CODE, ("ignore_index",)),
+    accepted_by=("DDP176", "DDP185"),
     check=check,
     examples=(
         Invalid(_HEAD + _STEP.format(loss="loss = criterion(logits, y)"), 7, 8, end=(7, 28)),
