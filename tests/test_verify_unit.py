@@ -671,3 +671,53 @@ def test_dropout_masks_are_judged_by_the_stochastic_tolerance_not_the_chunked_en
     judged = judge_losses(orig, mig, env, opts, stochastic, 2, problems, notes)
     assert judged["agree"] is agree, (problems, notes)
     assert any("does not cover dropout's masks" in n for n in notes) is ("dropout" in stochastic)
+
+
+def _redrawn(run):
+    for r in run.ranks.values():
+        r.end["redrawn"] = True
+    return run
+
+
+@pytest.mark.parametrize("migrated, agree", [
+    ([0.5, 0.40, 0.36, 0.30, 0.28, 0.26, 0.25], True),   # 0.112 off at the end, inside 2x the redrawn run's swing
+    ([0.5, 0.40, 0.36, 0.30, 0.42, 0.50, 0.60], False),  # far past it: a broken migration still fails
+], ids=["gan_noise_within_what_redrawing_alone_moves", "beyond_it"])
+def test_random_draws_in_the_step_are_judged_against_the_redrawn_envelope(migrated, agree):
+    """pytorch/examples dcgan with --workers 2: the ranks draw their own noise, and the
+    discriminator's loss drifted 0.112 from the original's (moving average) against the fixed
+    0.1: FAIL for a correct migration. The envelope run drew other numbers from its first
+    training forward on (DP2DDP_VERIFY_REDRAW): the original moved as far on that alone, so the migration may
+    differ by REDRAW_FACTOR times it, never by less than --stochastic-rtol."""
+    from dp2ddp.verify.losses import REDRAW_FACTOR, judge_losses
+    from dp2ddp.verify.options import Options
+
+    opts = Options(steps=7, warmup=0, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0.0, timeout=30, user_dirs=[], nproc=2, nnodes=1)
+    orig = _loss_run("original", [0.5, 0.40, 0.36, 0.34, 0.33, 0.31, 0.30])
+    env = _redrawn(_loss_run("envelope", [0.5, 0.42, 0.33, 0.31, 0.30, 0.28, 0.27]))
+    mig = _loss_run("migrated", migrated, ranks=(0, 1))
+    problems, notes = [], []
+    judged = judge_losses(orig, mig, env, opts, ["random"], 7, problems, notes)
+    assert judged["agree"] is agree, (problems, notes)
+    assert judged["tolerance"]["method"] == "redraw" and judged["tolerance"]["factor"] == REDRAW_FACTOR
+    assert "redrawn envelope" in judged["rule"]
+    if not agree:
+        assert "the redrawn envelope's" in problems[0], problems
+    # without the redrawn run, the same migration is judged by --stochastic-rtol alone (the fixed 0.1)
+    plain = judge_losses(orig, mig, _loss_run("envelope", [0.5, 0.42, 0.33, 0.31, 0.30, 0.28, 0.27]), opts, ["random"], 7, [], [])
+    assert plain["tolerance"]["method"] == "chunks" and plain["tolerance"]["factor"] is None
+    assert plain["agree"] is False  # the false alarm this fixes (and the broken one fails either way)
+
+
+def test_the_redrawn_envelope_never_allows_less_than_the_stochastic_tolerance():
+    """An envelope run that happened to move less than --stochastic-rtol does not tighten it:
+    the fixed tolerance stays the floor (what verify allowed before)."""
+    from dp2ddp.verify.losses import judge_losses
+    from dp2ddp.verify.options import Options
+
+    opts = Options(steps=4, warmup=0, rtol=1e-5, stochastic_rtol=0.1, min_speedup=0.0, timeout=30, user_dirs=[], nproc=2, nnodes=1)
+    orig = _loss_run("original", [1.0, 0.9, 0.8, 0.7])
+    env = _redrawn(_loss_run("envelope", [1.0, 0.9, 0.8, 0.7]))
+    mig = _loss_run("migrated", [1.0, 0.93, 0.83, 0.74], ranks=(0, 1))
+    judged = judge_losses(orig, mig, env, opts, ["random"], 4, [], [])
+    assert judged["agree"] is True

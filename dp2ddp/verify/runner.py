@@ -44,6 +44,7 @@ class RunSpec:
     pythonpath: List[str] = field(default_factory=list)  # after the probe's folder: the project's copy, ...
     extend: int = 0  # run on past --steps, up to this many steps, until the training loader's second epoch
     chunks: int = 0  # the noise-envelope run: DataParallel splits each batch into this many chunks
+    redraw: bool = False  # the noise-envelope run: the training step draws from another random stream
 
 
 @dataclass
@@ -151,6 +152,7 @@ def _env(spec: RunSpec) -> Dict[str, str]:
             "DP2DDP_VERIFY_SAMPLERS": json.dumps(spec.samplers, separators=(",", ":")),
             "DP2DDP_VERIFY_EXTEND": str(spec.extend),
             "DP2DDP_VERIFY_CHUNKS": str(spec.chunks),
+            "DP2DDP_VERIFY_REDRAW": "1" if spec.redraw else "",
             "PYTHONHASHSEED": str(spec.seed),
             "PYTHONUNBUFFERED": "1",
         }

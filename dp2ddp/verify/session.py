@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from dp2ddp.verify import analyze, failures, options, outputs, run_files, runner, scratch as scratch_mod, speed
+from dp2ddp.verify import analyze, failures, losses, options, outputs, run_files, runner, scratch as scratch_mod, speed
 
 AUTO_PAIRS = 3  # measured pairs by default ...
 AUTO_BUDGET_S = 120.0  # ... while the runs so far plus one more pair fit in this
@@ -138,6 +138,7 @@ def run(setup: Setup, progress) -> Outcome:
                 pythonpath=[str(place.root)],
                 extend=setup.extend if (k == 1 and role == "migrated" and setup.steps) else 0,
                 chunks=world if role == "envelope" else 0,
+                redraw=role == "envelope" and _draws_apart(pair.runs),
             )
             progress.begin(role, _how(role, setup), f"pair {k}")
             began = time.monotonic()
@@ -194,6 +195,16 @@ def run(setup: Setup, progress) -> Outcome:
             "but its speed is not counted"
         )
     return Outcome(pairs=pairs, outputs=outs, notes=notes, mirror=mirror, migrated_script=first_script)
+
+
+def _draws_apart(runs) -> bool:
+    """The original's training step draws random numbers (a GAN's noise, dropout's masks) and
+    the migrated ranks did not draw what it drew (:func:`dp2ddp.verify.losses.aligned_draws`):
+    the envelope run then draws from another stream too (``DP2DDP_VERIFY_REDRAW``)."""
+    orig, mig = runs.get("original"), runs.get("migrated")
+    if orig is None or mig is None or not any((r.end or {}).get("random_steps") for r in orig.ranks.values()):
+        return False
+    return not losses.aligned_draws(orig, mig)
 
 
 def _place(setup: Setup, role: str, dest: Path, mirror: scratch_mod.Mirror, root: Path) -> scratch_mod.Place:

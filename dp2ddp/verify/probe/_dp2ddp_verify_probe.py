@@ -28,6 +28,10 @@ It never edits the user's code. It:
   element is perturbed at every step by W roundings (``eps`` of its dtype) of its own
   magnitude plus the tensor's RMS: the reduction-order noise of a W-rank all-reduce, which
   moves a cancelled (near-zero) element by a rounding of the terms summed, not of the sum;
+  with ``$DP2DDP_VERIFY_REDRAW=1`` too (the original's training step draws random numbers:
+  a GAN's noise, dropout's masks), the global streams are reseeded elsewhere at the first
+  training forward, so the steps draw other numbers, as each migrated rank draws its own:
+  how far the losses move on that alone;
 * at exit, hashes the parameters the optimizers update;
 * dumps Python stacks on SIGUSR1 (faulthandler) and writes uncaught tracebacks;
 * notes the files the process opens for writing, with the line of the user's code that
@@ -93,6 +97,8 @@ class _State:
         self.extend = int(env.get("DP2DDP_VERIFY_EXTEND", "0") or 0)  # at most this many steps for the evidence
         self.stop_at = self.limit
         self.chunks = int(env.get("DP2DDP_VERIFY_CHUNKS", "0") or 0)
+        self.redraw = env.get("DP2DDP_VERIFY_REDRAW") == "1"
+        self.redrawn = False
         self.chunked = False  # the envelope run: DataParallel split a batch into chunks
         self.bn_chunked = False  # the envelope run without DataParallel: BatchNorm normalised per chunk
         self.outer_split = False  # the envelope run without DataParallel: the model's outermost call split instead
@@ -762,6 +768,8 @@ def _on_torch(torch):
             # before the workers fork: they seed the items of this pass by it (_patch_item_seeds)
             key = id(loader.dataset)
             s.item_passes[key] = s.item_passes.get(key, 0) + 1
+            if loader.generator is None:
+                return _seed_from_a_copy(real_iter_init, self, loader, args, kwargs, torch)
         return real_iter_init(self, loader, *args, **kwargs)
 
     dataloader._BaseDataLoaderIter.__init__ = iter_init
@@ -785,6 +793,8 @@ def _on_torch(torch):
             # an outermost call of a module with parameters: what an inference-only script runs
             # its model on (a transform such as Normalize, called per sample, has none)
             if _S.depth == 0 and next(module.parameters(), None) is not None:
+                if _S.redraw and not _S.redrawn and module.training:
+                    _redraw(_S)  # the first training forward: its dropout masks, and what the step draws next
                 first = args[0] if args else None
                 _S.forwards[0] += 1
                 _S.forwards[1] += int(first.shape[0]) if getattr(first, "ndim", 0) else 0
@@ -1286,6 +1296,23 @@ def _patch_item_seeds(torch):
     fetch._MapDatasetFetcher.fetch = fetch_items
 
 
+def _seed_from_a_copy(real_iter_init, it, loader, args, kwargs, torch):
+    """A pass of a loader without a generator of its own draws its workers' base seed from the
+    global torch stream; the migration's shard_loader gives a loader with workers a generator
+    of its own (its ranks' workers draw apart), so the original's later draws in the step (a
+    GAN's noise) would come from a stream one draw ahead of the migrated ranks' at every
+    epoch, and no step's draws could line up (pytorch/examples' dcgan with --workers 2). In
+    every run the seed is drawn from a copy of the stream instead: the same seed, the stream
+    left where it was."""
+    copy = torch.Generator()
+    copy.set_state(torch.random.get_rng_state())
+    loader.generator = copy
+    try:
+        return real_iter_init(it, loader, *args, **kwargs)
+    finally:
+        loader.generator = None
+
+
 def _patch_random_sampler(torch):
     from torch.utils.data import RandomSampler
 
@@ -1592,6 +1619,8 @@ def _on_step(optimizer, args, kwargs):
     modules = _first_step(s, key, samples) if s.step == 1 else None
     if s.step <= _RNG_STEPS:
         _mark_rng(s)
+    if s.redraw and not s.redrawn:
+        _redraw(s)
     if s.pending:
         _drain(block=False)
     loss = _step_loss(losses)
@@ -1615,6 +1644,28 @@ def _on_step(optimizer, args, kwargs):
 
 
 _RNG_STEPS = 4
+
+
+def _redraw(s):
+    """The envelope run of an original whose training step draws random numbers: from the
+    first training forward (or, where none was seen, the first step) on, the global streams (torch's CPU and CUDA generators, ``random``, NumPy) draw from
+    another seed. The data's order and the items' own draws are seeded apart (the aligned
+    samplers, the items' streams), so they stay the original's."""
+    s.redrawn = True
+    seed = s.stream_seed + 7_777_777
+    try:
+        import torch
+
+        torch.manual_seed(seed)
+    except Exception:  # noqa: BLE001 - evidence, never a failure of the run
+        pass
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed(seed % 2**32)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _mark_rng(s):
@@ -1798,6 +1849,8 @@ def _finish(why):
             rec["split_at"] = "model"  # no DataParallel here: the model's outermost call was split
         if s.bn_chunked and not s.chunked:
             rec["bn_chunks"] = True
+    if s.redrawn:
+        rec["redrawn"] = True
     try:
         rec.update(_param_digest())
     except Exception as e:
