@@ -44,6 +44,19 @@ def survivors(value: str) -> list:
     return out
 
 
+def _keep_scratch_in(tmp_path: Path, output: str) -> None:
+    """A verify that did not pass keeps its scratch folder for the user (``logs and records
+    kept in /tmp/dp2ddp-verify-...``); a test's is moved into the test's own tmp_path, which
+    pytest prunes, instead of piling up in /tmp (155 of them after a few sessions)."""
+    import re
+    import shutil
+
+    for found in re.findall(r"logs and records kept in (\S+)", output):
+        scratch = Path(found)
+        if scratch.name.startswith("dp2ddp-verify-") and scratch.is_dir() and not str(scratch).startswith(str(tmp_path)):
+            shutil.move(str(scratch), str(tmp_path / scratch.name))
+
+
 def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None, real: bool = False) -> tuple:
     """Run `dp2ddp verify ARGS --json ...` (from ``cwd``, default ``tmp_path``; the report goes
     to ``tmp_path``); return (exit code, report or None, stdout+stderr, seconds).
@@ -71,6 +84,7 @@ def verify(tmp_path: Path, *args: str, timeout: float = 400, cwd: Path = None, r
         else:  # verify itself forked from the verify zygote too, where its environment allows
             p = _zygote.run_verify(cmd[4:], cwd or tmp_path, env, timeout)
         took = time.monotonic() - t0
+        _keep_scratch_in(tmp_path, p.stdout + p.stderr)
         assert survivors(value) == [], "processes started by verify survived it"
         assert _zygote.forks_alive() == [], "runs of verify (forks of the verify zygote) survived it"
         _zygote.verify_fallbacks()
