@@ -746,3 +746,21 @@ def test_an_unconditional_wrap_keeps_module_keys_beside_a_sibling_that_resumes_i
     path = _write(tmp_path / "guarded", {"train.py": guarded, "train_cifar100.py": sibling})
     out = migrate_source(path.read_bytes(), str(path)).output.decode()
     assert "model.module.state_dict()" in out
+
+
+def test_a_write_of_the_training_batch_is_a_share_of_it_and_one_of_fixed_noise_is_not():
+    """dcgan's shape (fixtures/rank_zero/grid_of_the_batch_...): the real batch saved in the
+    epoch loop is (part of) what the loop iterates, so under DDP rank 0 writes its share of it
+    (DDP190); the fakes of a fixed noise are not the batch; a save outside every training loop
+    has no batch."""
+    from dp2ddp.migrate import migrate_file
+    from dp2ddp.model.batch_shapes import written_batch_shares
+
+    path = ROOT / "fixtures" / "rank_zero" / "grid_of_the_batch_written_on_rank_zero_holds_its_share.in.py"
+    m = build(path.read_bytes(), str(path))
+    found = [(m.source(arg), call.lineno) for stmt in m.nodes(ast.Expr) for call, arg in written_batch_shares(m, stmt)]
+    assert found == [("real.detach().cpu()", 28)]
+    after = build(path.read_bytes() + b'torch.save(data.tensors[0], "all.pt")\n', str(path))
+    assert [(after.source(a), c.lineno) for s in after.nodes(ast.Expr) for c, a in written_batch_shares(after, s)] == found
+    notes = [f for f in migrate_file(str(path)).migration.findings if f.code == "DDP190"]
+    assert [(f.line, "writes `real.detach().cpu()`, part of the training batch" in f.message) for f in notes] == [(28, True)]

@@ -28,6 +28,7 @@ from dp2ddp.codemods.facts import GuardedWriters
 from dp2ddp.codemods.writer_guards import is_writer_use
 from dp2ddp.codemods.write_barriers import barriers, removal_barriers, routed_write_sites
 from dp2ddp.engine import Finding, Guard, Hoist, InsertAfter, Replace
+from dp2ddp.model.batch_shapes import written_batch_shares
 from dp2ddp.model.collectives import reaches_collective
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dp_idioms import is_elif
@@ -98,6 +99,16 @@ def _runs_code_of_the_script(m: SemanticModel, call: ast.Call) -> bool:
     return m.resolve_call(call) is not None or any(c is call for c, _ in project_calls(m))
 
 
+def _collective_outside(m: SemanticModel, call: ast.Call, hoisted: List[ast.Call]) -> bool:
+    """``call`` reaches a collective elsewhere than through the calls ``hoisted`` out of it
+    (its own code, or another argument's)."""
+    if m.resolve_call(call) is not None:
+        return True  # a function of the script's own: what it runs is not only its arguments
+    rest = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)
+            if not any(c is h for h in hoisted)]
+    return any(reaches_collective(m, c, dp=True) for c in rest)
+
+
 def _hoistable(m: SemanticModel, call: ast.Call, stmt: ast.stmt) -> bool:
     """``call`` is evaluated exactly once when ``stmt`` runs (not in a lambda, a
     comprehension, a conditional expression or a short-circuit operand)."""
@@ -164,10 +175,16 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             return _Plan("print", calls)
         w = writer_of(m, call)
         if w is not None and w.kind in ("save", "copy", "logconfig", "remove"):
-            if reaches_collective(m, call, dp=True):
-                return None
             if per_process_path(m, w.path) is not None:
                 return None  # a temporary file of this process's own: every rank writes (and reads) its own
+            if reaches_collective(m, call, dp=True):
+                # ``torch.save(netG(fixed_noise), path)``: the forward every rank must join runs
+                # on every rank, before the statement; only the write runs on rank 0
+                calls = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)
+                         if reaches_collective(m, c, dp=True)]
+                if not calls or not all(_hoistable(m, c, stmt) for c in calls) or _collective_outside(m, call, calls):
+                    return None
+                return _Plan("save", calls)
             return _Plan("save")
         if is_writer_use(ctx, stmt):
             if reaches_collective(m, call, dp=True):
@@ -267,9 +284,23 @@ def _guard(ctx: Context, run: List[ast.stmt], memo, guarded_writes) -> List[Find
     edits.append(Guard(tuple(ctx.bridge.statement(s) for s in run), ctx.expr(ctx.rank0())))
     if kinds & {"save", "block", "writer"} and kinds != {"block"} or any(_has_save(ctx, s, memo) for s in run):
         f = ctx.note(run[0], "DDP132", "checkpoint and file writing runs on rank 0 only", edits)
+        out.extend(_shares_written(ctx, run))
     else:
         f = ctx.note(run[0], "DDP133", "progress printing runs on rank 0 only (--print-all-ranks keeps it on every rank)", edits)
     return [f] + out
+
+
+def _shares_written(ctx: Context, run: List[ast.stmt]) -> List[Finding]:
+    """DDP190 for a write, now on rank 0 only, of (part of) the training batch: under DDP each
+    rank holds its share of the batch, so the file holds rank 0's, not the whole batch."""
+    out = []
+    for stmt in run:
+        for call, arg in written_batch_shares(ctx.m, stmt):
+            out.append(ctx.note(call, "DDP190", (
+                f"{ctx.m.source(call.func)}(...) writes `{ctx.m.brief(arg)}`, part of the training batch: under DDP each rank "
+                "holds its share of it, so the file rank 0 writes holds rank 0's share (1/world of the samples the "
+                "original's held); gather it first (`dist.all_gather`, on every rank) where the whole batch matters")))
+    return out
 
 
 def _has_save(ctx: Context, stmt: ast.stmt, memo) -> bool:

@@ -107,6 +107,24 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix: the file is left unchanged.",
     ),
     MigrationCode(
+        "DDP190", "rank-zero-writes-its-share-of-the-batch", "info",
+        "a file written from the training batch, now on rank 0 only, holds rank 0's share of that batch",
+        "A training loop that saves an image grid of the batch it is iterating (`vutils.save_image(real, "
+        "'real_samples.png')`, dcgan's shape) or the batch itself wrote every sample of the batch. Under DDP each rank "
+        "holds its share of the batch (the loader is sharded between the ranks), and the write runs on rank 0 only: "
+        "the file holds 1/world of the samples. The training is unchanged; `verify` reports the smaller grid.",
+        "Where the whole batch matters in the file, gather it on every rank before the write (`parts = "
+        "[torch.empty_like(real) for _ in range(dist.get_world_size())]; dist.all_gather(parts, real)`) and write "
+        "`torch.cat(parts)` on rank 0.",
+        "The write is guarded as every other (DDP132); nothing is gathered.",
+        "import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from torchvision.utils import save_image\n\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 3, 8, 8)), batch_size=16, shuffle=True)\n"
+        "model = nn.DataParallel(nn.Conv2d(3, 3, 3, padding=1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for i, (real,) in enumerate(loader):\n    loss = model(real).pow(2).mean()\n    opt.zero_grad()\n"
+        "    loss.backward()\n    opt.step()\n    if i == 0:\n        save_image(real, \"real_samples.png\")\n",
+    ),
+    MigrationCode(
         "DDP150", "checkpoint-keys", "info",
         "the `state_dict` keys the migration writes for a wrapped model, and why",
         "A DataParallel wrapper writes `module.`-prefixed keys; one device wrote plain keys. The project's own loaders "

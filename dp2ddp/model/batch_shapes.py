@@ -9,6 +9,9 @@
   sample gives each rank part of every batch, and such a view of a part fails, or cuts
   episodes in two: the loader can only be shared out whole batch by whole batch
   (``--keep-batch-size``).
+* :func:`written_batch_shares`: a file written from a batch a training loop iterates (an
+  image grid of the real samples, dcgan's ``real_samples.png``): under DDP each rank holds
+  its share of that batch, and the write, on rank 0 only, holds rank 0's.
 """
 
 from __future__ import annotations
@@ -230,4 +233,26 @@ def batch_size_tests(m: SemanticModel, batch_size: Optional[ast.AST]) -> List[as
             sized[id(scope)] = _size_names(scope)
         if _reads_size(other) or (isinstance(other, ast.Name) and other.id in sized[id(scope)]):
             out.append(c)
+    return out
+
+
+def written_batch_shares(m: SemanticModel, stmt: ast.AST) -> List[Tuple[ast.Call, ast.AST]]:
+    """``(write, argument)`` for each file write in ``stmt`` (``save_image(real, path)``,
+    ``torch.save(batch, path)``, ``np.save``: :func:`dp2ddp.model.writers.writers`' saves)
+    whose argument is (part of) the batch the innermost training loop around it iterates
+    (:func:`batch_value`)."""
+    from dp2ddp.model.training import training_loops
+    from dp2ddp.model.writers import writers
+
+    around = [lp for lp in training_loops(m) if m.contains(lp, stmt)]
+    loop = next((lp for lp in around if not any(o is not lp and m.contains(lp, o) for o in around)), None)
+    if loop is None:
+        return []
+    out: List[Tuple[ast.Call, ast.AST]] = []
+    for w in writers(m):
+        if w.kind != "save" or not (w.call is stmt or m.contains(stmt, w.call)):
+            continue
+        arg = next((a for a in w.call.args if batch_value(m, a, loop)), None)
+        if arg is not None:
+            out.append((w.call, arg))
     return out
