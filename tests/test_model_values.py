@@ -764,3 +764,28 @@ def test_a_write_of_the_training_batch_is_a_share_of_it_and_one_of_fixed_noise_i
     assert [(after.source(a), c.lineno) for s in after.nodes(ast.Expr) for c, a in written_batch_shares(after, s)] == found
     notes = [f for f in migrate_file(str(path)).migration.findings if f.code == "DDP190"]
     assert [(f.line, "writes `real.detach().cpu()`, part of the training batch" in f.message) for f in notes] == [(28, True)]
+
+
+def test_a_wrapper_made_only_to_read_module_keys_is_no_wrap():
+    """osmr/imgclsmob's ``net_tmp = DataParallel(net)``: loaded into, its ``.module``'s state
+    read back, nothing else: a key-only wrap (not a DataParallel to migrate, and check's DDP001
+    does not report it). Called, handed on, or holding its own name's model: a wrap."""
+    from dp2ddp.model.wraps import dp_wraps, key_only_wraps
+    from dp2ddp.rules import RULES
+
+    head = "import torch\nimport torch.nn as nn\n\n\ndef load(net, ckpt):\n    tmp = nn.DataParallel(net)\n"
+    cases = {
+        "reads_keys_only": (head + "    tmp.load_state_dict(ckpt)\n    net.load_state_dict(tmp.module.state_dict())\n", True),
+        "called": (head + "    tmp.load_state_dict(ckpt)\n    return tmp(torch.ones(1, 4))\n", False),
+        "handed_on": (head + "    tmp.load_state_dict(ckpt)\n    keep(tmp)\n", False),
+        "returned": (head + "    tmp.load_state_dict(ckpt)\n    return tmp\n", False),
+        "never_loaded": (head + "    net.load_state_dict(tmp.module.state_dict())\n", False),
+        "its_own_name": (head.replace("tmp = nn.DataParallel(net)", "net = nn.DataParallel(net)")
+                         + "    net.load_state_dict(ckpt)\n", False),
+    }
+    ddp001 = next(r for r in RULES if r.code == "DDP001")
+    for why, (src, key_only) in cases.items():
+        m = build(src.encode(), "t.py")
+        assert bool(key_only_wraps(m)) is key_only, why
+        assert bool(dp_wraps(m)) is not key_only, why
+        assert bool(list(ddp001.check(m))) is not key_only, why

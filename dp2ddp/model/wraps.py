@@ -105,7 +105,10 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     # a wrapper handed to the package's patch_replication_callback() synchronises BatchNorm too
     patched = {var_key(m, c.args[0]) for c in patcher_calls(m) if c.args}
     calls = sorted(m.calls(DP | DP_FUNCTIONAL) + [c for c, _k in made] + list(callbacks.values()), key=lambda c: (c.lineno, c.col_offset))
+    only_keys = {id(c) for c in key_only_wraps(m)}
     for call in calls:
+        if id(call) in only_keys:
+            continue  # a wrapper made only to load `module.` keys: no wrap to migrate (it stays as it was)
         functional = m.is_name(call.func, DP_FUNCTIONAL) and not m.is_name(call.func, DP) and id(call) not in cls_of
         names = DATA_PARALLEL_FUNCTIONAL_PARAMS if functional else DATA_PARALLEL_PARAMS
         outer = outer_chain(m, call) if not functional else call
@@ -136,6 +139,51 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
             )
         )
     m.cache["wraps:dp"] = out
+    return out
+
+
+_KEY_USES = frozenset({"load_state_dict", "state_dict"})
+
+
+def key_only_wraps(m: SemanticModel) -> List[ast.Call]:
+    """``net_tmp = nn.DataParallel(net)`` made only to read a checkpoint with DataParallel's
+    ``module.`` keys (osmr/imgclsmob's ``prepare_model``: ``net_tmp.load_state_dict(ckpt);
+    net.load_state_dict(net_tmp.module.cpu().state_dict())``): a local name of its own that the
+    function only loads a state dict into, reads a state dict from, or takes ``.module`` of
+    (never calls, hands on, returns or binds again). Nothing runs through that wrapper: it is no
+    wrap to migrate, and it stays as it was (DistributedDataParallel would need a process group
+    to do the same)."""
+    got = m.cache.get("wraps:key_only")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[ast.Call] = []
+    for call in m.calls(DP):
+        parent = m.parent(call)
+        if not (isinstance(parent, ast.Assign) and parent.value is call and len(parent.targets) == 1
+                and isinstance(parent.targets[0], ast.Name)):
+            continue
+        name = parent.targets[0].id
+        module = argument(call, DATA_PARALLEL_PARAMS, "module")
+        if not isinstance(module, ast.Name) or module.id == name:
+            continue
+        scope = m.enclosing_function(call) or m.tree
+        uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and n is not parent.targets[0]]
+        loads = 0
+        for n in uses:
+            attr = m.parent(n)
+            if not (isinstance(n.ctx, ast.Load) and isinstance(attr, ast.Attribute) and attr.value is n):
+                break
+            if attr.attr in _KEY_USES:
+                call_of = m.parent(attr)
+                if not (isinstance(call_of, ast.Call) and call_of.func is attr):
+                    break
+                loads += attr.attr == "load_state_dict"
+            elif attr.attr != "module":
+                break
+        else:
+            if loads:
+                out.append(call)
+    m.cache["wraps:key_only"] = out
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dp2ddp.findings import Fix
 from dp2ddp.model.names import DP, DP_FUNCTIONAL
-from dp2ddp.model.wraps import type_position
+from dp2ddp.model.wraps import key_only_wraps, type_position
 from dp2ddp.rules.base import Hit, Invalid, Rule, Valid, tails
 
 MIGRATION = "ddp001:migration"  # model.cache key: the migration DDP001's fix planned
@@ -33,7 +33,9 @@ def _fix(m) -> Fix:
 
 
 def check(m):
-    refs = [r for r in m.refs(DP | DP_FUNCTIONAL) if not type_position(m, r)]
+    # a wrapper made only to load `module.` keys is no DataParallel training (key_only_wraps)
+    key_only = {id(c.func) for c in key_only_wraps(m)}
+    refs = [r for r in m.refs(DP | DP_FUNCTIONAL) if not type_position(m, r) and id(r) not in key_only]
     if refs:
         fix = _fix(m)  # one fix, shared by every finding of the file
         for ref in refs:
