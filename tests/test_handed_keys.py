@@ -148,3 +148,40 @@ def test_the_migration_resumes_the_originals_checkpoint_and_the_projects_evaluat
     r = run_script(["train.py", "--epochs", "3", "--resume", str(migrated)], d, env=_env())
     assert r.returncode == 0 and "epoch 2 loss" in r.stdout, r.stdout[-3000:]
 
+
+
+OWN_TRAINER = ROOT / "fixtures" / "wrapper_uses" / "trainer_class_of_the_script_saves_and_resumes_the_bare_keys.in.py"
+
+
+def test_a_training_class_of_the_scripts_own_is_followed_too() -> None:
+    """The same shape with the class in the script: its ``self.model`` uses were left on the
+    wrapper (module. keys under DDP where the original wrote plain ones) with no word."""
+    from dp2ddp.model.core import build
+    from dp2ddp.model.handed_wrappers import handed_key_policies
+
+    m = build(OWN_TRAINER.read_bytes(), str(OWN_TRAINER))
+    got = [(u.subject.lineno, u.method, u.own, p.default) for u, p in handed_key_policies(m)]
+    assert sorted(got) == [(24, "load_state_dict", True, "plain"), (35, "state_dict", True, "plain")]
+
+
+@pytest.mark.torchrun
+def test_the_scripts_own_trainer_writes_plain_keys_and_resumes_the_originals(tmp_path: Path) -> None:
+    """Run for real: the original (the CPU: plain keys), then its migration under torchrun (2
+    ranks) resuming from the original's checkpoint; the migration's checkpoint has plain keys
+    and the original resumes from it."""
+    import torch
+
+    work = tmp_path / "w"
+    work.mkdir()
+    shutil.copy(OWN_TRAINER, work / "train.py")
+    assert main(["rewrite", "-q", str(work / "train.py")]) == 0
+    r = run_script(["train.py", "--epochs", "1"], work, env=_env())
+    assert r.returncode == 0, r.stdout[-3000:]
+    (work / "saved").rename(work / "original")
+    r = retry_exit_abort(lambda: run_script(["train_ddp.py", "--epochs", "2", "--resume", "original/checkpoint.pth"], work,
+                                            env=_env(), nproc=2), "own trainer")
+    assert r.returncode == 0, r.stdout[-3000:]
+    state = torch.load(work / "saved" / "checkpoint.pth")
+    assert state["epoch"] == 2 and all(not k.startswith("module.") for k in state["state_dict"]), list(state["state_dict"])
+    r = run_script(["train.py", "--epochs", "3", "--resume", "saved/checkpoint.pth"], work, env=_env())
+    assert r.returncode == 0, r.stdout[-3000:]

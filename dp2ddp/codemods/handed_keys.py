@@ -14,7 +14,10 @@ into a bare model), the DDP wrapper, there on every run, would add ``module.``:
   loads take a checkpoint with or without ``module.`` (``load_either_keys``, DDP170);
 * a script whose migration cannot edit that module is refused (DDP189): its keys would
   change, and the project's own loaders, or the migration's resume of the original's
-  files, would fail.
+  files, would fail;
+* a class or function of the script's own that keeps or is handed the wrapper is routed
+  in the script, as a helper module's are there (where wrap_ddp does not follow the
+  wrapper into it itself).
 """
 
 from __future__ import annotations
@@ -23,18 +26,32 @@ import ast
 from typing import List
 
 from dp2ddp.codemods.context import Context
+from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.checkpoint_keys import PLAIN
+from dp2ddp.model.collectives import var_key
 from dp2ddp.model.handed_wrappers import KEY_METHODS, handed_key_policies
+
+
+NEEDS = (Wrappers,)
 
 
 def propose(ctx: Context) -> List[Finding]:
     if ctx.role == "helper":
-        return _route(ctx)
+        return _route(ctx, {(line, col): why for line, col, why in getattr(ctx.options, "plain_keys", ())})
     out: List[Finding] = []
     said = set()
+    followed = ctx.need(Wrappers).keys  # uses wrap_ddp routes itself (the wrapper followed into a parameter)
+    own = {}
     for use, policy in handed_key_policies(ctx.m):
-        if policy.default != PLAIN or use.module in said:  # type: ignore[attr-defined]
+        if policy.default != PLAIN:  # type: ignore[attr-defined]
+            continue
+        if use.own:
+            # a class or function of the script's own: routed here, as a helper module's are there
+            if var_key(ctx.m, use.subject) not in followed:
+                own[(use.subject.lineno, use.subject.col_offset)] = policy.reason  # type: ignore[attr-defined]
+            continue
+        if use.module in said:
             continue
         said.add(use.module)
         what = f"{use.text}.{use.method}(...) of the wrapper handed to {ctx.m.source(use.call.func)}(...) ({use.where})"
@@ -46,12 +63,13 @@ def propose(ctx: Context) -> List[Finding]:
                 f"{what} must keep keys without `module.` ({policy.reason}), and the DDP wrapper, there on every run, "  # type: ignore[attr-defined]
                 f"has `module.` keys; this migration does not edit {use.rel}: migrate with `--with-helpers` (which edits it), "
                 f"or call {use.method} on `{use.text}.module` there by hand")))
-    return out
+    return out + (_route(ctx, own) if own else [])
 
 
-def _route(ctx: Context) -> List[Finding]:
+def _route(ctx: Context, wanted) -> List[Finding]:
+    """The ``state_dict``/``load_state_dict`` calls whose subjects stand at ``wanted``
+    (``(line, column) -> why``) go to the bare model behind a DDP wrapper."""
     m = ctx.m
-    wanted = {(line, col): why for line, col, why in getattr(ctx.options, "plain_keys", ())}
     if not wanted:
         return []
     out: List[Finding] = []

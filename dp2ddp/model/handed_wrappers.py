@@ -37,6 +37,7 @@ class HandedKeyUse:
     subject: ast.AST  # ``self.model`` (of the project module's tree)
     method: str  # "state_dict" | "load_state_dict"
     text: str  # the subject's source
+    own: bool = False  # a class or function of the script itself (``module`` is the script)
 
     @property
     def where(self) -> str:
@@ -82,13 +83,16 @@ def _key_calls(tree: ast.AST):
 
 
 def _class_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse]:
+    import os
+
     from dp2ddp.model.project_defs import class_of_call
     from dp2ddp.model.writing_classes import class_family
 
     found = class_of_call(m, call)
-    if found is None or not found[2]:
-        return []  # not a class of a project module (the script's own are migrated with it)
-    family = class_family(m, *found)
+    if found is None:
+        return []
+    own = not found[2]  # a class of the script's own (its module is the script)
+    family = class_family(m, *(found if not own else (m, found[1], os.path.basename(m.path))))
     out: List[HandedKeyUse] = []
     for cm, cls, rel in family:
         for subject, method in _key_calls(cls):
@@ -98,7 +102,7 @@ def _class_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse]:
                 continue
             w = _wrap_of(m, _self_attr_argument(family, call, subject.attr), wraps)
             if w is not None:
-                out.append(HandedKeyUse(call, w, cm.path, rel, subject, method, cm.source(subject)))
+                out.append(HandedKeyUse(call, w, cm.path, rel, subject, method, cm.source(subject), own=cm is m))
     return out
 
 
@@ -150,7 +154,11 @@ def _function_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse
     from dp2ddp.model.project_defs import project_def
     from dp2ddp.model.syntax import FUNCTIONS
 
-    found = project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None
+    import os
+
+    own = m.resolve_call(call)
+    found = (m, own, os.path.basename(m.path)) if own is not None else (
+        project_def(m, call.func) if isinstance(call.func, (ast.Name, ast.Attribute)) else None)
     if found is None or not isinstance(found[1], FUNCTIONS):
         return []
     pm, func, rel = found
@@ -160,8 +168,8 @@ def _function_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse
     if w is None or unwraps_itself(pm, func) or any(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Store)
                                                    for n in ast.walk(func)):
         return []
-    return [HandedKeyUse(call, w, pm.path, rel, subject, method, pm.source(subject)) for subject, method in _key_calls(func)
-            if isinstance(subject, ast.Name) and subject.id == param]
+    return [HandedKeyUse(call, w, pm.path, rel, subject, method, pm.source(subject), own=pm is m)
+            for subject, method in _key_calls(func) if isinstance(subject, ast.Name) and subject.id == param]
 
 
 def unwraps_itself(pm: SemanticModel, scope: ast.AST) -> bool:
