@@ -185,3 +185,44 @@ def test_the_scripts_own_trainer_writes_plain_keys_and_resumes_the_originals(tmp
     assert state["epoch"] == 2 and all(not k.startswith("module.") for k in state["state_dict"]), list(state["state_dict"])
     r = run_script(["train.py", "--epochs", "3", "--resume", "saved/checkpoint.pth"], work, env=_env())
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("test, counts", [
+    ("torch.cuda.device_count() > 1", True),
+    ("use_cuda and torch.cuda.device_count() > 1", True),    # skips a one-GPU machine through its operand
+    ("args.device.gpu and not args.serialized", False),      # lsq-net: a list of GPU ids, [0] on one GPU
+    ("args.parallel or torch.cuda.device_count() > 1", False),
+], ids=["count", "and_with_a_count", "and_of_a_gpu_list_and_a_flag", "or_with_a_flag"])
+def test_a_boolean_test_counts_devices_only_through_an_operand_that_counts(test: str, counts: bool) -> None:
+    """lsq-net wraps ``if args.device.gpu and not args.dataloader.serialized:``: its words name
+    a GPU, so the whole ``and`` was taken for a count of the devices (one GPU ran bare, plain
+    keys), where one GPU in the list wraps too: the user's switch (``module.`` keys)."""
+    import ast
+
+    from dp2ddp.model.core import build
+    from dp2ddp.model.cuda_only import count_test
+
+    m = build(f"import torch\nif {test}:\n    pass\n".encode(), "t.py")
+    node = next(n for n in m.nodes(ast.If))
+    assert count_test(m, node.test) is counts
+
+
+def test_a_loader_whose_strict_is_a_parameter_defaulting_to_false_is_loose(tmp_path: Path, capsys) -> None:
+    """lsq-net's ``load_checkpoint(model, path, device=None, strict=False, lean=False)`` loads with
+    ``model.load_state_dict(sd, strict)``; the script passes no ``strict``: as loose as a literal
+    ``strict=False`` (DDP187). Passed ``strict=True``, it is not."""
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "ckpt.py").write_text("import torch\n\n\ndef load_checkpoint(model, path, strict=False):\n"
+                              "    model.load_state_dict(torch.load(path)['sd'], strict)\n    return model\n")
+    script = ("import torch\nimport torch.nn as nn\nfrom ckpt import load_checkpoint\n\n"
+              "net = nn.Linear(4, 2)\nif torch.cuda.is_available():\n    net = nn.DataParallel(net).cuda()\n"
+              "net = load_checkpoint(net, 'c.pth'CALL)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+              "loader = torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4, shuffle=True)\n"
+              "for x in loader:\n    opt.zero_grad()\n    net(x).sum().backward()\n    opt.step()\n")
+    (d / "train.py").write_text(script.replace("CALL", ""))
+    assert main(["rewrite", str(d / "train.py")]) == 1
+    assert "train.py:8:7: DDP187 load_checkpoint loads a state dict into the model it is handed with strict=False" in capsys.readouterr().err
+    (d / "train.py").write_text(script.replace("CALL", ", strict=True"))
+    main(["rewrite", "-o", str(tmp_path / "out.py"), str(d / "train.py")])
+    assert "DDP187" not in capsys.readouterr().err

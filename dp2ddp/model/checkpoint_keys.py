@@ -391,11 +391,27 @@ def handed_loose_loads(m: SemanticModel) -> List[LooseLoad]:
             if not (isinstance(f, ast.Attribute) and f.attr == "load_state_dict" and isinstance(f.value, ast.Name)
                     and f.value.id == param):
                 continue
-            strict = argument(node, LOAD_STATE_DICT_PARAMS, "strict")
+            strict = _passed_value(pm, func, call, argument(node, LOAD_STATE_DICT_PARAMS, "strict"))
             if isinstance(strict, ast.Constant) and strict.value is False:
                 out.append(LooseLoad(call, func.name, f"{rel}:{node.lineno}", pm.path or ""))  # type: ignore[attr-defined]
                 break
     return out
+
+
+def _passed_value(pm: SemanticModel, func: ast.AST, call: ast.Call, expr: Optional[ast.AST]) -> Optional[ast.AST]:
+    """``expr`` inside ``func``, where it is a parameter of ``func``: what ``call`` passes for it,
+    or its default where the call passes nothing (lsq-net's ``load_checkpoint(model, path, ...,
+    strict=False)`` loading with ``model.load_state_dict(sd, strict)``)."""
+    if not isinstance(expr, ast.Name) or expr.id not in pm.params(func):
+        return expr
+    passed = pm.argument_for(func, call, expr.id)
+    if passed is not None:
+        return passed
+    a = func.args  # type: ignore[attr-defined]
+    positional = a.posonlyargs + a.args
+    defaults = dict(zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults))
+    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    return defaults.get(expr.id)
 
 
 def handles_prefix(func: ast.AST) -> bool:

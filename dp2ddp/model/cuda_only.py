@@ -39,6 +39,11 @@ def count_test(m: SemanticModel, test: ast.AST) -> bool:
     ``args.n_gpu > 1``, ``len(gpu_ids) > 1``), not a flag the user sets (``if args.parallel:``,
     ``if self.multi_gpu:``): under a flag, the DataParallel run that is migrated is the one
     with the flag on, whatever the devices."""
+    if isinstance(test, ast.BoolOp):
+        # ``if args.device.gpu and not args.serialized:`` (lsq-net: a list of GPU ids, one id on
+        # one GPU) counts nothing; ``if use_cuda and n_gpu > 1:`` does, through its operand
+        parts = [count_test(m, v) for v in test.values]
+        return any(parts) if isinstance(test.op, ast.And) else all(parts)
     inner = test.operand if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) else test
     if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], (ast.Is, ast.IsNot)):
         if any(isinstance(c, ast.Constant) and c.value is None for c in [inner.left, *inner.comparators]):
