@@ -226,3 +226,22 @@ def test_a_loader_whose_strict_is_a_parameter_defaulting_to_false_is_loose(tmp_p
     (d / "train.py").write_text(script.replace("CALL", ", strict=True"))
     main(["rewrite", "-o", str(tmp_path / "out.py"), str(d / "train.py")])
     assert "DDP187" not in capsys.readouterr().err
+
+
+def test_the_class_name_saved_beside_the_keys_is_the_bare_models(tmp_path: Path) -> None:
+    """pytorch-template saves ``arch = type(self.model).__name__`` beside ``self.model.state_dict()``:
+    the model's class where one GPU ran bare; through the DDP wrapper it would read
+    DistributedDataParallel. Where the keys stay plain, so does the name; a class name with no
+    keys saved beside it is left alone."""
+    d = _copy(BASE_SAVES, tmp_path)
+    base = d / "base" / "base_trainer.py"
+    base.write_text(base.read_text().replace('state = {"epoch": epoch, ', 'state = {"arch": type(self.model).__name__, "epoch": epoch, '))
+    out = tmp_path / "out"
+    main(["rewrite", "--with-helpers", "-q", "-o", str(out), str(d / "train.py")])
+    text = (out / "base" / "base_trainer.py").read_text()
+    assert '"arch": type(self.model.module if isinstance(self.model, DistributedDataParallel) else self.model).__name__' in text
+    d2 = _copy(BASE_SAVES, tmp_path, "p2")
+    base = d2 / "base" / "base_trainer.py"
+    base.write_text(base.read_text().replace('state = {"epoch": epoch, "state_dict": self.model.state_dict(), ',
+                                             'state = {"epoch": epoch, "arch": self.model.__class__.__name__, '))
+    assert [u[2] for u in _uses(d2 / "train.py")] == []

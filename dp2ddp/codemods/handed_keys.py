@@ -30,7 +30,7 @@ from dp2ddp.codemods.facts import Wrappers
 from dp2ddp.engine import Finding, Replace
 from dp2ddp.model.checkpoint_keys import PLAIN
 from dp2ddp.model.collectives import var_key
-from dp2ddp.model.handed_wrappers import KEY_METHODS, handed_key_policies
+from dp2ddp.model.handed_wrappers import CLASS_NAME, handed_key_policies, key_calls
 
 
 NEEDS = (Wrappers,)
@@ -51,7 +51,7 @@ def propose(ctx: Context) -> List[Finding]:
             if var_key(ctx.m, use.subject) not in followed:
                 own[(use.subject.lineno, use.subject.col_offset)] = policy.reason  # type: ignore[attr-defined]
             continue
-        if use.module in said:
+        if use.module in said or use.method == CLASS_NAME:
             continue
         said.add(use.module)
         what = f"{use.text}.{use.method}(...) of the wrapper handed to {ctx.m.source(use.call.func)}(...) ({use.where})"
@@ -73,17 +73,17 @@ def _route(ctx: Context, wanted) -> List[Finding]:
     if not wanted:
         return []
     out: List[Finding] = []
-    for call in m.nodes(ast.Call):
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and f.attr in KEY_METHODS):
-            continue
-        subject = f.value
+    for subject, method in key_calls(m.tree):
         why = wanted.get((subject.lineno, subject.col_offset))
         if why is None:
             continue
         text = m.source(subject)
         bare = f"{text}.module if isinstance({text}, {ctx.name('DDP')}) else {text}"
-        if f.attr == "state_dict":
+        if method == CLASS_NAME:
+            alone = isinstance(m.parent(subject), ast.Call)  # ``type(<subject>)``: no parentheses needed
+            out.append(ctx.note(subject, "DDP150", f"the class name of {text} is the bare model's, as its state_dict keys "
+                                f"are: {why}", [Replace(ctx.cst(subject), ctx.expr(bare if alone else f"({bare})"))]))
+        elif method == "state_dict":
             out.append(ctx.note(subject, "DDP150", f"state_dict keys of {text} without `module.` (the bare model behind a "
                                 f"DDP wrapper): {why}", [Replace(ctx.cst(subject), ctx.expr(f"({bare})"))]))
         else:
@@ -91,5 +91,5 @@ def _route(ctx: Context, wanted) -> List[Finding]:
             out.append(ctx.note(subject, "DDP170", (
                 f"{text}.load_state_dict(...) loads into the bare model behind a DDP wrapper through {helper}(...): a "
                 f"checkpoint with DataParallel's `module.` key prefix or without it loads either way ({why})"),
-                [Replace(ctx.cst(f), ctx.expr(f"{helper}({bare})"))]))
+                [Replace(ctx.cst(m.parent(subject)), ctx.expr(f"{helper}({bare})"))]))
     return out

@@ -22,6 +22,7 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.wraps import Wrap
 
 KEY_METHODS = ("state_dict", "load_state_dict")
+CLASS_NAME = "__name__"  # ``type(model).__name__``: saved beside the keys, it follows them
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class HandedKeyUse:
     module: str  # the project module's path
     rel: str  # that path relative to the script's folder
     subject: ast.AST  # ``self.model`` (of the project module's tree)
-    method: str  # "state_dict" | "load_state_dict"
+    method: str  # "state_dict" | "load_state_dict" | CLASS_NAME
     text: str  # the subject's source
     own: bool = False  # a class or function of the script itself (``module`` is the script)
 
@@ -62,6 +63,9 @@ def handed_key_uses(m: SemanticModel) -> List[HandedKeyUse]:
     if wraps:
         for call in m.nodes(ast.Call):
             out.extend(_class_uses(m, call, wraps) or _function_uses(m, call, wraps))
+    # a class name follows the keys saved beside it: alone, it is no checkpoint's business
+    keyed = {(id(u.call), u.module) for u in out if u.method != CLASS_NAME}
+    out = [u for u in out if u.method != CLASS_NAME or (id(u.call), u.module) in keyed]
     m.cache["handed_wrappers:key_uses"] = out
     return out
 
@@ -75,11 +79,22 @@ def _wrap_of(m: SemanticModel, arg: Optional[ast.AST], wraps) -> Optional[Wrap]:
     return next((w for w, keys in wraps if key in keys and not m.runs_before(arg, w.call)), None)
 
 
-def _key_calls(tree: ast.AST):
-    """``(subject, method)`` of every ``subject.state_dict(...)``/``subject.load_state_dict(...)`` call in ``tree``."""
+def key_calls(tree: ast.AST):
+    """``(subject, method)`` of every ``subject.state_dict(...)``/``subject.load_state_dict(...)``
+    call in ``tree``, and ``(subject, CLASS_NAME)`` of every ``type(subject).__name__`` and
+    ``subject.__class__.__name__`` (pytorch-template saves ``arch = type(self.model).__name__``
+    beside the keys: the model's class where one GPU ran bare, DistributedDataParallel through
+    the wrapper)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in KEY_METHODS:
             yield node.func.value, node.func.attr
+        elif isinstance(node, ast.Attribute) and node.attr == "__name__":
+            inner = node.value
+            if (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "type"
+                    and len(inner.args) == 1 and not inner.keywords):
+                yield inner.args[0], CLASS_NAME
+            elif isinstance(inner, ast.Attribute) and inner.attr == "__class__":
+                yield inner.value, CLASS_NAME
 
 
 def _class_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse]:
@@ -95,7 +110,7 @@ def _class_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse]:
     family = class_family(m, *(found if not own else (m, found[1], os.path.basename(m.path))))
     out: List[HandedKeyUse] = []
     for cm, cls, rel in family:
-        for subject, method in _key_calls(cls):
+        for subject, method in key_calls(cls):
             if not (isinstance(subject, ast.Attribute) and isinstance(subject.value, ast.Name) and subject.value.id == "self"):
                 continue
             if unwraps_itself(cm, cm.enclosing_function(subject) or cls):
@@ -169,7 +184,7 @@ def _function_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse
                                                    for n in ast.walk(func)):
         return []
     return [HandedKeyUse(call, w, pm.path, rel, subject, method, pm.source(subject), own=pm is m)
-            for subject, method in _key_calls(func) if isinstance(subject, ast.Name) and subject.id == param]
+            for subject, method in key_calls(func) if isinstance(subject, ast.Name) and subject.id == param]
 
 
 def unwraps_itself(pm: SemanticModel, scope: ast.AST) -> bool:
