@@ -2500,3 +2500,18 @@ def test_a_script_whose_own_gather_does_not_sum_its_gradients_is_refused(tmp_pat
     assert main(["rewrite", str(tmp_path / "train.py")]) in (0, 1)
     assert "DDP188" not in capsys.readouterr().err
     assert (tmp_path / "train_ddp.py").exists()
+
+
+def test_a_migrated_module_four_imports_away_is_an_overlay_of_the_migrated_runs(tmp_path: Path) -> None:
+    """pytorch-template's shape: the base class that saves (base/base_trainer.py) is four imports
+    from the entry (train.py -> trainer -> trainer.trainer -> base -> base.base_trainer), past
+    the depth the project's imports are followed to. verify ran the project's own base there,
+    saw its checkpoint written by every rank and failed a correct migration; every module of the
+    copy that differs from the project's is an overlay."""
+    from dp2ddp.verify import scratch
+
+    out = tmp_path / "proj_ddp"
+    assert main(["rewrite", "--with-helpers", "-q", "-o", str(out), str(TRAINER_SAVES_IN_BASE / "train.py")]) == 1  # DDP171
+    found = scratch.migrated_modules(TRAINER_SAVES_IN_BASE / "train.py", out / "train.py")
+    base = (TRAINER_SAVES_IN_BASE / "base" / "base_trainer.py").resolve()
+    assert list(found) == [base] and found[base] == (out / "base" / "base_trainer.py").read_bytes()

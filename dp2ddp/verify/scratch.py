@@ -279,7 +279,41 @@ def migrated_modules(original: Path, migrated: Path) -> Dict[Path, bytes]:
                 out[original.resolve().parent / rel] = theirs
         except OSError:
             continue
+    # modules further than those imports (pytorch-template's base/base_trainer.py, four imports
+    # away, migrated for the trainer class the entry makes): any module of the copy's folder
+    # that differs from the original's beside it
+    for path in _python_files(migrated.parent, skip=migrated):
+        rel = path.relative_to(migrated.parent)
+        mine = original.resolve().parent / rel
+        if mine in out:
+            continue
+        try:
+            theirs = path.read_bytes()
+            if mine.is_file() and theirs != mine.read_bytes():
+                out[mine] = theirs
+        except OSError:
+            continue
     return out
+
+
+_NOT_CODE = frozenset({"__pycache__", ".git", ".hg", "node_modules", "venv", ".venv", "site-packages"})
+
+
+def _python_files(folder: Path, skip: Path, limit: int = 5000):
+    """The ``.py`` files under ``folder`` (hidden and environment folders left out), at most ``limit``."""
+    seen = 0
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if d not in _NOT_CODE and not d.startswith("."))
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = Path(root) / name
+            if path == skip:
+                continue
+            seen += 1
+            if seen > limit:
+                return
+            yield path
 
 
 def _place_file(dest: Path, target: Path, data: bytes) -> None:
