@@ -245,3 +245,21 @@ def test_the_class_name_saved_beside_the_keys_is_the_bare_models(tmp_path: Path)
     base.write_text(base.read_text().replace('state = {"epoch": epoch, "state_dict": self.model.state_dict(), ',
                                              'state = {"epoch": epoch, "arch": self.model.__class__.__name__, '))
     assert [u[2] for u in _uses(d2 / "train.py")] == []
+
+
+def test_a_wrapper_returned_by_a_function_of_the_script_is_followed_to_the_helper(tmp_path: Path) -> None:
+    """SupContrast's main_ce.py: ``model, criterion = set_model(opt)`` returns the wrapper made
+    inside ``set_model`` (only with several GPUs), and ``save_model(model, ...)`` of util.py saves
+    ``model.state_dict()``: followed through the return, as wrap_ddp follows it."""
+    d = _copy(HELPERS, tmp_path)
+    script = d / "train.py"
+    text = script.read_text()
+    made = ('net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))\ndevice = "cuda" if torch.cuda.is_available() '
+            'else "cpu"\nnet = net.to(device)\nif torch.cuda.device_count() > 1:\n    net = nn.DataParallel(net)\n')
+    assert made in text
+    script.write_text(text.replace(made, (
+        'device = "cuda" if torch.cuda.is_available() else "cpu"\n\n\ndef set_model():\n'
+        '    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)\n'
+        '    if torch.cuda.device_count() > 1:\n        model = nn.DataParallel(model)\n    return model, nn.CrossEntropyLoss()\n\n\n'
+        'net, criterion = set_model()\n')))
+    assert sorted(_uses(script)) == [("ckpt.py:14", "model", "load_state_dict", "plain"), ("ckpt.py:8", "model", "state_dict", "plain")]

@@ -54,11 +54,14 @@ def handed_key_uses(m: SemanticModel) -> List[HandedKeyUse]:
     got = m.cache.get("handed_wrappers:key_uses")
     if got is not None:
         return got  # type: ignore[return-value]
+    from dp2ddp.model.uses import wrapper_keys
     from dp2ddp.model.wrap_relations import wrapped_keys
     from dp2ddp.model.wraps import dp_wraps
 
     out: List[HandedKeyUse] = []
-    wraps = [(w, set(wrapped_keys(m, w))) for w in dp_wraps(m) if not w.functional and w.target is not None]
+    # the variables that hold each wrapper, followed through returns (SupContrast's ``model,
+    # criterion = set_model(opt)``) and parameters, as wrap_ddp follows them
+    wraps = [(w, wrapper_keys(m, wrapped_keys(m, w))) for w in dp_wraps(m) if not w.functional and w.target is not None]
     wraps = [(w, keys) for w, keys in wraps if keys]
     if wraps:
         for call in m.nodes(ast.Call):
