@@ -545,7 +545,7 @@ def _plain_keys(entry: str) -> dict:
     em = file_model(entry)
     out: dict = {}
     for use, policy in handed_key_policies(em) if em is not None else ():
-        if policy.default == PLAIN and not use.own:  # type: ignore[attr-defined]
+        if policy.default == PLAIN and not use.own and not use.bare_elsewhere:  # type: ignore[attr-defined]
             out.setdefault(os.path.realpath(use.module), set()).add((use.subject.lineno, use.subject.col_offset,
                                                                     policy.reason))  # type: ignore[attr-defined]
     return out

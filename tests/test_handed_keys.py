@@ -263,3 +263,30 @@ def test_a_wrapper_returned_by_a_function_of_the_script_is_followed_to_the_helpe
         '    if torch.cuda.device_count() > 1:\n        model = nn.DataParallel(model)\n    return model, nn.CrossEntropyLoss()\n\n\n'
         'net, criterion = set_model()\n')))
     assert sorted(_uses(script)) == [("ckpt.py:14", "model", "load_state_dict", "plain"), ("ckpt.py:8", "model", "state_dict", "plain")]
+
+
+def test_a_call_that_hands_module_on_the_other_branch_is_handed_module_on_this_one_too(tmp_path: Path, capsys) -> None:
+    """layumi/Person_reID_baseline_pytorch: ``if len(opt.gpu_ids) > 1: save_network(model.module, ...)
+    else: save_network(model, ...)``, inside a function handed the model. The original handed
+    the bare model on both paths; the migration (the wrap on both) wrote ``module.`` keys from the
+    else branch, with exit 0 and a note saying they had none. Now that branch hands
+    ``model.module`` too (DDP124), alone, and the helper module is left as it was."""
+    d = _copy(HELPERS, tmp_path)
+    script = d / "train.py"
+    text = script.read_text()
+    old = '    save_checkpoint(net, optimizer, epoch + 1, "checkpoints")\n'
+    assert old in text
+    script.write_text(text.replace(old, (
+        '    if torch.cuda.device_count() > 1:\n        save_checkpoint(net.module, optimizer, epoch + 1, "checkpoints")\n'
+        '    else:\n        save_checkpoint(net, optimizer, epoch + 1, "checkpoints")\n')))
+    uses = {(u[0], u[2]) for u in _uses(script)}
+    assert ("ckpt.py:8", "state_dict") in uses
+    capsys.readouterr()
+    assert main(["rewrite", "--diff", str(script)]) == 1  # DDP189 of the load_checkpoint call, which has no such branch
+    captured = capsys.readouterr()
+    assert "DDP189 model.load_state_dict(...) of the wrapper handed to load_checkpoint(...)" in captured.err
+    script.write_text(script.read_text().replace("    start = load_checkpoint(net, optimizer, args.resume)\n",
+                                                 "    start = load_checkpoint(net.module if torch.cuda.device_count() > 1 else net, optimizer, args.resume)\n"))
+    assert main(["rewrite", str(script)]) == 0, capsys.readouterr().err
+    out = (d / "train_ddp.py").read_text()
+    assert out.count('save_checkpoint(net.module, optimizer, epoch + 1, "checkpoints")') == 2, out[-1500:]

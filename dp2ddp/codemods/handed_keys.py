@@ -43,8 +43,20 @@ def propose(ctx: Context) -> List[Finding]:
     said = set()
     followed = ctx.need(Wrappers).keys  # uses wrap_ddp routes itself (the wrapper followed into a parameter)
     own = {}
+    handed_bare = set()
     for use, policy in handed_key_policies(ctx.m):
         if policy.default != PLAIN:  # type: ignore[attr-defined]
+            continue
+        if use.bare_elsewhere:
+            # the other branch hands `<arg>.module`: the original handed the bare model on both paths
+            if id(use.arg) not in handed_bare:
+                handed_bare.add(id(use.arg))
+                text = ctx.m.source(use.arg)
+                out.append(ctx.note(use.arg, "DDP124", (
+                    f"{ctx.m.source(use.call.func)}(...) is handed `{text}.module` here too: the other branch hands "
+                    f"`{text}.module`, so the original handed the bare model on both paths ({use.where} saves or loads its "
+                    "state_dict), and the migrated wrap runs on both"),
+                    [Replace(ctx.cst(use.arg), ctx.expr(ctx.module_of(text)))]))
             continue
         if use.own:
             # a class or function of the script's own: routed here, as a helper module's are there

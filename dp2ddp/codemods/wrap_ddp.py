@@ -452,7 +452,18 @@ def _wrap_site(ctx: Context, w: Wrap, hoists, find_unused: bool) -> List[Finding
             f"partial DataParallel wrap of {m.source(target)}: the whole {partial_root.id} is wrapped once in "
             "DistributedDataParallel so that every trained parameter is averaged across ranks"
         )
-        return [ctx.note(call, "DDP102", msg + early_note(m, early), edits)]
+        out = [ctx.note(call, "DDP102", msg + early_note(m, early), edits)]
+        saved = keys_saved(m, partial_root.id)
+        if saved is not None:
+            # (the branch that wraps the whole model keeps its keys: the migration's are that branch's)
+            part = m.source(target)[len(partial_root.id) + 1:]
+            test = m.source(w.conditions[0].test) if w.conditions else ""
+            out.append(ctx.warn(call, "DDP191", (
+                f"where {m.source(target)} is wrapped{f' (`{test}`)' if test else ''}, the original saved `{part}.module.` "
+                f"keys (`{m.source(saved)[:60]}`, line {saved.lineno}); the migration saves `module.{part}.` ones there, as "
+                f"the branch that wraps the whole {partial_root.id} does: checkpoints of that path do not load across the "
+                "two (a strict load fails); rename the keys once where that matters")))
+        return out
     test = m.source(next(c for c in w.conditions if c.test is not kept_under).test)
     kept = (f"; it stays under `if {m.source(kept_under)}:`, the test {m.source(wrap_target)} is made under"
             if kept_under is not None else "")

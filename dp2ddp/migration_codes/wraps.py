@@ -268,6 +268,26 @@ CODES: Tuple[MigrationCode, ...] = (
         "No fix.",
     ),
     MigrationCode(
+        "DDP191", "partial-wrap-keys-on-one-branch", "warning",
+        "one branch wraps a part of the model (`model.features`) and another the whole: the migration's keys on the "
+        "first branch's path differ from the original's",
+        "pytorch/examples' and bearpaw's imagenet scripts wrap `model.features` for AlexNet and VGG and the whole model "
+        "otherwise. The migration wraps the whole model once on every path (every trained parameter is averaged), so on "
+        "the AlexNet/VGG path the saved keys become `module.features.*` where the original wrote `features.module.*`. "
+        "The training is right; the checkpoints of that path do not load across the original and the migration "
+        "(a strict `load_state_dict` fails, loudly).",
+        "Rename the keys once where old checkpoints of that path must load (`features.module.` -> `module.features.`), "
+        "or load them into the bare model's `features` yourself.",
+        "The migration is written; the warning names the save and the branch.",
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Net(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.features = nn.Linear(4, 8)\n        self.classifier = nn.Linear(8, 2)\n\n"
+        "    def forward(self, x):\n        return self.classifier(self.features(x))\n\n\n"
+        "arch = \"alexnet\"\nmodel = Net()\nif arch == \"alexnet\":\n    model.features = nn.DataParallel(model.features)\n"
+        "else:\n    model = nn.DataParallel(model)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.randn(8, 4)).sum().backward()\nopt.step()\ntorch.save(model.state_dict(), \"ckpt.pth\")\n",
+    ),
+    MigrationCode(
         "DDP175", "migrated-helper-shared-with-other-scripts", "warning",
         "a project module this migration rewrites is imported by other scripts of the project that it does not migrate",
         "A helper such as `define_net()` that returned a DataParallel wrapper returns a DDP wrapper where a process "

@@ -39,6 +39,8 @@ class HandedKeyUse:
     method: str  # "state_dict" | "load_state_dict" | CLASS_NAME
     text: str  # the subject's source
     own: bool = False  # a class or function of the script itself (``module`` is the script)
+    arg: Optional[ast.AST] = None  # the script's argument that hands the wrapper
+    bare_elsewhere: bool = False  # the other branch of its ``if`` hands ``<arg>.module`` (bare_on_the_other_branch)
 
     @property
     def where(self) -> str:
@@ -118,9 +120,11 @@ def _class_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse]:
                 continue
             if unwraps_itself(cm, cm.enclosing_function(subject) or cls):
                 continue
-            w = _wrap_of(m, _self_attr_argument(family, call, subject.attr), wraps)
+            arg = _self_attr_argument(family, call, subject.attr)
+            w = _wrap_of(m, arg, wraps)
             if w is not None:
-                out.append(HandedKeyUse(call, w, cm.path, rel, subject, method, cm.source(subject), own=cm is m))
+                out.append(HandedKeyUse(call, w, cm.path, rel, subject, method, cm.source(subject), own=cm is m, arg=arg,
+                                        bare_elsewhere=bare_on_the_other_branch(m, call, arg)))
     return out
 
 
@@ -186,8 +190,34 @@ def _function_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse
     if w is None or unwraps_itself(pm, func) or any(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Store)
                                                    for n in ast.walk(func)):
         return []
-    return [HandedKeyUse(call, w, pm.path, rel, subject, method, pm.source(subject), own=pm is m)
+    bare = bare_on_the_other_branch(m, call, arg)
+    return [HandedKeyUse(call, w, pm.path, rel, subject, method, pm.source(subject), own=pm is m, arg=arg, bare_elsewhere=bare)
             for subject, method in key_calls(func) if isinstance(subject, ast.Name) and subject.id == param]
+
+
+def bare_on_the_other_branch(m: SemanticModel, call: ast.Call, arg: Optional[ast.AST]) -> bool:
+    """``if len(opt.gpu_ids) > 1: save_network(model.module, ...) else: save_network(model, ...)``
+    (layumi/Person_reID_baseline_pytorch): ``call`` is a statement of one branch of an ``if``
+    whose other branch makes the same call with ``<arg>.module`` in ``arg``'s place. The
+    original handed the bare model on both paths; so does the migration, handed ``.module``."""
+    stmt = m.parent(call)
+    branch = m.parent(stmt) if isinstance(stmt, ast.Expr) and stmt.value is call else None
+    if arg is None or not isinstance(branch, ast.If):
+        return False
+    others = branch.orelse if stmt in branch.body else branch.body if stmt in branch.orelse else []
+    args = list(call.args) + [k.value for k in call.keywords]
+    if not any(a is arg for a in args):
+        return False
+    where = next(i for i, a in enumerate(args) if a is arg)
+    for other in others:
+        o = other.value if isinstance(other, ast.Expr) else None
+        if not (isinstance(o, ast.Call) and m.source(o.func) == m.source(call.func)):
+            continue
+        theirs = list(o.args) + [k.value for k in o.keywords]
+        if (len(theirs) == len(args) and isinstance(theirs[where], ast.Attribute) and theirs[where].attr == "module"
+                and m.source(theirs[where].value) == m.source(arg)):
+            return True
+    return False
 
 
 def unwraps_itself(pm: SemanticModel, scope: ast.AST) -> bool:
