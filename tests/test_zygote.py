@@ -142,3 +142,24 @@ def test_a_forked_verify_reports_what_a_real_verify_does(tmp_path: Path) -> None
         reports[tag] = _untimed(rep, out_dir)
     real, forked = reports["real"], reports["forked"]
     assert forked == real, {k: (forked.get(k), real.get(k)) for k in set(forked) | set(real) if forked.get(k) != real.get(k)}
+
+
+def test_a_launch_whose_port_was_taken_is_retried_and_a_plain_failure_is_not():
+    """The harness's retry (tests/_scripts.py): a run that failed because the free port its
+    ranks were given was taken before rank 0 listened (EADDRINUSE, a flake of parallel
+    launches) runs again, with a warning; a run that failed for anything else does not."""
+    import subprocess
+    import warnings
+
+    from tests._scripts import retry_exit_abort
+
+    taken = subprocess.CompletedProcess([], 1, "torch.distributed.DistNetworkError: ... EADDRINUSE, message: address already in use", "")
+    ok = subprocess.CompletedProcess([], 0, "done", "")
+    bad = subprocess.CompletedProcess([], 1, "ValueError: a bug", "")
+    results = [taken, ok]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert retry_exit_abort(lambda: results.pop(0), "t") is ok
+    assert any("rendezvous port was taken" in str(w.message) for w in seen)
+    calls = []
+    assert retry_exit_abort(lambda: calls.append(1) or bad, "t") is bad and len(calls) == 1
