@@ -228,6 +228,18 @@ class Calls:
         a = func.args  # type: ignore[attr-defined]
         return [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
 
+    def default_of(self, func: ast.AST, param: str) -> Optional[ast.AST]:
+        """The default value of ``param`` of ``func`` (positional or keyword-only), if it has one."""
+        a = func.args  # type: ignore[attr-defined]
+        positional = a.posonlyargs + a.args
+        for p, d in zip(positional[len(positional) - len(a.defaults):], a.defaults):
+            if p.arg == param:
+                return d
+        for p, d in zip(a.kwonlyargs, a.kw_defaults):
+            if p.arg == param:
+                return d
+        return None
+
     def argument_for(self, func: ast.AST, call: ast.Call, param: str) -> Optional[ast.AST]:
         """The expression ``call`` passes for ``param`` of ``func``, if it can be told."""
         for k in call.keywords:

@@ -405,13 +405,7 @@ def _passed_value(pm: SemanticModel, func: ast.AST, call: ast.Call, expr: Option
     if not isinstance(expr, ast.Name) or expr.id not in pm.params(func):
         return expr
     passed = pm.argument_for(func, call, expr.id)
-    if passed is not None:
-        return passed
-    a = func.args  # type: ignore[attr-defined]
-    positional = a.posonlyargs + a.args
-    defaults = dict(zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults))
-    defaults.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
-    return defaults.get(expr.id)
+    return passed if passed is not None else pm.default_of(func, expr.id)
 
 
 def handles_prefix(func: ast.AST) -> bool:

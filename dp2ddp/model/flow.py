@@ -260,7 +260,7 @@ class ValueFlow:
             arg = m.argument_for(func, call, name)
             if arg is not None:
                 out |= self.value(arg, d)
-        default = _default(func, name)
+        default = m.default_of(func, name)
         if default is not None:
             out |= self.value(default, d)
         return out
@@ -396,19 +396,6 @@ def _returns(m: SemanticModel, func: ast.AST) -> List[ast.AST]:
         if isinstance(r, ast.Return) and r.value is not None and m.enclosing_function(r) is func:
             out.append(r.value)
     return out
-
-
-def _default(func: ast.AST, name: str) -> Optional[ast.AST]:
-    a = func.args  # type: ignore[attr-defined]
-    positional = a.posonlyargs + a.args
-    offset = len(positional) - len(a.defaults)
-    for i, p in enumerate(positional):
-        if p.arg == name and i >= offset:
-            return a.defaults[i - offset]
-    for p, dflt in zip(a.kwonlyargs, a.kw_defaults):
-        if p.arg == name:
-            return dflt
-    return None
 
 
 # ---------------------------------------------------------------------- keyed containers

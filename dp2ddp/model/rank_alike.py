@@ -145,7 +145,7 @@ def _same_name(m: SemanticModel, n: ast.Name, depth: int) -> bool:
             sites = m.call_sites(func)
             if not sites:
                 return False
-            default = _default(func, n.id)
+            default = m.default_of(func, n.id)
             for call in sites:
                 arg = m.argument_for(func, call, n.id)
                 if arg is None and (default is None or not same(default)):
@@ -167,18 +167,6 @@ def _counter(m: SemanticModel, loop: ast.For, target: ast.Name) -> bool:
     t = loop.target
     return (isinstance(it, ast.Call) and terminal(it.func) == "enumerate" and isinstance(t, ast.Tuple)
             and bool(t.elts) and t.elts[0] is target)
-
-
-def _default(func: ast.AST, name: str) -> Optional[ast.AST]:
-    a = func.args  # type: ignore[attr-defined]
-    positional = a.posonlyargs + a.args
-    for p, d in zip(positional[len(positional) - len(a.defaults):], a.defaults):
-        if p.arg == name:
-            return d
-    for p, d in zip(a.kwonlyargs, a.kw_defaults):
-        if p.arg == name:
-            return d
-    return None
 
 
 # calls that make a name of their own in every process that runs them
