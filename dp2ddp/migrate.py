@@ -355,7 +355,7 @@ def migrate_project(entry: str, options: Optional[Options] = None):
         em = file_model(entry)
         library = transformers_model_in_project(em) if em is not None else None
     for rel, real in sorted(helpers + trainers + keyed):
-        src = read_source(os.path.join(os.path.dirname(os.path.abspath(entry)), rel))
+        src = read_source(os.path.join(base, rel))
         res = migrate_source(src.data, src.display, replace(options, role="helper", handed=frozenset(handed.get(real, ())),
                                                             trains_only=(rel, real) in trainers,
                                                             shared_attrs=saving.get((rel, real), frozenset()),

@@ -99,16 +99,6 @@ def _runs_code_of_the_script(m: SemanticModel, call: ast.Call) -> bool:
     return m.resolve_call(call) is not None or any(c is call for c, _ in project_calls(m))
 
 
-def _collective_outside(m: SemanticModel, call: ast.Call, hoisted: List[ast.Call]) -> bool:
-    """``call`` reaches a collective elsewhere than through the calls ``hoisted`` out of it
-    (its own code, or another argument's)."""
-    if m.resolve_call(call) is not None:
-        return True  # a function of the script's own: what it runs is not only its arguments
-    rest = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)
-            if not any(c is h for h in hoisted)]
-    return any(reaches_collective(m, c, dp=True) for c in rest)
-
-
 def _hoistable(m: SemanticModel, call: ast.Call, stmt: ast.stmt) -> bool:
     """``call`` is evaluated exactly once when ``stmt`` runs (not in a lambda, a
     comprehension, a conditional expression or a short-circuit operand)."""
@@ -180,9 +170,10 @@ def _compute_plan(ctx: Context, stmt: ast.stmt, memo) -> Optional[_Plan]:
             if reaches_collective(m, call, dp=True):
                 # ``torch.save(netG(fixed_noise), path)``: the forward every rank must join runs
                 # on every rank, before the statement; only the write runs on rank 0
+                # (not a function of the script's own: what that runs is more than its arguments)
                 calls = [c for a in list(call.args) + [k.value for k in call.keywords] for c in impure_calls(m, a)
                          if reaches_collective(m, c, dp=True)]
-                if not calls or not all(_hoistable(m, c, stmt) for c in calls) or _collective_outside(m, call, calls):
+                if not calls or m.resolve_call(call) is not None or not all(_hoistable(m, c, stmt) for c in calls):
                     return None
                 return _Plan("save", calls)
             return _Plan("save")

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.wraps import Wrap
+from dp2ddp.model.wraps import KEY_METHODS, Wrap
 
-KEY_METHODS = ("state_dict", "load_state_dict")
 CLASS_NAME = "__name__"  # ``type(model).__name__``: saved beside the keys, it follows them
 
 
@@ -172,11 +171,11 @@ def _super_init(init: ast.AST) -> Optional[ast.Call]:
 
 
 def _function_uses(m: SemanticModel, call: ast.Call, wraps) -> List[HandedKeyUse]:
+    import os
+
     from dp2ddp.model.dp_idioms import handed
     from dp2ddp.model.project_defs import project_def
     from dp2ddp.model.syntax import FUNCTIONS
-
-    import os
 
     own = m.resolve_call(call)
     found = (m, own, os.path.basename(m.path)) if own is not None else (

@@ -142,7 +142,8 @@ def dp_wraps(m: SemanticModel) -> List[Wrap]:
     return out
 
 
-_KEY_USES = frozenset({"load_state_dict", "state_dict"})
+# the calls that read or write a model's keys (a key-only wrap's, a handed wrapper's: handed_wrappers)
+KEY_METHODS = ("state_dict", "load_state_dict")
 
 
 def key_only_wraps(m: SemanticModel) -> List[ast.Call]:
@@ -173,7 +174,7 @@ def key_only_wraps(m: SemanticModel) -> List[ast.Call]:
             attr = m.parent(n)
             if not (isinstance(n.ctx, ast.Load) and isinstance(attr, ast.Attribute) and attr.value is n):
                 break
-            if attr.attr in _KEY_USES:
+            if attr.attr in KEY_METHODS:
                 call_of = m.parent(attr)
                 if not (isinstance(call_of, ast.Call) and call_of.func is attr):
                     break
