@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from dp2ddp.verify import partition, printed
 from dp2ddp.verify.failures import EXIT_RACE_NOTE, describe_failure
-from dp2ddp.verify.losses import aligned_draws, judge_losses, relative, step_loss
+from dp2ddp.verify.losses import judge_losses, relative, step_draws, step_loss
 from dp2ddp.verify.options import Options
 from dp2ddp.verify.runner import RunResult
 
@@ -114,13 +114,13 @@ def compare(orig: RunResult, mig: RunResult, opts: Options, envelope: Optional[R
             if r.steps:
                 kinds.update(r.steps[0].get("modules") or [])
     stochastic = sorted(kinds & {"batchnorm", "dropout"})
-    if any((r.end or {}).get("random_steps") for r in orig.ranks.values()):
-        if aligned_draws(orig, mig):
-            notes.append("the training step draws random numbers, and every rank's generator was where the original's "
-                         "was at each of the first steps (each rank drew what the original drew, as dp2ddp's migration "
-                         "of per-sample noise does): the draws are the original's, judged as exactly as the rest")
-        else:
-            stochastic.append("random")  # the training step draws random numbers: see _judge's moving average
+    draws = step_draws(orig, mig)
+    if draws == "aligned":
+        notes.append("the training step draws random numbers, and every rank's generator was where the original's "
+                     "was at each of the first steps (each rank drew what the original drew, as dp2ddp's migration "
+                     "of per-sample noise does): the draws are the original's, judged as exactly as the rest")
+    elif draws == "apart":
+        stochastic.append("random")  # the training step draws random numbers: see _judge's moving average
     if mig.ranks and any(r.steps for r in mig.ranks.values()) and "ddp" not in kinds:
         problems.append("no DistributedDataParallel module was seen in the migrated run's forward pass")
 

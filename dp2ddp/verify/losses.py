@@ -255,6 +255,16 @@ def _opt_name(o: int, info: Dict[str, Any], mig_info: Optional[Dict[str, Any]], 
     return f"optimizer {o} ({kind}{where})"
 
 
+def step_draws(orig, mig) -> Optional[str]:
+    """Whether the original's training step draws random numbers (its default generator moved
+    between steps of one pass), and how the migration drew them: ``None`` (no draws),
+    ``"aligned"`` (each rank drew what the original drew: :func:`aligned_draws`) or ``"apart"``
+    (each rank its own: the losses agree only statistically)."""
+    if not any((r.end or {}).get("random_steps") for r in orig.ranks.values()):
+        return None
+    return "aligned" if aligned_draws(orig, mig) else "apart"
+
+
 def aligned_draws(orig, mig) -> bool:
     """Every migrated rank's default generator was in the original's state at each of the
     first steps (the probe's ``rng`` marks): whatever the steps drew, each rank drew the

@@ -138,7 +138,9 @@ def run(setup: Setup, progress) -> Outcome:
                 pythonpath=[str(place.root)],
                 extend=setup.extend if (k == 1 and role == "migrated" and setup.steps) else 0,
                 chunks=world if role == "envelope" else 0,
-                redraw=role == "envelope" and _draws_apart(pair.runs),
+                # the original's step draws random numbers the migrated ranks did not: the envelope
+                # run draws from another stream too (DP2DDP_VERIFY_REDRAW)
+                redraw=role == "envelope" and losses.step_draws(pair.runs["original"], pair.runs["migrated"]) == "apart",
             )
             progress.begin(role, _how(role, setup), f"pair {k}")
             began = time.monotonic()
@@ -195,16 +197,6 @@ def run(setup: Setup, progress) -> Outcome:
             "but its speed is not counted"
         )
     return Outcome(pairs=pairs, outputs=outs, notes=notes, mirror=mirror, migrated_script=first_script)
-
-
-def _draws_apart(runs) -> bool:
-    """The original's training step draws random numbers (a GAN's noise, dropout's masks) and
-    the migrated ranks did not draw what it drew (:func:`dp2ddp.verify.losses.aligned_draws`):
-    the envelope run then draws from another stream too (``DP2DDP_VERIFY_REDRAW``)."""
-    orig, mig = runs.get("original"), runs.get("migrated")
-    if orig is None or mig is None or not any((r.end or {}).get("random_steps") for r in orig.ranks.values()):
-        return False
-    return not losses.aligned_draws(orig, mig)
 
 
 def _place(setup: Setup, role: str, dest: Path, mirror: scratch_mod.Mirror, root: Path) -> scratch_mod.Place:

@@ -1648,9 +1648,10 @@ _RNG_STEPS = 4
 
 def _redraw(s):
     """The envelope run of an original whose training step draws random numbers: from the
-    first training forward (or, where none was seen, the first step) on, the global streams (torch's CPU and CUDA generators, ``random``, NumPy) draw from
-    another seed. The data's order and the items' own draws are seeded apart (the aligned
-    samplers, the items' streams), so they stay the original's."""
+    first training forward (or, where none was seen, the first step) on, the global streams
+    (torch's CPU and CUDA generators, ``random``, NumPy) draw from another seed. The data's
+    order and the items' own draws are seeded apart (the aligned samplers, the items'
+    streams), so they stay the original's."""
     s.redrawn = True
     seed = s.stream_seed + 7_777_777
     try:
