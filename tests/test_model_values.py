@@ -789,3 +789,51 @@ def test_a_wrapper_made_only_to_read_module_keys_is_no_wrap():
         assert bool(key_only_wraps(m)) is key_only, why
         assert bool(dp_wraps(m)) is not key_only, why
         assert bool(list(ddp001.check(m))) is not key_only, why
+
+
+def test_a_self_attribute_holds_the_store_just_before_it_in_straight_line_and_no_other():
+    """``self.dir`` read right after ``self.dir = ...`` in the same block (or a block around
+    it) holds that value alone; a loop that stores it again later, a try whose body stores
+    it, a method call between (``self.pick()``, ``super().f()``, ``helper(self)``) and a
+    read inside a lambda leave every store of the class possible."""
+    from dp2ddp.model.stores import store_just_before
+
+    m = build(textwrap.dedent('''
+        class Run:
+            def __init__(self, a, b):
+                self.d = a
+                if a:
+                    self.d = b
+                else:
+                    self.d = a + 1
+                    seen(self.d)      # a + 1
+                seen(self.d)          # either branch's
+                self.e = a
+                for i in b:
+                    seen(self.e)      # a, then b: stored again later in the loop
+                    self.e = b
+                self.f = a
+                try:
+                    self.f = b
+                except E:
+                    seen(self.f)      # a or b
+                self.g = a
+                super().pick(b)
+                seen(self.g)          # pick may store it
+                self.h = a
+                helper(self)
+                seen(self.h)          # so may a helper handed self
+                self.k = a
+                cb = lambda: self.k   # called who knows when
+                with open(self.k) as fh:
+                    seen(self.k)      # a: opening a file named by it stores nothing
+    '''))
+    held = {}
+    for call in m.nodes(ast.Call):
+        if m.source(call.func) == "seen" or isinstance(call.func, ast.Name) and call.func.id == "open":
+            v = store_just_before(m, call.args[0])
+            held.setdefault(m.source(call.args[0]), []).append(None if v is None else m.source(v))
+    lam = next(n for n in m.nodes(ast.Lambda))
+    assert store_just_before(m, lam.body) is None
+    assert held == {"self.d": ["a + 1", None], "self.e": [None], "self.f": [None], "self.g": [None], "self.h": [None],
+                    "self.k": ["a", "a"]}

@@ -39,7 +39,7 @@ from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys
 from dp2ddp.model.companion_writes import companion_folder_races, companion_writes
 from dp2ddp.model.log_helpers import LoggerMaker, logger_makers, logging_setups
-from dp2ddp.model.writers import Writer, h5_write_opens, open_mode, writers
+from dp2ddp.model.writers import Writer, h5_write_opens, open_modes, writers
 from dp2ddp.model.writing_classes import training_class_saves
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
 
@@ -425,9 +425,14 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
         if path is None:
             return ctx.block(call, "DDP110", f"{_what(w)} without a path dp2ddp can read: restrict it to rank 0, then migrate")
         if w.kind == "open":
-            mode = open_mode(call)  # ("r" where no mode is given, None where it is not a literal)
-            if mode is None or "x" in mode or "r" in mode:
-                return ctx.block(call, "DDP110", "file opened for writing in a mode dp2ddp cannot redirect: restrict it to rank 0, then migrate")
+            modes = open_modes(m, call)  # (("r",) where no mode is given, None where one cannot be read)
+            if modes is None:
+                return ctx.block(call, "DDP110", "file opened for writing in a mode dp2ddp cannot read: restrict it to rank 0, then migrate")
+            kept = next((x for x in modes if "x" in x or "r" in x), None)
+            if kept is not None:
+                why = "reads the file back" if "r" in kept else "fails where the file exists"
+                return ctx.block(call, "DDP110", f"file opened for writing in mode {kept!r}, which {why}: os.devnull cannot stand "
+                                 "in for it on the other ranks; restrict it to rank 0, then migrate")
             if _rank_specific(m, path):
                 return None
         edit = Replace(ctx.cst(path), ctx.expr("{p} if {r} else {os}.devnull", p=_paren(m, path), r=_paren_text(rank0), os=ctx.name("os")))

@@ -29,7 +29,7 @@ import ast
 from typing import Dict, FrozenSet, List, NamedTuple, Optional, Set, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.stores import attribute_assignments, container_mutations, keyed_stores
+from dp2ddp.model.stores import attribute_assignments, container_mutations, keyed_stores, store_just_before
 from dp2ddp.model.syntax import FUNCTIONS, terminal
 
 
@@ -295,7 +295,8 @@ class ValueFlow:
             cls = m.instance_class(owner)
         if cls is None:
             return None
-        return attribute_assignments(m, cls).get(e.attr)
+        just = store_just_before(m, e) if isinstance(e.ctx, ast.Load) else None
+        return [just] if just is not None else attribute_assignments(m, cls).get(e.attr)
 
     # ------------------------------------------------------------------ containers
     def _elements(self, e: ast.AST, d: int) -> Set[Origin]:

@@ -50,6 +50,67 @@ def attribute_assignments(m: SemanticModel, cls: ast.ClassDef) -> Dict[str, List
     return out
 
 
+_BODIES = ("body", "orelse", "finalbody")  # (not a try's handlers: the one before did not run)
+_REPEATS = (ast.For, ast.AsyncFor, ast.While, ast.Try) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+
+
+def store_just_before(m: SemanticModel, read: ast.Attribute) -> Optional[ast.AST]:
+    """The value ``read`` (``self.attr`` in a method) holds where one assignment
+    ``self.attr = value`` runs on the way to it in straight line (an earlier statement of the
+    same block, or of a block around it, in the same function) and nothing between could
+    store another: no statement between assigns ``self.attr`` or calls anything that is
+    handed ``self``. ``None`` where there is no such store: then every store of the class
+    may be what it holds. (EDSR's ``self.dir = join(..., args.load)`` just above
+    ``if os.path.exists(self.dir):`` is not the other branch's clock-named folder.)"""
+    if not (isinstance(read.value, ast.Name) and read.value.id == "self"):
+        return None
+    func = m.enclosing_function(read)
+    if func is None:
+        return None  # (in a lambda, called who knows when)
+    stmt: Optional[ast.AST] = m.statement_of(read)
+    while stmt is not None and stmt is not func:
+        holder = m.parent(stmt)
+        if holder is None:
+            return None
+        # a loop runs its body again after a store later in it; a try's handlers and finally
+        # run after part of its body; an if's test and a with's items run before the block
+        ahead = [holder] if isinstance(holder, _REPEATS) else [getattr(holder, "test", None)] if isinstance(holder, ast.If) \
+            else [i.context_expr for i in holder.items] if isinstance(holder, (ast.With, ast.AsyncWith)) else []
+        if any(part is not None and _may_store(part, read.attr) for part in ahead):
+            return None
+        block = next((getattr(holder, f) for f in _BODIES if isinstance(getattr(holder, f, None), list)
+                      and any(x is stmt for x in getattr(holder, f))), None)
+        if block is not None:
+            before = block[:next(i for i, x in enumerate(block) if x is stmt)]
+            for prior in reversed(before):
+                if (isinstance(prior, ast.Assign) and len(prior.targets) == 1 and isinstance(prior.targets[0], ast.Attribute)
+                        and isinstance(prior.targets[0].value, ast.Name) and prior.targets[0].value.id == "self"
+                        and prior.targets[0].attr == read.attr):
+                    return prior.value
+                if _may_store(prior, read.attr):
+                    return None
+        stmt = holder
+    return None
+
+
+def _may_store(stmt: ast.AST, attr: str) -> bool:
+    """``stmt`` assigns ``self.<attr>``, or calls something with ``self`` (a method, a
+    helper handed ``self``, ``setattr``) that could."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.ctx, (ast.Store, ast.Del)):
+            return True
+        if isinstance(node, ast.Call):
+            f = node.func
+            owner = f.value if isinstance(f, ast.Attribute) else None
+            if (isinstance(owner, ast.Name) and owner.id == "self") or (
+                    isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super") or (
+                    isinstance(f, ast.Name) and f.id in ("setattr", "vars")):
+                return True  # a method of the object (or of its base: super().f()), setattr(self, ...)
+            if any(isinstance(a, ast.Name) and a.id == "self" for a in [*node.args, *(k.value for k in node.keywords)]):
+                return True  # ``helper(self)``
+    return False
+
+
 def _self_stores(target: ast.AST, value: ast.AST):
     if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
         yield target.attr, value

@@ -33,6 +33,7 @@ from typing import List, Optional, Tuple
 from dp2ddp.model.call_args import COPY_PARAMS, OPEN_PARAMS, SAVE_PARAMS, SUMMARY_WRITER_PARAMS, TO_CSV_PARAMS, argument
 from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.dead_code import never_runs
+from dp2ddp.model.flow import origins
 from dp2ddp.model.names import (
     COPY,
     FILE_WRITES,
@@ -74,6 +75,22 @@ def open_mode(call: ast.Call, position: int = 1) -> Optional[str]:
     if isinstance(mode, ast.Constant) and isinstance(mode.value, str):
         return mode.value
     return None  # unknown
+
+
+def open_modes(m: SemanticModel, call: ast.Call, position: int = 1) -> Optional[Tuple[str, ...]]:
+    """Every mode ``open(path, mode)`` may be given: :func:`open_mode`'s literal, or, for a
+    mode held in a name or a conditional expression whose every value is a string literal
+    (``open_type = 'a' if os.path.exists(log) else 'w'``), those literals; ``None`` when one
+    of them cannot be read."""
+    mode = open_mode(call, position)
+    if mode is not None:
+        return (mode,)
+    expr = argument(call, OPEN_PARAMS[1 - position:], "mode")
+    found = origins(m, expr) if expr is not None else []
+    values = [n.value if isinstance(n, ast.Constant) and not p else None for n, p in found]
+    if not values or any(not isinstance(v, str) for v in values):
+        return None
+    return tuple(dict.fromkeys(values))  # type: ignore[arg-type]
 
 
 def _path_mkdir(m: SemanticModel, call: ast.Call) -> bool:
@@ -149,8 +166,8 @@ def writers(m: SemanticModel) -> List[Writer]:
             idem = (ok is not None and _truthy(ok.value)) or exists_dropped(m, call)
             out.append(Writer("mkdir", call, first, idempotent=idem))
         elif q & OPEN:
-            mode = open_mode(call)
-            if (mode is None or writes_mode(mode)) and not (first is not None and m.is_name(first, {"os.devnull"})):
+            modes = open_modes(m, call)
+            if (modes is None or any(writes_mode(x) for x in modes)) and not (first is not None and m.is_name(first, {"os.devnull"})):
                 out.append(Writer("open", call, first))  # (``open(os.devnull, "w")`` writes nothing)
         elif q & SUMMARY_WRITERS:
             out.append(Writer("tensorboard", call, argument(call, SUMMARY_WRITER_PARAMS, "log_dir")))
