@@ -22,6 +22,8 @@ from __future__ import annotations
 import ast
 from typing import List, Optional
 
+import libcst as cst
+
 from dp2ddp.codemods.context import Context, add_kwarg
 from dp2ddp.codemods.rank_zero_setup import in_a_choosing_expression, propose as setup_on_rank_zero
 from dp2ddp.codemods.facts import GuardedWriters
@@ -35,6 +37,7 @@ from dp2ddp.model.core import SemanticModel
 from dp2ddp.model.names import SUMMARY_WRITERS
 from dp2ddp.model.passes import same_passes
 from dp2ddp.model.ranks import mentions_rank, rank_guarded
+from dp2ddp.model.call_args import SUMMARY_WRITER_PARAMS, argument
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys
 from dp2ddp.model.companion_writes import companion_folder_races, companion_writes
@@ -216,12 +219,23 @@ def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
         return ctx.block(lm.stmt, "DDP110", f"`{lm.name}`'s helper adds its file handler ({lm.where}) only where its rank "
                          f"parameter is 0, and this call hands it `{ctx.m.source(lm.rank_arg)}`, which dp2ddp cannot tell is "
                          "the process's rank under torchrun; pass `dist.get_rank()`, then migrate")
+    other = ctx.env_not_rank0() if early else ctx.not_rank0()
+    stmt = ctx.stmt(f"if {other}:\n    {lm.name}.disabled = True\n")
+    if lm.alone:
+        # what the helper runs only sets up logging: rank 0 alone makes the logger, so no other
+        # rank opens (or empties, or names by its own clock) a file in a folder rank 0 may not
+        # have made yet (pytorch-semseg's get_logger(logdir), logdir made by rank 0's writer)
+        rank0 = ctx.env_rank0() if early else ctx.rank0()
+        quiet = f'{ctx.name("logging")}.getLogger("dp2ddp.other_ranks")'
+        return ctx.note(lm.stmt, "DDP135", (
+            f"`{lm.name}` logs to a file ({lm.where}) and the console: its helper runs on rank 0 only, and the other ranks "
+            "get a disabled logger, so each line is written once and no other rank opens the file"),
+            [Replace(ctx.cst(lm.stmt.value), lambda u: ctx.expr(f"{{c}} if {_paren_text(rank0)} else {quiet}", c=u)),
+             InsertAfter(ctx.bridge.statement(lm.stmt), (stmt,))])
     if lm.truncates:
         return ctx.block(lm.stmt, "DDP110", f"`{lm.name}` logs to a file its handler opens with mode 'w' when it is made "
                          f"({lm.where}): on every rank that makes it, the other ranks would empty what rank 0 has "
                          "written; open it in append mode (or with delay=True), then migrate")
-    other = ctx.env_not_rank0() if early else ctx.not_rank0()
-    stmt = ctx.stmt(f"if {other}:\n    {lm.name}.disabled = True\n")
     return ctx.note(lm.stmt, "DDP135", f"`{lm.name}` logs to a file ({lm.where}) and the console: it logs on rank 0 only "
                     "(disabled on the other ranks), so each line is written once", [InsertAfter(ctx.bridge.statement(lm.stmt), (stmt,))])
 
@@ -358,18 +372,43 @@ def _write_first_on_rank_zero(ctx: Context, w, stmt) -> Optional[Finding]:
                     [InsertBefore(line, (before,)), InsertAfter(line, (after, together))])
 
 
-def _writer_state_read(m: SemanticModel, call: ast.Call) -> Optional[ast.Attribute]:
-    """The first read of something other than a writing method (``add_*``, ``flush``,
-    ``close``) of the SummaryWriter ``call`` makes: ``writer.file_writer.get_logdir()``,
-    ``writer.log_dir``."""
+def _writer_state_reads(m: SemanticModel, call: ast.Call) -> List[ast.Attribute]:
+    """The reads of something other than a writing method (``add_*``, ``flush``, ``close``)
+    of the SummaryWriter ``call`` makes: ``writer.file_writer.get_logdir()``, ``writer.log_dir``."""
     from dp2ddp.model.flow import origins
 
-    for a in m.nodes(ast.Attribute):
-        if (isinstance(a.ctx, ast.Load) and not a.attr.startswith("add_") and a.attr not in ("flush", "close")
+    return [a for a in m.nodes(ast.Attribute)
+            if (isinstance(a.ctx, ast.Load) and not a.attr.startswith("add_") and a.attr not in ("flush", "close")
                 and isinstance(a.value, (ast.Name, ast.Attribute, ast.Subscript))
-                and any(node is call for node, path in origins(m, a.value) if not path)):
-            return a  # type: ignore[return-value]
-    return None
+                and any(node is call for node, path in origins(m, a.value) if not path))]
+
+
+def _reads_its_folder(m: SemanticModel, read: ast.Attribute) -> bool:
+    """``writer.get_logdir()``, ``writer.file_writer.get_logdir()``, ``writer.log_dir`` (or
+    tensorboardX's ``logdir``): the folder, which the stand-in is told."""
+    if read.attr in ("log_dir", "logdir"):
+        return True
+    up = m.parent(read)
+    if read.attr == "file_writer" and isinstance(up, ast.Attribute) and up.attr == "get_logdir":
+        read, up = up, m.parent(up)
+    return read.attr == "get_logdir" and isinstance(up, ast.Call) and up.func is read and not up.args and not up.keywords
+
+
+def _log_dir_cst(ctx: Context, u: cst.Call) -> cst.BaseExpression:
+    """The folder argument of the (edited) SummaryWriter call, for the stand-in (see _log_dir)."""
+    for i, a in enumerate(u.args):
+        if (a.keyword is None and not a.star and i == 0) or (a.keyword is not None and a.keyword.value in ("log_dir", "logdir")):
+            return a.value.deep_clone()
+    raise AssertionError("no folder argument: _log_dir found one")  # (checked before the edit is proposed)
+
+
+def _log_dir(call: ast.Call) -> Optional[ast.AST]:
+    """The folder a SummaryWriter is made with: first argument, ``log_dir=`` (torch) or ``logdir=`` (tensorboardX)."""
+    got = argument(call, SUMMARY_WRITER_PARAMS, "log_dir")
+    if got is None:
+        k = kwarg(call, "logdir")
+        got = k.value if k is not None else None
+    return got
 
 
 def _what(w: Writer) -> str:
@@ -384,20 +423,28 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
     rank0 = ctx.env_rank0() if early else ctx.rank0()
     if w.kind == "tensorboard":
         named = m.qualified_names(call.func) & SUMMARY_WRITERS
-        read = _writer_state_read(m, call) if problem is not None and named else None
+        reads = _writer_state_reads(m, call) if problem is not None and named else []
+        log_dir = _log_dir(call) if reads else None
+        read = next((r for r in reads if log_dir is None or not _reads_its_folder(m, r)), None)
         if read is not None:
+            why = ("which a stand-in on the other ranks cannot give; read the folder from the value the writer was made "
+                   "with, then migrate") if not _reads_its_folder(m, read) else (
+                "its folder, a name the writer picked itself (it was made without one), which a stand-in on the other ranks "
+                "cannot know; give the writer its folder (log_dir=...), then migrate")
             return ctx.block(read, "DDP110", (
                 f"SummaryWriter left on every rank (one event file per rank): {problem}, and line {read.lineno} reads "
-                f"its state (`{m.source(read)}`), which a stand-in on the other ranks cannot give; read the folder "
-                "from the value the writer was made with, then migrate"))
+                f"its state (`{m.source(read)}`), {why}"))
         if problem is not None and named:
             # its uses cannot all be guarded (kept in a dict, handed on as a value): on the other
-            # ranks a stand-in whose writing methods do nothing (and anything else stops loudly)
+            # ranks a stand-in whose writing methods do nothing (and anything else stops loudly);
+            # told the folder where the script reads it (pytorch-semseg's file_writer.get_logdir())
             stand_in = ctx.writes_nothing()
-            new = f"{{c}} if {_paren_text(rank0)} else {stand_in}()"
+            told = " and whose `get_logdir()` is the folder it was made with" if reads else ""
+            new = f"{{c}} if {_paren_text(rank0)} else {stand_in}({{d}})" if reads else f"{{c}} if {_paren_text(rank0)} else {stand_in}()"
             return ctx.note(call, "DDP173", f"SummaryWriter created on rank 0 only; on the other ranks `{stand_in}()`, whose "
-                            f"`add_*`, `flush` and `close` do nothing ({problem}, so its uses cannot be put under a rank test)",
-                            [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u))])
+                            f"`add_*`, `flush` and `close` do nothing{told} ({problem}, so its uses cannot be put under a rank "
+                            "test)", [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u, d=_log_dir_cst(ctx, u)) if reads
+                                      else ctx.expr(new, c=u))])
         if problem is not None:
             return ctx.block(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")
         new = f"{{c}} if {_paren_text(rank0)} else None"

@@ -30,6 +30,7 @@ class LoggerMaker:
     where: str  # ``utils.py:49``: the file handler
     truncates: bool = False  # the handler opens its file with mode="w" at once: every rank would empty it
     rank_arg: Optional[ast.AST] = None  # what the call passes for the helper's own rank parameter (see _rank_gate)
+    alone: bool = False  # what the call runs only sets up logging (:func:`only_logs`): rank 0 alone may make it
 
 
 def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
@@ -47,21 +48,34 @@ def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
         stmt = m.parent(call)
         if isinstance(func, ast.ClassDef) or not (isinstance(stmt, ast.Expr) and stmt.value is call):
             continue
-        where = None
-        for mod, f, path in reach_across(pm, func, rel):
-            if every_rank_runs(mod, f):
-                where = None
-                break
-            kinds = [w for w in writers(mod) if mod.contains(f, w.call) and w.kind not in ("print", "tqdm")]
-            if any(w.kind not in ("logconfig", "logfile", "mkdir") for w in kinds):
-                where = None
-                break
-            log = next((w for w in kinds if w.kind in ("logconfig", "logfile")), None)
-            if log is not None and where is None:
-                where = f"{path}:{log.call.lineno}"
+        where = only_logs(pm, func, rel)
         if where is not None:
             out.append((call, where))
     m.cache["logging_setups"] = out
+    return out
+
+
+def only_logs(pm: SemanticModel, func: ast.AST, rel: str) -> Optional[str]:
+    """``"path:line"`` of the log file a call of ``func`` (of the project module ``pm``, a
+    function or a class) sets up, where what it runs writes nothing but log files and
+    folders, trains nothing and reaches no collective: rank 0 alone may run it. ``None``
+    otherwise, or where it sets up no log file."""
+    logs = _log_writes(pm, func, rel)
+    return logs[0] if logs else None
+
+
+def _log_writes(pm: SemanticModel, func: ast.AST, rel: str) -> Optional[List[str]]:
+    """``"path:line"`` of every log file what a call of ``func`` runs sets up (maybe none);
+    ``None`` where it writes anything else than log files and folders, trains, or reaches a
+    collective."""
+    out: List[str] = []
+    for mod, f, path in reach_across(pm, func, rel):
+        if every_rank_runs(mod, f):
+            return None
+        kinds = [w for w in writers(mod) if mod.contains(f, w.call) and w.kind not in ("print", "tqdm")]
+        if any(w.kind not in ("logconfig", "logfile", "mkdir") for w in kinds):
+            return None
+        out += [f"{path}:{w.call.lineno}" for w in kinds if w.kind in ("logconfig", "logfile")]
     return out
 
 
@@ -84,8 +98,11 @@ def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
         if handler is not None and _returns_a_logger(pm, func):
             gate = _rank_gate(pm, func, handler.call)
             rank_arg = pm.argument_for(func, call, gate) if gate is not None else None
+            # ``Logger(...).get_log()`` runs the class's __init__ too
+            parts = [owner, func] if isinstance(owner, ast.ClassDef) else [func]
+            alone = all(_log_writes(pm, part, rel) is not None for part in parts)
             out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}", _truncates(pm, handler.call),
-                                   rank_arg))
+                                   rank_arg, alone))
     m.cache["logger_makers"] = out
     return out
 
