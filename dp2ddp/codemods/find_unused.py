@@ -43,7 +43,7 @@ def needs_find_unused(ctx: Context, wraps: List[Wrap], out: List[Finding]) -> Un
         return True
     branch = _branch_only_submodule(ctx.m)
     if branch is not None:
-        out.append(ctx.note(wraps[0].call, "DDP125", f"{branch}: on the other path its parameters get no gradient; "
+        out.append(ctx.note(wraps[0].call, "DDP125", f"{branch}; "
                             "DistributedDataParallel(..., find_unused_parameters=True), or the next iteration fails "
                             "with \"Expected to have finished reduction in the prior iteration\""))
         return True
@@ -155,7 +155,7 @@ def _branch_only_submodule(m: SemanticModel) -> Optional[str]:
     calls a sub-module on one branch only (:func:`dp2ddp.model.conditional_modules.conditional_submodules`):
     where, for the note. Every class counts, whether or not the wrapped model holds it: at
     worst DDP looks for unused parameters it does not have (slower, never wrong)."""
-    from dp2ddp.model.conditional_modules import conditional_submodules
+    from dp2ddp.model.conditional_modules import conditional_submodules, unused_submodules
     from dp2ddp.model.project_defs import file_model
     from dp2ddp.project import project_modules
 
@@ -169,7 +169,15 @@ def _branch_only_submodule(m: SemanticModel) -> Optional[str]:
         found = conditional_submodules(pm)
         if found:
             cls, call, attr = found[0]
-            return f"{cls.name}.forward calls self.{attr} on one branch only ({rel}:{call.lineno})"
+            return f"{cls.name}.forward calls self.{attr} on one branch only ({rel}:{call.lineno}): on the other path its parameters get no gradient"
+    for pm, rel in models:
+        unused = unused_submodules(pm)
+        if unused:
+            cls, node, attr, how = unused[0]
+            if how == "never":
+                return f"{cls.name}.forward never runs self.{attr} ({rel}:{node.lineno}): its parameters get no gradient"
+            return (f"{cls.name}.forward runs only parts of self.{attr} ({rel}:{node.lineno}): the parameters of the parts it "
+                    "leaves out get no gradient")
     return None
 
 
