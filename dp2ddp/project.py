@@ -238,8 +238,9 @@ def _only_in_main_block(pm) -> bool:
 
 def only_checks_dp(file: str) -> bool:
     """The project module names DataParallel only to test for it (``isinstance(model,
-    torch.nn.DataParallel)``, an import): it calls no DataParallel, ``data_parallel`` or
-    class of its own derived from one, so it wraps nothing. KAIR's ``utils_model.py``."""
+    torch.nn.DataParallel)``, an import): it calls no DataParallel, ``data_parallel``, class
+    of its own derived from one or the sync-BN package's DataParallelWithCallback, so it
+    wraps nothing. KAIR's ``utils_model.py``."""
     from dp2ddp.model.names import DP, DP_FUNCTIONAL
     from dp2ddp.model.project_defs import file_model
 
@@ -249,9 +250,13 @@ def only_checks_dp(file: str) -> bool:
     for node in pm.nodes(ast.ClassDef):
         if any("DataParallel" in pm.source(b) for b in node.bases):
             return False
+    from dp2ddp.model.sync_bn import callback_class
+
     for call in pm.nodes(ast.Call):
         if pm.is_name(call.func, DP | DP_FUNCTIONAL) or pm.source(call.func).endswith("DataParallel"):
             return False
+        if callback_class(pm, call) is not None:
+            return False  # SPADE's trainer: DataParallelWithCallback(model) of the vendored sync-BN package
     return True
 
 

@@ -2546,3 +2546,35 @@ def test_a_migrated_module_four_imports_away_is_an_overlay_of_the_migrated_runs(
     found = scratch.migrated_modules(TRAINER_SAVES_IN_BASE / "train.py", out / "train.py")
     base = (TRAINER_SAVES_IN_BASE / "base" / "base_trainer.py").resolve()
     assert list(found) == [base] and found[base] == (out / "base" / "base_trainer.py").read_bytes()
+
+
+def test_a_trainer_module_wrapping_in_the_sync_bn_packages_dataparallel_is_reached(tmp_path: Path, capsys) -> None:
+    """SPADE's shape: the script makes a ``Trainer`` of another module, which wraps its model
+    in the vendored sync-BN package's ``DataParallelWithCallback`` under ``if len(gpu_ids) > 0:``.
+    ``rewrite train.py`` said "no DataParallel found, nothing to migrate" with exit 0 (the
+    trainer module was read as one that only tests for DataParallel). It is DDP151 now, and
+    ``--with-helpers`` migrates the trainer (DDP over SyncBatchNorm with CUDA)."""
+    d = tmp_path / "proj"
+    d.mkdir()
+    shutil.copy(ROOT / "fixtures" / "sync_bn" / "sync_batchnorm.py", d / "sync_batchnorm.py")
+    (d / "trainer.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom sync_batchnorm import DataParallelWithCallback\n\n\n"
+        "class Trainer:\n    def __init__(self, gpu_ids):\n"
+        "        self.model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))\n"
+        "        if len(gpu_ids) > 0:\n            self.model = DataParallelWithCallback(self.model, device_ids=gpu_ids)\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n"
+        "    def run_one_step(self, x, y):\n        self.optimizer.zero_grad()\n"
+        "        loss = nn.functional.cross_entropy(self.model(x), y)\n        loss.backward()\n"
+        "        self.optimizer.step()\n        return loss.item()\n")
+    (d / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom trainer import Trainer\n\n"
+        "torch.manual_seed(0)\nloader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,))), batch_size=16, "
+        "shuffle=True)\ntrainer = Trainer(gpu_ids=[0])\nfor epoch in range(2):\n    for x, y in loader:\n"
+        "        loss = trainer.run_one_step(x, y)\n    print('epoch', epoch, 'loss', loss)\n")
+    assert main(["rewrite", "--diff", str(d / "train.py")]) == 1
+    assert re.search(r"train\.py:7:\d+: DDP151 Trainer\(\) reaches DataParallel in the project module trainer\.py:10",
+                     capsys.readouterr().err)
+    assert main(["rewrite", "-q", "--with-helpers", "-o", str(tmp_path / "out"), str(d / "train.py")]) == 0
+    helper = (tmp_path / "out" / "trainer.py").read_text()
+    assert "DistributedDataParallel(torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)" in helper, helper
+    assert "DataParallelWithCallback(" not in helper
