@@ -257,3 +257,19 @@ def test_an_inference_migration_is_judged_by_what_it_prints(tmp_path):
     assert code == 1, out
     assert any(p.startswith("inference only: 1 of the 1 lines printed differ; line 1: original `{'test_loss'")
                for p in rep["problems"]), rep["problems"]
+
+
+def test_a_console_copied_into_a_log_by_a_project_class_is_written_once(tmp_path) -> None:
+    """``sys.stdout = Tee(path)`` (open-reid's ``Logger``): made on every rank, verify failed
+    the migration, the log written by ranks 0 and 1. Made on rank 0 only, it passes: the log
+    holds the original's lines (their numbers are rank 0's share of each batch)."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "fixtures" / "rank_writers"
+    for name in ("stdout_copied_into_a_log_by_a_project_class.in.py", "teelog.py"):
+        shutil.copy(src / name, tmp_path / name.replace(".in.py", ".py"))
+    code, rep, text, _ = verify(tmp_path, str(tmp_path / "stdout_copied_into_a_log_by_a_project_class.py"), "--steps", "0")
+    assert code == 0, text
+    assert "logs/log.txt" in text and "written by every rank" not in text and "by ranks 0 and 1" not in text, text
+    assert rep["outputs"]["equal"] is True, text

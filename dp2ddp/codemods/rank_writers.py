@@ -41,7 +41,7 @@ from dp2ddp.model.call_args import SUMMARY_WRITER_PARAMS, argument
 from dp2ddp.model.syntax import kwarg
 from dp2ddp.model.uses import dp_wrapper_keys
 from dp2ddp.model.companion_writes import companion_folder_races, companion_writes
-from dp2ddp.model.log_helpers import LoggerMaker, logger_makers, logging_setups
+from dp2ddp.model.log_helpers import LoggerMaker, logger_makers, logging_setups, stdout_tees
 from dp2ddp.model.writers import Writer, h5_write_opens, open_modes, writers
 from dp2ddp.model.writing_classes import training_class_saves
 from dp2ddp.model.writers_setup import handed_models, joins_the_others, reads_the_wrapper, runs_a_handed_model, setup_calls
@@ -121,6 +121,9 @@ def propose(ctx: Context) -> List[Finding]:
     for lm in logger_makers(m):
         if not rank_guarded(m, lm.stmt) and ctx.bridge.alone_on_line(lm.stmt):
             out.append(_logger_on_rank_zero(ctx, lm))
+    for stmt, name, where in stdout_tees(m):
+        if not rank_guarded(m, stmt) and ctx.bridge.alone_on_line(stmt):
+            out.append(_tee_on_rank_zero(ctx, stmt, name, where))
     for call, where in logging_setups(m):
         stmt = m.statement_of(call)
         if rank_guarded(m, call) or stmt is None or not ctx.bridge.alone_on_line(stmt) or id(call) in setups:
@@ -197,6 +200,18 @@ def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
                                 f"alone it gets the bare module (`{m.source(model)}.module`), as a DDP forward would "
                                 "wait for the other ranks", [Replace(ctx.cst(model), lambda u: ctx.expr(fed + "({a}.module)", a=u))]))
     return out
+
+
+def _tee_on_rank_zero(ctx: Context, stmt: ast.Assign, name: str, where: str) -> Finding:
+    """``sys.stdout = Logger(path)``: made on rank 0 only; on the other ranks the stream stays
+    the console (their prints, like those of helpers the migration does not edit, go there)."""
+    early = ctx.mode == "plain" and not ctx.in_setup_region(stmt)
+    rank0 = ctx.env_rank0() if early else ctx.rank0()
+    stream = ctx.m.source(stmt.targets[0])
+    return ctx.note(stmt, "DDP135", (
+        f"`{stream} = {name}(...)` copies what is printed into a file ({where}): made on rank 0 only, so the file is "
+        f"opened once and holds rank 0's lines; on the other ranks `{stream}` stays the console"),
+        [Replace(ctx.cst(stmt.value), lambda u: ctx.expr(f"{{c}} if {_paren_text(rank0)} else {stream}", c=u))])
 
 
 def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:

@@ -2,7 +2,8 @@
 
 :func:`logging_setups`: a call that configures logging to a file and does nothing else;
 :func:`logger_makers`: a function that gives a named logger a file handler and returns it;
-:func:`console_helper`: a function that only writes to the terminal (a progress bar). Under
+:func:`stdout_tees`: ``sys.stdout = Logger(path)``, a project class that copies what is
+printed into a file; :func:`console_helper`: a function that only writes to the terminal (a progress bar). Under
 DDP every rank would run each; they run on rank 0.
 """
 
@@ -52,6 +53,39 @@ def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
         if where is not None:
             out.append((call, where))
     m.cache["logging_setups"] = out
+    return out
+
+
+STD_STREAMS = frozenset({"sys.stdout", "sys.stderr"})
+
+
+def stdout_tees(m: SemanticModel) -> List[Tuple[ast.Assign, str, str]]:
+    """``sys.stdout = Logger(osp.join(args.logs_dir, 'log.txt'))`` (open-reid and the re-id
+    repositories after it): a class of the project whose construction opens a file to write
+    and that stands in for the console, copying what is printed into the file. ``(the
+    statement, the class's name, "path:line" of the file it opens)``, where making it trains
+    nothing and reaches no collective. On every rank each would open (and empty) the same
+    file and copy its own prints into it."""
+    got = m.cache.get("stdout_tees")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.Assign, str, str]] = []
+    for call, (pm, node, rel) in project_calls(m):
+        stmt = m.parent(call)
+        if not (isinstance(node, ast.ClassDef) and isinstance(stmt, ast.Assign) and stmt.value is call
+                and len(stmt.targets) == 1 and m.is_name(stmt.targets[0], STD_STREAMS)):
+            continue
+        where = None
+        for mod, f, path in reach_across(pm, node, rel):
+            if every_rank_runs(mod, f):
+                where = None
+                break
+            opened = next((w for w in writers(mod) if mod.contains(f, w.call) and w.kind in ("open", "logfile")), None)
+            if opened is not None and where is None:
+                where = f"{path}:{opened.call.lineno}"
+        if where is not None:
+            out.append((stmt, node.name, where))
+    m.cache["stdout_tees"] = out
     return out
 
 
