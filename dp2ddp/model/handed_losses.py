@@ -104,17 +104,21 @@ class Handed(NamedTuple):
 
 
 def _called_attrs(pm: SemanticModel, cls: ast.ClassDef) -> List[Tuple[str, int]]:
-    """``(attr, line)``: attributes of ``self`` that methods of ``cls`` call where the call
-    trains (``loss, tb, disp = self.model_fn(self.model, batch)`` before ``loss.backward()``)."""
+    """``(attr, line)``: attributes of ``self`` that methods of ``cls`` (or of the classes
+    that share its ``self``) call where the call trains (``loss, tb, disp =
+    self.model_fn(self.model, batch)`` before ``loss.backward()``)."""
     from dp2ddp.model.loss_calls import trains_here
 
     out: List[Tuple[str, int]] = []
-    for method in pm.methods(cls).values():
-        for node in ast.walk(method):
-            f = node.func if isinstance(node, ast.Call) else None
-            if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
-                    and f.attr not in pm.methods(cls) and trains_here(pm, node)):
-                out.append((f.attr, node.lineno))
+    family = pm.family(cls)  # the methods of its base classes run on it too (open-reid's BaseTrainer.train)
+    methods = {name for c in family for name in pm.methods(c)}
+    for c in family:
+        for method in pm.methods(c).values():
+            for node in ast.walk(method):
+                f = node.func if isinstance(node, ast.Call) else None
+                if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"
+                        and f.attr not in methods and trains_here(pm, node)):
+                    out.append((f.attr, node.lineno))
     return out
 
 

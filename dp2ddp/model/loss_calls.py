@@ -85,11 +85,23 @@ def trains_here(m: SemanticModel, node: ast.AST) -> bool:
     scopes = [func] if func is not None else [m.tree]
     if func is not None:
         scopes += [m.enclosing_function(c) or m.tree for c in m.call_sites(func)]
+        cls = m.enclosing_class(func)
+        if cls is not None and m.is_method(func):
+            # a method a base class calls as ``self._forward(...)`` (a template method: the base's
+            # own is a stub), called where the base trains (open-reid's BaseTrainer.train)
+            scopes += [m.enclosing_function(c) for c in _self_calls(m, cls, func.name)]
     for scope in scopes:
         calls = m.calls_in(scope) if scope is m.tree else m.reached_calls(scope)
         if any(isinstance(c.func, ast.Attribute) and c.func.attr == "backward" for c in calls):
             return True
     return False
+
+
+def _self_calls(m: SemanticModel, cls: ast.ClassDef, name: str) -> List[ast.Call]:
+    """``self.<name>(...)`` in the methods of the classes that share ``cls``'s ``self``."""
+    return [n for c in m.family(cls) for fn in m.methods(c).values() for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+            and isinstance(n.func.value, ast.Name) and n.func.value.id == "self"]
 
 
 def in_forward(m: SemanticModel, node: ast.AST) -> bool:

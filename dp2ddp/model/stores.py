@@ -19,7 +19,7 @@ def constructor_argument(cm: SemanticModel, cls: ast.ClassDef, made: ast.Call, a
     """The argument ``made`` (a construction of ``cls``, of module ``cm``) passes for the
     parameter of ``__init__`` that ``self.<attr>`` keeps (assigned once, from the parameter
     itself): a trainer's ``self.model_checkpoint``, a baseline's ``self.critic``."""
-    init = cm.methods(cls).get("__init__")
+    init = cm.method_of(cls, "__init__")  # its own, or the base class's it inherits (open-reid's Trainer(BaseTrainer))
     values = attribute_assignments(cm, cls).get(attr, []) if init is not None else []
     if len(values) != 1 or not isinstance(values[0], ast.Name) or values[0].id not in cm.params(init):
         return None
