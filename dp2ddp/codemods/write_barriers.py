@@ -171,6 +171,27 @@ def _callee_reads(m: SemanticModel, call: ast.Call) -> bool:
     return _reads_files(found[0], found[1])
 
 
+def _reads_after(m: SemanticModel, stmt: ast.stmt) -> List[ast.Call]:
+    """The calls after ``stmt``, in its function, that read a file on every rank: directly
+    (``torch.load``, ``open`` to read) or through a function of the script or of a project
+    module (open-reid's ``load_checkpoint(osp.join(logs, 'model_best.pth.tar'))`` after
+    ``save_checkpoint(state, is_best, fpath=osp.join(logs, 'checkpoint.pth.tar'))``, whose
+    copy makes the best file the load reads). What a project helper writes cannot be told
+    by its arguments alone (a name it derives, a copy beside it): any read after it may be
+    of its files."""
+    func = m.enclosing_function(stmt)
+    out = []
+    for call in m.nodes(ast.Call):
+        if (call.lineno, call.col_offset) <= (stmt.end_lineno or stmt.lineno, stmt.end_col_offset or 0):
+            continue
+        if m.enclosing_function(call) is not func or rank_guarded(m, call):
+            continue
+        q = m.qualified_names(call.func)
+        if q & READS or (q & OPEN and not _writes(call)) or _callee_reads(m, call):
+            out.append(call)
+    return out
+
+
 def _barrier_anchor(m: SemanticModel, stmt: ast.stmt, reads: List[ast.AST]) -> ast.stmt:
     """Where every rank passes after ``stmt`` and before the reads: out of the ``if``
     statements around it (their tests may differ between ranks: ``if not
@@ -208,6 +229,8 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
     done: Set[int] = set()
     for stmt, last in guarded:
         paths = _call_paths(m, stmt) if routed else _companion_paths(m, stmt) if companion else _written_paths(m, stmt)
+        if companion and not paths:
+            paths = ["<the files the helper writes>"]  # (a path made by a call: ``osp.join(logs, name)``; see _reads_after)
         for path in paths:
             later = [] if routed else [c for c, p in reads if p == path and ((c.lineno, c.col_offset) > (stmt.lineno, stmt.col_offset) or m.enclosing_function(c) is not m.enclosing_function(stmt))]
             for call in m.nodes(ast.Call):
@@ -223,6 +246,8 @@ def barriers(ctx: Context, guarded: List[Tuple[ast.stmt, ast.stmt]], routed: boo
                       and m.enclosing_function(c.read) is m.enclosing_function(stmt) and c.read not in later]
             if local:
                 later = [c for c in later if m.enclosing_function(c) is m.enclosing_function(stmt)]
+            if companion and not later:
+                later = _reads_after(m, stmt)
             if not later:
                 continue
             anchor = _barrier_anchor(m, last, later)
