@@ -88,6 +88,42 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
             f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: every rank tests the ranks' "
             f"losses averaged ({name}, an all-reduce), the whole batch's as in the original, so every rank steps or skips "
             "alike"), [Replace(ctx.cst(read), lambda u: ctx.expr(f"{name}({{x}})", x=u))]))
+    out.extend(_handed_to_a_loss_decided_step(ctx))
+    return out
+
+
+def _handed_to_a_loss_decided_step(ctx: Context) -> List[Finding]:
+    """The wrapped model handed to a project class or function whose step a test of the
+    loss decides (SRFBN's ``SRSolver.train_step``: ``if loss_batch < self.skip_threshold *
+    self.last_epoch_loss: self.optimizer.step()``): that module is not rewritten for it (it
+    holds no DataParallel), so each rank would test its own share's loss there. DDP180 at
+    the call that hands the model over."""
+    from dp2ddp.model.project_defs import project_calls, reach_across
+    from dp2ddp.model.steps import loss_decided_steps
+
+    m = ctx.m
+    keys = dp_wrapper_keys(m)
+    out: List[Finding] = []
+    for call, (pm, node, rel) in project_calls(m):
+        handed = [a for a in [*call.args, *(k.value for k in call.keywords)]
+                  if any(isinstance(x, (ast.Name, ast.Attribute)) and var_key(m, x) in keys for x in ast.walk(a))]
+        if not handed:
+            continue
+        run = list(reach_across(pm, node, rel))
+        if isinstance(node, ast.ClassDef):  # an object that keeps the model: its methods are called later
+            run += [(pm, fn, rel) for c in pm.family(node) for fn in pm.methods(c).values()]
+        for mod, fn, path in run:
+            found = next(((st, t) for st, t, _r, _l in loss_decided_steps(mod) if mod.contains(fn, st)), None)
+            if found is None:
+                continue
+            step, test = found
+            cond = " ".join(mod.source(test.test).split())[:60]
+            out.append(ctx.block(call, "DDP180", (
+                f"`{m.source(handed[0])}` is handed to {m.source(call.func)}(), whose `{mod.source(step)}` ({path}:{step.lineno}) "
+                f"runs only if `{cond}` (line {test.lineno}), a test of the loss: under DDP each rank tests the loss of its own "
+                "share of the batch, so one rank may step where another skips and the replicas part for good; test a value "
+                "every rank agrees on there (the loss all-reduced, as the original's one process saw it), then migrate")))
+            break
     return out
 
 

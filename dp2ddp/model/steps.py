@@ -139,15 +139,16 @@ def receiver_kind(m: SemanticModel, receiver: ast.AST) -> Optional[str]:
 
 
 def optimizer_steps(m: SemanticModel, loop: ast.AST) -> List[ast.Call]:
-    """The optimizer steps of ``loop``'s own passes (not of loops nested in it): every
+    """The optimizer steps of ``loop``'s own passes (not of loops nested in it; ``loop`` may
+    be a function that steps once a call, SRFBN's ``train_step``): every
     ``x.step(...)`` whose receiver is not known to be a learning-rate scheduler, the
     known optimizers' only where there are some."""
     known, unknown = [], []
     for n in own_nodes(m, loop):
         if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"):
             continue
-        if innermost_loop(m, n) is not loop:
-            continue
+        if innermost_loop(m, n) is not (None if isinstance(loop, FUNCTIONS) else loop):
+            continue  # (a function that steps once a call: its steps outside any loop of its own)
         kind = "optimizer" if n.args else receiver_kind(m, n.func.value)  # scaler.step(optimizer)
         if kind == "optimizer":
             known.append(n)
@@ -315,7 +316,9 @@ def loss_decided_steps(m: SemanticModel) -> List[Tuple[ast.Call, ast.If, ast.AST
         return got  # type: ignore[return-value]
     out: List[Tuple[ast.Call, ast.If, ast.AST, ast.AST]] = []
     for b in backward_calls(m):
-        loop = innermost_loop(m, b)
+        # the loop of the step, or the function that makes one step a call (a solver's
+        # ``train_step``: the loop that calls it is its caller's)
+        loop = innermost_loop(m, b) or m.enclosing_function(b)
         loss = differentiated(m, b)
         if loop is None or not isinstance(loss, ast.Name):
             continue
