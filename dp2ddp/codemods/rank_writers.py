@@ -328,9 +328,12 @@ def _companion_write(ctx: Context, w, first: bool = False) -> List[Finding]:
         ahead = _write_first_on_rank_zero(ctx, w, stmt)
         if ahead is not None:
             return [ahead]
-    if w.deletes is not None or not w.only_writes or not whole:
+    if not w.only_writes or not whole:
+        # (a helper that removes files and writes, and does nothing else, runs on rank 0 alone
+        # like one that only writes: pytorch-playground's model_snapshot removes the last best
+        # file and saves the new one; what the script reads after it waits at a barrier)
         why = (
-            f"it also removes files ({w.deletes})" if w.deletes is not None
+            f"it also removes files ({w.deletes}) and does more than write" if w.deletes is not None
             else f"it also trains ({w.trains}), which every rank must do" if w.trains is not None
             else "its result is used" if not whole
             else "it also keeps state or returns a value every rank needs"
