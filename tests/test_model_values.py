@@ -837,3 +837,39 @@ def test_a_self_attribute_holds_the_store_just_before_it_in_straight_line_and_no
     assert store_just_before(m, lam.body) is None
     assert held == {"self.d": ["a + 1", None], "self.e": [None], "self.f": [None], "self.g": [None], "self.h": [None],
                     "self.k": ["a", "a"]}
+
+
+def test_a_step_decided_by_a_loss_summed_over_micro_batches_in_a_method_is_found():
+    """SRFBN's ``train_step``: the batch is split, each split's loss goes backward and is added
+    up, then one step under a test of the sum; and a solver whose method makes one step a
+    call. Both steps are decided by the loss (they used to be found only in a loop that both
+    goes backward and steps)."""
+    from dp2ddp.model.steps import loss_decided_steps
+
+    m = build(textwrap.dedent('''
+        class Solver:
+            def train_step(self):
+                self.optimizer.zero_grad()
+                loss_batch = 0.0
+                for i in range(self.split_batch):
+                    loss_sbatch = self.criterion(self.model(self.LR[i]), self.HR[i]) / self.split_batch
+                    loss_sbatch.backward()
+                    loss_batch += loss_sbatch.item()
+                if loss_batch < self.skip_threshold * self.last_epoch_loss:
+                    self.optimizer.step()
+                    self.last_epoch_loss = loss_batch
+                return loss_batch
+
+            def plain_step(self, x, y):
+                loss = self.criterion(self.model(x), y)
+                loss.backward()
+                if torch.isfinite(loss):
+                    self.optimizer.step()
+
+            def always(self, x, y):
+                loss = self.criterion(self.model(x), y)
+                loss.backward()
+                self.optimizer.step()
+    '''))
+    found = [(m.enclosing_function(step).name, m.source(read), m.source(loss)) for step, _t, read, loss in loss_decided_steps(m)]
+    assert found == [("train_step", "loss_batch", "loss_sbatch"), ("plain_step", "loss", "loss")]

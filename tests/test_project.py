@@ -2578,3 +2578,51 @@ def test_a_trainer_module_wrapping_in_the_sync_bn_packages_dataparallel_is_reach
     helper = (tmp_path / "out" / "trainer.py").read_text()
     assert "DistributedDataParallel(torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)" in helper, helper
     assert "DataParallelWithCallback(" not in helper
+
+
+def _srfbn_like(d: Path, skip: bool) -> None:
+    """SRFBN's layout: ``networks.create_model`` wraps in DataParallel, the solver module (no
+    DataParallel of its own; made by ``solvers.create_solver``, a package's function) makes
+    the model through it, writes a summary file and steps, under a test of the batch's loss
+    where ``skip``."""
+    d.mkdir()
+    (d / "networks.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\ndef create_model():\n    net = nn.Linear(4, 1)\n"
+        "    if torch.cuda.is_available() or True:\n        net = nn.DataParallel(net)\n    return net\n")
+    step = ("        if loss_batch < 3.0 * self.last_loss:\n            self.optimizer.step()\n            self.last_loss = loss_batch\n"
+            if skip else "        self.optimizer.step()\n")
+    (d / "solvers").mkdir()
+    (d / "solvers" / "__init__.py").write_text("from .srsolver import Solver\n\n\ndef create_solver(root):\n    return Solver(root)\n")
+    (d / "solvers" / "srsolver.py").write_text(
+        "import os\n\nimport torch\nimport torch.nn as nn\n\nfrom networks import create_model\n\n\nclass Solver:\n"
+        "    def __init__(self, root):\n        self.model = create_model()\n"
+        "        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1)\n        self.last_loss = 1e8\n"
+        "        os.makedirs(root, exist_ok=True)\n"
+        "        with open(os.path.join(root, 'network_summary.txt'), 'w') as f:\n            f.write(str(self.model))\n\n"
+        "    def train_step(self, x, y):\n        self.optimizer.zero_grad()\n"
+        "        loss = nn.functional.mse_loss(self.model(x), y)\n        loss.backward()\n        loss_batch = loss.item()\n"
+        + step + "        return loss_batch\n\n"
+        "    def save(self, path):\n        net = self.model.module if isinstance(self.model, nn.DataParallel) else self.model\n"
+        "        torch.save(net.state_dict(), path)\n")
+    (d / "train.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nfrom solvers import create_solver\n\n"
+        "torch.manual_seed(0)\nloader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)\n"
+        "solver = create_solver('exp')\nfor epoch in range(2):\n    for x, y in loader:\n        loss = solver.train_step(x, y)\n"
+        "    print('epoch', epoch, loss)\n")
+
+
+def test_a_solver_migrated_with_the_script_writes_its_own_files_and_its_loss_decided_step_is_refused(tmp_path: Path, capsys) -> None:
+    """SRFBN: with ``--with-helpers`` the solver module is migrated too, so its summary file is
+    its own migration's (opened on rank 0 only there): the script no longer refuses DDP110
+    for it. Its step under a test of the batch's loss is refused (DDP180) in the solver,
+    where the module was migrated with no word about it (each rank would test its share)."""
+    _srfbn_like(tmp_path / "a", skip=False)
+    assert main(["rewrite", "-q", "--with-helpers", "-o", str(tmp_path / "out_a"), str(tmp_path / "a" / "train.py")]) == 0
+    assert "else os.devnull" in (tmp_path / "out_a" / "solvers" / "srsolver.py").read_text()
+    capsys.readouterr()
+    _srfbn_like(tmp_path / "b", skip=True)
+    assert main(["rewrite", "--with-helpers", "-o", str(tmp_path / "out_b"), str(tmp_path / "b" / "train.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"srsolver\.py:\d+:\d+: DDP180 `self\.optimizer\.step\(\)` runs only if `loss_batch < 3\.0 \* self\.last_loss`",
+                     err), err
+    assert "DDP110" not in err and not (tmp_path / "out_b").exists()

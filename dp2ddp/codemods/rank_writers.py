@@ -116,7 +116,10 @@ def propose(ctx: Context) -> List[Finding]:
                                  "rank would write the same file at once; put that save under `if dist.get_rank() == 0:` "
                                  "(or split it out of the training class), then migrate"))
     for w in companion_writes(m):
-        if not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and id(w.call) not in setups:
+        # (a write in a module migrated with this script is that module's migration's: SRFBN's
+        # create_solver() -> SRSolver's network_summary.txt, opened on rank 0 only there)
+        if (not rank_guarded(m, w.call) and not ctx.migrated_with(w.module) and not ctx.migrated_with(w.written_in)
+                and id(w.call) not in setups):
             out.extend(_companion_write(ctx, w, id(w.call) in firsts))
     for lm in logger_makers(m):
         if not rank_guarded(m, lm.stmt) and ctx.bridge.alone_on_line(lm.stmt):

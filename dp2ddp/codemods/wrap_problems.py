@@ -64,15 +64,17 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
     from dp2ddp.model.steps import loss_decided_steps
 
     m = ctx.m
-    if not dp_wraps(m) or ctx.mode != "plain":
-        return []  # (a script with its own distributed path decides its steps as its authors run it under DDP)
+    if (not dp_wraps(m) and ctx.role != "helper") or ctx.mode != "plain":
+        # (a script with its own distributed path decides its steps as its authors run it under
+        # DDP; a helper migrated with the entry steps the model the entry wraps: SRFBN's solver)
+        return []
     out: List[Finding] = []
     name = None
     for step, test, read, loss in loss_decided_steps(m):
         what = (f"`{m.source(read)}`, the loss" if m.source(read) == m.source(loss) else
                 f"`{m.source(read)}`, computed from the loss `{m.source(loss)}`")
         cond = " ".join(m.source(test.test).split())[:60]
-        if not _read_by_every_rank(m, test, read) or not _the_loss_itself(m, read, loss):
+        if not _read_by_every_rank(m, test, read) or not _the_loss_itself(m, read, loss) or _kept_from_the_loss(m, test, read, loss):
             out.append(ctx.block(step, "DDP180", (
                 f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: under DDP each rank tests "
                 "the loss of its own share of the batch, so one rank may step where another skips and the replicas part for "
@@ -153,6 +155,19 @@ def _the_loss_itself(m, read: ast.AST, loss: ast.AST) -> bool:
         if v is None:
             return False
     return True
+
+
+def _kept_from_the_loss(m, test: ast.If, read: ast.AST, loss: ast.AST) -> bool:
+    """The test also reads an attribute that keeps a loss (``loss_batch < self.skip_threshold
+    * self.last_epoch_loss`` with ``self.last_epoch_loss = loss_batch``, SRFBN's solver): each
+    rank's own share's, so the ranks' thresholds part even when they test one value."""
+    names = {getattr(read, "id", None), getattr(loss, "id", None)} - {None}
+    attrs = {a.attr for a in ast.walk(test.test) if isinstance(a, ast.Attribute)}
+    for n in m.nodes(ast.Assign):
+        if any(isinstance(t, ast.Attribute) and t.attr in attrs for t in n.targets) and any(
+                isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
+            return True
+    return False
 
 
 def _read_by_every_rank(m, test: ast.If, read: ast.AST) -> bool:

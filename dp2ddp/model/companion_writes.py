@@ -35,6 +35,7 @@ class CompanionRace:
     module: str = ""  # the path of the project module the call enters (``utils/saver.py``'s)
     trains: Optional[str] = None  # ``engine.py:10``: where it also trains (a loop of backward passes)
     deeper: bool = False  # companion writes: the write is in a function the call reaches, not its own
+    written_in: str = ""  # companion writes: the path of the project module that holds the write
     cached: bool = False  # companion writes: it writes only files it finds missing (:mod:`dp2ddp.model.cache_writes`)
     torch_saves: bool = False  # companion writes: its every write is a ``torch.save`` (see torch_saves_only)
     # training classes (:func:`training_class_saves`) only:
@@ -183,8 +184,12 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
             # in utils/vis.py, an image of the batch per rank, under one name); one that does not
             # writes the same file on every rank at once (``hungarian_evaluate(...,
             # confusion_matrix_file=...)`` -> ``plt.savefig`` in utils/utils.py)
-            where = next((f"{path}:{line}" for mod, f, path in reached for line in [_writes_in(mod, f)] if line is not None), None)
+            found = next(((f"{path}:{line}", mod.path) for mod, f, path in reached for line in [_writes_in(mod, f)]
+                          if line is not None), None)
+            where, written_in = found if found is not None else (None, pm.path)
             deeper = where is not None
+        else:
+            written_in = pm.path
         if where is None:
             continue
         owner = pm.parent(func)
@@ -194,7 +199,7 @@ def companion_writes(m: SemanticModel) -> List[CompanionRace]:
         # the script keeps for output (:mod:`dp2ddp.model.output_objects`), its writes further down too
         only = trains is None and ((writes_only(pm, func) and not deeper) or output_only_call(m, call, pm, func))
         out.append(CompanionRace(call, name, where, f"{rel}:{gone}" if gone else None, only, module=pm.path, trains=trains,
-                                 deeper=deeper, torch_saves=_torch_saves_only(reached),
+                                 deeper=deeper, written_in=written_in, torch_saves=_torch_saves_only(reached),
                                  cached=not deeper and writes_when_missing(pm, func, writers(pm))))
     m.cache["companion_writes"] = out
     return out

@@ -316,16 +316,21 @@ def loss_decided_steps(m: SemanticModel) -> List[Tuple[ast.Call, ast.If, ast.AST
         return got  # type: ignore[return-value]
     out: List[Tuple[ast.Call, ast.If, ast.AST, ast.AST]] = []
     for b in backward_calls(m):
-        # the loop of the step, or the function that makes one step a call (a solver's
-        # ``train_step``: the loop that calls it is its caller's)
-        loop = innermost_loop(m, b) or m.enclosing_function(b)
         loss = differentiated(m, b)
-        if loop is None or not isinstance(loss, ast.Name):
+        if not isinstance(loss, ast.Name):
+            continue
+        # the loop of the step: the backward's own, or one around it where the backward
+        # accumulates over micro-batches, or the function that makes one step a call (a
+        # solver's ``train_step``: the loop that calls it is its caller's; SRFBN's splits
+        # its batch, backward per split, then tests the summed loss before its one step)
+        loop = next((s for s in [*m.enclosing_loops(b), m.enclosing_function(b)] if s is not None and optimizer_steps(m, s)), None)
+        if loop is None:
             continue
         names = {loss.id}
-        for n in own_nodes(m, loop):  # names bound from the loss in the loop: ``value = loss.item()``
-            if isinstance(n, ast.Assign) and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
-                names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+        for n in own_nodes(m, loop):  # names bound from the loss in the loop: ``value = loss.item()``, ``total += ...``
+            if isinstance(n, (ast.Assign, ast.AugAssign)) and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value)):
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                names |= {t.id for tgt in targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
         for step in optimizer_steps(m, loop):
             for a in m.ancestors(step):
                 if a is loop:
