@@ -255,9 +255,25 @@ def only_checks_dp(file: str) -> bool:
     for call in pm.nodes(ast.Call):
         if pm.is_name(call.func, DP | DP_FUNCTIONAL) or pm.source(call.func).endswith("DataParallel"):
             return False
-        if callback_class(pm, call) is not None:
+        if callback_class(pm, call) is not None and not _rewraps_a_dataparallel(pm, call):
             return False  # SPADE's trainer: DataParallelWithCallback(model) of the vendored sync-BN package
     return True
+
+
+def _rewraps_a_dataparallel(pm, call: ast.Call) -> bool:
+    """``call`` runs only under ``if isinstance(module, DataParallel):`` (the sync-BN package's
+    ``convert_model``: a DataParallel it is handed comes back as a DataParallelWithCallback):
+    it wraps what was wrapped already, and nothing that a migrated script hands it."""
+    from dp2ddp.model.names import DP
+
+    for a in pm.ancestors(call):
+        if not (isinstance(a, ast.If) and any(pm.contains(st, call) for st in a.body)):
+            continue
+        t = a.test
+        if (isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and t.func.id == "isinstance" and len(t.args) == 2
+                and pm.qualified_names(t.args[1]) & DP):
+            return True
+    return False
 
 
 def helper_dp_message(m, call: ast.Call, rel: str, line: int, tested: Optional[int] = None) -> str:
