@@ -264,14 +264,17 @@ def _rewraps_a_dataparallel(pm, call: ast.Call) -> bool:
     """``call`` runs only under ``if isinstance(module, DataParallel):`` (the sync-BN package's
     ``convert_model``: a DataParallel it is handed comes back as a DataParallelWithCallback):
     it wraps what was wrapped already, and nothing that a migrated script hands it."""
+    from dp2ddp.model.call_args import argument
     from dp2ddp.model.names import DP
 
     for a in pm.ancestors(call):
         if not (isinstance(a, ast.If) and any(pm.contains(st, call) for st in a.body)):
             continue
         t = a.test
-        if (isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and t.func.id == "isinstance" and len(t.args) == 2
-                and pm.qualified_names(t.args[1]) & DP):
+        if not (isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and t.func.id == "isinstance"):
+            continue
+        kind = argument(t, ("obj", "class_or_tuple"), "class_or_tuple")
+        if kind is not None and pm.qualified_names(kind) & DP:
             return True
     return False
 

@@ -873,3 +873,36 @@ def test_a_step_decided_by_a_loss_summed_over_micro_batches_in_a_method_is_found
     '''))
     found = [(m.enclosing_function(step).name, m.source(read), m.source(loss)) for step, _t, read, loss in loss_decided_steps(m)]
     assert found == [("train_step", "loss_batch", "loss_sbatch"), ("plain_step", "loss", "loss")]
+
+
+def test_the_sync_bn_packages_rewrap_of_a_dataparallel_wraps_nothing_but_a_trainers_wrap_does(tmp_path):
+    """The vendored sync-BN package's ``convert_model`` hands back a DataParallel it was handed
+    as a DataParallelWithCallback (under ``isinstance(module, DataParallel)``): it wraps nothing
+    a migrated script hands it, so a script importing it (SimCLR's Lightning script) has nothing
+    to migrate. A trainer module that wraps its own model in that class (SPADE's) wraps."""
+    from dp2ddp.project import only_checks_dp
+
+    (tmp_path / "sync_batchnorm.py").write_text((ROOT / "fixtures" / "sync_bn" / "sync_batchnorm.py").read_text())
+    (tmp_path / "convert.py").write_text(textwrap.dedent('''\
+        import torch
+        from sync_batchnorm import DataParallelWithCallback
+
+
+        def convert_model(module):
+            if isinstance(module, torch.nn.DataParallel):
+                mod = convert_model(module.module)
+                return DataParallelWithCallback(mod, device_ids=module.device_ids)
+            return module
+        '''))
+    (tmp_path / "trainer.py").write_text(textwrap.dedent('''\
+        import torch.nn as nn
+        from sync_batchnorm import DataParallelWithCallback
+
+
+        class Trainer:
+            def __init__(self, gpu_ids):
+                self.model = nn.Linear(2, 2)
+                if len(gpu_ids) > 0:
+                    self.model = DataParallelWithCallback(self.model, device_ids=gpu_ids)
+        '''))
+    assert only_checks_dp(str(tmp_path / "convert.py")) and not only_checks_dp(str(tmp_path / "trainer.py"))
