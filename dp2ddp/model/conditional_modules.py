@@ -142,8 +142,8 @@ def unused_submodules(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.AST, str
             if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.Call):
                 t = n.targets[0]
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    kind = _module_kind(m, n.value)
-                    if kind is not None and not without_parameters(m, n.value):
+                    kind = _module_kind(m, n.value) or "unknown"  # (open-reid: ``ResNet.__factory[depth](...)``)
+                    if not without_parameters(m, n.value):
                         held.setdefault(t.attr, (n, kind))
         if not held:
             continue
@@ -155,7 +155,7 @@ def unused_submodules(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.AST, str
             if _stored_again(cls, init, attr):
                 continue
             uses = reads.get(attr, [])
-            if not uses:
+            if not uses and kind != "unknown":
                 out.append((cls, assign, attr, "never"))
             elif (kind == "library" and all(_partial(m, u) for u in uses)) or any(_walk_stops(m, u) for u in uses):
                 out.append((cls, uses[0], attr, "partly"))
