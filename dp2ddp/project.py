@@ -284,7 +284,9 @@ def helper_dp_message(m, call: ast.Call, rel: str, line: int, tested: Optional[i
     (:func:`helpers_with_dp`'s ``call``, ``rel``, ``line``); ``tested``: the line where the
     script tests for DataParallel itself."""
     also = f", and this script tests for it (line {tested})" if tested is not None else ""
-    what = f"{m.source(call.func)}()" if isinstance(call, ast.Call) else f"`{m.source(call)}`, handed on as a value,"
+    what = (f"{m.source(call.func)}()" if isinstance(call, ast.Call)
+            else f"`{m.source(call)}[...]`, a table of the project looked up by key," if isinstance(m.parent(call), ast.Subscript)
+            else f"`{m.source(call)}`, handed on as a value,")
     return (f"{what} reaches DataParallel in the project module {rel}:{line}{also}: migrate the "
             f"script and its helpers together with `dp2ddp rewrite {os.path.basename(m.path)} --with-helpers`")
 
@@ -354,6 +356,9 @@ def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
             continue
         found = project_def(m, name)
         if found is None:
+            table = _table_with_dp(m, name, dp_files, base)  # ``Trainer = train_factory[opt.task]`` (CenterNet)
+            if table is not None:
+                return [(name, mods[table][0] if table in mods else os.path.relpath(table, base), _first_dp_line(table))]
             continue
         pm, node, rel = found
         if os.path.realpath(pm.path) not in dp_files and not isinstance(node, ast.ClassDef):
@@ -363,6 +368,25 @@ def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
             real = os.path.realpath(hit.path)
             return [(name, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real))]
     return []
+
+
+def _table_with_dp(m, name: ast.Name, dp_files, base) -> Optional[str]:
+    """``name`` is a table a project module defines (``train_factory = {'ctdet':
+    CtdetTrainer, ...}``) that the script looks up by key (``train_factory[opt.task]``),
+    and that module reaches a module that wraps in DataParallel: the one it reaches first."""
+    if not isinstance(m.parent(name), ast.Subscript) or m.parent(name).value is not name:
+        return None
+    for q in sorted(m.qualified_names(name)):
+        if "." not in q:
+            continue
+        found = module_file(base, q.rsplit(".", 1)[0], 0)
+        if found is None:
+            continue
+        reach = reached_modules(found)
+        hit = next((d for d in dp_files if d in reach), None)
+        if hit is not None:
+            return hit
+    return None
 
 
 def _looked_up_by_name(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]]:

@@ -2626,3 +2626,33 @@ def test_a_solver_migrated_with_the_script_writes_its_own_files_and_its_loss_dec
     assert re.search(r"srsolver\.py:\d+:\d+: DDP180 `self\.optimizer\.step\(\)` runs only if `loss_batch < 3\.0 \* self\.last_loss`",
                      err), err
     assert "DDP110" not in err and not (tmp_path / "out_b").exists()
+
+
+def test_a_trainer_picked_from_a_projects_table_reaches_its_dataparallel(tmp_path: Path, capsys) -> None:
+    """CenterNet's shape: ``Trainer = train_factory[opt.task]`` (a dict of trainer classes in
+    a project package), then ``Trainer(opt, model, optimizer)``, whose base class wraps the
+    model in DataParallel in a method. ``rewrite main.py`` said "no DataParallel found,
+    nothing to migrate" with exit 0; it is DDP151 at the table now."""
+    d = tmp_path / "proj"
+    (d / "trains").mkdir(parents=True)
+    (d / "trains" / "__init__.py").write_text("")
+    (d / "trains" / "base.py").write_text(
+        "import torch.nn as nn\n\n\nclass BaseTrainer:\n    def __init__(self, model, optimizer):\n"
+        "        self.model, self.optimizer = model, optimizer\n\n    def set_device(self, gpus):\n"
+        "        if len(gpus) > 1:\n            self.model = nn.DataParallel(self.model, device_ids=gpus)\n\n"
+        "    def train(self, loader):\n        for x, y in loader:\n"
+        "            loss = nn.functional.cross_entropy(self.model(x), y)\n            self.optimizer.zero_grad()\n"
+        "            loss.backward()\n            self.optimizer.step()\n")
+    (d / "trains" / "ctdet.py").write_text("from .base import BaseTrainer\n\n\nclass CtdetTrainer(BaseTrainer):\n    pass\n")
+    (d / "trains" / "factory.py").write_text("from .ctdet import CtdetTrainer\n\ntrain_factory = {'ctdet': CtdetTrainer}\n")
+    (d / "main.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nfrom trains.factory import train_factory\n\n\ndef main():\n"
+        "    model = nn.Linear(4, 2)\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    Trainer = train_factory['ctdet']\n    trainer = Trainer(model, optimizer)\n    trainer.set_device([0, 1])\n"
+        "    data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))\n"
+        "    trainer.train(torch.utils.data.DataLoader(data, batch_size=4, shuffle=True))\n\n\n"
+        "if __name__ == '__main__':\n    main()\n")
+    assert main(["rewrite", "--diff", str(d / "main.py")]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"main\.py:10:\d+: DDP151 `train_factory\[\.\.\.\]`, a table of the project looked up by key, reaches "
+                     r"DataParallel in the project module trains/base\.py:10", err), err
