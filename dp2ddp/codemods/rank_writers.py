@@ -205,6 +205,25 @@ def _graphs_of_the_bare_module(ctx: Context) -> List[Finding]:
     return out
 
 
+def _used_as_a_logger(m: SemanticModel, lm: LoggerMaker) -> bool:
+    """Every use of the name the maker's result is bound to reads something a
+    ``logging.Logger`` has (``logger.info``, ``logging.info`` where the helper returns the
+    logging module, Face_Pytorch's ``init_log``): a disabled Logger can stand in for it on
+    the other ranks. A use as anything else (``logging.getLogger(...)``, handed on) cannot."""
+    import logging
+
+    target = lm.stmt.targets[0]
+    for name in m.nodes(ast.Name):
+        if name.id != lm.name or name is target or not isinstance(name.ctx, ast.Load):
+            continue
+        if not any(b.target is target or b.node is lm.stmt for b in m.bindings_of(name)):
+            continue
+        up = m.parent(name)
+        if not (isinstance(up, ast.Attribute) and up.value is name and hasattr(logging.Logger, up.attr)):
+            return False
+    return True
+
+
 def _tee_on_rank_zero(ctx: Context, stmt: ast.Assign, name: str, where: str) -> Finding:
     """``sys.stdout = Logger(path)``: made on rank 0 only; on the other ranks the stream stays
     the console (their prints, like those of helpers the migration does not edit, go there)."""
@@ -239,7 +258,7 @@ def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
                          "the process's rank under torchrun; pass `dist.get_rank()`, then migrate")
     other = ctx.env_not_rank0() if early else ctx.not_rank0()
     stmt = ctx.stmt(f"if {other}:\n    {lm.name}.disabled = True\n")
-    if lm.alone:
+    if lm.alone and (not lm.module or _used_as_a_logger(ctx.m, lm)):
         # what the helper runs only sets up logging: rank 0 alone makes the logger, so no other
         # rank opens (or empties, or names by its own clock) a file in a folder rank 0 may not
         # have made yet (pytorch-semseg's get_logger(logdir), logdir made by rank 0's writer)
@@ -250,6 +269,11 @@ def _logger_on_rank_zero(ctx: Context, lm: LoggerMaker) -> Finding:
             "get a disabled logger, so each line is written once and no other rank opens the file"),
             [Replace(ctx.cst(lm.stmt.value), lambda u: ctx.expr(f"{{c}} if {_paren_text(rank0)} else {quiet}", c=u)),
              InsertAfter(ctx.bridge.statement(lm.stmt), (stmt,))])
+    if lm.module:
+        return ctx.block(lm.stmt, "DDP110", f"`{lm.name}` is the logging module, set up to log to a file ({lm.where}) by a "
+                         "helper that every rank would run (each opening the file), and the script uses it as more than a "
+                         "logger, so a disabled logger cannot stand in for it on the other ranks; call the helper on rank 0 "
+                         "only, then migrate")
     if lm.truncates:
         return ctx.block(lm.stmt, "DDP110", f"`{lm.name}` logs to a file its handler opens with mode 'w' when it is made "
                          f"({lm.where}): on every rank that makes it, the other ranks would empty what rank 0 has "

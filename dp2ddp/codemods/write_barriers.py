@@ -46,7 +46,8 @@ def routed_write_sites(ctx: Context) -> List[Tuple[ast.stmt, ast.stmt]]:
     return out
 
 
-READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yaml.load", "pandas.read_csv"}
+READS = LOAD | {"numpy.load", "json.load", "pickle.load", "yaml.safe_load", "yaml.load", "pandas.read_csv",
+               "scipy.io.loadmat", "numpy.loadtxt", "numpy.genfromtxt"}  # (Face_Pytorch reads its features back with loadmat)
 # a function that hands a path to another program reads that file too (RepBERT's
 # ``eval_results(path)`` runs the MS MARCO scorer on the ranking it was given)
 RUNS = SHELL_RUNS | {"subprocess.check_output"}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from dp2ddp.model.core import SemanticModel
-from dp2ddp.model.names import LOGGING_FILE
+from dp2ddp.model.names import LOGGING_BASIC, LOGGING_FILE
 from dp2ddp.model.output_objects import every_rank_runs
 from dp2ddp.model.project_defs import project_calls, reach_across
 from dp2ddp.model.writers import writers
@@ -32,6 +32,7 @@ class LoggerMaker:
     truncates: bool = False  # the handler opens its file with mode="w" at once: every rank would empty it
     rank_arg: Optional[ast.AST] = None  # what the call passes for the helper's own rank parameter (see _rank_gate)
     alone: bool = False  # what the call runs only sets up logging (:func:`only_logs`): rank 0 alone may make it
+    module: bool = False  # the helper returns the logging module itself (``return logging``), not a Logger
 
 
 def logging_setups(m: SemanticModel) -> List[Tuple[ast.Call, str]]:
@@ -128,15 +129,17 @@ def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
         owner = pm.parent(func)
         scope = owner if isinstance(owner, ast.ClassDef) else func
         handler = next((w for w in writers(pm) if w.kind == "logfile" and pm.contains(scope, w.call)
-                        and pm.is_name(w.call.func, LOGGING_FILE)), None)
+                        and pm.is_name(w.call.func, LOGGING_FILE | LOGGING_BASIC)), None)
         if handler is not None and _returns_a_logger(pm, func):
             gate = _rank_gate(pm, func, handler.call)
             rank_arg = pm.argument_for(func, call, gate) if gate is not None else None
             # ``Logger(...).get_log()`` runs the class's __init__ too
             parts = [owner, func] if isinstance(owner, ast.ClassDef) else [func]
             alone = all(_log_writes(pm, part, rel) is not None for part in parts)
+            module = any(isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and pm.qualified_names(r.value) == {"logging"}
+                         for r in ast.walk(func))
             out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}", _truncates(pm, handler.call),
-                                   rank_arg, alone))
+                                   rank_arg, alone, module))
     m.cache["logger_makers"] = out
     return out
 
@@ -200,6 +203,8 @@ def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
             if not values or not all(isinstance(v, ast.Call) and pm.is_name(v.func, {"logging.getLogger"}) for v in values):
                 return False
             continue
+        if isinstance(r.value, ast.Name) and pm.qualified_names(r.value) == {"logging"}:
+            continue  # ``return logging``, the module (Face_Pytorch's init_log: the script logs with ``logging.info``)
         if not isinstance(r.value, ast.Name):
             return False
         bindings = pm.bindings_of(r.value)
