@@ -61,7 +61,7 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
     ranks' losses all-reduced and averaged: every rank tests one value, the whole batch's,
     DDP181); else refused (DDP180). Checked once the mode is known: a script with its own
     distributed path keeps its own decisions."""
-    from dp2ddp.model.steps import loss_decided_steps
+    from dp2ddp.model.steps import loss_decided_skips, loss_decided_steps
 
     m = ctx.m
     if (not dp_wraps(m) and ctx.role != "helper") or ctx.mode != "plain":
@@ -90,6 +90,25 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
             f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: every rank tests the ranks' "
             f"losses averaged ({name}, an all-reduce), the whole batch's as in the original, so every rank steps or skips "
             "alike"), [Replace(ctx.cst(read), lambda u: ctx.expr(f"{name}({{x}})", x=u))]))
+    for skip, test, read, loss in loss_decided_skips(m):
+        cond = " ".join(m.source(test.test).split())[:60]
+        what = "skips" if isinstance(skip, ast.Continue) else "leaves the loop before"
+        if not _read_by_every_rank(m, test, read) or not _the_loss_itself(m, read, loss) or _kept_from_the_loss(m, test, read, loss):
+            out.append(ctx.block(skip, "DDP180", (
+                f"`{m.source(skip)}` {what} the backward pass if `{cond}` (line {test.lineno}), a test of the loss: under DDP "
+                "each rank tests the loss of its own share of the batch, and a rank that skips its backward leaves the others "
+                "waiting in the gradient all-reduce (gloo stops, NCCL hangs); dp2ddp cannot make every rank test one value "
+                "here; test a value every rank agrees on (the loss all-reduced), then migrate")))
+            continue
+        if name is None:
+            name = ctx.fresh_name("loss_of_every_rank")
+            ctx.define_after_imports("loss_of_every_rank.py.tmpl", loss_of_every_rank=name, dist=ctx.name("dist"),
+                                     torch=ctx.name("torch"))
+        out.append(ctx.note(read, "DDP181", (
+            f"`{m.source(skip)}` {what} the backward pass if `{cond}` (line {test.lineno}), a test of the loss: every rank "
+            f"tests the ranks' losses averaged ({name}, an all-reduce), the whole batch's as in the original, so every rank "
+            "skips or goes backward alike (a rank that skipped alone would leave the others waiting in the all-reduce)"),
+            [Replace(ctx.cst(read), lambda u: ctx.expr(f"{name}({{x}})", x=u))]))
     out.extend(_handed_to_a_loss_decided_step(ctx))
     return out
 
@@ -533,7 +552,7 @@ def steered_by_shard(ctx: Context) -> List[Finding]:
         if isinstance(s.sink, ast.If):
             test = " ".join(m.source(s.sink.test).split())[:60]
             out.append(ctx.block(s.sink, "DDP128", (
-                f"`if {test}:` stops the training on `{s.name}`, which the training loop adds up from this rank's own "
+                f"`if {test}:` stops the training on `{s.name}`, which the training loop adds up (or collects) from this rank's own "
                 f"batches (line {m.position(s.added)[0]}): under DDP each rank's value differs, so the ranks would stop at "
                 "different epochs and the others would wait for them in their next all-reduce; all-reduce it over the ranks "
                 "before the test, or stop on a value every rank computes alike (a validation loss over the whole set), "
@@ -541,7 +560,7 @@ def steered_by_shard(ctx: Context) -> List[Finding]:
             continue
         sink = " ".join(m.source(s.sink).split())[:60]
         out.append(ctx.block(s.sink, "DDP128", (
-            f"`{sink}` steps the scheduler on `{s.name}`, which the training loop adds up from this rank's own batches "
+            f"`{sink}` steps the scheduler on `{s.name}`, which the training loop adds up (or collects) from this rank's own batches "
             f"(line {m.position(s.added)[0]}): under DDP each rank's value differs from the others' and from the original's "
             "(which saw every batch), so the ranks would change their learning rate apart; all-reduce it over the ranks "
             "before the step (averaged or added up, as its terms need), or step on a value every rank computes alike "

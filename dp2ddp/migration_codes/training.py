@@ -30,11 +30,14 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP180", "step-decided-by-the-loss", "error",
-        "an optimizer step that runs only when a test of the loss passes; the file is left unchanged",
+        "an optimizer step (or a backward pass) that runs only when a test of the loss passes; the file is left unchanged",
         "Trainers skip a step whose loss is not a finite number or too large (`if is_valid_number(loss.item()): "
-        "optimizer.step()`). Under DataParallel the one process tested the loss of the whole batch. Under DDP each rank "
+        "optimizer.step()`), or skip the whole batch before its backward pass (`if bool(loss == 0): continue`). Under "
+        "DataParallel the one process tested the loss of the whole batch. Under DDP each rank "
         "holds the loss of its own share: one rank may step where another skips, and from then on the replicas hold "
-        "different parameters, which DDP never brings back together (it averages gradients, not parameters). A NaN on "
+        "different parameters, which DDP never brings back together (it averages gradients, not parameters); a rank that "
+        "skips its backward leaves the others waiting in the gradient all-reduce (gloo stops, NCCL hangs). The test may "
+        "also sit in a project class the model is handed to (a solver's `train_step`). A NaN on "
         "one rank also reaches the others through the averaged gradients.",
         "Where the test reads the loss once, on every path, the migration makes every rank test the ranks' losses "
         "averaged (DDP181). Otherwise test a value every rank agrees on: all-reduce the loss first (`value = "
@@ -49,7 +52,7 @@ CODES: Tuple[MigrationCode, ...] = (
     ),
     MigrationCode(
         "DDP181", "loss-test-of-every-rank", "info",
-        "an optimizer step under a test of the loss now tests the ranks' losses averaged",
+        "an optimizer step (or a backward pass) under a test of the loss now tests the ranks' losses averaged",
         "Trainers skip a step whose loss is not a finite number or too large (`if is_valid_number(loss.item()): "
         "optimizer.step()`). Under DataParallel the one process tested the loss of the whole batch; under DDP each "
         "rank holds the loss of its own share, and a rank that stepped where another skipped would leave the replicas "

@@ -1,7 +1,8 @@
 """Training decisions made from what one rank's batches added up.
 
-A script often adds up the training step's losses over an epoch (``total += loss.item()``)
-and steps a ``ReduceLROnPlateau`` scheduler on the result. Under DataParallel that sum runs
+A script often adds up the training step's losses over an epoch (``total += loss.item()``,
+or a list it appends them to and averages, ``np.mean(epoch_loss)``) and steps a
+``ReduceLROnPlateau`` scheduler on the result. Under DataParallel that sum runs
 over every batch of the epoch; under DDP each rank adds up its own share of every batch, so
 each rank's value differs from the others' and from the original's: the ranks would change
 their learning rate apart (their parameters then drift apart too) at epochs the original
@@ -56,6 +57,10 @@ def _sums(m: SemanticModel) -> Dict[int, Dict[str, ast.AST]]:
                   and isinstance(n.value.op, ast.Add) and isinstance(n.targets[0], ast.Name)
                   and isinstance(n.value.left, ast.Name) and n.value.left.id == n.targets[0].id):
                 target, value = n.targets[0], n.value.right
+            elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend")
+                  and isinstance(n.func.value, ast.Name)):
+                # ``epoch_loss.append(float(loss))``, then ``scheduler.step(np.mean(epoch_loss))`` (retinanet)
+                target, value = n.func.value, next(iter(n.args), None)
             if not isinstance(target, ast.Name) or value is None or _same_on_every_rank(value):
                 continue
             out.setdefault(id(scope), {}).setdefault(target.id, n)

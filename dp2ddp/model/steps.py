@@ -344,3 +344,37 @@ def loss_decided_steps(m: SemanticModel) -> List[Tuple[ast.Call, ast.If, ast.AST
                 break
     m.cache["steps:loss-decided"] = out
     return out
+
+
+def loss_decided_skips(m: SemanticModel) -> List[Tuple[ast.stmt, ast.If, ast.AST, ast.AST]]:
+    """Backward passes skipped on a test of the loss: ``if bool(loss == 0): continue`` (or
+    ``torch.isnan(loss)``) before ``loss.backward()`` in the same loop (pytorch-retinanet).
+    Under DDP a rank that skips its backward leaves the others waiting in the gradient
+    all-reduce (gloo stops, NCCL hangs). ``(the continue or break, the if, the name the test
+    reads, the loss)``."""
+    got = m.cache.get("steps:loss-decided-skips")
+    if got is not None:
+        return got  # type: ignore[return-value]
+    out: List[Tuple[ast.stmt, ast.If, ast.AST, ast.AST]] = []
+    for b in backward_calls(m):
+        loop = innermost_loop(m, b)
+        loss = differentiated(m, b)
+        if loop is None or not isinstance(loss, ast.Name):
+            continue
+        names = {loss.id}
+        nodes = own_nodes(m, loop)
+        for n in nodes:  # names bound from the loss before the backward: ``value = loss.item()``
+            if (isinstance(n, ast.Assign) and n.lineno < b.lineno
+                    and any(isinstance(x, ast.Name) and x.id in names for x in ast.walk(n.value))):
+                names |= {t.id for tgt in n.targets for t in ast.walk(tgt) if isinstance(t, ast.Name)}
+        for n in nodes:
+            if not (isinstance(n, ast.If) and n.lineno < b.lineno and not m.contains(n, b)):
+                continue
+            read = next((x for x in ast.walk(n.test) if isinstance(x, ast.Name) and x.id in names), None)
+            skip = next((x for st in n.body for x in ast.walk(st) if isinstance(x, (ast.Continue, ast.Break))
+                         and innermost_loop(m, x) is loop), None)
+            if read is not None and skip is not None:
+                out.append((skip, n, read, loss))
+    m.cache["steps:loss-decided-skips"] = out
+    return out
+
