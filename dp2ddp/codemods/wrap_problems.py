@@ -74,7 +74,7 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
         what = (f"`{m.source(read)}`, the loss" if m.source(read) == m.source(loss) else
                 f"`{m.source(read)}`, computed from the loss `{m.source(loss)}`")
         cond = " ".join(m.source(test.test).split())[:60]
-        if not _read_by_every_rank(m, test, read) or not _the_loss_itself(m, read, loss) or _kept_from_the_loss(m, test, read, loss):
+        if not _one_value_to_test(m, test, read, loss):
             out.append(ctx.block(step, "DDP180", (
                 f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: under DDP each rank tests "
                 "the loss of its own share of the batch, so one rank may step where another skips and the replicas part for "
@@ -82,10 +82,7 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
                 "paths, or reads a value computed from it); test a value every rank agrees on (the loss all-reduced, as the original's one process saw "
                 "it), then migrate")))
             continue
-        if name is None:
-            name = ctx.fresh_name("loss_of_every_rank")
-            ctx.define_after_imports("loss_of_every_rank.py.tmpl", loss_of_every_rank=name, dist=ctx.name("dist"),
-                                     torch=ctx.name("torch"))
+        name = name or _loss_of_every_rank(ctx)
         out.append(ctx.note(read, "DDP181", (
             f"`{m.source(step)}` runs only if `{cond}` (line {test.lineno}), a test of {what}: every rank tests the ranks' "
             f"losses averaged ({name}, an all-reduce), the whole batch's as in the original, so every rank steps or skips "
@@ -93,17 +90,14 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
     for skip, test, read, loss in loss_decided_skips(m):
         cond = " ".join(m.source(test.test).split())[:60]
         what = "skips" if isinstance(skip, ast.Continue) else "leaves the loop before"
-        if not _read_by_every_rank(m, test, read) or not _the_loss_itself(m, read, loss) or _kept_from_the_loss(m, test, read, loss):
+        if not _one_value_to_test(m, test, read, loss):
             out.append(ctx.block(skip, "DDP180", (
                 f"`{m.source(skip)}` {what} the backward pass if `{cond}` (line {test.lineno}), a test of the loss: under DDP "
                 "each rank tests the loss of its own share of the batch, and a rank that skips its backward leaves the others "
                 "waiting in the gradient all-reduce (gloo stops, NCCL hangs); dp2ddp cannot make every rank test one value "
                 "here; test a value every rank agrees on (the loss all-reduced), then migrate")))
             continue
-        if name is None:
-            name = ctx.fresh_name("loss_of_every_rank")
-            ctx.define_after_imports("loss_of_every_rank.py.tmpl", loss_of_every_rank=name, dist=ctx.name("dist"),
-                                     torch=ctx.name("torch"))
+        name = name or _loss_of_every_rank(ctx)
         out.append(ctx.note(read, "DDP181", (
             f"`{m.source(skip)}` {what} the backward pass if `{cond}` (line {test.lineno}), a test of the loss: every rank "
             f"tests the ranks' losses averaged ({name}, an all-reduce), the whole batch's as in the original, so every rank "
@@ -111,6 +105,19 @@ def step_decided_by_the_loss(ctx: Context) -> List[Finding]:
             [Replace(ctx.cst(read), lambda u: ctx.expr(f"{name}({{x}})", x=u))]))
     out.extend(_handed_to_a_loss_decided_step(ctx))
     return out
+
+
+def _one_value_to_test(m, test: ast.If, read: ast.AST, loss: ast.AST) -> bool:
+    """The test reads the loss once, on every path, as the loss itself, and no loss kept from
+    an earlier step: every rank can test the ranks' losses averaged (DDP181)."""
+    return _read_by_every_rank(m, test, read) and _the_loss_itself(m, read, loss) and not _kept_from_the_loss(m, test, read, loss)
+
+
+def _loss_of_every_rank(ctx: Context) -> str:
+    """The name of ``loss_of_every_rank(value)``, written into the module (once: the caller keeps the name)."""
+    name = ctx.fresh_name("loss_of_every_rank")
+    ctx.define_after_imports("loss_of_every_rank.py.tmpl", loss_of_every_rank=name, dist=ctx.name("dist"), torch=ctx.name("torch"))
+    return name
 
 
 def _handed_to_a_loss_decided_step(ctx: Context) -> List[Finding]:
