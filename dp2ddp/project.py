@@ -271,7 +271,7 @@ def _rewraps_a_dataparallel(pm, call: ast.Call) -> bool:
         if not (isinstance(a, ast.If) and any(pm.contains(st, call) for st in a.body)):
             continue
         t = a.test
-        if not (isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and t.func.id == "isinstance"):
+        if not (isinstance(t, ast.Call) and pm.is_name(t.func, {"builtins.isinstance"})):
             continue
         kind = argument(t, ("obj", "class_or_tuple"), "class_or_tuple")
         if kind is not None and pm.qualified_names(kind) & DP:
@@ -320,7 +320,7 @@ def helpers_with_dp(m) -> List[Tuple[ast.AST, str, int]]:
         if hit is None and not any(opaque[real] for real in dp_files if real in reach):
             continue
         real = os.path.realpath(hit.path) if hit is not None else next(r for r in dp_files if r in reach)
-        out.append((call, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)))
+        out.append(_dp_hit(call, real, mods, base))
     if not out:
         out = _handed_on_with_dp(m, dp_files, mods, base) or _looked_up_by_name(m, dp_files, mods, base)
     out.sort(key=lambda t: (t[0].lineno, t[0].col_offset))
@@ -358,7 +358,7 @@ def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
         if found is None:
             table = _table_with_dp(m, name, dp_files, base)  # ``Trainer = train_factory[opt.task]`` (CenterNet)
             if table is not None:
-                return [(name, mods[table][0] if table in mods else os.path.relpath(table, base), _first_dp_line(table))]
+                return [_dp_hit(name, table, mods, base)]
             continue
         pm, node, rel = found
         if os.path.realpath(pm.path) not in dp_files and not isinstance(node, ast.ClassDef):
@@ -366,7 +366,7 @@ def _handed_on_with_dp(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
         hit = _dp_run_by(pm, node, rel)
         if hit is not None:
             real = os.path.realpath(hit.path)
-            return [(name, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real))]
+            return [_dp_hit(name, real, mods, base)]
     return []
 
 
@@ -379,14 +379,24 @@ def _table_with_dp(m, name: ast.Name, dp_files, base) -> Optional[str]:
     for q in sorted(m.qualified_names(name)):
         if "." not in q:
             continue
-        found = module_file(base, q.rsplit(".", 1)[0], 0)
-        if found is None:
-            continue
-        reach = reached_modules(found)
-        hit = next((d for d in dp_files if d in reach), None)
+        hit = _dp_file_reached(module_file(base, q.rsplit(".", 1)[0], 0), dp_files)
         if hit is not None:
             return hit
     return None
+
+
+def _dp_file_reached(found: Optional[str], dp_files) -> Optional[str]:
+    """The first of ``dp_files`` that the module at ``found`` reaches by its imports."""
+    if found is None:
+        return None
+    reach = reached_modules(found)
+    return next((d for d in dp_files if d in reach), None)
+
+
+def _dp_hit(node: ast.AST, real: str, mods, base: str) -> Tuple[ast.AST, str, int]:
+    """:func:`helpers_with_dp`'s row: the script's node, the helper's path from the script's
+    folder, the line of its first DataParallel."""
+    return node, mods[real][0] if real in mods else os.path.relpath(real, base), _first_dp_line(real)
 
 
 def _looked_up_by_name(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]]:
@@ -399,13 +409,9 @@ def _looked_up_by_name(m, dp_files, mods, base) -> List[Tuple[ast.AST, str, int]
         for root in _looked_up_in(call.func):
             names = [q for q in m.qualified_names(root) if "." not in q] if isinstance(root, ast.Name) else []
             for name in names:
-                found = module_file(base, name, 0)
-                if found is None:
-                    continue
-                reach = reached_modules(found)
-                hit = next((d for d in dp_files if d in reach), None)
+                hit = _dp_file_reached(module_file(base, name, 0), dp_files)
                 if hit is not None:
-                    return [(call, mods[hit][0] if hit in mods else os.path.relpath(hit, base), _first_dp_line(hit))]
+                    return [_dp_hit(call, hit, mods, base)]
     return []
 
 

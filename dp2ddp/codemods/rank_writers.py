@@ -214,7 +214,7 @@ def _used_as_a_logger(m: SemanticModel, lm: LoggerMaker) -> bool:
 
     target = lm.stmt.targets[0]
     for name in m.nodes(ast.Name):
-        if name.id != lm.name or name is target or not isinstance(name.ctx, ast.Load):
+        if name.id != lm.name or not isinstance(name.ctx, ast.Load):
             continue
         if not any(b.target is target or b.node is lm.stmt for b in m.bindings_of(name)):
             continue
@@ -439,11 +439,11 @@ def _reads_its_folder(m: SemanticModel, read: ast.Attribute) -> bool:
     return read.attr == "get_logdir" and isinstance(up, ast.Call) and up.func is read and not up.args and not up.keywords
 
 
-def _log_dir_cst(ctx: Context, u: cst.Call) -> cst.BaseExpression:
+def _log_dir_cst(u: cst.Call) -> cst.BaseExpression:
     """The folder argument of the (edited) SummaryWriter call, for the stand-in (see _log_dir)."""
     for i, a in enumerate(u.args):
         if (a.keyword is None and not a.star and i == 0) or (a.keyword is not None and a.keyword.value in ("log_dir", "logdir")):
-            return a.value.deep_clone()
+            return a.value
     raise AssertionError("no folder argument: _log_dir found one")  # (checked before the edit is proposed)
 
 
@@ -488,7 +488,7 @@ def _restrict(ctx: Context, w: Writer, problem: Optional[str], early: bool = Fal
             new = f"{{c}} if {_paren_text(rank0)} else {stand_in}({{d}})" if reads else f"{{c}} if {_paren_text(rank0)} else {stand_in}()"
             return ctx.note(call, "DDP173", f"SummaryWriter created on rank 0 only; on the other ranks `{stand_in}()`, whose "
                             f"`add_*`, `flush` and `close` do nothing{told} ({problem}, so its uses cannot be put under a rank "
-                            "test)", [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u, d=_log_dir_cst(ctx, u)) if reads
+                            "test)", [Replace(ctx.cst(call), lambda u: ctx.expr(new, c=u, d=_log_dir_cst(u)) if reads
                                       else ctx.expr(new, c=u))])
         if problem is not None:
             return ctx.block(call, "DDP110", f"SummaryWriter left on every rank (one event file per rank): {problem}")

@@ -147,12 +147,11 @@ def unused_submodules(m: SemanticModel) -> List[Tuple[ast.ClassDef, ast.AST, str
                         held.setdefault(t.attr, (n, kind))
         if not held:
             continue
-        run = _forward_methods(m, cls, methods, forward)
-        reads = _self_reads(run)
+        reads = _self_reads(m, _forward_methods(methods, forward))
         if reads is None:
             continue  # ``self`` read as a whole: which parts run cannot be told
         for attr, (assign, kind) in sorted(held.items()):
-            if _stored_again(cls, init, attr):
+            if _stored_again(cls, attr):
                 continue
             uses = reads.get(attr, [])
             if not uses and kind != "unknown":
@@ -185,7 +184,7 @@ def _module_kind(m: SemanticModel, call: ast.Call, depth: int = 0):
     return None
 
 
-def _forward_methods(m: SemanticModel, cls: ast.ClassDef, methods: dict, forward: ast.AST) -> List[ast.AST]:
+def _forward_methods(methods: dict, forward: ast.AST) -> List[ast.AST]:
     """``forward`` and the methods of the class it calls (``self.features(x)``), transitively."""
     run, todo = [], [forward]
     while todo:
@@ -200,17 +199,14 @@ def _forward_methods(m: SemanticModel, cls: ast.ClassDef, methods: dict, forward
     return run
 
 
-def _self_reads(run: List[ast.AST]):
+def _self_reads(m: SemanticModel, run: List[ast.AST]):
     """attr -> the ``self.<attr>`` reads in ``run``; ``None`` where ``self`` is read as a whole."""
     reads: dict = {}
     for fn in run:
-        parents = {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
         for n in ast.walk(fn):
             if not (isinstance(n, ast.Name) and n.id == "self"):
                 continue
-            up = parents.get(id(n))
-            if isinstance(up, ast.arg) or up is None:
-                continue
+            up = m.parent(n)
             if not isinstance(up, ast.Attribute) or up.attr in _GENERIC or up.attr in ("__dict__", "_parameters"):
                 return None  # ``helper(self)``, ``getattr(self, name)``, ``self.children()``
             if isinstance(up.ctx, ast.Load):
@@ -238,7 +234,7 @@ def _walk_stops(m: SemanticModel, use: ast.Attribute) -> bool:
     return any(isinstance(n, (ast.Break, ast.Return)) for st in loop.body for n in ast.walk(st))
 
 
-def _stored_again(cls: ast.ClassDef, init: ast.AST, attr: str) -> bool:
+def _stored_again(cls: ast.ClassDef, attr: str) -> bool:
     """``self.<attr>`` is assigned more than once in the class (replaced, deleted): not judged."""
     count = sum(1 for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Delete))
                 for t in (n.targets if isinstance(n, (ast.Assign, ast.Delete)) else [n.target])

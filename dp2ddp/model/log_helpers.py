@@ -76,14 +76,11 @@ def stdout_tees(m: SemanticModel) -> List[Tuple[ast.Assign, str, str]]:
         if not (isinstance(node, ast.ClassDef) and isinstance(stmt, ast.Assign) and stmt.value is call
                 and len(stmt.targets) == 1 and m.is_name(stmt.targets[0], STD_STREAMS)):
             continue
-        where = None
-        for mod, f, path in reach_across(pm, node, rel):
-            if every_rank_runs(mod, f):
-                where = None
-                break
-            opened = next((w for w in writers(mod) if mod.contains(f, w.call) and w.kind in ("open", "logfile")), None)
-            if opened is not None and where is None:
-                where = f"{path}:{opened.call.lineno}"
+        reached = reach_across(pm, node, rel)
+        if any(every_rank_runs(mod, f) for mod, f, _path in reached):
+            continue
+        where = next((f"{path}:{w.call.lineno}" for mod, f, path in reached for w in writers(mod)
+                      if mod.contains(f, w.call) and w.kind in ("open", "logfile")), None)
         if where is not None:
             out.append((stmt, node.name, where))
     m.cache["stdout_tees"] = out
@@ -136,8 +133,7 @@ def logger_makers(m: SemanticModel) -> List[LoggerMaker]:
             # ``Logger(...).get_log()`` runs the class's __init__ too
             parts = [owner, func] if isinstance(owner, ast.ClassDef) else [func]
             alone = all(_log_writes(pm, part, rel) is not None for part in parts)
-            module = any(isinstance(r, ast.Return) and isinstance(r.value, ast.Name) and pm.qualified_names(r.value) == {"logging"}
-                         for r in ast.walk(func))
+            module = any(isinstance(r, ast.Return) and _the_logging_module(pm, r.value) for r in ast.walk(func))
             out.append(LoggerMaker(stmt, stmt.targets[0].id, f"{rel}:{handler.call.lineno}", _truncates(pm, handler.call),
                                    rank_arg, alone, module))
     m.cache["logger_makers"] = out
@@ -185,6 +181,11 @@ def _truncates(pm: SemanticModel, handler: ast.Call) -> bool:
     return not (delay is not None and constant_truth(pm, delay) is True)
 
 
+def _the_logging_module(pm: SemanticModel, value: Optional[ast.AST]) -> bool:
+    """``value`` is the name of the ``logging`` module itself."""
+    return isinstance(value, ast.Name) and pm.qualified_names(value) == {"logging"}
+
+
 def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
     """Every ``return`` of ``func`` gives a name bound only to ``logging.getLogger(...)``."""
     from dp2ddp.model.syntax import FUNCTIONS
@@ -203,7 +204,7 @@ def _returns_a_logger(pm: SemanticModel, func: ast.AST) -> bool:
             if not values or not all(isinstance(v, ast.Call) and pm.is_name(v.func, {"logging.getLogger"}) for v in values):
                 return False
             continue
-        if isinstance(r.value, ast.Name) and pm.qualified_names(r.value) == {"logging"}:
+        if _the_logging_module(pm, r.value):
             continue  # ``return logging``, the module (Face_Pytorch's init_log: the script logs with ``logging.info``)
         if not isinstance(r.value, ast.Name):
             return False
